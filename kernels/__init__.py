@@ -1,0 +1,1 @@
+"""Kernel sources and registries (package data): KERNEL_FAMILIES.toml, FUSIONS.toml, <hw>/."""

@@ -1,0 +1,236 @@
+"""Reading registries and writing artifacts safely: size-capped TOML/JSON, atomic writes, schemas.
+
+Every file Metrale writes goes through :func:`atomic_write` (temp file in the same folder,
+fsync, rename), so an interrupt never leaves half a file in place of a good one. Every TOML
+or JSON file it reads goes through :func:`read_toml` / :func:`read_json`, which refuse huge
+or deeply nested files before parsing and report syntax errors as ``file:line:col``.
+
+>>> import tempfile, pathlib
+>>> p = pathlib.Path(tempfile.mkdtemp()) / "x.toml"
+>>> atomic_write(p, 'a = 1\\nb = "two"\\n')
+>>> read_toml(p)
+{'a': 1, 'b': 'two'}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, ManyErrors, MetraleError, nearest
+
+MAX_REGISTRY_BYTES = 16 * 1024 * 1024
+"""TOML and JSON files larger than this are refused before parsing."""
+MAX_NESTING = 64
+"""Brackets nested deeper than this are refused before parsing."""
+
+
+def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half.
+
+    The bytes go to a temporary file in the same folder, are flushed to disk, and the file is
+    renamed over ``path``; on any error (including ``KeyboardInterrupt``) the temporary file is
+    removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(raw)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _guard(path: Path, text_bytes: int, text: str, kind: str) -> None:
+    if text_bytes > MAX_REGISTRY_BYTES:
+        raise ConfigError(
+            f"{kind} file too large to be a registry or config",
+            file=path,
+            expected=f"at most {MAX_REGISTRY_BYTES} bytes",
+            found=f"{text_bytes} bytes",
+        )
+    depth = peak = 0
+    in_string: str | None = None
+    escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == in_string:
+                in_string = None
+        elif ch in "\"'":
+            in_string = ch
+        elif ch in "[{":
+            depth += 1
+            peak = max(peak, depth)
+            if peak > MAX_NESTING:
+                raise ConfigError(
+                    f"{kind} file nested too deeply",
+                    file=path,
+                    expected=f"at most {MAX_NESTING} levels",
+                    found=f"more than {MAX_NESTING}",
+                )
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch == "\n" and kind == "TOML":
+            in_string = None  # TOML basic strings end at a newline unless multi-line; be lenient
+
+
+def _read_text(path: Path, kind: str) -> str:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ConfigError(f"{kind} file not found", file=path) from None
+    if size > MAX_REGISTRY_BYTES:
+        _guard(path, size, "", kind)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{kind} file is not UTF-8 text", file=path, found=str(e)) from None
+    _guard(path, len(text), text, kind)
+    return text
+
+
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def read_toml(path: os.PathLike | str) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error becomes ``ConfigError`` at ``file:line:col``."""
+    path = Path(path)
+    text = _read_text(path, "TOML")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_POS.search(msg)
+        line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+        raise ConfigError(
+            "TOML syntax error: " + _TOML_POS.sub("", msg).strip(), file=path, line=line, col=col
+        ) from None
+    except RecursionError:
+        raise ConfigError("TOML file nested too deeply", file=path) from None
+
+
+def read_json(path: os.PathLike | str) -> Any:
+    """Parse a JSON file; a syntax error becomes ``ConfigError`` at ``file:line:col``."""
+    path = Path(path)
+    text = _read_text(path, "JSON")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"JSON syntax error: {e.msg}", file=path, line=e.lineno, col=e.colno) from None
+    except RecursionError:
+        raise ConfigError("JSON file nested too deeply", file=path) from None
+
+
+_MISSING = object()
+
+
+class Fields:
+    """Reads one table of a registry against its schema, collecting every violation.
+
+    ``take`` pulls a key with its expected type (and choices); ``close`` reports keys nobody
+    took as unknown, with the nearest valid key. Errors accumulate in ``errors`` so a loader
+    can report all of them at once.
+
+    >>> errs = []
+    >>> f = Fields({"name": "rmsnorm", "dtpye": "bf16"}, "F.toml", "family.rmsnorm", errs)
+    >>> f.take("name", str)
+    'rmsnorm'
+    >>> f.take("dtype", str, default="f32")
+    'f32'
+    >>> f.close()
+    >>> print(errs[0])
+    F.toml: family.rmsnorm.dtpye: unknown key; did you mean 'dtype'?
+    """
+
+    def __init__(self, data: Any, file: object, prefix: str, errors: list[MetraleError]):
+        self.file = file
+        self.prefix = prefix
+        self.errors = errors
+        self.ok = True
+        if not isinstance(data, dict):
+            self._fail(prefix, "expected a table", "a table", type(data).__name__)
+            data = {}
+        self.data = data
+        self._taken: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def _fail(self, key: str, message: str, expected: Any = None, found: Any = None,
+              suggestion: str | None = None) -> None:
+        self.ok = False
+        self.errors.append(ConfigError(message, file=self.file, key=key, expected=expected,
+                                       found=found, suggestion=suggestion))
+
+    def fail(self, name: str, message: str, expected: Any = None, found: Any = None) -> None:
+        """Record a violation at ``prefix.name``."""
+        self._fail(self.key(name), message, expected, found)
+
+    def take(self, name: str, types: type | tuple[type, ...], default: Any = _MISSING,
+             choices: Iterable[Any] | None = None,
+             convert: Callable[[Any], Any] | None = None) -> Any:
+        """The value at ``name`` if it has the right type (and is one of ``choices``)."""
+        self._taken.add(name)
+        if name not in self.data:
+            if default is _MISSING:
+                self._fail(self.key(name), "missing key")
+                return None
+            return default
+        value = self.data[name]
+        types_t = types if isinstance(types, tuple) else (types,)
+        if isinstance(value, bool) and bool not in types_t:
+            ok = False
+        else:
+            ok = isinstance(value, types_t)
+        if not ok:
+            self._fail(self.key(name), "wrong type", "/".join(t.__name__ for t in types_t),
+                       f"{type(value).__name__} {value!r}")
+            return None if default is _MISSING else default
+        if choices is not None:
+            allowed = list(choices)
+            if value not in allowed:
+                self._fail(self.key(name), "value not allowed",
+                           "one of " + ", ".join(map(str, allowed)), repr(value),
+                           nearest(str(value), map(str, allowed)))
+                return None if default is _MISSING else default
+        if convert is not None:
+            try:
+                return convert(value)
+            except MetraleError as e:
+                self._fail(self.key(name), e.message, e.expected, e.found, e.suggestion)
+                return None if default is _MISSING else default
+        return value
+
+    def close(self) -> None:
+        """Report every key of the table that no ``take`` asked for."""
+        for name in self.data:
+            if name not in self._taken:
+                self._fail(self.key(name), "unknown key",
+                           suggestion=nearest(name, self._taken))
+
+
+def raise_all(errors: list[MetraleError]) -> None:
+    """Raise nothing, the one error, or all of them together as ``ManyErrors``."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ManyErrors(errors)
