@@ -87,10 +87,12 @@ class TensorType:
 
     shape: tuple[Dim, ...] = attrs.field(converter=_dims)
     dtype: DType = BF16
+    fmt: str = ""
+    """Storage format of a quantized weight (``"mxfp4"``, ``"nvfp4"``, ``"fp8"``), else empty."""
 
     def bind(self, sizes: Mapping[str, int]) -> TensorType:
         """This type with every dimension evaluated to an integer."""
-        return TensorType(tuple(eval_dim(d, sizes) for d in self.shape), self.dtype)
+        return TensorType(tuple(eval_dim(d, sizes) for d in self.shape), self.dtype, self.fmt)
 
     def numel(self, sizes: Mapping[str, int] | None = None) -> int:
         """Element count, with named dims looked up in ``sizes``."""
@@ -104,10 +106,11 @@ class TensorType:
         return self.dtype.nbytes(self.numel(sizes))
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+        return f"{self.fmt or self.dtype}[{','.join(map(str, self.shape))}]"
 
     def __repr__(self) -> str:
-        return f"TensorType({self.shape!r}, {self.dtype!r})"
+        fmt = f", fmt={self.fmt!r}" if self.fmt else ""
+        return f"TensorType({self.shape!r}, {self.dtype!r}{fmt})"
 
 
 def _types(value: object) -> tuple[TensorType, ...]:

@@ -1,0 +1,36 @@
+"""Shared helpers for the benchmark scripts: timing medians and writing JSON results."""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from metrale.lkb.files import atomic_write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, in seconds."""
+    times = []
+    for _ in range(repeats):
+        gc.collect()  # start each run from the same heap, not the previous run's garbage
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (plus the machine) to ``benchmarks/results/<name>.json`` atomically."""
+    payload = {"benchmark": name, "machine": platform.platform(),
+               "python": platform.python_version(), **payload}
+    path = RESULTS / f"{name}.json"
+    atomic_write(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return path

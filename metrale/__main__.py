@@ -1,0 +1,7 @@
+"""``python -m metrale`` is ``met``."""
+
+import sys
+
+from metrale.cli import main
+
+sys.exit(main())

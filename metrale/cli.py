@@ -1,0 +1,73 @@
+"""``met``: the command line. Each subcommand is a small function over the public API.
+
+Errors are printed as one clear line (``met: <message>``) and exit with the error type's
+documented status (docs/errors.md); ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from metrale.lkb.errors import EXIT_INTERRUPTED, MetraleError
+
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command, str]] = {}
+
+
+def command(name: str, help: str) -> Callable:
+    """Register ``met <name>``: the decorated function adds its arguments; returns the runner."""
+
+    def register(configure: Callable[[argparse.ArgumentParser], None]) -> Callable:
+        def with_runner(run: Command) -> Command:
+            _COMMANDS[name] = (configure, run, help)
+            return run
+
+        return with_runner
+
+    return register
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of ``met`` with every registered subcommand."""
+    from metrale import commands  # noqa: F401 - registers the subcommands
+
+    p = argparse.ArgumentParser(
+        prog="met", description="Metrale: kernel plans for LLM inference, as category theory.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (configure, _run, help_text) in _COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.add_argument("--debug", action="store_true", help="show tracebacks",
+                        default=argparse.SUPPRESS)
+        configure(sp)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``met`` console script."""
+    p = parser()
+    args = p.parse_args(argv)
+    if not args.command:
+        p.print_help()
+        return 0
+    _configure, run, _help = _COMMANDS[args.command]
+    try:
+        return run(args)
+    except MetraleError as e:
+        if args.debug:
+            raise
+        print(f"met: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("met: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
