@@ -17,8 +17,9 @@ Every matmul-like family reduces through :func:`blocked_matvec`: ``k`` is cut in
 ``k_block``; within a block the order is that of the BLAS ``sgemv`` NumPy calls for
 ``w_block @ x_block_row``, once per row (so the result is row-invariant: a row's bytes do not
 depend on the other rows); the block partial sums are then combined sequentially or pairwise.
-The within-block order is the BLAS library's, so bytes are reproducible on one machine and
-library build; bit-identity claims compare runs in one process.
+The within-block order is the BLAS library's kernel for this CPU (OpenBLAS picks one per
+micro-architecture; the thread count does not change it), so bytes are reproducible for one
+BLAS build and kernel set; bit-identity claims compare runs on one machine.
 
 Laws, checked here and by Hypothesis in ``tests/host/test_semantics.py``:
 
@@ -45,6 +46,7 @@ True
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -124,16 +126,18 @@ def describe(r: Reduction) -> str:
     """The order of ``r`` in words.
 
     >>> describe(Reduction("h", "f32", 0, "sequential", within="pairwise"))
-    'h: f32, one block; within a block: NumPy pairwise summation'
+    'h: f32, one block; within it: NumPy pairwise summation'
     """
     head = f"{r.axis} ({r.of})" if r.of else r.axis
     text = f"{head}: {r.accumulate}, "
     if r.block:
         text += f"blocks of {r.block}, partial sums combined {_ACROSS_WORDS[r.across]}"
+        inside = "within a block"
     else:
         text += "one block"
+        inside = "within it"
     if r.within:
-        text += f"; within a block: {WITHIN[r.within]}"
+        text += f"; {inside}: {WITHIN[r.within]}"
     return text
 
 
@@ -147,7 +151,7 @@ ROW_INVARIANT: dict[str, bool] = {}
 ROW_ARGS: dict[str, tuple[int, ...]] = {}
 """Positions of the inputs that carry a leading ``rows`` axis, by family."""
 ROW_OUTPUTS: dict[str, tuple[int, ...]] = {}
-"""Positions of the outputs that carry a leading ``rows`` axis (KV caches do not)."""
+"""Positions of the outputs with a leading ``rows`` axis, where not all are (KV caches have none)."""
 _ORDERS: dict[str, Callable[[Mapping[str, Any]], tuple[Reduction, ...]]] = {}
 _EXAMPLES: dict[str, Callable[[np.random.Generator, int, str], tuple[tuple, dict]]] = {}
 
@@ -293,11 +297,14 @@ def _index(family: str, name: str, a: np.ndarray, bound: int, what: str) -> np.n
     return a
 
 
-def _param(family: str, name: str, value: Any, kind: type, minimum: int | None = None) -> Any:
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise _fail(family, name, "bad parameter", kind.__name__, repr(value))
+def _param(family: str, name: str, value: Any, kind: type | tuple[type, ...],
+           minimum: int | None = None) -> Any:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    what = "/".join(k.__name__ for k in kinds)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise _fail(family, name, "bad parameter", what, repr(value))
     if minimum is not None and value < minimum:
-        raise _fail(family, name, "bad parameter", f"{kind.__name__} >= {minimum}", repr(value))
+        raise _fail(family, name, "bad parameter", f"{what} >= {minimum}", repr(value))
     return value
 
 
@@ -463,7 +470,7 @@ def _ex_add(rng, rows, act):
     return (_rand(rng, (rows, 64), act), _rand(rng, (rows, 64), act)), {"act": act}
 
 
-@semantics("add", example=_ex_add)
+@semantics("add", rows=(0, 1), example=_ex_add)
 def add(a: np.ndarray, b: np.ndarray, *, act: str) -> tuple[np.ndarray]:
     """``round(f32(a) + f32(b))``: the residual add (one rounding, as torch's bf16 add).
 
@@ -496,6 +503,7 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, *, eps: float, h_block: int,
     dt = act_dtype(fam, act)
     _shape(fam, "x", x, ("rows", "h"), sizes, (dt,))
     _shape(fam, "w", w, ("h",), sizes, (F32,))
+    _param(fam, "eps", eps, numbers.Real)
     _param(fam, "h_block", h_block, int, 1)
     return (rms_normalize(x.astype(F32), w, eps, h_block, dt).astype(dt),)
 

@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
 
 from metrale.cli import command
+
+
+def _console() -> Console:
+    return Console(soft_wrap=True)
+
+
+def _kernels_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernels", default=None, help="kernels folder (default: the shipped one)")
+
+
+def _format_arg(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
+    p.add_argument("--format", choices=choices, default="table")
 
 
 def _version(p: argparse.ArgumentParser) -> None:
@@ -17,3 +33,89 @@ def version(args: argparse.Namespace) -> int:
 
     print(metrale.__version__)
     return 0
+
+
+def _families_args(p: argparse.ArgumentParser) -> None:
+    _kernels_arg(p)
+    _format_arg(p)
+
+
+@command("families", "list the LKB generators: kernel families and their points")(_families_args)
+def families(args: argparse.Namespace) -> int:
+    from metrale.lkb.presentation import Presentation
+
+    P = Presentation.load(args.kernels)
+    if args.format == "json":
+        print(json.dumps([{"family": f.name, "doc": f.doc,
+                           "inputs": [str(p) for p in f.inputs],
+                           "outputs": [str(p) for p in f.outputs],
+                           "params": {k: list(v) for k, v in f.params},
+                           "points": [str(p) for p in f.points],
+                           "row_invariant": f.row_invariant} for f in P.generators], indent=2))
+        return 0
+    t = Table(title=f"LKB generators: {len(P.generators)} families, {len(P.points())} points")
+    for col in ("family", "signature", "parameters", "points", "row-inv."):
+        t.add_column(col)
+    for f in P.generators:
+        sig = f"{', '.join(p.name for p in f.inputs)} → {', '.join(p.name for p in f.outputs)}"
+        params = "; ".join(f"{k} ∈ {{{', '.join(map(str, v))}}}" for k, v in f.params)
+        t.add_row(f.name, sig, params, str(len(f.points)), "yes" if f.row_invariant else "no")
+    _console().print(t)
+    return 0
+
+
+def _relations_args(p: argparse.ArgumentParser) -> None:
+    _kernels_arg(p)
+    _format_arg(p)
+
+
+@command("relations", "list the LKB relations: fusion rules and their numerics")(_relations_args)
+def relations(args: argparse.Namespace) -> int:
+    from metrale.lkb.presentation import Presentation
+
+    P = Presentation.load(args.kernels)
+    if args.format == "json":
+        print(json.dumps([{"relation": r.name, "lhs": r.lhs.text, "rhs": r.rhs.text,
+                           "numerics": r.numerics,
+                           "bound": None if r.bound is None else {"rel": r.bound.rel,
+                                                                  "abs": r.bound.abs},
+                           "priority": r.priority} for r in P.relations], indent=2))
+        return 0
+    t = Table(title=f"LKB relations: {len(P.relations)}")
+    for col in ("relation", "lhs", "rhs", "numerics"):
+        t.add_column(col)
+    for r in P.relations:
+        numerics = r.numerics if r.bound is None else f"bounded: rel {r.bound.rel}, abs {r.bound.abs}"
+        t.add_row(r.name, r.lhs.text, r.rhs.text, numerics)
+    _console().print(t)
+    return 0
+
+
+def _check_args(p: argparse.ArgumentParser) -> None:
+    _kernels_arg(p)
+    p.add_argument("--hardware", default="host", help="the class whose realization is checked")
+    p.add_argument("--seeds", type=int, default=3, help="random input sets per relation point")
+    p.add_argument("--verbose", action="store_true", help="list passing checks too")
+
+
+@command("check", "run both sides of every relation and every row-invariance claim")(_check_args)
+def check(args: argparse.Namespace) -> int:
+    from metrale.lkb.check import check_presentation
+    from metrale.lkb.errors import ConfigError
+    from metrale.lkb.presentation import Presentation
+
+    if args.hardware != "host":
+        raise ConfigError("the semantic check runs the host realization; GPU classes are "
+                          "checked by tests/cuda on a device", key="--hardware",
+                          expected="host", found=args.hardware)
+    P = Presentation.load(args.kernels)
+    findings = check_presentation(P, seeds=tuple(range(args.seeds)))
+    bad = [f for f in findings if not f.ok]
+    console = _console()
+    for f in findings:
+        if not f.ok or args.verbose:
+            console.print(str(f), markup=False)
+    console.print(f"{len(findings) - len(bad)} passed, {len(bad)} failed "
+                  f"({len(P.relations)} relations, {len(P.generators)} families, "
+                  f"{args.seeds} seeds, hardware {args.hardware})", markup=False)
+    return 1 if bad else 0

@@ -549,9 +549,10 @@ class _Reader:
                 "unknown rope scaling type", file=self.file, key=f"{prefix}.rope_type",
                 expected="one of " + ", ".join(ROPE_TYPES), found=repr(rope_type),
                 suggestion=nearest(rope_type, ROPE_TYPES)))
-        elif rope_type != "default":
-            scaling = self.rope_scaling(rf, rope_type, max_pos)
-        rf.close()
+        else:
+            if rope_type != "default":
+                scaling = self.rope_scaling(rf, rope_type, max_pos)
+            rf.close()  # only a known type says which keys belong
         self.errors.extend(errors)
         return theta, scaling
 
@@ -629,7 +630,8 @@ class _Reader:
             return {}
         f = self.f
         # transformers 5 writes num_local_experts; published configs say num_experts.
-        key = "num_experts" if "num_experts" in self.data else "num_local_experts"
+        key = "num_local_experts" if "num_experts" not in self.data and (
+            "num_local_experts" in self.data) else "num_experts"
         experts = self.positive(key)
         top_k = self.positive("num_experts_per_tok")
         moe_inter = self.positive("moe_intermediate_size")

@@ -304,12 +304,13 @@ def load_hardware(kernels_dir: Path | str | None = None) -> HardwareRegistry:
     if not classes and not errors:
         raise ConfigError(f"no hardware classes: no */{HARDWARE_FILE} below the kernels folder",
                           file=root)
-    try:
-        registry = HardwareRegistry(classes, root)
-    except ConfigError as e:
-        errors += list(getattr(e, "errors", (e,)))
-    raise_all(errors)
-    return registry
+    if errors:
+        # Check the graph too, but a parent whose own file is broken is not also "missing".
+        loaded = {c.name for c in classes}
+        broken = {p.name for p in root.iterdir() if (p / HARDWARE_FILE).is_file()} - loaded
+        _check_graph(tuple(classes), root, errors, frozenset(broken))
+        raise_all(errors)
+    return HardwareRegistry(classes, root)
 
 
 def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> HardwareClass | None:
@@ -427,8 +428,12 @@ def _rel(path: Path, root: Path | None) -> str:
 
 
 def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
-                 errors: list[MetraleError]) -> dict[str, tuple[HardwareClass, ...]]:
-    """Check the inheritance graph; return each class's C3 chain when it is sound."""
+                 errors: list[MetraleError], broken: frozenset[str] = frozenset(),
+                 ) -> dict[str, tuple[HardwareClass, ...]]:
+    """Check the inheritance graph; return each class's C3 chain when it is sound.
+
+    Parents named in ``broken`` (present but unreadable) are skipped, not reported missing.
+    """
     by_name: dict[str, HardwareClass] = {}
     for c in classes:
         if c.name in by_name:
@@ -443,6 +448,8 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
             if p == c.name:
                 errors.append(ConfigError(f"inheritance cycle: {_show(c, root)} -> {c.name}",
                                           file=c.file, key="inherits"))
+            elif p in broken:
+                continue
             elif p not in by_name:
                 missing = f"{root.name}/{p}/{HARDWARE_FILE}" if root else f"{p}/{HARDWARE_FILE}"
                 errors.append(ConfigError(

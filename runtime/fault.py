@@ -37,7 +37,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ..lkb.errors import DeviceFault
+from metrale.lkb.errors import DeviceFault
 
 T = TypeVar("T")
 

@@ -387,4 +387,9 @@ def write_safetensors(path: os.PathLike | str, tensors: Mapping[str, np.ndarray]
     widest element first, as the ``safetensors`` package does; ``float4_e2m1fn`` arrays are
     stored packed as ``F4`` (low nibble first).
     """
-    atomic_write(path, encode_safetensors(tensors, metadata))
+    try:
+        raw = encode_safetensors(tensors, metadata)
+    except CheckpointError as e:
+        raise CheckpointError(e.message, file=path, key=e.key, expected=e.expected,
+                              found=e.found) from None
+    atomic_write(path, raw)

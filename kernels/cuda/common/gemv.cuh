@@ -1,0 +1,67 @@
+// Metrale CUDA: the one dot product every matmul-like kernel reduces through.
+//
+// Order (declared in KERNELS.toml): k in blocks of K_BLOCK, the last possibly shorter; inside a
+// block lane l multiplies-and-adds (fma, f32) the 8-wide chunks l, l+32, ... left to right, then
+// the 32 lane sums meet in a butterfly tree; the block partials combine as ACROSS_* says. The
+// result depends only on the x row and the weight row: row-invariant.
+#pragma once
+#include "metrale.cuh"
+
+#ifndef K_BLOCK
+#error "define K_BLOCK"
+#endif
+static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte chunk per lane)");
+
+__device__ __forceinline__ void act8(const act_t* x, int c, float out[8]) {
+#if defined(ACT_BF16)
+    uint4 raw = *(const uint4*)(x + c);
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
+#else
+    const float4* p = (const float4*)(x + c);
+    float4 a = p[0], b = p[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+#endif
+}
+
+// x · w for one x row (k activations) and one weight row, by one full warp; every lane gets it.
+// `vec` is true when k is a multiple of 8 so that rows stay 16-byte aligned for vector loads.
+__device__ __forceinline__ float warp_dot(const act_t* x, WeightRef w, int k) {
+    const int lane = threadIdx.x & 31;
+    const bool vec = (k & 7) == 0;
+    Combine acc;
+    for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
+        const int b1 = min(b0 + K_BLOCK, k);
+        float s = 0.0f;
+        for (int c = b0 + lane * 8; c < b1; c += 32 * 8) {
+            if (vec) {
+                float xv[8], wv[8];
+                act8(x, c, xv);
+                weight8(w, c, wv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s = fmaf(xv[i], wv[i], s);
+            } else {
+                for (int i = c; i < min(c + 8, b1); ++i) s = fmaf(act_load(x[i]), weight1(w, i), s);
+            }
+        }
+        acc.add(warp_sum(s));
+    }
+    return acc.result();
+}
+
+__device__ __forceinline__ WeightRef weight_ref(const void* data, const void* scale,
+                                                const float* global) {
+    WeightRef w;
+    w.data = data;
+    w.scale = scale;
+    w.global = global;
+    return w;
+}
+
+// silu(g) * u as the reference rounds it: silu output rounded to act, the product rounded.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    float s = act_round(g / (1.0f + expf(-g)));
+    return act_round(s * u);
+}

@@ -1,0 +1,226 @@
+// Metrale CUDA common layer: activation and weight types chosen by compile-time defines.
+//
+// Defines (from KERNELS.toml `defines`, one per point parameter):
+//   ACT_BF16 | ACT_F32                     activation dtype (act_t); math is always f32
+//   WEIGHT_BF16 | WEIGHT_F32 | WEIGHT_FP8 | WEIGHT_MXFP4 | WEIGHT_NVFP4   weight storage
+//   K_BLOCK, H_BLOCK, KV_BLOCK             reduction block sizes (the declared orders)
+//   ACROSS_SEQUENTIAL | ACROSS_PAIRWISE    how block partial sums combine
+//
+// Weight layouts (row-major, one output row of k weights after another):
+//   bf16  data bf16[n, k]
+//   f32   data f32[n, k]
+//   fp8   data e4m3[n, k], scale f32[n] (one per output row: fp8_e4m3_channel); w = v * s
+//   mxfp4 data u8[n, k/2] (e2m1, LOW nibble first), scale e8m0 u8[n, k/32]; w = v * 2^(s-127)
+//   nvfp4 data u8[n, k/2] (e2m1, LOW nibble first), scale e4m3[n, k/16], global f32[1];
+//         w = (v * s) * g
+// every dequantization is done in f32 with the products rounded in that order, as
+// metrale.lkb.quant dequantizes, so a fused kernel sees the bytes the host sees.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#if defined(ACT_BF16)
+typedef __nv_bfloat16 act_t;
+__device__ __forceinline__ float act_load(act_t v) { return __bfloat162float(v); }
+__device__ __forceinline__ act_t act_store(float v) { return __float2bfloat16_rn(v); }
+#elif defined(ACT_F32)
+typedef float act_t;
+__device__ __forceinline__ float act_load(act_t v) { return v; }
+__device__ __forceinline__ act_t act_store(float v) { return v; }
+#else
+#error "define ACT_BF16 or ACT_F32"
+#endif
+
+// Round an f32 value to the activation dtype and back (identity for f32): where the
+// reference semantics round an intermediate to act, so does the kernel.
+__device__ __forceinline__ float act_round(float v) { return act_load(act_store(v)); }
+
+__device__ __forceinline__ float bf16_load(const __nv_bfloat16* p, long i) {
+    return __bfloat162float(p[i]);
+}
+
+// Warp butterfly sum: every lane ends with the same value, combined in a fixed tree, so the
+// result does not depend on scheduling.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024): warp trees, then
+// warp 0 adds the warp partials in warp order. Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch /* >= 33 floats */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = scratch[0];
+        for (int i = 1; i < nw; ++i) s += scratch[i];
+        scratch[32] = s;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch /* >= 33 floats */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = scratch[0];
+        for (int i = 1; i < nw; ++i) s = fmaxf(s, scratch[i]);
+        scratch[32] = s;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+// Partial sums of blocks combined as the declared order says. `sequential` is
+// ((p0 + p1) + p2) + ...; `pairwise` adds adjacent pairs level by level, an odd last partial
+// carried up: a binary counter whose pending sums are folded right to left at the end gives
+// exactly that tree.
+struct Combine {
+#if defined(ACROSS_PAIRWISE)
+    float part[32];
+    int count;
+    __device__ __forceinline__ Combine() : count(0) {}
+    __device__ __forceinline__ void add(float p) {
+        int c = count++;
+        int top = __popc(c);  // pending sums on the stack before this partial
+        part[top] = p;
+        // merge while the lowest bits of the count say two equal-sized sums are pending
+        while (c & 1) {
+            part[top - 1] = part[top - 1] + part[top];
+            --top;
+            c >>= 1;
+        }
+    }
+    __device__ __forceinline__ float result() const {
+        int top = __popc(count) - 1;
+        float s = part[top];
+        for (int i = top - 1; i >= 0; --i) s = part[i] + s;
+        return s;
+    }
+#else
+    float acc;
+    bool any;
+    __device__ __forceinline__ Combine() : acc(0.0f), any(false) {}
+    __device__ __forceinline__ void add(float p) { acc = any ? acc + p : p; any = true; }
+    __device__ __forceinline__ float result() const { return acc; }
+#endif
+};
+
+// ------------------------------------------------------------------ weights
+
+__constant__ float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+__device__ __forceinline__ float e4m3_load(uint8_t b) {
+    __nv_fp8_e4m3 v;
+    v.__x = b;
+    return float(v);
+}
+
+// e8m0: 2^(byte - 127); 255 is NaN.
+__device__ __forceinline__ float e8m0_load(uint8_t b) {
+    return b == 255 ? __int_as_float(0x7fffffff) : ldexpf(1.0f, int(b) - 127);
+}
+
+// A weight port as the kernel receives it: data, scale (null where the format has none) and
+// the global scale (nvfp4 only, else null).
+struct WeightRef {
+    const void* data;
+    const void* scale;
+    const float* global;
+};
+
+// Byte offset of output row `row` (counted across experts too) in a weight of k columns.
+__device__ __forceinline__ WeightRef weight_rows(WeightRef w, long row, int k) {
+    WeightRef r = w;
+#if defined(WEIGHT_BF16)
+    r.data = (const __nv_bfloat16*)w.data + row * k;
+#elif defined(WEIGHT_F32)
+    r.data = (const float*)w.data + row * k;
+#elif defined(WEIGHT_FP8)
+    r.data = (const uint8_t*)w.data + row * k;
+    r.scale = (const float*)w.scale + row;
+#elif defined(WEIGHT_MXFP4)
+    r.data = (const uint8_t*)w.data + row * (k / 2);
+    r.scale = (const uint8_t*)w.scale + row * (k / 32);
+#elif defined(WEIGHT_NVFP4)
+    r.data = (const uint8_t*)w.data + row * (k / 2);
+    r.scale = (const uint8_t*)w.scale + row * (k / 16);
+#endif
+    return r;
+}
+
+// Eight consecutive weights of one row starting at column c (c a multiple of 8, c + 8 <= k),
+// dequantized to f32: one 16-byte load for bf16, 8 bytes for fp8, 4 bytes for fp4.
+__device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
+#if defined(WEIGHT_BF16)
+    uint4 raw = *(const uint4*)((const __nv_bfloat16*)w.data + c);
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
+#elif defined(WEIGHT_F32)
+    const float4* p = (const float4*)((const float*)w.data + c);
+    float4 a = p[0], b = p[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+#elif defined(WEIGHT_FP8)
+    uint2 raw = *(const uint2*)((const uint8_t*)w.data + c);
+    const uint8_t* b = (const uint8_t*)&raw;
+    const float s = *(const float*)w.scale;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(e4m3_load(b[i]), s);
+#elif defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+    uint32_t raw = *(const uint32_t*)((const uint8_t*)w.data + c / 2);
+#if defined(WEIGHT_MXFP4)
+    const float s = e8m0_load(((const uint8_t*)w.scale)[c / 32]);
+#else
+    const float s = e4m3_load(((const uint8_t*)w.scale)[c / 16]);
+    const float g = *w.global;
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float v = __fmul_rn(kE2M1[(raw >> (4 * i)) & 0xf], s);
+#if defined(WEIGHT_NVFP4)
+        v = __fmul_rn(v, g);
+#endif
+        out[i] = v;
+    }
+#else
+#error "define one of WEIGHT_BF16, WEIGHT_F32, WEIGHT_FP8, WEIGHT_MXFP4, WEIGHT_NVFP4"
+#endif
+}
+
+// One weight at column c (for a ragged tail of k that is not a multiple of 8).
+__device__ __forceinline__ float weight1(WeightRef w, int c) {
+#if defined(WEIGHT_BF16)
+    return __bfloat162float(((const __nv_bfloat16*)w.data)[c]);
+#elif defined(WEIGHT_F32)
+    return ((const float*)w.data)[c];
+#elif defined(WEIGHT_FP8)
+    return __fmul_rn(e4m3_load(((const uint8_t*)w.data)[c]), *(const float*)w.scale);
+#else
+    uint8_t b = ((const uint8_t*)w.data)[c / 2];
+    float v = kE2M1[(c & 1) ? (b >> 4) : (b & 0xf)];
+#if defined(WEIGHT_MXFP4)
+    return __fmul_rn(v, e8m0_load(((const uint8_t*)w.scale)[c / 32]));
+#else
+    return __fmul_rn(__fmul_rn(v, e4m3_load(((const uint8_t*)w.scale)[c / 16])), *w.global);
+#endif
+#endif
+}

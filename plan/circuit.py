@@ -1,0 +1,393 @@
+"""Model circuits: one forward step of a model as a Circ string diagram over tensor types.
+
+``circuit_for(config, quant, mode, rows)`` wires the ops ``embed``, ``rmsnorm``, ``linear``,
+``view``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe`` and ``lm_head``.
+
+Conventions, fixed once:
+
+- Dims are symbolic (``rows``, ``hidden``, ``q_dim``, ``heads`` …); :meth:`Circuit.sizes`
+  binds them. The q/k/v projections give ``[rows, q_dim]``/``[rows, kv_dim]``; ``qk_norm``,
+  ``rope`` and ``attention`` work on heads, ``[rows, heads, head_dim]``, and an explicit
+  ``view`` box (a zero-cost reinterpretation; params ``src``/``dst`` shapes) converts between.
+- Box params hold everything lowering needs that is not already in the types, and never the
+  layer index: the same op of two layers is the *same* box (a functor then maps it once).
+- ``mode`` changes sizes, not wiring: decode is ``rows`` sequences with one token each
+  (``slots = rows``), prefill is ``rows`` tokens of one sequence (``slots = 1``). Attention
+  first writes each row's k, v into the cache at ``(slot, position)``, then attends causally
+  up to the row's position, so both modes share one diagram.
+- Weights are inputs named as in the Hugging Face checkpoint; MoE experts come stacked per
+  layer (the loader stacks ``mlp.experts.{e}.gate_proj.weight`` into
+  ``mlp.experts.gate_proj.weight`` of shape ``[experts, moe_inter, hidden]``). A tied
+  ``lm_head`` reads the embedding input; embedding, norm, router and lm_head weights are bf16,
+  linear and expert weights are typed by ``quant`` (quantized checkpoints keep those bf16).
+
+Laws: building is deterministic (``circuit_for(c) == circuit_for(c)``); the diagram is
+well-typed (``Diagram.flat`` re-checks it); layers share boxes.
+
+>>> c = circuit_for("tiny-qwen3", rows=2)
+>>> print(c)
+tiny-qwen3 decode rows=2 quant=bf16 act=bf16: 2 layers, 41 boxes, 34 inputs, 5 outputs
+>>> c == circuit_for("tiny-qwen3", rows=2)
+True
+>>> str(c.input_type("model.layers.1.self_attn.q_norm.weight"))
+'bf16[head_dim]'
+>>> [b.name for b in c.diagram.boxes[:8]]
+['embed', 'rmsnorm', 'linear', 'linear', 'linear', 'view', 'view', 'view']
+>>> c.sizes(max_ctx=64)["slots"], circuit_for("tiny-qwen3", mode="prefill", rows=5).sizes(64)["slots"]
+(2, 1)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from metrale.lkb.diagram import Box, Builder, Diagram, Wire
+from metrale.lkb.dtype import BF16, F32, I32, DType
+from metrale.lkb.errors import ConfigError, PlanError, nearest
+from metrale.lkb.family import WEIGHT_FORMATS
+from metrale.lkb.ty import Dim, TensorType, Ty
+
+from .config import ModelConfig
+
+MODES = ("decode", "prefill")
+"""Forward-step modes: ``rows`` sequences of one token, or ``rows`` tokens of one sequence."""
+
+ACTS = {"bf16": BF16, "f32": F32}
+"""Activation dtypes a circuit may carry."""
+
+OPS = ("embed", "rmsnorm", "linear", "view", "qk_norm", "rope", "attention", "add", "swiglu",
+       "moe", "lm_head")
+"""The Circ generators, by name."""
+
+ROPE_STYLE = "neox"
+"""Llama and Qwen3 rotate halves (pair ``(j, j + head_dim/2)``)."""
+
+
+@attrs.frozen
+class Circuit:
+    """One forward step of a model: a diagram plus the names of its inputs and outputs.
+
+    ``input_names[k]`` names wire ``k`` of ``diagram.dom`` (``tokens``, ``positions``,
+    ``slots``, ``rope.cos``, ``rope.sin``, ``kv.{i}.k``, ``kv.{i}.v``, then the checkpoint
+    weights); ``output_names[k]`` names wire ``k`` of ``diagram.cod`` (``logits``, then the
+    updated caches ``kv.{i}.k``, ``kv.{i}.v``).
+
+    >>> c = circuit_for("tiny-llama")
+    >>> c.input_names[:5], c.output_names[:3]
+    (('tokens', 'positions', 'slots', 'rope.cos', 'rope.sin'), ('logits', 'kv.0.k', 'kv.0.v'))
+    >>> str(c.output_type("logits"))
+    'f32[rows,vocab]'
+    """
+
+    diagram: Diagram
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    config: ModelConfig
+    quant: str
+    mode: str
+    rows: int
+    act: str = "bf16"
+    _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
+    _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        for names, dom, what in ((self.input_names, self.diagram.dom, "input"),
+                                 (self.output_names, self.diagram.cod, "output")):
+            if len(names) != len(dom) or len(set(names)) != len(names):
+                raise PlanError(f"one distinct name per diagram {what}", key=f"{what}_names",
+                                expected=len(dom), found=len(set(names)))
+        object.__setattr__(self, "_inputs", {n: k for k, n in enumerate(self.input_names)})
+        object.__setattr__(self, "_outputs", {n: k for k, n in enumerate(self.output_names)})
+
+    @property
+    def layers(self) -> int:
+        """Decoder layers in the circuit."""
+        return self.config.num_hidden_layers
+
+    @property
+    def weight_names(self) -> tuple[str, ...]:
+        """The inputs bound from the checkpoint, in input order."""
+        return self.input_names[self._inputs["model.embed_tokens.weight"]:]
+
+    def input_type(self, name: str) -> TensorType:
+        """The type of input ``name``; an unknown name is a :class:`PlanError`."""
+        return self.diagram.dom.types[self._lookup(self._inputs, name, "input")]
+
+    def output_type(self, name: str) -> TensorType:
+        """The type of output ``name``; an unknown name is a :class:`PlanError`."""
+        return self.diagram.cod.types[self._lookup(self._outputs, name, "output")]
+
+    def _lookup(self, index: Mapping[str, int], name: str, what: str) -> int:
+        try:
+            return index[name]
+        except KeyError:
+            raise PlanError(f"no such circuit {what}", file=self.config.name, key=name,
+                            expected=f"one of the {len(index)} {what} names",
+                            found=repr(name), suggestion=nearest(name, index)) from None
+
+    def sizes(self, max_ctx: int) -> dict[str, int]:
+        """Concrete sizes of every dim: the config's, plus ``rows``, ``slots``, ``max_ctx``,
+        ``max_pos`` (the RoPE table covers the cache: ``max_ctx`` positions) and ``half``.
+
+        >>> s = circuit_for("llama-3.1-8b", rows=4).sizes(1024)
+        >>> s["rows"], s["slots"], s["max_pos"], s["half"], s["q_dim"]
+        (4, 4, 1024, 64, 4096)
+        """
+        if not isinstance(max_ctx, int) or isinstance(max_ctx, bool) or max_ctx <= 0:
+            raise PlanError("context length must be a positive integer", file=self.config.name,
+                            key="max_ctx", expected="an integer > 0", found=repr(max_ctx))
+        out = self.config.sizes()
+        out.update(rows=self.rows, slots=self.rows if self.mode == "decode" else 1,
+                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2)
+        return out
+
+    def __str__(self) -> str:
+        return (f"{self.config.name} {self.mode} rows={self.rows} quant={self.quant}"
+                f" act={self.act}: {self.layers} layers, {len(self.diagram)} boxes,"
+                f" {len(self.input_names)} inputs, {len(self.output_names)} outputs")
+
+    def op_counts(self) -> dict[str, int]:
+        """How many boxes of each op, in :data:`OPS` order.
+
+        >>> circuit_for("tiny-llama").op_counts()["linear"]
+        14
+        """
+        counts = Counter(b.name for b in self.diagram.boxes)
+        return {op: counts[op] for op in OPS if counts[op]}
+
+
+# -- types and boxes ------------------------------------------------------------------------
+
+def _t(shape: tuple[Dim, ...], dtype: DType, fmt: str = "") -> TensorType:
+    return TensorType(shape, dtype, fmt)
+
+
+@attrs.frozen
+class _Ops:
+    """The boxes of one model at one (quant, act): built once, shared by every layer."""
+
+    config: ModelConfig
+    quant: str
+    act: str
+
+    @property
+    def a(self) -> DType:
+        return ACTS[self.act]
+
+    def x(self, *dims: Dim) -> TensorType:
+        return _t(("rows", *dims), self.a)
+
+    def weight(self, *dims: Dim) -> TensorType:
+        dtype, fmt = WEIGHT_FORMATS[self.quant]
+        return _t(dims, dtype, fmt)
+
+    def cache(self) -> TensorType:
+        return _t(("slots", "max_ctx", "kv_heads", "head_dim"), self.a)
+
+    def box(self, name: str, dom: tuple[TensorType, ...], cod: tuple[TensorType, ...],
+            **params: Any) -> Box:
+        return Box(name, Ty(*dom), Ty(*cod), {"act": self.act, **params})
+
+    def embed(self) -> Box:
+        return self.box("embed", (_t(("rows",), I32), _t(("vocab", "hidden"), BF16)),
+                        (self.x("hidden"),))
+
+    def rmsnorm(self) -> Box:
+        return self.box("rmsnorm", (self.x("hidden"), _t(("hidden",), BF16)),
+                        (self.x("hidden"),), eps=self.config.rms_norm_eps)
+
+    def linear(self, role: str, n_in: str, n_out: str) -> Box:
+        return self.box("linear", (self.x(n_in), self.weight(n_out, n_in)), (self.x(n_out),),
+                        role=role, weight=self.quant)
+
+    def view(self, src: tuple[Dim, ...], dst: tuple[Dim, ...]) -> Box:
+        return self.box("view", (self.x(*src),), (self.x(*dst),),
+                        src=("rows", *src), dst=("rows", *dst))
+
+    def heads(self, kind: str) -> TensorType:
+        return self.x(kind, "head_dim")
+
+    def qk_norm(self) -> Box:
+        q, k = self.heads("heads"), self.heads("kv_heads")
+        w = _t(("head_dim",), BF16)
+        return self.box("qk_norm", (q, k, w, w), (q, k), eps=self.config.rms_norm_eps)
+
+    def rope(self) -> Box:
+        q, k = self.heads("heads"), self.heads("kv_heads")
+        table = _t(("max_pos", "half"), F32)
+        return self.box("rope", (q, k, _t(("rows",), I32), table, table), (q, k),
+                        style=ROPE_STYLE)
+
+    def attention(self, window: int) -> Box:
+        c = self.config
+        q, kv, cache = self.heads("heads"), self.heads("kv_heads"), self.cache()
+        idx = _t(("rows",), I32)
+        return self.box("attention", (q, kv, kv, cache, cache, idx, idx), (q, cache, cache),
+                        heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                        head_dim=c.head_dim, scale=c.head_dim ** -0.5, window=window)
+
+    def add(self) -> Box:
+        return self.box("add", (self.x("hidden"), self.x("hidden")), (self.x("hidden"),))
+
+    def swiglu(self) -> Box:
+        return self.box("swiglu", (self.x("inter"), self.x("inter")), (self.x("inter"),))
+
+    def moe(self) -> Box:
+        c = self.config
+        return self.box(
+            "moe",
+            (self.x("hidden"), _t(("experts", "hidden"), BF16),
+             self.weight("experts", "moe_inter", "hidden"),
+             self.weight("experts", "moe_inter", "hidden"),
+             self.weight("experts", "hidden", "moe_inter")),
+            (self.x("hidden"),),
+            experts=c.num_experts, top_k=c.num_experts_per_tok,
+            renormalize=c.norm_topk_prob, moe_inter=c.moe_intermediate_size, weight=self.quant)
+
+    def lm_head(self) -> Box:
+        return self.box("lm_head", (self.x("hidden"), _t(("vocab", "hidden"), BF16)),
+                        (_t(("rows", "vocab"), F32),), weight="bf16")
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
+    """Layer ``i``'s checkpoint weights, in the order the circuit reads them."""
+    c, p = ops.config, f"model.layers.{i}."
+    norm = _t(("hidden",), BF16)
+    out = [(p + "input_layernorm.weight", norm),
+           (p + "self_attn.q_proj.weight", ops.weight("q_dim", "hidden")),
+           (p + "self_attn.k_proj.weight", ops.weight("kv_dim", "hidden")),
+           (p + "self_attn.v_proj.weight", ops.weight("kv_dim", "hidden"))]
+    if c.arch in ("qwen3", "qwen3_moe"):
+        head = _t(("head_dim",), BF16)
+        out += [(p + "self_attn.q_norm.weight", head), (p + "self_attn.k_norm.weight", head)]
+    out += [(p + "self_attn.o_proj.weight", ops.weight("hidden", "q_dim")),
+            (p + "post_attention_layernorm.weight", norm)]
+    if c.is_moe_layer(i):
+        moe = ops.moe().dom.types
+        out += [(p + "mlp.gate.weight", moe[1]),
+                (p + "mlp.experts.gate_proj.weight", moe[2]),
+                (p + "mlp.experts.up_proj.weight", moe[3]),
+                (p + "mlp.experts.down_proj.weight", moe[4])]
+    else:
+        out += [(p + "mlp.gate_proj.weight", ops.weight("inter", "hidden")),
+                (p + "mlp.up_proj.weight", ops.weight("inter", "hidden")),
+                (p + "mlp.down_proj.weight", ops.weight("hidden", "inter"))]
+    return out
+
+
+def _inputs(ops: _Ops) -> list[tuple[str, TensorType]]:
+    c = ops.config
+    idx, table = _t(("rows",), I32), _t(("max_pos", "half"), F32)
+    out = [("tokens", idx), ("positions", idx), ("slots", idx),
+           ("rope.cos", table), ("rope.sin", table)]
+    for i in range(c.num_hidden_layers):
+        out += [(f"kv.{i}.k", ops.cache()), (f"kv.{i}.v", ops.cache())]
+    out.append(("model.embed_tokens.weight", _t(("vocab", "hidden"), BF16)))
+    for i in range(c.num_hidden_layers):
+        out += _layer_weights(ops, i)
+    out.append(("model.norm.weight", _t(("hidden",), BF16)))
+    if not c.tie_word_embeddings:
+        out.append(("lm_head.weight", _t(("vocab", "hidden"), BF16)))
+    return out
+
+
+# -- the circuit ----------------------------------------------------------------------------
+
+def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str) -> None:
+    where = f"{config.name} (circuit)"
+    for key, value, valid in (("quant", quant, tuple(WEIGHT_FORMATS)), ("mode", mode, MODES),
+                              ("act", act, tuple(ACTS))):
+        if value not in valid:
+            raise ConfigError(f"unknown {key}", file=where, key=key,
+                              expected="one of " + ", ".join(valid), found=repr(value),
+                              suggestion=nearest(str(value), valid))
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
+        raise ConfigError("rows must be a positive integer", file=where, key="rows",
+                          expected="an integer > 0", found=repr(rows))
+    if config.attention_bias:
+        raise ConfigError("attention projections with bias are not supported", file=config.name,
+                          key="attention_bias", expected="false", found="true")
+
+
+def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "decode",
+                rows: int = 1, *, act: str = "bf16") -> Circuit:
+    """The circuit of one forward step of ``config`` (a :class:`ModelConfig` or built-in name).
+
+    ``quant`` types the linear and expert weights (``bf16``, ``fp8``, ``mxfp4``, ``nvfp4``),
+    ``act`` the activations and KV cache (``bf16`` or ``f32``); logits are f32.
+
+    >>> c = circuit_for("tiny-qwen3-moe", "nvfp4", "prefill", 16)
+    >>> c.op_counts()["moe"], str(c.input_type("model.layers.0.mlp.experts.down_proj.weight"))
+    (2, 'nvfp4[experts,hidden,moe_inter]')
+    >>> circuit_for("tiny-llama", quant="nvfp")
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.ConfigError: tiny-llama (circuit): quant: unknown quant (expected one of bf16, fp8, mxfp4, nvfp4, found 'nvfp'); did you mean 'nvfp4'?
+    """
+    config = ModelConfig.load(config)
+    _check(config, quant, mode, rows, act)
+    ops = _Ops(config, quant, act)
+    inputs = _inputs(ops)
+    names = tuple(n for n, _ in inputs)
+    b = Builder(Ty(*(t for _, t in inputs)))
+    w: dict[str, Wire] = dict(zip(names, b.inputs))
+
+    embed, rmsnorm, add = ops.embed(), ops.rmsnorm(), ops.add()
+    q_proj = ops.linear("q_proj", "hidden", "q_dim")
+    k_proj = ops.linear("k_proj", "hidden", "kv_dim")
+    v_proj = ops.linear("v_proj", "hidden", "kv_dim")
+    o_proj = ops.linear("o_proj", "q_dim", "hidden")
+    gate, up = ops.linear("gate_proj", "hidden", "inter"), ops.linear("up_proj", "hidden", "inter")
+    down, swiglu = ops.linear("down_proj", "inter", "hidden"), ops.swiglu()
+    q_view, kv_view = ops.view(("q_dim",), ("heads", "head_dim")), ops.view(
+        ("kv_dim",), ("kv_heads", "head_dim"))
+    o_view = ops.view(("heads", "head_dim"), ("q_dim",))
+    qk_norm = ops.qk_norm() if config.arch in ("qwen3", "qwen3_moe") else None
+    rope = ops.rope()
+    attention = {win: ops.attention(win) for win in
+                 {config.layer_window(i) or 0 for i in range(config.num_hidden_layers)}}
+    moe = ops.moe() if config.is_moe else None
+
+    (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
+    caches: list[Wire] = []
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        (n,) = b.add(rmsnorm, h, w[p + "input_layernorm.weight"])
+        (q,) = b.add(q_proj, n, w[p + "self_attn.q_proj.weight"])
+        (k,) = b.add(k_proj, n, w[p + "self_attn.k_proj.weight"])
+        (v,) = b.add(v_proj, n, w[p + "self_attn.v_proj.weight"])
+        (q,), (k,), (v,) = b.add(q_view, q), b.add(kv_view, k), b.add(kv_view, v)
+        if qk_norm is not None:
+            q, k = b.add(qk_norm, q, k, w[p + "self_attn.q_norm.weight"],
+                         w[p + "self_attn.k_norm.weight"])
+        q, k = b.add(rope, q, k, w["positions"], w["rope.cos"], w["rope.sin"])
+        o, kc, vc = b.add(attention[config.layer_window(i) or 0], q, k, v, w[f"kv.{i}.k"],
+                          w[f"kv.{i}.v"], w["positions"], w["slots"])
+        caches += [kc, vc]
+        (o,) = b.add(o_view, o)
+        (a,) = b.add(o_proj, o, w[p + "self_attn.o_proj.weight"])
+        (h,) = b.add(add, h, a)
+        (n,) = b.add(rmsnorm, h, w[p + "post_attention_layernorm.weight"])
+        if moe is not None and config.is_moe_layer(i):
+            (d,) = b.add(moe, n, w[p + "mlp.gate.weight"], w[p + "mlp.experts.gate_proj.weight"],
+                         w[p + "mlp.experts.up_proj.weight"],
+                         w[p + "mlp.experts.down_proj.weight"])
+        else:
+            (g,) = b.add(gate, n, w[p + "mlp.gate_proj.weight"])
+            (u,) = b.add(up, n, w[p + "mlp.up_proj.weight"])
+            (s,) = b.add(swiglu, g, u)
+            (d,) = b.add(down, s, w[p + "mlp.down_proj.weight"])
+        (h,) = b.add(add, h, d)
+    (n,) = b.add(rmsnorm, h, w["model.norm.weight"])
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    (logits,) = b.add(ops.lm_head(), n, w[head])
+
+    outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
+                           for kv in ("k", "v")))
+    return Circuit(b.build(logits, *caches), names, outputs, config, quant, mode, rows, act)

@@ -1,0 +1,231 @@
+"""Quantizing a bf16 checkpoint into another format, with the error it costs per tensor.
+
+:func:`quantize_checkpoint` rewrites every linear weight (every 2-D ``*.weight`` except
+embeddings and norms, see :func:`should_quantize`) in a :class:`~metrale.lkb.quant.QuantFormat`
+and copies everything else; the result is written atomically and read back by
+:class:`~metrale.runtime.checkpoint.Checkpoint`. The report gives each tensor's SQNR,
+``10 log10(Σ w² / Σ (w - dequant(w))²)`` in dB, and its bytes before and after.
+
+>>> should_quantize("model.layers.0.mlp.down_proj.weight", (1024, 3072))
+True
+>>> should_quantize("model.embed_tokens.weight", (151936, 1024))
+False
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import numpy as np
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from metrale.lkb.errors import CheckpointError
+from metrale.lkb.quant import QuantFormat, QuantTensor
+
+from .checkpoint import CONFIG, INDEX, Checkpoint, Weight, write_checkpoint
+
+_SOURCE_FLOATS = ("BF16", "F16", "F32")
+_CHUNK = 1 << 22  # elements per chunk for the f64 sums and finiteness checks (bounds memory)
+MAX_EXTRA_FILE_BYTES = 256 << 20
+"""Other files of the source directory (tokenizer, generation config) up to this size are copied."""
+
+
+def should_quantize(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``quantize_checkpoint`` quantizes tensor ``name``: every 2-D ``*.weight`` except
+    token embeddings (``embed_tokens``) and norms (a module name containing ``norm``).
+
+    So the projections, ``lm_head`` and MoE routers (``mlp.gate``) are quantized.
+
+    >>> should_quantize("model.norm.weight", (1024, 1)), should_quantize("lm_head.weight", (8, 4))
+    (False, True)
+    """
+    if len(shape) != 2 or not name.endswith(".weight"):
+        return False
+    module = name[: -len(".weight")]
+    return "embed_tokens" not in module and "norm" not in module.rsplit(".", 1)[-1]
+
+
+@attrs.frozen
+class TensorReport:
+    """What happened to one tensor: kept or quantized, bytes before and after, SQNR in dB."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    fmt: str
+    """The format it was written in, or ``copy`` when written as it was."""
+    bytes_before: int
+    bytes_after: int
+    sqnr_db: float | None
+    """``None`` for copied tensors; ``inf`` when the round trip is exact."""
+
+
+@attrs.frozen
+class QuantizeReport:
+    """The result of :func:`quantize_checkpoint`: where, which format, and every tensor's report.
+
+    >>> r = QuantizeReport("a", "b", "mxfp4", (TensorReport("w", (2, 32), "BF16", "mxfp4",
+    ...                                                     128, 34, 18.5),))
+    >>> r.bytes_before, r.bytes_after, r.min_sqnr_db
+    (128, 34, 18.5)
+    """
+
+    src: str
+    dst: str
+    fmt: str
+    tensors: tuple[TensorReport, ...]
+
+    @property
+    def bytes_before(self) -> int:
+        """Bytes of all source tensors."""
+        return sum(t.bytes_before for t in self.tensors)
+
+    @property
+    def bytes_after(self) -> int:
+        """Bytes of all written tensors."""
+        return sum(t.bytes_after for t in self.tensors)
+
+    @property
+    def quantized(self) -> tuple[TensorReport, ...]:
+        """The reports of the tensors that were quantized."""
+        return tuple(t for t in self.tensors if t.sqnr_db is not None)
+
+    @property
+    def min_sqnr_db(self) -> float | None:
+        """The worst SQNR over quantized tensors (``None`` if none was quantized)."""
+        q = [t.sqnr_db for t in self.quantized]
+        return min(q) if q else None
+
+    def table(self) -> Table:
+        """A rich table: one row per tensor, then the totals."""
+        t = Table(title=f"quantize {self.src} -> {self.dst} ({self.fmt})")
+        for col in ("tensor", "shape", "format", "bytes before", "bytes after", "SQNR dB"):
+            t.add_column(col, justify="left" if col in ("tensor", "format") else "right")
+        for r in self.tensors:
+            sq = "" if r.sqnr_db is None else f"{r.sqnr_db:.2f}"
+            t.add_row(r.name, "x".join(map(str, r.shape)), r.fmt, f"{r.bytes_before:,}",
+                      f"{r.bytes_after:,}", sq)
+        worst = self.min_sqnr_db
+        t.add_row("total", "", "", f"{self.bytes_before:,}", f"{self.bytes_after:,}",
+                  "" if worst is None else f"min {worst:.2f}")
+        return t
+
+    def __str__(self) -> str:
+        console = Console(width=120, file=io.StringIO())
+        console.print(self.table())
+        return console.file.getvalue()
+
+
+def sqnr_db(w: np.ndarray, deq: np.ndarray) -> float:
+    """``10 log10(Σ w² / Σ (w - deq)²)`` summed in f64; ``inf`` when ``deq == w`` exactly.
+
+    >>> round(sqnr_db(np.array([3.0, 4.0]), np.array([3.0, 4.5])), 3)
+    20.0
+    """
+    a = np.asarray(w).reshape(-1)
+    b = np.asarray(deq).reshape(-1)
+    signal = noise = 0.0
+    for i in range(0, a.size, _CHUNK):
+        x = a[i : i + _CHUNK].astype(np.float64)
+        e = x - b[i : i + _CHUNK].astype(np.float64)
+        signal += float(x @ x)
+        noise += float(e @ e)
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def _check_finite(arr: np.ndarray, name: str, file: Path) -> None:
+    flat = arr.reshape(-1)
+    for i in range(0, flat.size, _CHUNK):
+        ok = np.isfinite(flat[i : i + _CHUNK].astype(np.float32))
+        if not ok.all():
+            at = np.unravel_index(i + int(np.argmin(ok)), arr.shape)
+            raise CheckpointError("NaN or inf in a tensor", file=file, key=name,
+                                  expected="finite values",
+                                  found=f"{flat[i + int(np.argmin(ok))]} at {list(map(int, at))}")
+
+
+def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
+                        fmt: QuantFormat | str, *, progress: bool = True,
+                        overwrite: bool = False) -> QuantizeReport:
+    """Write ``dst``: the checkpoint ``src`` with its linear weights in ``fmt``.
+
+    ``src`` holds plain float tensors (bf16, or f16/f32); a tensor with NaN or inf is refused
+    by name, as is a weight whose K the format's block does not divide. Other files of ``src``
+    (tokenizer, generation config) are copied; ``config.json`` gets ``quantization_config``.
+    The write is atomic: on any error or interrupt ``dst`` does not appear.
+    """
+    fmt = QuantFormat.parse(fmt)
+    reports: list[TensorReport] = []
+    with Checkpoint.open(src) as ck:
+        names = ck.names()
+        for name in names:
+            info = ck.info(name)
+            if info.dtype not in _SOURCE_FLOATS and name.endswith(".weight"):
+                raise CheckpointError("source is not a plain float checkpoint",
+                                      file=ck.file_of(name), key=name,
+                                      expected="/".join(_SOURCE_FLOATS), found=info.dtype)
+        extra = _extra_files(ck.path)
+        total = sum(ck.info(n).nbytes for n in names)
+        bar = Progress(TextColumn("[bold]quantize[/] {task.description}"), BarColumn(),
+                       DownloadColumn(), TimeRemainingColumn(),
+                       console=Console(stderr=True), disable=not progress, transient=True)
+
+        def produce() -> Iterator[tuple[str, Weight]]:
+            task = bar.add_task(fmt.name, total=total)
+            for name in names:
+                info = ck.info(name)
+                arr = ck.raw(name)
+                bar.update(task, description=name)
+                if info.dtype in _SOURCE_FLOATS:
+                    _check_finite(arr, name, ck.file_of(name))
+                if should_quantize(name, info.shape):
+                    w32 = arr.astype(np.float32)
+                    qt: QuantTensor = fmt.quantize(w32, name=name)
+                    sq = sqnr_db(w32, qt.dequantize())
+                    reports.append(TensorReport(name, info.shape, info.dtype, fmt.name,
+                                                info.nbytes, qt.nbytes, sq))
+                    yield name, qt
+                else:
+                    reports.append(TensorReport(name, info.shape, info.dtype, "copy",
+                                                info.nbytes, info.nbytes, None))
+                    yield name, arr
+                bar.advance(task, info.nbytes)
+
+        with bar:
+            try:
+                write_checkpoint(dst, produce(), ck.config, fmt, extra_files=extra,
+                                 overwrite=overwrite)
+            except CheckpointError as e:
+                if e.file is None and e.key is not None and e.key in ck:
+                    raise CheckpointError(e.message, file=ck.file_of(e.key), key=e.key,
+                                          expected=e.expected, found=e.found) from None
+                raise
+    return QuantizeReport(str(src), str(dst), fmt.name, tuple(reports))
+
+
+def _extra_files(folder: Path) -> dict[str, bytes]:
+    if not folder.is_dir():
+        return {}
+    out = {}
+    for p in sorted(folder.iterdir()):
+        if (p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors"
+                and p.name not in (INDEX, CONFIG) and p.stat().st_size <= MAX_EXTRA_FILE_BYTES):
+            out[p.name] = p.read_bytes()
+    return out

@@ -1,0 +1,203 @@
+"""Evidence records: status rules, partial loads of damaged files, format-preserving appends."""
+
+import datetime
+from pathlib import Path
+
+import attrs
+import pytest
+
+from metrale.lkb.errors import ConfigError, EvidenceError
+from metrale.realize.evidence import (
+    SHARED,
+    STALE,
+    UNREADABLE,
+    EvidenceLoad,
+    EvidenceRecord,
+    append_records,
+    evidence_status,
+    find_record,
+    hash_source,
+    load_all_evidence,
+    load_evidence,
+    measured_on,
+)
+
+H = hash_source("__global__ void rmsnorm() {}")
+
+
+def rec(**kw) -> EvidenceRecord:
+    base = dict(hw="sm_90", device="NVIDIA H200", family="rmsnorm", point="rmsnorm[bf16,4096]",
+                metric="time", value=3.25, floor=2.5, unit="us", date="2025-06-01",
+                toolchain="nvcc 13.0.88", source_hash=H)
+    base.update(kw)
+    return EvidenceRecord(**base)
+
+
+# --- status rules ----------------------------------------------------------------------------
+
+def test_measured_only_on_the_recording_class_with_matching_hash() -> None:
+    rs = [rec()]
+    assert evidence_status(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == "measured on sm_90"
+    assert evidence_status(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", "0" * 64) == STALE
+    assert evidence_status(rs, "sm_80", "rmsnorm", "rmsnorm[bf16,4096]", H) == SHARED
+    assert evidence_status(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,8192]", H) == SHARED
+    assert evidence_status(rs, "sm_90", "add_rmsnorm", "rmsnorm[bf16,4096]", H) == SHARED
+    assert evidence_status([], "sm_90", "rmsnorm", "p", H) == SHARED
+
+
+def test_one_current_record_beats_stale_ones() -> None:
+    rs = [rec(source_hash="old", date="2025-01-01"), rec()]
+    assert evidence_status(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == measured_on("sm_90")
+    assert find_record(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == rs[1]
+    assert find_record(rs, "sm_80", "rmsnorm", "rmsnorm[bf16,4096]", H) is None
+
+
+def test_find_record_takes_the_latest() -> None:
+    rs = [rec(value=4.0, date="2025-01-01"), rec(value=3.0, date="2025-03-01"),
+          rec(value=5.0, date="2025-02-01")]
+    assert find_record(rs, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H).value == 3.0
+
+
+def test_unreadable_wins_where_damage_may_concern_the_kernel() -> None:
+    load = EvidenceLoad((rec(),), (EvidenceError("x"),), (("sm_90", "rmsnorm", None),))
+    assert evidence_status(load, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == UNREADABLE
+    assert evidence_status(load, "sm_90", "rope", "p", H) == SHARED
+    assert evidence_status(load, "sm_80", "rmsnorm", "p", H) == SHARED
+
+
+def test_record_values_are_validated() -> None:
+    with pytest.raises(ConfigError, match="not a finite number"):
+        rec(value=float("nan"))
+    with pytest.raises(ConfigError, match="not an ISO date"):
+        rec(date="June 1st")
+    assert rec(date=datetime.date(2025, 6, 1)).date == "2025-06-01"
+    assert rec(floor=None).floor is None and rec(value=3).value == 3.0
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+GOOD = """# Evidence for sm_90
+[[record]]
+hw = "sm_90"
+device = "NVIDIA H200"
+family = "rmsnorm"
+point = "rmsnorm[bf16,4096]"
+metric = "time"
+value = 3.25
+floor = 2.5
+unit = "us"
+date = 2025-06-01
+toolchain = "nvcc 13.0.88"
+source_hash = "{h}"
+"""
+
+
+def write(tmp_path: Path, text: str, hw: str = "sm_90") -> Path:
+    p = tmp_path / "kernels" / hw / "EVIDENCE.toml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def test_good_file_loads_with_native_toml_date(tmp_path: Path) -> None:
+    load = load_evidence(write(tmp_path, GOOD.format(h=H)), hw="sm_90")
+    assert load.ok and load.records == (rec(),)
+
+
+def test_missing_file_is_no_evidence(tmp_path: Path) -> None:
+    load = load_evidence(tmp_path / "nope.toml")
+    assert load.ok and load.records == ()
+
+
+def test_invalid_records_give_errors_and_a_partial_load(tmp_path: Path) -> None:
+    bad_value = GOOD.format(h=H).split("\n", 1)[1].replace("value = 3.25", 'value = "fast"')
+    bad_value = bad_value.replace('family = "rmsnorm"', 'family = "rope"')
+    bad_key = GOOD.format(h=H).split("\n", 1)[1].replace('unit = "us"', 'units = "us"')
+    bad_key = bad_key.replace('family = "rmsnorm"', 'family = "swiglu"')
+    p = write(tmp_path, GOOD.format(h=H) + bad_value + bad_key)
+    load = load_evidence(p, hw="sm_90")
+    assert load.records == (rec(),)
+    assert len(load.errors) == 3  # wrong type; unknown key; the missing key it replaced
+    assert all(isinstance(e, EvidenceError) and e.file == str(p) for e in load.errors)
+    keys = sorted(e.key for e in load.errors)
+    assert keys == ["record[1].value", "record[2].unit", "record[2].units"]
+    units = next(e for e in load.errors if e.key == "record[2].units")
+    assert units.suggestion == "unit"
+    # the plan still prints: the good kernel is measured, the damaged ones say so
+    assert evidence_status(load, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == "measured on sm_90"
+    assert evidence_status(load, "sm_90", "rope", "rmsnorm[bf16,4096]", H) == UNREADABLE
+    assert evidence_status(load, "sm_90", "swiglu", "rmsnorm[bf16,4096]", H) == UNREADABLE
+    assert evidence_status(load, "sm_90", "embed", "e", H) == SHARED
+
+
+def test_syntax_error_makes_the_whole_class_unreadable(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.format(h=H) + "\nvalue = = 3\n")
+    load = load_evidence(p, hw="sm_90")
+    assert load.records == () and len(load.errors) == 1
+    e = load.errors[0]
+    assert isinstance(e, EvidenceError) and e.line is not None and "syntax" in str(e)
+    assert evidence_status(load, "sm_90", "anything", "p", H) == UNREADABLE
+    assert evidence_status(load, "sm_80", "anything", "p", H) == SHARED
+
+
+def test_record_of_another_class_is_an_error(tmp_path: Path) -> None:
+    p = write(tmp_path, GOOD.format(h=H).replace('hw = "sm_90"', 'hw = "sm_80"'))
+    load = load_evidence(p, hw="sm_90")
+    assert load.records == ()
+    assert load.errors[0].key == "record[0].hw" and "another class" in str(load.errors[0])
+    assert evidence_status(load, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == UNREADABLE
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    load = load_evidence(write(tmp_path, "[[recrod]]\nhw = 'x'\n"), hw="sm_90")
+    assert load.errors[0].suggestion == "record" and load.records == ()
+
+
+def test_load_all_evidence_checks_each_folder(tmp_path: Path) -> None:
+    write(tmp_path, GOOD.format(h=H), "sm_90")
+    write(tmp_path, GOOD.format(h=H), "sm_80")  # says sm_90 inside sm_80's folder
+    load = load_all_evidence(tmp_path / "kernels")
+    assert load.records == (rec(),)
+    assert len(load.errors) == 1 and "sm_80" in load.errors[0].file
+
+
+# --- appending -------------------------------------------------------------------------------
+
+def test_append_creates_then_round_trips(tmp_path: Path) -> None:
+    p = tmp_path / "kernels" / "sm_90" / "EVIDENCE.toml"
+    rs = [rec(), rec(point="rmsnorm[bf16,8192]", floor=None, value=6.0)]
+    append_records(p, rs[:1])
+    append_records(p, rs[1:])
+    load = load_evidence(p, hw="sm_90")
+    assert load.ok and load.records == tuple(rs)
+    assert p.read_text().startswith("# Evidence for hardware class sm_90")
+
+
+def test_append_keeps_comments_and_layout(tmp_path: Path) -> None:
+    original = GOOD.format(h=H).replace("value = 3.25", "value = 3.25  # median of 100 runs")
+    original += "\n# trailing note kept by hand\n"
+    p = write(tmp_path, original)
+    append_records(p, [rec(point="rmsnorm[bf16,8192]")])
+    text = p.read_text()
+    assert text.startswith(original.rstrip("\n").split("# trailing")[0].rstrip("\n"))
+    assert "value = 3.25  # median of 100 runs" in text
+    assert "# trailing note kept by hand" in text
+    assert "# Evidence for sm_90" in text
+    load = load_evidence(p, hw="sm_90")
+    assert load.ok and [r.point for r in load.records] == ["rmsnorm[bf16,4096]",
+                                                          "rmsnorm[bf16,8192]"]
+    assert not list(p.parent.glob("*.tmp"))
+
+
+def test_append_refuses_an_unparseable_file_and_leaves_it(tmp_path: Path) -> None:
+    p = write(tmp_path, "record = = 1\n")
+    with pytest.raises(EvidenceError, match="unparseable"):
+        append_records(p, [rec()])
+    assert p.read_text() == "record = = 1\n"
+
+
+def test_append_refuses_records_it_could_not_read_back(tmp_path: Path) -> None:
+    p = tmp_path / "E.toml"
+    with pytest.raises(EvidenceError, match="must not be empty"):
+        append_records(p, [attrs.evolve(rec(), family=" ")])
+    assert not p.exists()
