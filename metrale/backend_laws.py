@@ -39,7 +39,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from metrale.lkb.errors import LaunchError, MetraleError, UnavailableError
+from metrale.lkb.errors import CompileError, LaunchError, MetraleError, UnavailableError
 from metrale.runtime.backend import (
     DevicePtr,
     GpuBackend,
@@ -56,6 +56,7 @@ __all__ = [
     "LAW_CUDA_SOURCE",
     "backend_state_machine",
     "law_binary",
+    "nvrtc_ptx",
 ]
 
 LAW_CUDA_SOURCE = r"""
@@ -98,8 +99,30 @@ LAW_ARITIES = {name: k.arity for name, k in HOST_LAW_KERNELS.items()}
 _CUDA_BINARY: list[bytes] = []
 
 
+def nvrtc_ptx(source: str, name: str = "laws.cu") -> bytes:
+    """PTX for ``source``, compiled by NVRTC through CuPy for the current device's arch.
+
+    PTX rather than cubin, so the CUDA model reads each kernel's parameter types from it.
+    """
+    import cupy  # only a CUDA model gets here
+    from cupy_backends.cuda.libs import nvrtc
+
+    arch = cupy.cuda.Device().compute_capability
+    prog = nvrtc.createProgram(source, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"-arch=compute_{arch}", "-std=c++17"])
+        except nvrtc.NVRTCError as e:
+            raise CompileError("NVRTC rejected the source", file=name,
+                               found=f"{e}: {nvrtc.getProgramLog(prog)}") from None
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return ptx.encode() if isinstance(ptx, str) else bytes(ptx)
+
+
 def law_binary(backend: GpuBackend) -> object:
-    """The law kernels in the binary format ``backend`` loads (CUDA: compiled with NVRTC).
+    """The law kernels in the binary format ``backend`` loads (CUDA: PTX from NVRTC).
 
     >>> from metrale.runtime.host_backend import HostBackend
     >>> law_binary(HostBackend()) is HOST_LAW_KERNELS
@@ -109,11 +132,7 @@ def law_binary(backend: GpuBackend) -> object:
         return HOST_LAW_KERNELS
     if backend.binary_format == "cuda":
         if not _CUDA_BINARY:
-            from cupy.cuda import compiler  # only a CUDA model gets here
-
-            out = compiler.compile_using_nvrtc(LAW_CUDA_SOURCE)
-            out = out[0] if isinstance(out, tuple) else out  # newer CuPy: (binary, mapping)
-            _CUDA_BINARY.append(out.encode() if isinstance(out, str) else bytes(out))
+            _CUDA_BINARY.append(nvrtc_ptx(LAW_CUDA_SOURCE))
         return _CUDA_BINARY[0]
     raise UnavailableError(
         "no law kernels for this binary format", key="binary_format",

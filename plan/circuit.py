@@ -81,6 +81,8 @@ class Circuit:
     (('tokens', 'positions', 'slots', 'rope.cos', 'rope.sin'), ('logits', 'kv.0.k', 'kv.0.v'))
     >>> str(c.output_type("logits"))
     'f32[rows,vocab]'
+    >>> c
+    circuit_for('tiny-llama', 'bf16', 'decode', 1, act='bf16')
     """
 
     diagram: Diagram
@@ -149,6 +151,13 @@ class Circuit:
         return (f"{self.config.name} {self.mode} rows={self.rows} quant={self.quant}"
                 f" act={self.act}: {self.layers} layers, {len(self.diagram)} boxes,"
                 f" {len(self.input_names)} inputs, {len(self.output_names)} outputs")
+
+    def __repr__(self) -> str:
+        return (f"circuit_for({self.config.name!r}, {self.quant!r}, {self.mode!r}, {self.rows},"
+                f" act={self.act!r})")
+
+    def _repr_svg_(self) -> str:
+        return self.diagram._repr_svg_()
 
     def op_counts(self) -> dict[str, int]:
         """How many boxes of each op, in :data:`OPS` order.

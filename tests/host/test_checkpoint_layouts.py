@@ -211,6 +211,20 @@ def test_mxfp4_gpt_oss_experts(tmp_path, blocks_sfx, scales_sfx):
         assert ck.weight(x + ".weight") == qt
 
 
+def test_mxfp4_matches_transformers_gpt_oss_dequantizer(tmp_path):
+    mx = pytest.importorskip("transformers.integrations.mxfp4")
+    e, n, kb = 2, 3, 5
+    blocks = rng_bytes((e, n, kb, 16), 21)
+    scales = rng_bytes((e, n, kb), 22, top=60) + np.uint8(100)
+    d = save(tmp_path / "hf", {"model.layers.0.mlp.experts.down_proj_blocks": blocks,
+                               "model.layers.0.mlp.experts.down_proj_scales": scales})
+    ref = mx.convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                        dtype=torch.float32)  # [e, k, n]: transposed for gpt-oss
+    with Checkpoint.open(d) as ck:
+        ours = ck.weight("model.layers.0.mlp.experts.down_proj").dequantize()
+    assert ours.transpose(0, 2, 1).tobytes() == ref.contiguous().numpy().tobytes()
+
+
 def test_mxfp4_written_by_torch_safetensors(tmp_path):
     from safetensors.torch import save_file
 

@@ -7,6 +7,9 @@
 #pragma once
 #include "metrale.cuh"
 
+#ifndef METRALE_HAS_WEIGHT
+#error "define one of WEIGHT_BF16, WEIGHT_F32, WEIGHT_FP8, WEIGHT_MXFP4, WEIGHT_NVFP4"
+#endif
 #ifndef K_BLOCK
 #error "define K_BLOCK"
 #endif

@@ -123,6 +123,10 @@ struct Combine {
 };
 
 // ------------------------------------------------------------------ weights
+// Only kernels of a weight-taking family are compiled with a WEIGHT_* define.
+#if defined(WEIGHT_BF16) || defined(WEIGHT_F32) || defined(WEIGHT_FP8) || \
+    defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#define METRALE_HAS_WEIGHT 1
 
 __constant__ float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -201,8 +205,6 @@ __device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
 #endif
         out[i] = v;
     }
-#else
-#error "define one of WEIGHT_BF16, WEIGHT_F32, WEIGHT_FP8, WEIGHT_MXFP4, WEIGHT_NVFP4"
 #endif
 }
 
@@ -224,3 +226,4 @@ __device__ __forceinline__ float weight1(WeightRef w, int c) {
 #endif
 #endif
 }
+#endif  // a WEIGHT_* define

@@ -1,0 +1,138 @@
+// Metrale CUDA: RMS norms (rmsnorm, add_rmsnorm, qk_norm, qk_norm_rope).
+//
+// Sum of squares in f32: h in blocks of H_BLOCK; inside a block thread t adds its elements
+// t, t + blockDim, ... left to right, the threads meet in warp trees and warp order
+// (block_sum, or warp_sum for the per-head kernels); the block partials combine sequentially.
+// Then inv = 1 / sqrt(ss / h + eps) and y = round(round(x * inv) * w), as
+// metrale.lkb.semantics.rms_normalize. Defines: ACT_*, H_BLOCK, ROPE_NEOX | ROPE_INTERLEAVED.
+#include "metrale.cuh"
+
+#ifndef H_BLOCK
+#error "define H_BLOCK"
+#endif
+#ifndef MAX_HEAD_DIM
+#define MAX_HEAD_DIM 512
+#endif
+
+// Sum of squares of n f32 values produced by `get`, in the declared order, over the block.
+template <class Get>
+__device__ __forceinline__ float block_sumsq(Get get, int n, float* scratch) {
+    float acc = 0.0f;
+    for (int b0 = 0; b0 < n; b0 += H_BLOCK) {
+        const int b1 = min(b0 + H_BLOCK, n);
+        float s = 0.0f;
+        for (int i = b0 + threadIdx.x; i < b1; i += blockDim.x) {
+            const float v = get(i);
+            s += v * v;
+        }
+        const float p = block_sum(s, scratch);
+        acc = b0 == 0 ? p : acc + p;
+    }
+    return acc;
+}
+
+// The same for one warp (per-head norms: one warp per head).
+template <class Get>
+__device__ __forceinline__ float warp_sumsq(Get get, int n) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int b0 = 0; b0 < n; b0 += H_BLOCK) {
+        const int b1 = min(b0 + H_BLOCK, n);
+        float s = 0.0f;
+        for (int i = b0 + lane; i < b1; i += 32) {
+            const float v = get(i);
+            s += v * v;
+        }
+        const float p = warp_sum(s);
+        acc = b0 == 0 ? p : acc + p;
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
+
+// grid (rows), block 256.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                act_t* __restrict__ y, int rows, int h, float eps) {
+    __shared__ float scratch[33];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const act_t* xr = x + (long)row * h;
+    const float ss = block_sumsq([&](int i) { return act_load(xr[i]); }, h, scratch);
+    const float inv = rms_inv(ss, h, eps);
+    for (int i = threadIdx.x; i < h; i += blockDim.x)
+        y[(long)row * h + i] = act_store(act_round(act_load(xr[i]) * inv) * bf16_load(w, i));
+}
+
+// s = round(x + r); y = rmsnorm(s). grid (rows), block 256.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
+                    const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
+                    act_t* __restrict__ y, int rows, int h, float eps) {
+    __shared__ float scratch[33];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const long o = (long)row * h;
+    for (int i = threadIdx.x; i < h; i += blockDim.x)
+        s[o + i] = act_store(act_load(x[o + i]) + act_load(r[o + i]));
+    __syncthreads();  // s is read back below, by other threads
+    const act_t* sr = s + o;
+    const float ss = block_sumsq([&](int i) { return act_load(sr[i]); }, h, scratch);
+    const float inv = rms_inv(ss, h, eps);
+    for (int i = threadIdx.x; i < h; i += blockDim.x)
+        y[o + i] = act_store(act_round(act_load(sr[i]) * inv) * bf16_load(w, i));
+}
+
+// Normalize one head of d values into f32 `out` (shared memory), rounded to act.
+__device__ __forceinline__ void head_norm(const act_t* x, const __nv_bfloat16* w, int d,
+                                          float eps, float* out) {
+    const float ss = warp_sumsq([&](int i) { return act_load(x[i]); }, d);
+    const float inv = rms_inv(ss, d, eps);
+    for (int i = threadIdx.x & 31; i < d; i += 32)
+        out[i] = act_round(act_round(act_load(x[i]) * inv) * bf16_load(w, i));
+}
+
+// grid (hq + hkv, rows), block 32: one warp per head, q heads first.
+extern "C" __global__ void __launch_bounds__(32)
+metrale_qk_norm(const act_t* __restrict__ q, const act_t* __restrict__ k,
+                const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
+                act_t* __restrict__ qn, act_t* __restrict__ kn, int rows, int hq, int hkv,
+                int d, float eps) {
+    __shared__ float buf[MAX_HEAD_DIM];
+    const int head = blockIdx.x, row = blockIdx.y;
+    if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
+    const bool isq = head < hq;
+    const long o = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
+    head_norm((isq ? q : k) + o, isq ? wq : wk, d, eps, buf);
+    __syncwarp();
+    act_t* out = (isq ? qn : kn) + o;
+    for (int i = threadIdx.x; i < d; i += 32) out[i] = act_store(buf[i]);
+}
+
+#if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
+#include "rope.cuh"
+
+// qk_norm then rope, the normalized head kept in shared memory between the two.
+// grid (hq + hkv, rows), block 32.
+extern "C" __global__ void __launch_bounds__(32)
+metrale_qk_norm_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
+                     const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
+                     const int* __restrict__ positions, const float* __restrict__ cos_t,
+                     const float* __restrict__ sin_t, act_t* __restrict__ qr,
+                     act_t* __restrict__ kr, int rows, int hq, int hkv, int d, int max_pos,
+                     float eps) {
+    __shared__ float buf[MAX_HEAD_DIM];
+    const int head = blockIdx.x, row = blockIdx.y;
+    if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
+    const bool isq = head < hq;
+    const long o = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
+    head_norm((isq ? q : k) + o, isq ? wq : wk, d, eps, buf);
+    __syncwarp();
+    const int pos = min(max(positions[row], 0), max_pos - 1);
+    rotate_head(buf, cos_t + (long)pos * (d / 2), sin_t + (long)pos * (d / 2), d,
+                (isq ? qr : kr) + o, threadIdx.x, 32);
+}
+#endif
