@@ -180,6 +180,18 @@ class Family:
             dom, cod = rename_dims(dom, dims), rename_dims(cod, dims)
         return Box(self.name, dom, cod, {**point.as_dict(), **(attrs_ or {})})
 
+    def reductions(self, point: Point) -> tuple[str, ...]:
+        """The declared order of every reduction at ``point``, in words (from the semantics).
+
+        >>> from metrale.lkb.presentation import Presentation
+        >>> fam = Presentation.load().family("linear")
+        >>> fam.reductions(fam.points[0])[0]
+        'k (x·w): f32, blocks of 256, partial sums combined sequentially; within a block: BLAS sgemv order'
+        """
+        from .semantics import describe, reduction_orders
+
+        return tuple(describe(r) for r in reduction_orders(self.semantics, **point.as_dict()))
+
     def point_of(self, box: Box) -> Point:
         """The point a box of this family stands for (its attributes dropped)."""
         domains = self.domains

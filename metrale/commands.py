@@ -50,7 +50,8 @@ def families(args: argparse.Namespace) -> int:
                            "inputs": [str(p) for p in f.inputs],
                            "outputs": [str(p) for p in f.outputs],
                            "params": {k: list(v) for k, v in f.params},
-                           "points": [str(p) for p in f.points],
+                           "points": [{"point": str(p), "reductions": list(f.reductions(p))}
+                                      for p in f.points],
                            "row_invariant": f.row_invariant} for f in P.generators], indent=2))
         return 0
     t = Table(title=f"LKB generators: {len(P.generators)} families, {len(P.points())} points")

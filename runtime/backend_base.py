@@ -267,9 +267,9 @@ class BackendBase:
 
     def _enter(self, op: str, args: tuple[Any, ...], *, in_capture: bool = False) -> None:
         self._record(op, args)
+        self._latch.check()  # a dead device says so even after close
         if self._closed:
             raise UnavailableError("backend is closed", key=op)
-        self._latch.check()
         if self._capture is not None and not in_capture:
             self._refuse_in_capture(op)
 

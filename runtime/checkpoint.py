@@ -474,6 +474,9 @@ def write_checkpoint(
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is a plain folder
         items = tensors.items() if isinstance(tensors, Mapping) else tensors
         written: list[tuple[str, tuple[str, ...]]] = []
         total = 0

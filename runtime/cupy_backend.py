@@ -54,6 +54,7 @@ _CUDA_OOM = 2  # cudaErrorMemoryAllocation
 _REFUSALS = {1, 701}  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: not faults
 _STATIC_SHARED = 48 * 1024  # more dynamic shared memory than this needs the opt-in attribute
 _ELF = b"\x7fELF"
+_DEAD_CONTEXT: list[Any] = []  # CUDA objects of faulted backends, never destroyed
 _FATBIN = b"\x50\xed\x55\xba"
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
@@ -61,7 +62,7 @@ _PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+\s*(\[\s*\d
 _PTX_DTYPES = {
     "u8": "u1", "s8": "i1", "b8": "u1", "u16": "u2", "s16": "i2", "b16": "u2", "f16": "f2",
     "u32": "u4", "s32": "i4", "b32": "i4", "f32": "f4",
-    "u64": "u8", "s64": "i8", "b64": "i8", "f64": "f8",
+    "u64": "u8", "s64": "i8", "b64": "u8", "f64": "f8",
 }
 
 
@@ -161,6 +162,7 @@ class CupyBackend(BackendBase):
             total_memory=int(total),
         )
         super().__init__(limits)
+        self._opted_in: dict[int, int] = {}  # function pointer -> dynamic shared bytes allowed
 
     @contextmanager
     def _cuda(self, op: str, kernel: str | None = None) -> Iterator[None]:
@@ -266,7 +268,7 @@ class CupyBackend(BackendBase):
                      nbytes: int) -> Any:
         ptype = self._ptype(kernel, index)
         dtype = _param_dtype(ptype)
-        if ptype is not None and (dtype is None or dtype.kind not in "iu" or dtype.itemsize != 8):
+        if ptype is not None and (dtype is None or dtype.kind != "u" or dtype.itemsize != 8):
             raise _width_error(kernel, index, ptype, "a DevicePtr (64-bit address)")
         return np.uint64(storage + offset)
 
@@ -305,8 +307,11 @@ class CupyBackend(BackendBase):
         fn = native[0]
         try:
             with self._device:
-                if shared_mem > _STATIC_SHARED:
-                    fn.max_dynamic_shared_size_bytes = shared_mem
+                if shared_mem > _STATIC_SHARED and self._opted_in.get(fn.ptr, 0) < shared_mem:
+                    driver = self._cp.cuda.driver
+                    attribute = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+                    driver.funcSetAttribute(fn.ptr, attribute, shared_mem)
+                    self._opted_in[fn.ptr] = shared_mem
                 fn(grid, block, args, shared_mem=shared_mem, stream=self._stream(stream))
         except self._cp.cuda.driver.CUDADriverError as e:
             if e.status in _REFUSALS:
@@ -348,6 +353,10 @@ class CupyBackend(BackendBase):
             if not self._latch.latched:
                 with self._cuda("close"):
                     self._rt.deviceSynchronize()
+            else:
+                # their destructors would call into a dead context and print errors; keep them
+                _DEAD_CONTEXT.append((self._graphs.copy(), self._kernels.copy(),
+                                      self._modules.copy(), self._streams.copy()))
         finally:
             self._graphs.clear()
             self._kernels.clear()

@@ -52,7 +52,7 @@ def make_source(folder: Path, seed: int = 0, **override: np.ndarray) -> Path:
 def test_quantize_checkpoint_end_to_end(tmp_path, fmt):
     src = make_source(tmp_path / "src")
     report = quantize_checkpoint(src, tmp_path / "dst", fmt, progress=False)
-    f = FORMATS[fmt] if fmt in FORMATS else None
+    f = FORMATS[fmt]
     assert report.fmt == f.name
     by_name = {r.name: r for r in report.tensors}
     assert set(by_name) == set(LINEAR) | set(KEPT)

@@ -159,7 +159,9 @@ def test_free_and_close_after_a_fault_record_and_return():
     assert be.live_bytes() == 4
     assert be.close() is None
     assert be.live_bytes() == 0
-    assert be.ops()[-6:] == ("free", "free", "free", "live_bytes", "close", "live_bytes")
+    with pytest.raises(DeviceFault, match="injected fault"):
+        be.alloc(1)  # the dead device says so even after close
+    assert be.ops()[-7:] == ("free", "free", "free", "live_bytes", "close", "live_bytes", "alloc")
     del q
 
 

@@ -1,0 +1,210 @@
+"""The CUDA sources of the common NVIDIA layer and their metadata (kernels/cuda/common).
+
+Every family has a kernel; every KERNELS.toml field is valid (launch formulas evaluate at each
+family's example, arguments name ports, attrs and dims, reduction orders are the semantics'
+words); with nvcc installed, every claimed point compiles to PTX exposing its entry.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import attrs
+import pytest
+
+from metrale.lkb import semantics_quant  # noqa: F401  (registers dequant's semantics)
+from metrale.lkb.files import read_toml
+from metrale.lkb.semantics import WITHIN, describe, reduction_orders
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+COMMON = KERNELS / "cuda" / "common"
+FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
+TABLES = read_toml(COMMON / "KERNELS.toml")["kernel"]
+FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
+          "reduction", "row_invariant"}
+ARG_TYPES = {"ptr", "i32", "i64", "f32"}
+
+
+def expand(assignment: dict) -> list[dict]:
+    """``{a: [1, 2], b: 3}`` → one dict per combination, as KERNEL_FAMILIES.toml reads."""
+    keys = list(assignment)
+    values = [v if isinstance(v, list) else [v] for v in assignment.values()]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def points(family: str) -> list[dict]:
+    return [p for a in FAMILIES[family]["points"] for p in expand(a)]
+
+
+def family_of(name: str) -> str:
+    return TABLES[name].get("family", name)
+
+
+def claims(name: str, point: dict) -> bool:
+    when = TABLES[name].get("when", {})
+    return all(point.get(k) in v for k, v in when.items())
+
+
+def render(template: str, point: dict) -> str:
+    """A define or reduction template at a point: {p} the value, {P} it upper-cased."""
+    out = template
+    for k, v in point.items():
+        out = out.replace("{" + k + "}", str(v)).replace("{" + k.upper() + "}", str(v).upper())
+    return out
+
+
+def defines(name: str, point: dict) -> tuple[str, ...]:
+    t = TABLES[name]
+    out = list(t.get("fixed", []))
+    for param, template in t["defines"].items():
+        value = point[param]
+        if isinstance(value, bool):
+            if value:
+                out.append(template)
+        else:
+            out.append(render(template, point))
+    return tuple(sorted(out))
+
+
+def evaluate(formula: str, env: dict) -> float:
+    """A launch formula: arithmetic over names, ints, ceil/min/max; nothing else parses."""
+    funcs = {"ceil": math.ceil, "min": min, "max": max}
+
+    def ev(n: ast.AST):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and type(n.value) is int:
+            return n.value
+        if isinstance(n, ast.Name):
+            return env[n.id]
+        if isinstance(n, ast.BinOp):
+            ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+                   ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
+                   ast.FloorDiv: lambda a, b: a // b}
+            return ops[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and not n.keywords:
+            return funcs[n.func.id](*(ev(a) for a in n.args))
+        raise ValueError(f"not a launch formula: {ast.dump(n)}")
+
+    return ev(ast.parse(formula, mode="eval"))
+
+
+def port_names(family: str) -> set[str]:
+    f = FAMILIES[family]
+    return {p.split(":")[0].strip() for p in f["inputs"] + f["outputs"]}
+
+
+def claimed() -> list[tuple[str, dict]]:
+    return [(name, p) for name in TABLES for p in points(family_of(name)) if claims(name, p)]
+
+
+def test_every_family_has_a_kernel_and_every_point_exactly_one():
+    for family in FAMILIES:
+        for p in points(family):
+            owners = [n for n in TABLES if family_of(n) == family and claims(n, p)]
+            assert len(owners) == 1, (family, p, owners)
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_kernel_fields_are_valid(name):
+    t = TABLES[name]
+    assert set(t) <= FIELDS, set(t) - FIELDS
+    family = family_of(name)
+    assert family in FAMILIES
+    fam = FAMILIES[family]
+    assert (COMMON / t["source"]).is_file()
+    assert re.fullmatch(r"[A-Za-z_]\w*", t["entry"])
+    assert re.search(r'extern "C" __global__[^;{]*?\b' + t["entry"] + r"\(",
+                     (COMMON / t["source"]).read_text())
+    assert set(t["defines"]) <= set(fam["params"]), set(t["defines"]) - set(fam["params"])
+    assert set(t.get("when", {})) <= set(fam["params"])
+    assert t["row_invariant"] is fam.get("row_invariant", True)
+    mine = [p for p in points(family) if claims(name, p)]
+    assert mine, "claims no point"
+    # names an argument may take
+    weights = set(fam.get("weights", []))
+    names = port_names(family) | set(fam.get("attrs", {})) | set(fam["example"])
+    names |= {f"{w}_{s}" for w in weights for s in ("scale", "global")}
+    names |= set(t.get("values", {}))
+    arg_names = []
+    for a in t["args"]:
+        arg, _, ty = a.partition(":")
+        assert ty in ARG_TYPES, a
+        assert arg in names, a
+        arg_names.append(arg)
+    assert len(set(arg_names)) == len(arg_names)
+    assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {})))
+    for p in mine:
+        env = {**fam["example"], **fam.get("attrs", {}), **p}
+        launch = t["launch"]
+        assert set(launch) == {"grid", "block", "shared"}
+        dims = [evaluate(f, env) for f in launch["grid"] + launch["block"]]
+        assert all(d == int(d) and d >= 1 for d in dims), dims
+        assert math.prod(dims[3:]) <= 1024
+        assert evaluate(launch["shared"], env) >= 0
+        for f in t.get("values", {}).values():
+            assert evaluate(f, env) >= 1
+        # reduction orders: the semantics' own, in describe()'s words; the within-block order
+        # may differ from the reference's (then it is named or left unstated)
+        want = reduction_orders(fam.get("semantics", family), **p)
+        got = [render(r, p) for r in t["reduction"]]
+        assert len(got) == len(want), (got, want)
+        for g, r in zip(got, want):
+            assert g in {describe(attrs.evolve(r, within=w)) for w in WITHIN}, (g, describe(r))
+
+
+def test_defines_render_as_documented():
+    p = {"act": "bf16", "weight": "mxfp4", "k_block": 256, "across": "sequential",
+         "shape": "gemv"}
+    assert defines("linear", p) == ("ACROSS_SEQUENTIAL", "ACT_BF16", "K_BLOCK=256",
+                                     "WEIGHT_MXFP4")
+    assert defines("topk", {"renormalize": True}) == ("RENORMALIZE",)
+    assert defines("topk_plain", {"renormalize": False}) == ()
+
+
+NVCC = shutil.which("nvcc")
+
+
+def compile_groups() -> dict[tuple[str, tuple[str, ...]], set[str]]:
+    """(source, defines) → the entries that PTX must expose: each source compiled once per
+    distinct define set."""
+    groups: dict[tuple[str, tuple[str, ...]], set[str]] = {}
+    for name, p in claimed():
+        key = (TABLES[name]["source"], defines(name, p))
+        groups.setdefault(key, set()).add(TABLES[name]["entry"])
+    return groups
+
+
+def nvcc_ptx(tmp: Path, source: str, defs: tuple[str, ...], arch: str) -> str:
+    out = tmp / f"{source}.{arch}.{'_'.join(defs) or 'plain'}.ptx".replace("=", "")
+    cmd = [NVCC, "-ptx", f"-arch={arch}", "-std=c++17", "-o", str(out), str(COMMON / source),
+           *(f"-D{d}" for d in defs)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out.read_text()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_every_claimed_point_compiles_for_sm_90a(tmp_path):
+    for (source, defs), entries in sorted(compile_groups().items()):
+        ptx = nvcc_ptx(tmp_path, source, defs, "sm_90a")
+        for e in entries:
+            assert f".entry {e}(" in ptx, (source, defs, e)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_one_point_per_source_compiles_for_sm_80(tmp_path):
+    seen: set[str] = set()
+    for (source, defs), entries in sorted(compile_groups().items()):
+        if source in seen:
+            continue
+        seen.add(source)
+        ptx = nvcc_ptx(tmp_path, source, defs, "sm_80")
+        for e in entries:
+            assert f".entry {e}(" in ptx, (source, defs, e)
