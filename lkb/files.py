@@ -47,6 +47,7 @@ def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:
             out.write(raw)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -54,6 +55,12 @@ def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _guard(path: Path, text_bytes: int, text: str, kind: str) -> None:

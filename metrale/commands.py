@@ -120,3 +120,26 @@ def check(args: argparse.Namespace) -> int:
                   f"({len(P.relations)} relations, {len(P.generators)} families, "
                   f"{args.seeds} seeds, hardware {args.hardware})", markup=False)
     return 1 if bad else 0
+
+
+def _quantize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="a bf16 (or f16/f32) safetensors checkpoint directory")
+    p.add_argument("dst", help="the folder to write (must not exist unless --overwrite)")
+    p.add_argument("--format", required=True,
+                   help="fp8 (e4m3, per channel), fp8_e4m3_block, fp8_e4m3_tensor, mxfp4, nvfp4")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+
+
+@command("quantize", "write a quantized checkpoint from a bf16 one, with SQNR per tensor")(
+    _quantize_args)
+def quantize(args: argparse.Namespace) -> int:
+    from metrale.runtime.quantize import quantize_checkpoint
+
+    report = quantize_checkpoint(args.src, args.dst, args.format,
+                                 progress=not args.no_progress, overwrite=args.overwrite)
+    console = _console()
+    console.print(report.table())
+    console.print(f"wrote {args.dst}: {report.bytes_before:,} → {report.bytes_after:,} bytes, "
+                  f"lowest SQNR {report.min_sqnr_db:.2f} dB", markup=False)
+    return 0
