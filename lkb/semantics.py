@@ -17,9 +17,9 @@ Every matmul-like family reduces through :func:`blocked_matvec`: ``k`` is cut in
 ``k_block``; within a block the order is that of the BLAS ``sgemv`` NumPy calls for
 ``w_block @ x_block_row``, once per row (so the result is row-invariant: a row's bytes do not
 depend on the other rows); the block partial sums are then combined sequentially or pairwise.
-The within-block order is the BLAS library's kernel for this CPU (OpenBLAS picks one per
-micro-architecture; the thread count does not change it), so bytes are reproducible for one
-BLAS build and kernel set; bit-identity claims compare runs on one machine.
+The within-block order is that of the BLAS kernel for this CPU (OpenBLAS picks one per
+micro-architecture), so bytes are reproducible for one BLAS build and kernel set;
+bit-identity claims compare runs on one machine.
 
 Laws, checked here and by Hypothesis in ``tests/host/test_semantics.py``:
 

@@ -68,7 +68,7 @@ class PointerError(LaunchError):
 # Values
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # looked up on every launch
 class DevicePtr:
     """A pointer into one allocation: which one, where in it, and how many bytes it spans.
 
@@ -107,7 +107,7 @@ class DevicePtr:
         return DevicePtr(self.alloc_id, n, self.offset)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # looked up on every launch
 class Stream:
     """A stream of one backend; ``None`` in its place means the default stream.
 
@@ -130,7 +130,7 @@ class ModuleHandle:
     label: str = ""
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # looked up on every launch
 class KernelHandle:
     """A kernel entry of a loaded module, with its declared arity (number of arguments).
 
@@ -256,6 +256,9 @@ def is_int(x: object) -> bool:
     >>> is_int(3), is_int(np.int64(3)), is_int(True)
     (True, True, False)
     """
+    t = type(x)
+    if t is int:  # the common case first: launches check many of these
+        return True
     return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
 
 
@@ -303,6 +306,11 @@ def no_such_kernel(name: str, module: ModuleHandle, known: tuple[str, ...] | Non
 
 
 def _dims(value: object, what: str, limit: tuple[int, int, int], where: str, file: str | None):
+    if type(value) is tuple and len(value) == 3:
+        x, y, z = value
+        if (type(x) is int and type(y) is int and type(z) is int
+                and 1 <= x <= limit[0] and 1 <= y <= limit[1] and 1 <= z <= limit[2]):
+            return  # the fast path of every valid launch
     if (
         not isinstance(value, tuple | list)
         or len(value) != 3

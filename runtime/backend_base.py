@@ -393,7 +393,7 @@ class BackendBase:
         native_stream = self._native_stream(stream, f"launch.{kernel.name}.stream")
         used: set[int] = set()
         resolved = self._resolve_args(kernel, tuple(args), used)
-        shape = (tuple(int(v) for v in grid), tuple(int(v) for v in block))
+        shape = (tuple(map(int, grid)), tuple(map(int, block)))
         native = self._kernels[kernel]
         if self._capturing(stream):
             assert self._capture is not None

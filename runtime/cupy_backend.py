@@ -4,13 +4,14 @@ Memory is plain device memory from ``cudaMalloc`` (``cupy.cuda.runtime.malloc``)
 with ``cudaFree`` on ``free``: not CuPy's pool, so a freed buffer is never handed to another
 stream while a kernel still reads it (``cudaFree`` waits for the device), and not managed
 memory. Modules load from PTX text or cubin/fatbin bytes (``cuModuleLoadData``). A kernel's
-parameter types are read from its PTX ``.entry`` where the binary is PTX; a cubin needs
+parameter widths are read from its PTX ``.entry`` where the binary is PTX (PTX does not say
+signed or pointer: ``int`` reads as ``.u32``, a pointer as ``.u64``); a cubin needs
 ``kernel(..., arity=N)``.
 
 Argument convention for ``launch``: a ``DevicePtr`` is passed as its 64-bit address; a NumPy
 scalar is passed as it is (its width must match the PTX parameter where known); a Python
-``int`` takes the width of the PTX parameter, else ``int32``; a Python ``float`` takes the
-PTX parameter's float type, else ``float32``. ``stream=None`` is CUDA's legacy default stream;
+``int`` takes the width of the PTX parameter (signed, or unsigned where only that holds it),
+else ``int32``; a Python ``float`` takes the PTX parameter's float type, else ``float32``. ``stream=None`` is CUDA's legacy default stream;
 streams from :meth:`stream` are non-blocking, so work on two streams is ordered only by
 ``synchronize``. A CUDA error from the device latches a sticky ``DeviceFault`` (the context is
 dead); an out-of-memory ``cudaMalloc`` raises ``AllocationError`` and is not sticky.
@@ -54,7 +55,9 @@ _CUDA_OOM = 2  # cudaErrorMemoryAllocation
 _REFUSALS = {1, 701}  # CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: not faults
 _STATIC_SHARED = 48 * 1024  # more dynamic shared memory than this needs the opt-in attribute
 _ELF = b"\x7fELF"
-_DEAD_CONTEXT: list[Any] = []  # CUDA objects of faulted backends, never destroyed
+_DEAD_CONTEXT: list[Any] = []
+_INTS = {1: (np.int8, np.uint8), 2: (np.int16, np.uint16), 4: (np.int32, np.uint32),
+         8: (np.int64, np.uint64)}  # CUDA objects of faulted backends, never destroyed
 _FATBIN = b"\x50\xed\x55\xba"
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)")
@@ -286,10 +289,14 @@ class CupyBackend(BackendBase):
             target = np.dtype(np.int32) if dtype is None else dtype
             if target.kind not in "iu":
                 raise _width_error(kernel, index, ptype or "?", f"int {value}")
-            info = np.iinfo(target)
-            if not info.min <= value <= info.max:
-                raise _width_error(kernel, index, ptype or "s32", f"int {value} (out of range)")
-            return target.type(value)
+            # PTX writes `int` as .u32 and `long long` as .u64: take either signedness
+            signed, unsigned = _INTS[target.itemsize]
+            half = 1 << (8 * target.itemsize - 1)
+            if -half <= value < half:
+                return signed(value)
+            if half <= value < 2 * half:
+                return unsigned(value)
+            raise _width_error(kernel, index, ptype or "s32", f"int {value} (out of range)")
         if isinstance(value, float):
             target = np.dtype(np.float32) if dtype is None else dtype
             if target.kind != "f":

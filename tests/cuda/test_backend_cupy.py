@@ -71,17 +71,23 @@ def test_arities_and_widths_come_from_the_ptx(be, kernels):
     px, py = be.alloc(4 * n, "x"), be.alloc(4 * n, "y")
     be.copy_h2d(px, x)
     be.copy_h2d(py, y)
-    # a Python float goes as f32 and a Python int as the .s64 the PTX declares
+    # a Python float goes as the .f32 and a Python int as the 64-bit integer the PTX declares
     be.launch(kernels["axpy"], ((n + 255) // 256, 1, 1), (256, 1, 1), 0, (py, px, 1.5, n))
     be.synchronize()
     got = be.copy_d2h(py).view(np.float32)
     np.testing.assert_allclose(got, np.float32(1.5) * x + y, rtol=1.3e-6, atol=1e-5)
-    with pytest.raises(LaunchError, match=r"axpy\.args\[2\].*expected \.f32"):
+    with pytest.raises(LaunchError, match=r"axpy\.args\[2\].*expected \.f32, found int 2"):
         be.launch(kernels["axpy"], (1, 1, 1), (1, 1, 1), 0, (py, px, 2, n))
-    with pytest.raises(LaunchError, match=r"axpy\.args\[3\].*expected \.s64"):
-        be.launch(kernels["axpy"], (1, 1, 1), (1, 1, 1), 0, (py, px, 1.0, px))
     with pytest.raises(LaunchError, match=r"args\[2\].*expected \.f32, found float64"):
         be.launch(kernels["axpy"], (1, 1, 1), (1, 1, 1), 0, (py, px, np.float64(1), n))
+    # `int n` is a .u32 in PTX: a pointer does not fit it, a negative int does (as int32)
+    with pytest.raises(LaunchError, match=r"smem_reverse\.args\[2\].*expected \.u32"):
+        be.launch(kernels["smem_reverse"], (1, 1, 1), (1, 1, 1), 0, (px, py, px))
+    with pytest.raises(LaunchError, match=r"smem_reverse\.args\[2\].*out of range"):
+        be.launch(kernels["smem_reverse"], (1, 1, 1), (1, 1, 1), 0, (px, py, 1 << 32))
+    be.launch(kernels["smem_reverse"], (1, 1, 1), (32, 1, 1), 0, (px, py, -1))  # loops run 0 times
+    be.synchronize()
+    np.testing.assert_array_equal(be.copy_d2h(py).view(np.float32), got)
 
 
 def test_dynamic_shared_memory_past_48k_is_opted_in(be, kernels):
