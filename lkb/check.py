@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import semantics_quant  # noqa: F401 - registers dequant
+from . import semantics_layout  # noqa: F401 - registers dequant
 from .family import Family, Port
 from .presentation import Presentation, _Unifier
 from .relation import UNIT_ROUNDOFF, Relation, eval_bound

@@ -128,6 +128,10 @@ class Family:
     """Integer inputs and the dim bounding their values (``positions`` < ``max_ctx``)."""
     attr_examples: tuple[tuple[str, Any], ...] = ()
     """An example value of each runtime attribute."""
+    view: bool = False
+    """A reinterpretation: the output aliases the input and no kernel runs."""
+    traffic: tuple[tuple[str, str], ...] = ()
+    """Port → elements one call really moves (a formula of dims and ``context``)."""
     file: str = field(default="", eq=False)
     """Where it was read from (not part of its identity)."""
 
@@ -213,6 +217,8 @@ class Family:
         raw_weights = f.take("weights", list, default=[])
         raw_example = f.take("example", dict, default={})
         raw_ranges = f.take("ranges", dict, default={})
+        view = f.take("view", bool, default=False)
+        raw_traffic = f.take("traffic", dict, default={})
         f.close()
 
         def ports(raw: list, which: str) -> tuple[Port, ...]:
@@ -242,7 +248,8 @@ class Family:
                      tuple((str(k), str(v)) for k, v in (raw_inplace or {}).items()),
                      tuple((raw_example or {}).items()),
                      tuple((str(k), str(v)) for k, v in (raw_ranges or {}).items()),
-                     tuple((raw_attrs or {}).items()), str(file))
+                     tuple((raw_attrs or {}).items()), bool(view),
+                     tuple((str(k), str(v)) for k, v in (raw_traffic or {}).items()), str(file))
         points: list[Point] = []
         for i, raw in enumerate(raw_points or []):
             pkey = f"{key}.points[{i}]"
@@ -285,6 +292,10 @@ class Family:
             table["example"] = dict(self.example)
         if self.ranges:
             table["ranges"] = dict(self.ranges)
+        if self.view:
+            table["view"] = True
+        if self.traffic:
+            table["traffic"] = dict(self.traffic)
         table["params"] = {k: list(v) for k, v in self.params}
         table["points"] = [p.as_dict() for p in self.points]
         return table

@@ -228,7 +228,7 @@ def _plain(item: Any) -> Any:
 
 
 def _check_semantics(f: Family, errors: list[MetraleError]) -> None:
-    from . import semantics_quant  # noqa: F401 - registers dequant
+    from . import semantics_layout  # noqa: F401 - registers dequant
     from .semantics import ROW_INVARIANT, SEMANTICS
 
     key = f"family.{f.name}.semantics"

@@ -98,9 +98,15 @@ def _edit(root: Path, name: str, old: str, new: str) -> None:
 
 
 FAM, FUS = FAMILIES_FILE, FUSIONS_FILE
+
+
+def _line_of(text: str) -> int:
+    lines = (default_kernels_dir() / FAMILIES_FILE).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.startswith(text))
+
 MALFORMED = [
     # (file, old, new, parts the message must contain)
-    (FAM, '[family.add]\n', '[family.add\n', [FAM, ":26:12", "TOML syntax error"]),
+    (FAM, '[family.add]\n', '[family.add\n', [FAM, f":{_line_of('[family.add]')}:12", "TOML syntax error"]),
     (FAM, 'doc = "Elementwise', 'dco = "Elementwise', [FAM, "family.add.dco", "did you mean 'doc'"]),
     (FAM, 'params = { act = ["bf16", "f32"] }\npoints = [{ act = ["bf16", "f32"] }]\nexample = { rows = 3, h = 64 }',
      'params = { act = ["bf16", "f32"] }\npoints = [{ act = ["bf16", "fp9"] }]\nexample = { rows = 3, h = 64 }',
