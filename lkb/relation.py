@@ -189,8 +189,10 @@ def eval_bound(formula: str, env: Mapping[str, float], file: object = None,
     """
     try:
         tree = ast.parse(str(formula), mode="eval").body
-    except SyntaxError:
-        raise ConfigError("bad bound formula", file=file, key=key, found=repr(formula)) from None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
+        raise ConfigError("bad bound formula", file=file, key=key,
+                          found=repr(formula)[:80]) from None
 
     def ev(n: ast.expr) -> float:
         if isinstance(n, ast.Constant) and isinstance(n.value, int | float):
@@ -208,7 +210,12 @@ def eval_bound(formula: str, env: Mapping[str, float], file: object = None,
             return float(_FUNCS[n.func.id](*(ev(a) for a in n.args)))
         raise ConfigError("bad bound formula", file=file, key=key, found=repr(formula))
 
-    return ev(tree)
+    try:
+        return ev(tree)
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as e:
+        # 1 / 0, 9 ** 9 ** 9, sqrt(-1), max(), a deep unary chain: the formula cannot be a bound
+        raise ConfigError(f"bound formula cannot be evaluated: {e}", file=file, key=key,
+                          found=repr(formula)[:80]) from None
 
 
 @attrs.frozen

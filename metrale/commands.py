@@ -143,3 +143,55 @@ def quantize(args: argparse.Namespace) -> int:
     console.print(f"wrote {args.dst}: {report.bytes_before:,} → {report.bytes_after:,} bytes, "
                   f"lowest SQNR {report.min_sqnr_db:.2f} dB", markup=False)
     return 0
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a built-in name, a config.json, or a checkpoint directory")
+    p.add_argument("--quant", default="bf16", help="bf16, fp8, mxfp4 or nvfp4")
+    p.add_argument("--hardware", default="host", help="a hardware class (met plan ... sm_90)")
+    p.add_argument("--mode", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024, help="cached positions per row")
+    p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
+    p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
+    p.add_argument("--layer", type=int, default=None, help="the layer whose kernels to list")
+    p.add_argument("--diff", metavar="HW_OR_QUANT", default=None,
+                   help="compare with the plan for another class or quant")
+    p.add_argument("--why", action="store_true", help="list every declined fusion and why")
+    _kernels_arg(p)
+    _format_arg(p, ("table", "json", "dot"))
+
+
+@command("plan", "plan one forward step: F_H ∘ L_H applied to a model's circuit")(_plan_args)
+def plan(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from metrale.plan.plan import plan_for
+    from metrale.plan.printers import plan_text
+
+    def make(hardware: str, quant: str):
+        return plan_for(args.model, quant, hardware, mode=args.mode, rows=args.rows,
+                        policy=args.policy, act=args.act, context=args.context,
+                        kernels_dir=args.kernels)
+
+    p = make(args.hardware, args.quant)
+    if args.diff:
+        from metrale.realize.hardware import load_hardware
+
+        other = (make(args.diff, args.quant) if args.diff in load_hardware(args.kernels).names
+                 else make(args.hardware, args.diff))
+        print(p.diff(other))
+        return 0
+    if args.format == "json":
+        print(json.dumps(p.to_json(), indent=2, sort_keys=True))
+    elif args.format == "dot":
+        print(p.to_dot())
+    else:
+        print(plan_text(p, layer=args.layer), end="")
+        reasons = Counter((d.relation, d.reason) for d in p.declined)
+        if args.why:
+            for (rel, why), n in sorted(reasons.items()):
+                print(f"declined {rel} ×{n}: {why}")
+        elif reasons:
+            print(f"declined fusions: {sum(reasons.values())} ({len(reasons)} reasons; --why)")
+    return 0

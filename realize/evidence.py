@@ -212,6 +212,12 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
         if errs:
             raise _evidence_error(errs[0], path)
     if path.is_file():
+        try:  # the shared reader's guards first: size, nesting, UTF-8, syntax at line:col
+            read_toml(path)
+        except ConfigError as e:
+            raise EvidenceError(f"cannot append to an unparseable evidence file: {e.message}",
+                                file=path, line=e.line, col=e.col, expected=e.expected,
+                                found=e.found) from None
         try:
             doc = tomlkit.parse(path.read_text(encoding="utf-8"))
         except tomlkit.exceptions.ParseError as e:

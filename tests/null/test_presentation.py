@@ -128,7 +128,7 @@ MALFORMED = [
      [FUS, "relation.gate_up_swiglu", "takes 3 inputs"]),
     (FUS, 'rhs = "w, ids = softmax_topk(l)"', 'rhs = "w, ids = softmax(l)"',
      [FUS, "relation.router_softmax_topk"]),
-    (FUS, 'lhs = "t = linear(x, w); y = add(t, r)"', 'lhs = "t = linear(x, w); y = add(t, x)"',
+    (FUS, 'lhs = "t = linear(x, w); y = add(r, t)"', 'lhs = "t = linear(x, w); y = add(x, t)"',
      [FUS, "relation.linear_residual", "same inputs"]),
     (FUS, 'rhs = "y = linear(x, wq)"', 'rhs = "y = linear[k_block=64](x, wq)"',
      [FUS, "relation.dequant_linear.rhs", "k_block outside its domain"]),

@@ -1,0 +1,391 @@
+"""rewrite_H: apply the relations a hardware class realizes to a lowered LKB diagram.
+
+The rewriter is generic over FUSIONS.toml: a relation's lhs is a pattern of calls (family,
+pinned parameters, wiring), matched by a small backtracking search anchored on box families
+and grown through shared wires; no code path names a relation. Relations apply by priority,
+then in diagram order. Every candidate match that is not applied is kept with its reason:
+
+- the policy is ``exact`` and the relation is bounded (declared, or on this class because the
+  two sides' realizations declare different reduction orders);
+- the rhs point is not a compiled point, or is not realized on the class (with why);
+- it overlaps a match already applied (higher priority or earlier);
+- an intermediate value is used outside the pattern, or fusing would create a cycle;
+- the boxes' runtime attributes disagree.
+
+>>> from metrale.plan.circuit import circuit_for
+>>> from metrale.plan.lower import lowering
+>>> from metrale.realize.functor import realization
+>>> c = circuit_for("tiny-qwen3")
+>>> lowered = lowering(c).functor(c.diagram)
+>>> result = rewrite(lowered, realization("host"), policy="exact")
+>>> sorted({a.relation for a in result.applied})[:3]
+['add_rmsnorm', 'gate_up_swiglu', 'kv_append_attention']
+>>> len(result.diagram) < len(lowered)
+True
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from metrale.lkb.diagram import Box, Diagram, Source, _Flat
+from metrale.lkb.family import Point
+from metrale.lkb.presentation import Presentation
+from metrale.lkb.relation import Call, Relation
+
+POLICIES = ("exact", "bounded")
+
+
+class Realizer(Protocol):
+    """What the rewriter asks of F_H."""
+
+    hw: Any
+
+    def realize(self, point: Point) -> Any: ...
+
+    def why_not(self, point: Point) -> str: ...
+
+
+@attrs.frozen
+class Applied:
+    """A relation applied at some boxes of the lowered diagram, giving one fused box."""
+
+    relation: str
+    boxes: tuple[int, ...]
+    fused: Box
+    numerics: str  # "bit_identical" or "bounded" (on this class)
+
+
+@attrs.frozen
+class Declined:
+    """A candidate match that was not applied, and why."""
+
+    relation: str
+    boxes: tuple[int, ...]
+    families: tuple[str, ...]
+    reason: str
+
+
+@attrs.frozen
+class Rewrite:
+    """The rewritten diagram, with what was applied and what was declined."""
+
+    diagram: Diagram
+    applied: tuple[Applied, ...]
+    declined: tuple[Declined, ...]
+    origin: tuple[tuple[int, ...], ...]
+    """For each box of ``diagram``, the boxes of the lowered diagram it stands for."""
+
+
+@attrs.frozen
+class _Match:
+    boxes: tuple[int, ...]          # lowered-diagram box per lhs call
+    names: tuple[tuple[str, Source], ...]
+    params: tuple[tuple[str, Any], ...]
+
+
+def _order(lhs_calls: tuple[Call, ...]) -> list[int]:
+    """Calls in an order where each shares a name with an earlier one (the lhs is connected)."""
+    order, names = [0], set(lhs_calls[0].args) | set(lhs_calls[0].outs)
+    while len(order) < len(lhs_calls):
+        for i, c in enumerate(lhs_calls):
+            if i not in order and (set(c.args) | set(c.outs)) & names:
+                order.append(i)
+                names |= set(c.args) | set(c.outs)
+                break
+        else:  # pragma: no cover - the presentation check refuses disconnected sides
+            raise AssertionError("disconnected lhs")
+    return order
+
+
+class _Index:
+    """Lookups over one flat diagram: boxes by family, consumers of each source."""
+
+    def __init__(self, d: Diagram) -> None:
+        self.d = d
+        self.by_name: dict[str, list[int]] = {}
+        for j, b in enumerate(d.boxes):
+            self.by_name.setdefault(b.name, []).append(j)
+        self.consumers = d.consumers()
+
+
+def _matches(rel: Relation, P: Presentation, ix: _Index) -> Iterator[_Match]:
+    calls = rel.lhs.calls
+    order = _order(calls)
+    fams = [P.family(c.family) for c in calls]
+    boxes, wiring = ix.d.boxes, ix.d.wiring
+
+    def fits(ci: int, j: int, names: dict[str, Source], params: dict[str, Any]
+             ) -> tuple[dict, dict] | None:
+        c, box = calls[ci], boxes[j]
+        if box.name != c.family:
+            return None
+        new_params = dict(params)
+        bp = dict(box.params)
+        pins = dict(c.pins)
+        for k, _ in fams[ci].params:
+            if k in pins:
+                if bp.get(k) != pins[k]:
+                    return None
+            elif k in new_params and new_params[k] != bp.get(k):
+                return None
+            else:
+                new_params[k] = bp.get(k)
+        new_names = dict(names)
+        for arg, src in zip(c.args, wiring[j]):
+            if new_names.setdefault(arg, src) != src:
+                return None
+        for p, out in enumerate(c.outs):
+            if new_names.setdefault(out, (j, p)) != (j, p):
+                return None
+        return new_names, new_params
+
+    def candidates(ci: int, names: dict[str, Source]) -> list[int]:
+        c = calls[ci]
+        for p, out in enumerate(c.outs):
+            if out in names:
+                s, q = names[out]
+                return [s] if s >= 0 and q == p else []
+        for i, arg in enumerate(c.args):
+            if arg in names:
+                return sorted({j for j, port in ix.consumers.get(names[arg], ())
+                               if port == i and j < len(boxes)})
+        return list(ix.by_name.get(c.family, ()))
+
+    def search(k: int, chosen: dict[int, int], names: dict, params: dict) -> Iterator[_Match]:
+        if k == len(order):
+            yield _Match(tuple(chosen[i] for i in range(len(calls))),
+                         tuple(sorted(names.items())), tuple(sorted(params.items())))
+            return
+        ci = order[k]
+        for j in candidates(ci, names):
+            if j in chosen.values():
+                continue
+            got = fits(ci, j, names, params)
+            if got is not None:
+                yield from search(k + 1, {**chosen, ci: j}, *got)
+
+    seen: set[frozenset[int]] = set()
+    for m in search(0, {}, {}, {}):
+        key = frozenset(m.boxes)
+        if key not in seen:
+            seen.add(key)
+            yield m
+
+
+def _reductions(F: Realizer, P: Presentation, point: Point) -> frozenset[str]:
+    kernel = F.realize(point)
+    if kernel is not None:
+        return frozenset(r for r in kernel.reduction if r)
+    return frozenset(P.family(point.family).reductions(point))
+
+
+def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
+            presentation: Presentation | None = None) -> Rewrite:
+    """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined."""
+    P = presentation or Presentation.load()
+    if policy not in POLICIES:
+        from metrale.lkb.errors import ConfigError
+
+        raise ConfigError("unknown numerics policy", key="policy",
+                          expected="exact or bounded", found=repr(policy))
+    origin: list[tuple[int, ...]] = [(j,) for j in range(len(d.boxes))]
+    applied: list[Applied] = []
+    declined: list[Declined] = []
+    relations = sorted(P.relations, key=lambda r: -r.priority)
+    lowered = _Index(d)
+    candidates = {rel.name: [m.boxes for m in _matches(rel, P, lowered)] for rel in relations}
+    for rel in relations:
+        ix = _Index(d)
+        used: dict[int, str] = {}
+        fused_here: list[tuple[_Match, Box, Call]] = []
+        for m in _matches(rel, P, ix):
+            fams = tuple(d.boxes[j].name for j in m.boxes)
+            where = tuple(sorted(o for j in m.boxes for o in origin[j]))
+            reason, box, numerics = _judge(rel, m, d, ix, F, P, policy, used)
+            if reason:
+                declined.append(Declined(rel.name, where, fams, reason))
+                continue
+            for j in m.boxes:
+                used[j] = rel.name
+            fused_here.append((m, box, rel.rhs.calls[0]))
+            applied.append(Applied(rel.name, where, box, numerics))
+        if fused_here:
+            d, origin = _splice(d, fused_here, origin)
+    declined.extend(_shadowed(relations, candidates, applied, declined, lowered))
+    return Rewrite(d, tuple(applied), tuple(declined), tuple(origin))
+
+
+def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int, ...]]],
+              applied: list[Applied], declined: list[Declined], lowered: _Index
+              ) -> list[Declined]:
+    """Matches of the lowered diagram that vanished because another relation took a box."""
+    owner: dict[int, str] = {}
+    for a in applied:
+        for j in a.boxes:
+            owner.setdefault(j, a.relation)
+    seen = {(x.relation, tuple(sorted(x.boxes))) for x in (*applied, *declined)}
+    covered: dict[str, list[set[int]]] = {}
+    for x in (*applied, *declined):
+        covered.setdefault(x.relation, []).append(set(x.boxes))
+    out = []
+    for rel in relations:
+        for boxes in candidates[rel.name]:
+            key = (rel.name, tuple(sorted(boxes)))
+            if key in seen or any(set(boxes) <= c for c in covered.get(rel.name, ())):
+                continue
+            others = sorted({owner[j] for j in boxes if j in owner and owner[j] != rel.name})
+            if others:
+                out.append(Declined(rel.name, key[1],
+                                    tuple(lowered.d.boxes[j].name for j in boxes),
+                                    f"overlaps a higher-priority match ({', '.join(others)})"))
+    return out
+
+
+def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Presentation,
+           policy: str, used: Mapping[int, str]) -> tuple[str, Box | None, str]:
+    for j in m.boxes:
+        if j in used:
+            return (f"overlaps a match of {used[j]} already applied", None, "")
+    names = dict(m.names)
+    inside = set(m.boxes)
+    for name in rel.lhs.defined:
+        if name in rel.outputs:
+            continue
+        for j, _port in ix.consumers.get(names[name], ()):
+            if j not in inside:
+                return (f"intermediate value {name} is used outside the pattern", None, "")
+    if not _convex(d, ix, inside):
+        return ("fusing would create a cycle (a path leaves the pattern and comes back)",
+                None, "")
+    rhs_call = rel.rhs.calls[0]
+    rhs_fam = P.family(rhs_call.family)
+    params = dict(m.params)
+    point_params = {k: dict(rhs_call.pins).get(k, params.get(k)) for k, _ in rhs_fam.params}
+    point = Point(rhs_fam.name, tuple(point_params.items()))
+    if point not in rhs_fam.points:
+        return (f"rhs point {point} is not a compiled point of {rhs_fam.name}", None, "")
+    if F.realize(point) is None:
+        return (f"rhs point not realized on {F.hw.name}: {F.why_not(point)}", None, "")
+    attrs_: dict[str, Any] = {}
+    for j in m.boxes:
+        fam = P.family(d.boxes[j].name)
+        domains = fam.domains
+        for k, v in d.boxes[j].params:
+            if k in domains:
+                continue
+            if k in attrs_ and attrs_[k] != v:
+                return (f"attribute {k} disagrees between the matched boxes "
+                        f"({attrs_[k]!r} vs {v!r})", None, "")
+            attrs_[k] = v
+    missing = [a for a in rhs_fam.attrs if a not in attrs_]
+    if missing:
+        return (f"rhs needs attributes {missing} that the lhs does not carry", None, "")
+    numerics = "bit_identical"
+    if not rel.exact:
+        numerics = "bounded"
+    else:
+        lhs_orders = frozenset().union(*(
+            _reductions(F, P, P.family(d.boxes[j].name).point_of(d.boxes[j])) for j in m.boxes))
+        if lhs_orders != _reductions(F, P, point):
+            numerics = "bounded"
+            if policy == "exact":
+                return (f"holds only up to its bound on {F.hw.name}: the realizations declare "
+                        "different reduction orders", None, "")
+    if numerics == "bounded" and policy == "exact":
+        return ("bounded relation under the exact policy", None, "")
+    dom = tuple(d.source_type(names[a]) for a in rhs_call.args)
+    cod = tuple(d.source_type(names[o]) for o in rhs_call.outs)
+    from metrale.lkb.ty import Ty
+
+    box = Box(rhs_fam.name, Ty(*dom), Ty(*cod),
+              {**point_params, **{k: v for k, v in attrs_.items() if k in rhs_fam.attrs}})
+    return ("", box, numerics)
+
+
+def _convex(d: Diagram, ix: _Index, inside: set[int]) -> bool:
+    """No path leaves the matched boxes and re-enters them."""
+    hi = max(inside)
+    stack = [j for b in inside for p in range(len(d.boxes[b].cod))
+             for j, _ in ix.consumers.get((b, p), ()) if j not in inside and j < hi]
+    seen = set(stack)
+    while stack:
+        j = stack.pop()
+        for p in range(len(d.boxes[j].cod)):
+            for k, _ in ix.consumers.get((j, p), ()):
+                if k in inside:
+                    return False
+                if k < hi and k not in seen:
+                    seen.add(k)
+                    stack.append(k)
+    return True
+
+
+def _splice(d: Diagram, fused: list[tuple[_Match, Box, Call]], origin: list[tuple[int, ...]]
+            ) -> tuple[Diagram, list[tuple[int, ...]]]:
+    """Replace each match by its fused box; re-sort topologically, stable by first position."""
+    n = len(d.boxes)
+    node_of: dict[int, int] = {}          # old box -> new node
+    nodes: list[tuple[Box, list[tuple[str, Any]], tuple[int, ...]]] = []  # box, -, origin
+    remap: dict[Source, tuple[int, int]] = {}  # old source -> (node, port)
+    fused_at: dict[int, tuple[_Match, Call]] = {}
+    for m, box, call in fused:
+        k = len(nodes)
+        names = dict(m.names)
+        for j in m.boxes:
+            node_of[j] = k
+        fused_at[k] = (m, call)
+        nodes.append((box, [], tuple(o for j in sorted(m.boxes) for o in origin[j])))
+        for p, out in enumerate(call.outs):
+            remap[names[out]] = (k, p)
+    for j in range(n):
+        if j in node_of:
+            continue
+        k = len(nodes)
+        node_of[j] = k
+        nodes.append((d.boxes[j], [], origin[j]))
+        for p in range(len(d.boxes[j].cod)):
+            remap[(j, p)] = (k, p)
+    box_of_node = {k: j for j, k in node_of.items() if k not in fused_at}
+    inputs: list[list[Source]] = []
+    for k in range(len(nodes)):
+        if k in fused_at:
+            m, call = fused_at[k]
+            names = dict(m.names)
+            inputs.append([names[a] for a in call.args])
+        else:
+            inputs.append(list(d.wiring[box_of_node[k]]))
+    first = {k: min(o for o in nodes[k][2]) for k in range(len(nodes))}
+    deps: list[set[int]] = [{remap[s][0] for s in srcs if s[0] >= 0} for srcs in inputs]
+    users: list[list[int]] = [[] for _ in nodes]
+    for k, ds in enumerate(deps):
+        for dd in ds:
+            users[dd].append(k)
+    indeg = [len(ds) for ds in deps]
+    heap = [(first[k], k) for k in range(len(nodes)) if indeg[k] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, k = heapq.heappop(heap)
+        order.append(k)
+        for u in users[k]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (first[u], u))
+    pos = {k: i for i, k in enumerate(order)}
+
+    def src(s: Source) -> Source:
+        if s[0] < 0:
+            return s
+        k, p = remap[s]
+        return (pos[k], p)
+
+    boxes = tuple(nodes[k][0] for k in order)
+    wiring = tuple(tuple(src(s) for s in inputs[k]) for k in order)
+    outputs = tuple(src(s) for s in d.outputs)
+    new_origin = [nodes[k][2] for k in order]
+    return Diagram(d.dom, d.cod, ("flat", _Flat(boxes, wiring, outputs))), new_origin

@@ -1,0 +1,435 @@
+"""The plan: F_H ∘ L_H applied to a circuit — kernels, buffers, provenance, evidence, numerics.
+
+``plan_for(model, quant, hardware, mode, rows)`` runs one straight pipeline of named, pure
+steps (config → circuit → lower → rewrite → realize → buffers → totals) and returns a frozen
+``Plan``: the kernels in launch order with their points, realization provenance, evidence
+status and numerics; the relations applied and declined (with reasons); buffers with sizes
+and lifetimes; bytes moved per step and the memory-bandwidth floor of the class's device.
+
+>>> p = plan_for("tiny-qwen3", "bf16", "host")
+>>> p.kernel_count <= 8 * 2 + 4, p.exact, p.row_invariant
+(True, True, True)
+>>> p == plan_for("tiny-qwen3", "bf16", "host")
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from metrale.lkb.diagram import Box, Diagram, Source
+from metrale.lkb.errors import PlanError
+from metrale.lkb.family import Family, Point
+from metrale.lkb.presentation import Presentation
+from metrale.lkb.relation import eval_bound
+from metrale.lkb.target import KernelTarget
+from metrale.lkb.ty import TensorType
+
+from .circuit import Circuit, circuit_for
+from .config import ModelConfig
+from .fuser import POLICIES, Applied, Declined, rewrite
+from .lower import lowering
+
+FORMAT_BITS = {"": None, "fp8": 8.0, "mxfp4": 4.25, "nvfp4": 4.5}
+"""Bits a stored weight element costs, scales included (fp8's per-row scale is negligible)."""
+
+
+@attrs.frozen
+class Buffer:
+    """A tensor of the step: its name, bound type, bytes, role and lifetime (kernel indices)."""
+
+    name: str
+    type: TensorType
+    nbytes: int
+    kind: str  # input | weight | cache | activation
+    first: int  # producing kernel, -1 for step inputs
+    last: int  # last reading kernel; len(kernels) when it is a step output
+    alias: str | None = None  # the buffer whose memory it shares (views, in-place caches)
+
+
+@attrs.frozen
+class PlannedKernel:
+    """One launch of the plan (views are listed but launch nothing)."""
+
+    index: int
+    family: str
+    point: Point
+    box: Box
+    layer: int | None
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    kernel: Any  # realize.kernel.Kernel, None for views
+    provenance: str
+    shadow: bool
+    residual: bool
+    evidence: str
+    relation: str | None
+    numerics: str  # exact | bounded
+    row_invariant: bool
+    bytes_moved: int
+    view: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}" + (f" ⟵ {self.relation}" if self.relation else "")
+
+
+@attrs.frozen(eq=False)
+class Plan:
+    """A kernel plan for one target, mode and row count; see the module docstring."""
+
+    target: KernelTarget
+    mode: str
+    rows: int
+    policy: str
+    act: str
+    context: int
+    kernels: tuple[PlannedKernel, ...]
+    buffers: tuple[Buffer, ...]
+    applied: tuple[Applied, ...]
+    declined: tuple[Declined, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    bandwidth: float  # bytes per second of the class's representative device
+    device: str
+    diagram: Diagram
+    sizes: tuple[tuple[str, int], ...]
+    bound: tuple[float, float] | None
+    steps: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
+
+    def _key(self) -> tuple:
+        return (self.target, self.mode, self.rows, self.policy, self.act, self.context,
+                self.kernels, self.buffers, self.applied, self.declined)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def launches(self) -> tuple[PlannedKernel, ...]:
+        """The kernels that launch (views excluded)."""
+        return tuple(k for k in self.kernels if not k.view)
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self.launches)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(k.bytes_moved for k in self.kernels)
+
+    @property
+    def floor_s(self) -> float:
+        """The memory-bandwidth floor: bytes moved over the device's bandwidth."""
+        return self.bytes_moved / self.bandwidth
+
+    @property
+    def exact(self) -> bool:
+        return all(k.numerics == "exact" for k in self.kernels)
+
+    @property
+    def row_invariant(self) -> bool:
+        return all(k.row_invariant for k in self.kernels)
+
+    def points(self) -> frozenset[Point]:
+        """Every point the plan launches."""
+        return frozenset(k.point for k in self.launches)
+
+    def layer_kernels(self, layer: int) -> tuple[PlannedKernel, ...]:
+        return tuple(k for k in self.launches if k.layer == layer)
+
+    def peak_bytes(self) -> int:
+        """Peak live bytes of activations when buffers are reused by liveness."""
+        events: list[tuple[int, int]] = []
+        for b in self.buffers:
+            if b.kind == "activation" and b.alias is None:
+                events.append((b.first, b.nbytes))
+                events.append((b.last + 1, -b.nbytes))
+        live = peak = 0
+        for _, delta in sorted(events):
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+    def __str__(self) -> str:
+        from .printers import plan_text
+
+        return plan_text(self)
+
+    def to_json(self) -> dict[str, Any]:
+        from .printers import plan_json
+
+        return plan_json(self)
+
+    def to_dot(self) -> str:
+        from .printers import plan_dot
+
+        return plan_dot(self)
+
+    def _repr_html_(self) -> str:
+        from .printers import plan_html
+
+        return plan_html(self)
+
+    def diff(self, other: Plan) -> PlanDiff:
+        """Which kernels differ between two plans, and why (declined relations)."""
+        return plan_diff(self, other)
+
+
+@attrs.frozen
+class PlanDiff:
+    """Kernels only in one plan or the other, counted by family and point."""
+
+    left: str
+    right: str
+    only_left: tuple[tuple[str, int], ...]
+    only_right: tuple[tuple[str, int], ...]
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        lines = [f"{self.left}  vs  {self.right}"]
+        lines += [f"  - {p} ×{n}" for p, n in self.only_left]
+        lines += [f"  + {p} ×{n}" for p, n in self.only_right]
+        if not self.only_left and not self.only_right:
+            lines.append("  the same kernels")
+        lines += [f"  why: {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+
+def plan_diff(a: Plan, b: Plan) -> PlanDiff:
+    from collections import Counter
+
+    ca = Counter(str(k.point) for k in a.launches)
+    cb = Counter(str(k.point) for k in b.launches)
+    only_a = tuple(sorted((ca - cb).items()))
+    only_b = tuple(sorted((cb - ca).items()))
+    why = sorted({f"{d.relation} on {p.target.hw}: {d.reason}" for p in (a, b)
+                  for d in p.declined if not d.reason.startswith("overlaps")})
+    return PlanDiff(str(a.target), str(b.target), only_a, only_b, tuple(why))
+
+
+# -- the pipeline --------------------------------------------------------------------------
+
+
+def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "host", *,
+             mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
+             context: int = 1024, kernels_dir: Any = None,
+             presentation: Presentation | None = None) -> Plan:
+    """Plan one forward step of ``model`` for ``hardware``; pure and deterministic."""
+    from metrale.realize.functor import realization
+
+    steps: list[tuple[str, float]] = []
+    clock = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        steps.append((name, now - clock))
+        clock = now
+
+    if policy not in POLICIES:
+        from metrale.lkb.errors import ConfigError
+
+        raise ConfigError("unknown numerics policy", key="--policy",
+                          expected=" or ".join(POLICIES), found=repr(policy))
+    config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
+    P = presentation or Presentation.load(kernels_dir)
+    step("config")
+    circuit = circuit_for(config, quant, mode, rows, act=act)
+    step("circuit")
+    lowered = lowering(circuit, P, max_ctx=context).functor(circuit.diagram)
+    step("lower")
+    target = KernelTarget(hardware, config.name, quant)
+    F = realization(hardware, kernels_dir=kernels_dir, presentation=P, target=target)
+    fused = rewrite(lowered, F, policy=policy, presentation=P)
+    step("rewrite")
+    sizes = dict(circuit.sizes(context))
+    sizes["context"] = context
+    kernels, buffers = _realize(circuit, fused.diagram, fused.origin, fused.applied, F, P, sizes,
+                                kernels_dir)
+    step("realize")
+    bound = _compose_bound(fused.applied, P, sizes, act)
+    hw = F.hw
+    plan = Plan(target, mode, rows, policy, act, context, kernels, buffers, fused.applied,
+                fused.declined, circuit.input_names, circuit.output_names,
+                hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
+                tuple(sorted(sizes.items())), bound)
+    step("totals")
+    return attrs.evolve(plan, steps=tuple(steps))
+
+
+def _layer_of(names: tuple[str, ...]) -> int | None:
+    for n in names:
+        if n.startswith("model.layers."):
+            return int(n.split(".")[2])
+        if n.startswith("kv."):
+            return int(n.split(".")[1])
+    return None
+
+
+def _nbytes(t: TensorType, elements: int) -> int:
+    bits = FORMAT_BITS.get(t.fmt) or t.dtype.element_size_bits
+    return int(elements * bits + 7) // 8
+
+
+def _realize(circuit: Circuit, d: Diagram, origin: tuple[tuple[int, ...], ...],
+             applied: tuple[Applied, ...], F: Any, P: Presentation, sizes: Mapping[str, int],
+             kernels_dir: Any) -> tuple[tuple[PlannedKernel, ...], tuple[Buffer, ...]]:
+    from metrale.realize.evidence import evidence_status, load_all_evidence
+    from metrale.realize.hardware import default_kernels_dir
+
+    records = load_all_evidence(kernels_dir or default_kernels_dir())
+    relation_of: dict[tuple[int, ...], Applied] = {tuple(sorted(a.boxes)): a for a in applied}
+    names: dict[Source, str] = {(-1, k): n for k, n in enumerate(circuit.input_names)}
+    for k, src in enumerate(d.outputs):
+        if src[0] >= 0:
+            names.setdefault(src, circuit.output_names[k])
+    kinds: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    for n in circuit.input_names:
+        kinds[n] = ("cache" if n.startswith("kv.") else
+                    "weight" if n.endswith(".weight") else "input")
+    kernels: list[PlannedKernel] = []
+    layer_of: dict[str, int | None] = {}
+    cache: dict[Box, tuple[Point, Any, Family]] = {}
+    counter = 0
+    for j, (box, srcs) in enumerate(zip(d.boxes, d.wiring)):
+        if box not in cache:
+            fam = P.family(box.name)
+            point = fam.point_of(box)
+            cache[box] = (point, None if fam.view else F.realize(point), fam)
+        point, kernel, fam = cache[box]
+        if kernel is None and not fam.view:
+            raise PlanError(f"{point} is not realized on {F.hw.name}: {F.why_not(point)}",
+                            key=str(point))
+        ins = tuple(names[s] for s in srcs)
+        outs = []
+        inplace = dict(fam.inplace)
+        for p, port in enumerate(fam.outputs):
+            src = (j, p)
+            if port.name in inplace:
+                i = [q.name for q in fam.inputs].index(inplace[port.name])
+                names[src] = ins[i]
+            elif fam.view:
+                names.setdefault(src, f"{ins[0]}~{p}" if ins[0] in kinds else f"t{counter}")
+                aliases[names[src]] = ins[0]
+                kinds[names[src]] = kinds.get(ins[0], "activation")
+                counter += 1
+            else:
+                if src not in names:
+                    names[src] = f"t{counter}"
+                    counter += 1
+                kinds.setdefault(names[src], "activation")
+            outs.append(names[src])
+        a = relation_of.get(tuple(sorted(origin[j])))
+        numerics = "bounded" if a is not None and a.numerics == "bounded" else "exact"
+        layer = _layer_of(ins)
+        if layer is None and not any(n.endswith(".weight") for n in ins):
+            # no weight of its own: the layer of what it reads
+            layer = max((layer_of[n] for n in ins if layer_of.get(n) is not None), default=None)
+        for n in outs:
+            layer_of.setdefault(n, layer)
+        if kernel is None:
+            provenance, shadow, residual, evidence = "view (no kernel)", False, False, "n/a"
+        else:
+            provenance = kernel.provenance
+            shadow, residual = bool(kernel.shadow), bool(kernel.residual)
+            evidence = ("reference semantics" if kernel.source is None else
+                        evidence_status(records, F.hw.name, fam.name, str(point),
+                                        kernel.source_hash))
+        moved = 0 if fam.view else _traffic(fam, box, sizes)
+        kernels.append(PlannedKernel(
+            j, fam.name, point, box, layer, ins, tuple(outs), kernel, provenance, shadow,
+            residual, evidence, a.relation if a else None, numerics,
+            bool(fam.row_invariant and (kernel is None or kernel.row_invariant)), moved,
+            fam.view))
+    buffers = _buffers(d, kernels, names, kinds, aliases, circuit, sizes)
+    return tuple(kernels), buffers
+
+
+def _traffic(fam: Family, box: Box, sizes: Mapping[str, int]) -> int:
+    """Bytes one launch moves: every port's elements (or its declared traffic) at its dtype."""
+    traffic = dict(fam.traffic)
+    total = 0
+    # the family's dims take the circuit's sizes through the box's types
+    env = dict(sizes)
+    for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
+        for fd, cd in zip(port.dims, t.shape):
+            if isinstance(fd, str):
+                env.setdefault(fd, cd if isinstance(cd, int) else sizes.get(cd, 0))
+                env[fd] = cd if isinstance(cd, int) else sizes.get(cd, env[fd])
+    for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
+        if port.name in traffic:
+            elements = int(eval_bound(traffic[port.name], env, fam.file,
+                                      f"family.{fam.name}.traffic.{port.name}"))
+        else:
+            elements = t.numel(sizes)
+        total += _nbytes(t, elements)
+    return total
+
+
+def _buffers(d: Diagram, kernels: list[PlannedKernel], names: Mapping[Source, str],
+             kinds: Mapping[str, str], aliases: Mapping[str, str], circuit: Circuit,
+             sizes: Mapping[str, int]) -> tuple[Buffer, ...]:
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    types: dict[str, TensorType] = {}
+    for k, n in enumerate(circuit.input_names):
+        first[n] = -1
+        types[n] = d.dom.types[k]
+    for pk in kernels:
+        for n, t in zip(pk.inputs, pk.box.dom.types):
+            last[n] = max(last.get(n, -1), pk.index)
+            types.setdefault(n, t)
+        for n, t in zip(pk.outputs, pk.box.cod.types):
+            first.setdefault(n, pk.index)
+            types.setdefault(n, t)
+    end = len(kernels)
+    for src in d.outputs:
+        last[names[src]] = end
+    out = []
+    for n, t in types.items():
+        bound = t.bind(sizes)
+        root = n
+        while root in aliases:
+            root = aliases[root]
+            last[root] = max(last.get(root, -1), last.get(n, -1))
+        out.append(Buffer(n, bound, _nbytes(t, t.numel(sizes)), kinds.get(n, "activation"),
+                          first.get(n, -1), last.get(n, first.get(n, -1)), aliases.get(n)))
+    return tuple(attrs.evolve(b, last=max(b.last, last.get(b.name, b.last))) for b in out)
+
+
+def _compose_bound(applied: tuple[Applied, ...], P: Presentation, sizes: Mapping[str, int],
+                   act: str) -> tuple[float, float] | None:
+    """The largest bound among the bounded relations applied, or ``None`` when all are exact.
+
+    Each fused kernel's outputs are within its relation's bound of the unfused kernels' on the
+    same inputs; how those per-kernel differences grow through the model is not a formula of
+    this plan, so the plan reports the per-kernel worst case.
+    """
+    from metrale.lkb.relation import UNIT_ROUNDOFF
+
+    rel_total = abs_total = 0.0
+    any_bounded = False
+    for a in applied:
+        if a.numerics != "bounded":
+            continue
+        any_bounded = True
+        rel = P.relation(a.relation)
+        env = {f"eps_{k}": v for k, v in UNIT_ROUNDOFF.items()}
+        env["eps_act"] = UNIT_ROUNDOFF[act]
+        env.update({k: float(v) for k, v in sizes.items()})
+        for port, t in zip(P.family(a.fused.name).inputs, a.fused.dom.types):
+            for fd, cd in zip(port.dims, t.shape):
+                if isinstance(fd, str):
+                    env[fd] = float(cd if isinstance(cd, int) else sizes.get(cd, 0))
+        if rel.bound is not None:
+            rel_total = max(rel_total, eval_bound(rel.bound.rel, env, rel.file))
+            abs_total = max(abs_total, eval_bound(rel.bound.abs, env, rel.file))
+    return (rel_total, abs_total) if any_bounded else None

@@ -1,0 +1,29 @@
+"""The points a model's plans use on a class: what ``met build`` compiles ahead of time.
+
+>>> pts = plan_points("tiny-qwen3", "bf16", "host")
+>>> any(p.family == "qkv" for p in pts) and any(p.param("shape") == "gemm" for p in pts
+...                                             if p.family == "qkv")
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from metrale.lkb.family import Point
+
+from .plan import plan_for
+
+DECODE_ROWS = (1, 8)
+PREFILL_ROWS = (64,)
+
+
+def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, *,
+                act: str = "bf16") -> frozenset[Point]:
+    """Every point launched by the decode (rows 1 and 8) and prefill (64 rows) plans."""
+    points: set[Point] = set()
+    for mode, rows_list in (("decode", DECODE_ROWS), ("prefill", PREFILL_ROWS)):
+        for rows in rows_list:
+            points |= plan_for(model, quant, hardware, mode=mode, rows=rows, act=act,
+                               kernels_dir=kernels_dir).points()
+    return frozenset(points)

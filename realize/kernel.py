@@ -1,0 +1,695 @@
+"""Kernels: the image of a family point under F_H, and the KERNELS.toml tables they are read from.
+
+A ``[kernel.NAME]`` table (header comment of ``kernels/cuda/common/KERNELS.toml``) claims the
+points of one family that its ``when`` admits; at a point it renders to a :class:`Kernel`:
+source, entry, ``-D`` defines, a launch rule, arguments, declared reduction orders. Tables
+may add ``requires`` (capabilities the class asked must have) and ``reason`` (why a shadow or
+a per-point copy exists). Launch formulas are arithmetic over the bound sizes, never code:
+
+>>> rule = LaunchRule(("ceil(n / 4)", "rows", "1"), ("128", "1", "1"), "4 * e")
+>>> rule.bind({"n": 1030, "rows": 2, "e": 8})
+((258, 2, 1), (128, 1, 1), 32)
+>>> eval_formula("__import__('os')", {})
+Traceback (most recent call last):
+...
+metrale.lkb.errors.ConfigError: not a launch formula: only numbers, names, + - * / // %, ceil, floor, min, max (expected arithmetic over sizes, found "__import__('os')")
+
+Templates: ``{p}`` is the parameter's value as written, ``{P}`` its upper-cased value.
+
+>>> render("ACT_{ACT}", {"act": "bf16"}), render("K_BLOCK={k_block}", {"k_block": 256})
+('ACT_BF16', 'K_BLOCK=256')
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from metrale.lkb.errors import ConfigError, LaunchError, MetraleError, nearest
+from metrale.lkb.family import Family, Point
+from metrale.lkb.files import Fields, read_toml
+from metrale.lkb.semantics import WITHIN, describe, reduction_orders
+from metrale.realize.evidence import hash_source
+from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabilities
+
+KERNELS_FILE = "KERNELS.toml"
+ARG_TYPES = ("ptr", "i32", "i64", "f32")
+NO_REASON = "no reason given"
+
+# ---------------------------------------------------------------------------------------------
+# Formulas: safe arithmetic over named sizes (hand-written: ~40 lines of ast walking; no
+# library evaluates a restricted expression language without also allowing attribute access).
+
+_FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max}
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b,
+        ast.Mod: lambda a, b: a % b}
+_FORMULA_WORDS = "only numbers, names, + - * / // %, ceil, floor, min, max"
+
+
+def _parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
+    def bad() -> ConfigError:
+        return ConfigError(f"not a launch formula: {_FORMULA_WORDS}", file=file, key=key,
+                           expected="arithmetic over sizes", found=repr(text))
+
+    if not isinstance(text, str) or len(text) > 500:
+        raise bad()
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        raise bad() from None
+    for n in ast.walk(tree):
+        ok = (isinstance(n, ast.Constant) and type(n.value) in (int, float)
+              or isinstance(n, ast.Name | ast.Load)
+              or isinstance(n, ast.BinOp) and type(n.op) in _OPS
+              or isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub | ast.UAdd)
+              or type(n) in _OPS or isinstance(n, ast.USub | ast.UAdd)
+              or isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+              and n.func.id in _FUNCS and not n.keywords)
+        if not ok:
+            raise bad()
+    return tree
+
+
+def formula_names(text: str, file: object = None, key: str = "") -> frozenset[str]:
+    """The sizes a formula reads (its function names left out); a bad formula raises.
+
+    >>> sorted(formula_names("ceil((nq + nk) / 4) * rows"))
+    ['nk', 'nq', 'rows']
+    """
+    tree = _parse_formula(text, file, key)
+    funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs)
+
+
+def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
+                 key: str = "") -> int | float:
+    """Evaluate a launch formula; ``/`` is true division, so ``ceil(n / 4)`` rounds up.
+
+    >>> eval_formula("max(1, rows // 2) + k % 3", {"rows": 5, "k": 7})
+    3
+    """
+    tree = _parse_formula(text, file, key)
+
+    def ev(n: ast.expr) -> int | float:
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.Name):
+            if n.id not in env:
+                raise LaunchError(f"size {n.id!r} is not bound", file=file, key=key,
+                                  expected="one of " + ", ".join(sorted(env)) if env else "a size",
+                                  found=text, suggestion=nearest(n.id, env))
+            value = env[n.id]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise LaunchError(f"size {n.id!r} is not a number", file=file, key=key,
+                                  found=repr(value))
+            return value
+        if isinstance(n, ast.BinOp):
+            try:
+                return _OPS[type(n.op)](ev(n.left), ev(n.right))
+            except ZeroDivisionError:
+                raise LaunchError("division by zero in a launch formula", file=file, key=key,
+                                  found=text) from None
+        if isinstance(n, ast.UnaryOp):
+            return -ev(n.operand) if isinstance(n.op, ast.USub) else ev(n.operand)
+        assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        return _FUNCS[n.func.id](*(ev(a) for a in n.args))
+
+    return ev(tree)
+
+
+def _integral(value: int | float, low: int, text: str, key: str) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise LaunchError("launch formula is not a whole number", key=key,
+                              expected="an integer (use ceil or //)", found=f"{text} = {value}")
+        value = int(value)
+    if value < low:
+        raise LaunchError("launch dimension out of range", key=key, expected=f">= {low}",
+                          found=f"{text} = {value}")
+    return value
+
+
+@attrs.frozen
+class LaunchRule:
+    """Grid, block (three formulas each) and dynamic shared memory (bytes) of a launch."""
+
+    grid: tuple[str, str, str] = attrs.field(converter=tuple)
+    block: tuple[str, str, str] = attrs.field(converter=tuple)
+    shared: str = "0"
+
+    def names(self) -> frozenset[str]:
+        """Every size the rule reads."""
+        return frozenset().union(*(formula_names(f) for f in (*self.grid, *self.block,
+                                                               self.shared)))
+
+    def bind(self, sizes: Mapping[str, int | float]
+             ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """``(grid, block, shared)`` at these sizes; grid and block are >= 1, shared >= 0."""
+        grid = tuple(_integral(eval_formula(f, sizes, key=f"launch.grid[{i}]"), 1, f,
+                               f"launch.grid[{i}]") for i, f in enumerate(self.grid))
+        block = tuple(_integral(eval_formula(f, sizes, key=f"launch.block[{i}]"), 1, f,
+                                f"launch.block[{i}]") for i, f in enumerate(self.block))
+        shared = _integral(eval_formula(self.shared, sizes, key="launch.shared"), 0,
+                           self.shared, "launch.shared")
+        return grid, block, shared  # type: ignore[return-value]
+
+
+def render(template: str, params: Mapping[str, Any]) -> str:
+    """A define or reduction template at a point: ``{p}`` the value, ``{P}`` it upper-cased."""
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name in params:
+            return str(params[name])
+        if name.lower() in params and name == name.upper():
+            return str(params[name.lower()]).upper()
+        return m.group(0)
+
+    return re.sub(r"\{(\w+)\}", sub, template)
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel: the value F_H gives a point
+
+
+@attrs.frozen
+class Kernel:
+    """The image of a point under F_H: what to compile, how to launch it, what it promises.
+
+    ``source`` is relative to the kernels folder (``None`` on the host, whose kernels are the
+    reference semantics, named by ``entry``); ``provenance`` is the class whose folder
+    supplied it; ``shadow`` says it replaces an inherited kernel for the same point;
+    ``residual_kind`` is "shadow" or "per-point copy" for residual kernels, with the table's
+    declared ``residual_reason``. ``source_hash`` covers the source and the headers it
+    includes (the hash evidence records are compared on).
+
+    >>> from metrale.realize.functor import realization
+    >>> k = realization("sm_90").realize(Point("rmsnorm", (("act", "bf16"), ("h_block", 256))))
+    >>> k.source, k.entry, k.defines, k.provenance, k.residual
+    ('cuda/common/norm.cu', 'metrale_rmsnorm', ('-DACT_BF16', '-DH_BLOCK=256'), 'cuda', False)
+    >>> k.launch_for({"rows": 3, "h": 1024})
+    ((3, 1, 1), (256, 1, 1), 0)
+    """
+
+    point: Point
+    hw: str
+    provenance: str
+    source: str | None
+    entry: str
+    defines: tuple[str, ...]
+    launch: LaunchRule | None
+    args: tuple[str, ...]
+    values: tuple[tuple[str, str], ...]
+    reduction: tuple[str, ...]
+    row_invariant: bool
+    shadow: bool = False
+    residual: bool = False
+    residual_kind: str = ""
+    residual_reason: str = ""
+    source_hash: str = ""
+    table: str = ""
+    """The ``[kernel.NAME]`` table it came from (the family name on the host)."""
+    headers: tuple[str, ...] = ()
+    """Headers the source includes (paths relative to the kernels folder), transitively."""
+
+    @property
+    def key(self) -> str:
+        """The kernel's identity in Impl_H: ``provenance:source:entry`` and its defines.
+
+        >>> from metrale.realize.functor import realization
+        >>> realization("sm_80").realize(Point("argmax", ())).key
+        'cuda:cuda/common/misc.cu:metrale_argmax'
+        """
+        return f"{self.provenance}:{self.source or ''}:{self.entry}" + "".join(
+            f" {d}" for d in self.defines)
+
+    def define_map(self) -> dict[str, str | int]:
+        """The defines as a compiler mapping (``-DX`` is ``X=1``, as the compiler reads it).
+
+        >>> from metrale.realize.functor import realization
+        >>> k = realization("sm_80").realize(Point("add", (("act", "f32"),)))
+        >>> k.define_map()
+        {'ACT_F32': 1}
+        """
+        out: dict[str, str | int] = {}
+        for d in self.defines:
+            name, eq, value = d[2:].partition("=")
+            out[name] = value if eq else 1
+        return out
+
+    def sizes(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
+        """``sizes`` plus the point's numeric parameters and the ``values`` formulas."""
+        env: dict[str, int | float] = {k: v for k, v in self.point.params
+                                       if isinstance(v, int | float) and not isinstance(v, bool)}
+        env.update(sizes)
+        for name, formula in self.values:
+            env[name] = eval_formula(formula, env, key=f"values.{name}")
+        return env
+
+    def launch_for(self, sizes: Mapping[str, int | float]
+                   ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """``(grid, block, shared)`` at the bound sizes (dims and attrs)."""
+        if self.launch is None:
+            raise LaunchError(f"kernel {self.entry} on {self.hw} is a host callable; it is "
+                              "called, not launched", key=str(self.point))
+        return self.launch.bind(self.sizes(sizes))
+
+    def __str__(self) -> str:
+        where = self.source or "semantics"
+        return f"{self.point} -> {self.entry} ({self.provenance}: {where})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel tables (KERNELS.toml)
+
+
+_CAPABILITIES = tuple(f.name for f in attrs.fields(Capabilities))
+
+
+@attrs.frozen
+class KernelTable:
+    """One ``[kernel.NAME]`` table, checked against its family; renders kernels at points.
+
+    ``folder`` is the table's folder relative to the kernels folder (``cuda/common``).
+    """
+
+    name: str
+    family: str
+    when: tuple[tuple[str, tuple[Any, ...]], ...]
+    source: str
+    entry: str
+    defines: tuple[tuple[str, str], ...]
+    fixed: tuple[str, ...]
+    launch: LaunchRule
+    args: tuple[str, ...]
+    values: tuple[tuple[str, str], ...]
+    reduction: tuple[str, ...]
+    row_invariant: bool
+    requires: tuple[tuple[str, Any], ...] = ()
+    reason: str | None = None
+    folder: str = ""
+    file: str = attrs.field(default="", eq=False)
+
+    @property
+    def source_path(self) -> str:
+        """The source relative to the kernels folder."""
+        return f"{self.folder}/{self.source}" if self.folder else self.source
+
+    def claims(self, point: Point) -> bool:
+        """Whether ``when`` admits ``point`` (a point of this table's family)."""
+        if point.family != self.family:
+            return False
+        params = dict(point.params)
+        return all(k in params and params[k] in vs for k, vs in self.when)
+
+    def defines_at(self, point: Point) -> tuple[str, ...]:
+        """The ``-D`` flags at ``point``, sorted (a true bool parameter gives its template)."""
+        params = dict(point.params)
+        out = list(self.fixed)
+        for pname, template in self.defines:
+            value = params[pname]
+            if isinstance(value, bool):
+                if value:
+                    out.append(template)
+            else:
+                out.append(render(template, params))
+        return tuple(sorted(f"-D{d}" for d in out))
+
+    def reduction_at(self, point: Point) -> tuple[str, ...]:
+        """The declared reduction orders at ``point``."""
+        return tuple(render(r, dict(point.params)) for r in self.reduction)
+
+    def unmet(self, caps: Capabilities, hw: str) -> tuple[str, ...]:
+        """The requirements ``caps`` fails, in words ("requires fp4, which sm_80 lacks").
+
+        >>> from metrale.realize.hardware import load_hardware
+        >>> t = attrs.evolve(_EXAMPLE, requires=(("fp4", True), ("tensor_core", "wgmma")))
+        >>> t.unmet(load_hardware().get("sm_80").capabilities, "sm_80")
+        ('requires fp4, which sm_80 lacks', 'requires tensor_core wgmma, which sm_80 lacks (it has mma.sync)')
+        """  # noqa: E501
+        out = []
+        for cap, want in self.requires:
+            have = getattr(caps, cap)
+            if isinstance(want, bool):
+                ok, words = bool(have) == want, cap if want else f"no {cap}"
+            elif isinstance(want, str):  # tensor_core: a kind the class can run
+                ok, words = want in TENSOR_CORE_PROVIDES[have], f"{cap} {want}"
+            elif isinstance(want, tuple):
+                ok, words = have is not None and tuple(have) >= want, f"{cap} >= {list(want)}"
+            else:
+                ok, words = have >= want, f"{cap} >= {want}"
+            if not ok:
+                it_has = "" if isinstance(want, bool) else f" (it has {have})"
+                out.append(f"requires {words}, which {hw} lacks{it_has}")
+        return tuple(out)
+
+    def kernel(self, point: Point, *, hw: str, provenance: str, source_hash: str,
+               headers: tuple[str, ...], shadow: bool, residual_kind: str) -> Kernel:
+        """The kernel this table gives ``point`` on ``hw``."""
+        return Kernel(point, hw, provenance, self.source_path, self.entry,
+                      self.defines_at(point), self.launch, self.args, self.values,
+                      self.reduction_at(point), self.row_invariant, shadow,
+                      bool(residual_kind), residual_kind,
+                      (self.reason or NO_REASON) if residual_kind else "", source_hash,
+                      self.name, headers)
+
+
+_EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
+                       (), (), (), True)
+
+
+def family_dims(fam: Family) -> frozenset[str]:
+    """The named dims of a family's ports (the sizes a launch formula may read)."""
+    return frozenset(d for p in fam.inputs + fam.outputs for d in p.dims if isinstance(d, str))
+
+
+def _allowed_names(fam: Family, values: Mapping[str, str]) -> frozenset[str]:
+    return family_dims(fam) | set(fam.attrs) | set(fam.domains) | set(values)
+
+
+def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
+    value = f.take(key, list) if default is None else f.take(key, list, default=default)
+    if value is None:
+        return None
+    if not all(isinstance(v, str) for v in value):
+        f.fail(key, "every entry must be a string", "a list of strings", repr(value))
+        return None
+    return tuple(value)
+
+
+def _str_table(f: Fields, key: str, default: Any = None) -> dict[str, str] | None:
+    value = f.take(key, dict) if default is None else f.take(key, dict, default=default)
+    if value is None:
+        return None
+    bad = [k for k, v in value.items() if not isinstance(v, str)]
+    if bad:
+        f.fail(f"{key}.{bad[0]}", "must be a string", "a string", repr(value[bad[0]]))
+        return None
+    return dict(value)
+
+
+def _read_launch(raw: Any, f: Fields, names: frozenset[str]) -> LaunchRule | None:
+    if raw is None:
+        return None
+    lf = Fields(raw, f.file, f.key("launch"), f.errors)
+    grid = _str_list(lf, "grid")
+    block = _str_list(lf, "block")
+    shared = lf.take("shared", str, default="0")
+    lf.close()
+    for which, formulas in (("grid", grid), ("block", block)):
+        if formulas is not None and len(formulas) != 3:
+            lf.fail(which, "three formulas (x, y, z)", "3 strings", f"{len(formulas)}")
+    if not lf.ok:
+        return None
+    parts = [(f"grid[{i}]", x) for i, x in enumerate(grid)] + [
+        (f"block[{i}]", x) for i, x in enumerate(block)] + [("shared", shared)]
+    for where, text in parts:
+        _check_formula(lf, where, text, names)
+    return LaunchRule(grid, block, shared) if lf.ok else None
+
+
+def _check_formula(f: Fields, where: str, text: str, names: frozenset[str]) -> None:
+    try:
+        used = formula_names(text, f.file, f.key(where))
+    except ConfigError as e:
+        f.fail(where, e.message, e.expected, e.found)
+        return
+    for n in sorted(used - names):
+        f._fail(f.key(where), f"unknown size {n!r} in formula",
+                "a dim, attr or parameter of the family, or a name in `values`", repr(text),
+                nearest(n, names))
+
+
+def _read_requires(raw: Any, f: Fields) -> tuple[tuple[str, Any], ...]:
+    """``["fp8", "fp4"]`` (each must be true) or ``{tensor_core = "wgmma", fp8 = true, ...}``."""
+    if raw is None:
+        return ()
+    if isinstance(raw, list):
+        if not all(isinstance(x, str) for x in raw):
+            f.fail("requires", "a list of capability names", "strings", repr(raw))
+            return ()
+        raw = {x: True for x in raw}
+    if not isinstance(raw, dict):
+        f.fail("requires", "wrong type", "a list of capability names or a table",
+               type(raw).__name__)
+        return ()
+    out = []
+    for cap, want in raw.items():
+        key = f"requires.{cap}"
+        if cap not in _CAPABILITIES:
+            f._fail(f.key(key), "unknown capability", "one of " + ", ".join(_CAPABILITIES),
+                    repr(cap), nearest(cap, _CAPABILITIES))
+            continue
+        default = attrs.fields_dict(Capabilities)[cap].default
+        if cap == "tensor_core":
+            if want not in TENSOR_CORES:
+                f._fail(f.key(key), "unknown tensor-core kind", "one of " + ", ".join(
+                    TENSOR_CORES), repr(want), nearest(str(want), TENSOR_CORES))
+                continue
+        elif cap == "compute_capability":
+            if not (isinstance(want, list) and len(want) == 2
+                    and all(type(x) is int and x >= 0 for x in want)):
+                f._fail(f.key(key), "wrong type", "[major, minor]", repr(want))
+                continue
+            want = tuple(want)
+        elif cap in ("bf16", "fp8", "fp4"):
+            if not isinstance(want, bool):
+                f._fail(f.key(key), "wrong type", "true or false", repr(want))
+                continue
+        elif type(want) is not int or type(default) is not int:
+            f._fail(f.key(key), "wrong type", "an integer (a minimum)", repr(want))
+            continue
+        out.append((cap, want))
+    return tuple(out)
+
+
+def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, source_dir: Path,
+               errors: list[MetraleError]) -> KernelTable | None:
+    """Check one ``[kernel.NAME]`` table against its family; every violation into ``errors``."""
+    f = Fields(raw, file, f"kernel.{name}", errors)
+    f.take("family", str, default=name)  # read by the caller; taken so close() accepts it
+    when_raw = f.take("when", dict, default={})
+    source = f.take("source", str)
+    entry = f.take("entry", str)
+    defines = _str_table(f, "defines", default={})
+    fixed = _str_list(f, "fixed", default=[])
+    launch_raw = f.take("launch", dict)
+    values = _str_table(f, "values", default={})
+    args = _str_list(f, "args")
+    reduction = _str_list(f, "reduction")
+    row_inv = f.take("row_invariant", bool, default=family.row_invariant)
+    requires = _read_requires(f.take("requires", (list, dict), default=None), f)
+    reason = f.take("reason", str, default=None)
+    f.close()
+    domains = family.domains
+    when: list[tuple[str, tuple[Any, ...]]] = []
+    for pname, allowed in (when_raw or {}).items():
+        if pname not in domains:
+            f._fail(f.key(f"when.{pname}"), f"{family.name} has no such parameter",
+                    "one of " + ", ".join(domains), repr(pname), nearest(pname, domains))
+        elif not isinstance(allowed, list) or not allowed:
+            f._fail(f.key(f"when.{pname}"), "a non-empty list of values", "a list",
+                    repr(allowed))
+        else:
+            for v in allowed:
+                if v not in domains[pname]:
+                    f._fail(f.key(f"when.{pname}"), "value outside the parameter's domain",
+                            "one of " + ", ".join(map(str, domains[pname])), repr(v))
+            when.append((pname, tuple(allowed)))
+    if source is not None:
+        if not (source_dir / source).is_file() or Path(source).is_absolute() or ".." in source:
+            here = sorted(p.name for p in source_dir.iterdir() if p.is_file()) \
+                if source_dir.is_dir() else []
+            f.fail("source", f"source not found in {folder or source_dir}", "a file next to "
+                   f"{file.name}", repr(source))
+            if nearest(source, here):
+                f.errors[-1].suggestion = nearest(source, here)
+    if entry is not None and not re.fullmatch(r"[A-Za-z_]\w*", entry):
+        f.fail("entry", "not a symbol", "an identifier (an extern \"C\" kernel)", repr(entry))
+    for pname, template in (defines or {}).items():
+        if pname not in domains:
+            f._fail(f.key(f"defines.{pname}"), f"{family.name} has no such parameter",
+                    "one of " + ", ".join(domains), repr(pname), nearest(pname, domains))
+    for where, texts in (("defines", (defines or {}).values()), ("reduction", reduction or ())):
+        for text in texts:
+            for ph in _PLACEHOLDER.findall(text):
+                if ph not in domains and ph.lower() not in domains:
+                    f._fail(f.key(where), f"template names {{{ph}}}, not a parameter",
+                            "{param} or {PARAM} of " + family.name, repr(text),
+                            nearest(ph.lower(), domains))
+    names = _allowed_names(family, values or {})
+    for vname, formula in (values or {}).items():
+        _check_formula(f, f"values.{vname}", formula, names - {vname})
+    launch = _read_launch(launch_raw, f, names)
+    _check_args(f, args or (), family, values or {})
+    if row_inv and not family.row_invariant:
+        f.fail("row_invariant", "claims row-invariance its family does not have", "false",
+               "true")
+    if not f.ok:
+        return None
+    table = KernelTable(name, family.name, tuple(when), source, entry,
+                        tuple((defines or {}).items()), fixed, launch, args,
+                        tuple((values or {}).items()), reduction, row_inv, requires, reason,
+                        folder, str(file))
+    claimed = [p for p in family.points if table.claims(p)]
+    for p in claimed:
+        _check_reduction(f, table, family, p)
+    return table if f.ok else None
+
+
+def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[str, str]) -> None:
+    ports = {p.name for p in fam.inputs + fam.outputs}
+    names = ports | set(fam.attrs) | family_dims(fam) | set(values) | {
+        f"{w}_{s}" for w in fam.weights for s in ("scale", "global")}
+    seen = set()
+    for i, a in enumerate(args):
+        arg, _, ty = a.partition(":")
+        if ty not in ARG_TYPES:
+            f._fail(f.key(f"args[{i}]"), "unknown argument type", "one of " + ", ".join(ARG_TYPES),
+                    repr(a), nearest(ty, ARG_TYPES))
+        if arg not in names:
+            f._fail(f.key(f"args[{i}]"), "argument is not a port, attr, dim or value",
+                    "a name of " + fam.name, repr(a), nearest(arg, names))
+        if arg in seen:
+            f._fail(f.key(f"args[{i}]"), "duplicate argument", "distinct names", repr(a))
+        seen.add(arg)
+
+
+def _check_reduction(f: Fields, table: KernelTable, fam: Family, point: Point) -> None:
+    """The declared orders are the semantics' own in ``describe`` words; only the within-block
+    order may differ (named or left unstated), since a GPU cannot follow BLAS's."""
+    want = reduction_orders(fam.semantics, **point.as_dict())
+    got = table.reduction_at(point)
+    if len(got) != len(want):
+        f.fail("reduction", f"{len(want)} reductions at {point}",
+               [describe(r) for r in want], list(got))
+        return
+    for g, r in zip(got, want):
+        allowed = {describe(attrs.evolve(r, within=w)) for w in WITHIN}
+        if g not in allowed:
+            f.fail("reduction", f"order differs from the semantics at {point}",
+                   describe(attrs.evolve(r, within="")) + " (with any within-block order)",
+                   repr(g))
+
+
+@attrs.frozen
+class Orphan:
+    """A table that claims nothing F_H can use: its family is not in the presentation, or its
+    ``when`` admits no compiled point. Its source counts as class-only in the residual."""
+
+    name: str
+    source: str
+    reason: str
+
+
+@attrs.frozen
+class TableFolder:
+    """One folder of a chain (``cuda/common``, ``sm_90/qwen3-0.6b/bf16``) and its tables."""
+
+    owner: str
+    path: str
+    kind: str
+    """``"common"`` or ``"leaf"`` (a target's per-point copies)."""
+    tables: tuple[KernelTable, ...] = ()
+    orphans: tuple[Orphan, ...] = ()
+
+    def claiming(self, point: Point) -> tuple[KernelTable, ...]:
+        """The tables of this folder that claim ``point``, in file order."""
+        return tuple(t for t in self.tables if t.claims(point))
+
+
+def load_folder(kernels_dir: Path, rel: str, owner: str, kind: str,
+                families: Mapping[str, Family], errors: list[MetraleError]) -> TableFolder:
+    """Read ``<kernels_dir>/<rel>/KERNELS.toml`` (none: an empty folder)."""
+    folder = kernels_dir / rel
+    path = folder / KERNELS_FILE
+    if not path.is_file():
+        return TableFolder(owner, rel, kind)
+    try:
+        data = read_toml(path)
+    except ConfigError as e:
+        errors.append(e)
+        return TableFolder(owner, rel, kind)
+    top = Fields(data, path, "", errors)
+    raw_tables = top.take("kernel", dict, default={})
+    top.close()
+    tables, orphans = [], []
+    for name, raw in (raw_tables or {}).items():
+        fam_name = raw.get("family", name) if isinstance(raw, dict) else name
+        source = raw.get("source") if isinstance(raw, dict) else None
+        source = f"{rel}/{source}" if isinstance(source, str) else f"{rel}/?"
+        if not isinstance(fam_name, str) or fam_name not in families:
+            hint = nearest(str(fam_name), families)
+            orphans.append(Orphan(name, source, f"table {name!r} names family {fam_name!r}, "
+                                  "which is not in the presentation"
+                                  + (f" (did you mean {hint!r}?)" if hint else "")))
+            continue
+        t = read_table(name, raw, families[fam_name], path, rel, folder, errors)
+        if t is None:
+            continue
+        if not any(t.claims(p) for p in families[fam_name].points):
+            orphans.append(Orphan(name, t.source_path, f"table {name!r} claims no compiled "
+                                  f"point of {fam_name}"))
+            continue
+        tables.append(t)
+    _check_overlaps(tables, families, path, errors)
+    return TableFolder(owner, rel, kind, tuple(tables), tuple(orphans))
+
+
+def _check_overlaps(tables: list[KernelTable], families: Mapping[str, Family], path: Path,
+                    errors: list[MetraleError]) -> None:
+    """Two tables of one folder may claim one point only under different requirements
+    (the first whose requirements hold wins); otherwise the second is dead."""
+    for i, a in enumerate(tables):
+        for b in tables[i + 1:]:
+            if a.family != b.family or a.requires != b.requires:
+                continue
+            both = [p for p in families[a.family].points if a.claims(p) and b.claims(p)]
+            if both:
+                errors.append(ConfigError(
+                    f"tables {a.name!r} and {b.name!r} both claim {both[0]}"
+                    + (f" and {len(both) - 1} more points" if len(both) > 1 else ""),
+                    file=path, key=f"kernel.{b.name}.when",
+                    expected="disjoint `when`, or different `requires`"))
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def source_identity(kernels_dir: Path, source: str, search: tuple[str, ...]
+                    ) -> tuple[str, tuple[str, ...], dict[str, str], str]:
+    """``(text, headers, header_texts, hash)`` of a source: quoted includes are looked up in
+    the source's folder, then in ``search`` (the chain's folders, in order), transitively;
+    the hash covers the source and every header found (``#include <...>`` is the toolchain's).
+
+    ``header_texts`` maps the include spelling to its text, as a compiler's ``-I`` would.
+    """
+    src = kernels_dir / source
+    text = src.read_text(encoding="utf-8")
+    folders = (str(Path(source).parent), *search)
+    found: dict[str, tuple[str, str]] = {}  # spelling -> (path relative to kernels_dir, text)
+    todo = _INCLUDE.findall(text)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        for d in folders:
+            p = kernels_dir / d / name
+            if p.is_file():
+                body = p.read_text(encoding="utf-8")
+                found[name] = (f"{d}/{name}", body)
+                todo.extend(_INCLUDE.findall(body))
+                break
+    parts = [text] + [f"\0{name}\0{body}" for name, (_, body) in sorted(found.items())]
+    headers = tuple(sorted(path for path, _ in found.values()))
+    return text, headers, {n: b for n, (_, b) in found.items()}, hash_source("".join(parts))
