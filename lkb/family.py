@@ -220,6 +220,11 @@ class Family:
         view = f.take("view", bool, default=False)
         raw_traffic = f.take("traffic", dict, default={})
         f.close()
+        # Values kept inside the frozen Family must be hashable scalars, or hash(P) fails later.
+        raw_example = _scalar_table(raw_example, (int,), "a dim size is an integer", file,
+                                    f"{key}.example", errors)
+        raw_attrs = _scalar_table(raw_attrs, _SCALARS, "an attribute's example is a scalar",
+                                  file, f"{key}.attrs", errors)
 
         def ports(raw: list, which: str) -> tuple[Port, ...]:
             out = []
@@ -238,6 +243,12 @@ class Family:
                                           key=f"{key}.params.{pname}", found=repr(domain)))
                 continue
             kinds = {type(v) for v in domain}
+            if not all(isinstance(v, _SCALARS) for v in domain):
+                errors.append(ConfigError("a parameter's values are scalars", file=file,
+                                          key=f"{key}.params.{pname}",
+                                          expected="strings, integers, floats or booleans",
+                                          found=repr(domain)[:80]))
+                continue
             if len(kinds) != 1:
                 errors.append(ConfigError("a parameter's values share one type", file=file,
                                           key=f"{key}.params.{pname}",
@@ -299,6 +310,24 @@ class Family:
         table["params"] = {k: list(v) for k, v in self.params}
         table["points"] = [p.as_dict() for p in self.points]
         return table
+
+
+_SCALARS = (str, int, float, bool)
+
+
+def _scalar_table(raw: Any, types: tuple[type, ...], message: str, file: object, key: str,
+                  errors: list[MetraleError]) -> dict[str, Any]:
+    """The entries of ``raw`` whose values have one of ``types`` (never a bool for ``int``);
+    an error for each other one."""
+    out = {}
+    for name, value in (raw or {}).items():
+        if isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
+            out[name] = value
+        else:
+            errors.append(ConfigError(message, file=file, key=f"{key}.{name}",
+                                      expected="/".join(t.__name__ for t in types),
+                                      found=repr(value)[:80]))
+    return out
 
 
 def rename_dims(ty: Ty, dims: Mapping[str, str | int]) -> Ty:

@@ -220,8 +220,12 @@ def plan_diff(a: Plan, b: Plan) -> PlanDiff:
 def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "host", *,
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
-             presentation: Presentation | None = None) -> Plan:
-    """Plan one forward step of ``model`` for ``hardware``; pure and deterministic."""
+             presentation: Presentation | None = None, fuse: bool = True) -> Plan:
+    """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
+
+    ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
+    under the exact policy its results must equal the fused plan's byte for byte.
+    """
     from metrale.realize.functor import realization
 
     steps: list[tuple[str, float]] = []
@@ -247,7 +251,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     step("lower")
     target = KernelTarget(hardware, config.name, quant)
     F = realization(hardware, kernels_dir=kernels_dir, presentation=P, target=target)
-    fused = rewrite(lowered, F, policy=policy, presentation=P)
+    fused = rewrite(lowered, F, policy=policy, presentation=P if fuse else _no_relations(P))
     step("rewrite")
     sizes = dict(circuit.sizes(context))
     sizes["context"] = context
@@ -262,6 +266,10 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
                 tuple(sorted(sizes.items())), bound)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
+
+
+def _no_relations(P: Presentation) -> Presentation:
+    return Presentation(P.generators, ())
 
 
 def _layer_of(names: tuple[str, ...]) -> int | None:

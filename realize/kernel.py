@@ -62,7 +62,8 @@ def _parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
         raise bad()
     try:
         tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
         raise bad() from None
     for n in ast.walk(tree):
         ok = (isinstance(n, ast.Constant) and type(n.value) in (int, float)
@@ -121,7 +122,12 @@ def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
         assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         return _FUNCS[n.func.id](*(ev(a) for a in n.args))
 
-    return ev(tree)
+    try:
+        return ev(tree)
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as e:
+        # ceil(1e400), max(), a deep unary chain: no launch dimension comes out
+        raise LaunchError(f"launch formula cannot be evaluated: {e}", file=file, key=key,
+                          found=repr(text)[:80]) from None
 
 
 def _integral(value: int | float, low: int, text: str, key: str) -> int:

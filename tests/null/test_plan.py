@@ -1,0 +1,149 @@
+"""Plans: the acceptance shapes, determinism, reasons for declined fusions, printers, CLI."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from metrale.cli import main
+from metrale.lkb.errors import ConfigError
+from metrale.plan.plan import plan_for
+
+
+@pytest.fixture(scope="module")
+def qwen_sm90():
+    return plan_for("qwen3-0.6b", "bf16", "sm_90", mode="decode", rows=1)
+
+
+def test_qwen3_decode_has_at_most_8_kernels_per_layer(qwen_sm90):
+    p = qwen_sm90
+    per_layer = Counter(k.layer for k in p.launches if k.layer is not None)
+    assert len(per_layer) == 28
+    assert max(per_layer.values()) <= 8
+    layer = [k.family for k in p.layer_kernels(3)]
+    assert layer == ["add_rmsnorm", "qkv", "qk_norm_rope", "kv_append_attention", "linear",
+                     "add_rmsnorm", "gate_up_swiglu", "linear"]
+    assert p.exact and p.row_invariant
+
+
+def test_floor_matches_the_published_bytes(qwen_sm90):
+    # weights (tied table read once by lm_head) + a 1024-token bf16 KV cache: 1.31 GB, 0.30 ms
+    assert 1.28e9 < qwen_sm90.bytes_moved < 1.36e9
+    assert 0.29e-3 < qwen_sm90.floor_s < 0.32e-3
+    assert qwen_sm90.device == "NVIDIA H200"
+
+
+def test_llama_8b_floor():
+    p = plan_for("llama-3.1-8b", "bf16", "sm_90")
+    assert 14.8e9 < p.bytes_moved < 15.4e9  # 15.1 GB published
+    assert max(Counter(k.layer for k in p.launches if k.layer is not None).values()) <= 8
+
+
+def test_moe_layers_are_planned():
+    p = plan_for("qwen3-30b-a3b", "mxfp4", "sm_90")
+    families = Counter(k.family for k in p.launches)
+    assert families["softmax_topk"] == 48 and families["moe_gate_up_swiglu"] == 48
+    assert families["moe_down"] == 48 and families["moe_combine"] == 48
+    assert all(k.point.param("weight") == "mxfp4" for k in p.launches if k.family == "qkv")
+    assert any(a.relation == "dequant_linear" for a in p.applied)
+
+
+def test_planning_is_deterministic(qwen_sm90):
+    again = plan_for("qwen3-0.6b", "bf16", "sm_90", mode="decode", rows=1)
+    assert again == qwen_sm90
+    assert json.dumps(again.to_json(), sort_keys=True) == json.dumps(qwen_sm90.to_json(),
+                                                                      sort_keys=True)
+
+
+def test_every_declined_match_has_a_reason(qwen_sm90):
+    assert qwen_sm90.declined
+    reasons = {d.relation: d.reason for d in qwen_sm90.declined}
+    assert reasons["splitk_pairwise"] in ("bounded relation under the exact policy",) or \
+        reasons["splitk_pairwise"].startswith("overlaps")
+    assert reasons["linear_residual"].startswith("overlaps a higher-priority match")
+
+
+def test_bounded_policy_applies_bounded_relations_and_carries_the_bound():
+    p = plan_for("tiny-llama", "bf16", "host", policy="bounded")
+    assert any(a.relation == "splitk_pairwise" for a in p.applied)
+    assert not p.exact and p.bound is not None and p.bound[0] > 0
+
+
+def test_unrealized_rhs_point_is_declined_with_why(tmp_path):
+    import shutil
+
+    from metrale.realize.hardware import default_kernels_dir
+    root = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), root)
+    toml = root / "cuda" / "common" / "KERNELS.toml"
+    text = toml.read_text()
+    start = text.index("[kernel.qkv]")
+    end = text.index("\n[kernel.", start + 1)
+    toml.write_text(text[:start] + text[end + 1:])
+    p = plan_for("tiny-qwen3", "bf16", "sm_90", kernels_dir=root)
+    why = [d.reason for d in p.declined if d.relation == "qkv_concat"]
+    assert why and "not realized on sm_90" in why[0]
+    assert not any(k.family == "qkv" for k in p.launches)
+
+
+def test_fusion_off_plan_has_more_kernels():
+    fused = plan_for("tiny-llama")
+    plain = plan_for("tiny-llama", fuse=False)
+    assert plain.kernel_count > fused.kernel_count and not plain.applied
+
+
+def test_buffers_have_lifetimes_and_peak_is_below_naive(qwen_sm90):
+    acts = [b for b in qwen_sm90.buffers if b.kind == "activation" and b.alias is None]
+    assert acts and all(b.first <= b.last for b in acts)
+    assert qwen_sm90.peak_bytes() < sum(b.nbytes for b in acts)
+    caches = [b for b in qwen_sm90.buffers if b.kind == "cache"]
+    assert len(caches) == 56
+
+
+def test_text_printer_shows_totals(qwen_sm90):
+    text = str(qwen_sm90)
+    assert "floor on NVIDIA H200" in text and "8 per decoder layer" in text
+    assert "qkv ⟵ qkv_concat" in text
+
+
+def test_html_and_dot(qwen_sm90):
+    html = qwen_sm90._repr_html_()
+    assert html.count("<rect") < 40  # collapsed by layer: one layer drawn, not 28
+    assert "collapsed" in html and "declined fusions" in html
+    dot = qwen_sm90.to_dot()
+    assert dot.startswith("digraph plan {") and "->" in dot
+
+
+def test_small_plan_html_snapshot():
+    p = plan_for("tiny-llama", "bf16", "host")
+    html = p._repr_html_()
+    assert html.startswith("<div><div>plan host/tiny-llama/bf16 decode rows=1 context=1024")
+    assert html.count("<rect") == len([k for k in p.launches
+                                       if k.layer in (None, 0)])
+
+
+def test_diff_between_quants():
+    d = plan_for("tiny-llama", "bf16", "sm_90").diff(plan_for("tiny-llama", "mxfp4", "sm_90"))
+    text = str(d)
+    assert "weight=bf16" in text and "weight=mxfp4" in text
+
+
+def test_bad_policy_and_unknown_model():
+    with pytest.raises(ConfigError, match="policy"):
+        plan_for("tiny-llama", policy="loose")
+    with pytest.raises(ConfigError, match="did you mean"):
+        plan_for("qwen3-0.6")
+
+
+def test_met_plan_cli(capsys):
+    assert main(["plan", "qwen3-0.6b", "--quant", "bf16", "--hardware", "sm_90", "--mode",
+                 "decode", "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "floor on NVIDIA H200" in out and "0.309 ms" in out
+    assert main(["plan", "tiny-qwen3", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "metrale.plan/1" and doc["kernel_count"] > 0
+    assert main(["plan", "tiny-qwen3", "--hardware", "sm_90", "--diff", "sm_80"]) == 0
+    assert "vs" in capsys.readouterr().out
+    assert main(["plan", "tiny-qwen3", "--why"]) == 0
+    assert "declined" in capsys.readouterr().out
