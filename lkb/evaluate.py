@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .presentation import Presentation
 from .semantics import SEMANTICS
 
 
-@lru_cache(maxsize=None)
+@cache
 def _accepted(name: str) -> frozenset[str]:
     return frozenset(inspect.signature(SEMANTICS[name]).parameters)
 
