@@ -195,3 +195,87 @@ def plan(args: argparse.Namespace) -> int:
         elif reasons:
             print(f"declined fusions: {sum(reasons.values())} ({len(reasons)} reasons; --why)")
     return 0
+
+
+def relations_on_table(hw_name: str, kernels_dir: str | None = None) -> tuple[Table, list]:
+    """The relations on one class, as a rich table and a JSON-ready list (for ``met relations
+    --hardware H``): each relation's status on H, the reason, and its verdict per point."""
+    from metrale.realize.functor import realization
+    from metrale.realize.relations import relations_on
+
+    F = realization(hw_name, kernels_dir=kernels_dir)
+    found = relations_on(F)
+    t = Table(title=f"LKB relations on {F.name}: {len(found)}")
+    for col in ("relation", "lhs", "rhs", "on " + F.name, "reason"):
+        t.add_column(col)
+    for r in found:
+        t.add_row(r.relation.name, r.relation.lhs.text, r.relation.rhs.text, r.status, r.reason)
+    return t, [r.to_json() for r in found]
+
+
+def _residual_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hardware", required=True, help="the hardware class (e.g. sm_90)")
+    _kernels_arg(p)
+    _format_arg(p)
+
+
+@command("residual", "list Residual(H): shadows, class-only sources and per-point copies, "
+                     "with reasons and evidence")(_residual_args)
+def residual(args: argparse.Namespace) -> int:
+    from metrale.realize.residual import residual as residual_of
+
+    r = residual_of(args.hardware, args.kernels)
+    if args.format == "json":
+        print(json.dumps(r.to_json(), indent=2))
+        return 0
+    console = _console()
+    if r.count:
+        console.print(r.table())
+    console.print(f"residual({r.hw}): {r.count}", markup=False)
+    return 0
+
+
+def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a built-in name, a config.json, or a checkpoint directory")
+    p.add_argument("--quant", required=True, help="bf16, fp8, mxfp4 or nvfp4")
+    p.add_argument("--hardware", required=True, help="the hardware class to build for")
+    p.add_argument("--cache", default=None, help="build cache folder (default: "
+                   "$METRALE_CACHE, else ~/.cache/metrale)")
+    p.add_argument("--registry", default=None, help="registry folder (default: "
+                   "$METRALE_REGISTRY, else registry/ in the cache folder)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="list every point")
+    _kernels_arg(p)
+    _format_arg(p)
+
+
+@command("build", "compile every point a model's plans use, ahead of time, into the cache "
+                  "and the registry")(_build_args)
+def build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from metrale.lkb.target import KernelTarget
+    from metrale.plan.points import plan_points
+    from metrale.realize.build import build as build_points
+    from metrale.realize.cache import BuildCache
+    from metrale.realize.registry import Registry
+
+    points = plan_points(args.model, args.quant, args.hardware, args.kernels)
+    model = Path(args.model).name if Path(args.model).exists() else args.model
+    report = build_points(points, args.hardware,
+                          target=KernelTarget(args.hardware, model, args.quant),
+                          kernels_dir=args.kernels, cache=BuildCache(args.cache),
+                          registry=Registry(args.registry),
+                          progress=not args.no_progress and args.format == "table")
+    if args.format == "json":
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    console = _console()
+    if args.verbose or not report.ok:
+        console.print(report.table())
+    for e in report.errors:
+        console.print(str(e), markup=False)
+    console.print(report.summary(), markup=False)
+    if report.registry:
+        console.print(f"registry summand: {report.registry}", markup=False)
+    return 0 if report.ok else 1

@@ -21,6 +21,7 @@ import datetime
 import hashlib
 import math
 import os
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,10 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
                                 file=path, line=e.line, col=e.col, expected=e.expected,
                                 found=e.found) from None
         try:
-            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            # A hand-edited file may lack its final newline; tomlkit would glue the new
+            # [[record]] onto the last line and write a file that no longer parses.
+            doc = tomlkit.parse(text if text.endswith("\n") or not text else text + "\n")
         except tomlkit.exceptions.ParseError as e:
             raise EvidenceError(f"cannot append to an unparseable evidence file: {e}",
                                 file=path, line=e.line, col=e.col) from None
@@ -237,7 +241,13 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
                             expected="[[record]] tables", found=type(aot).__name__)
     for t in new:
         aot.append(tomlkit.item(t))
-    atomic_write(path, tomlkit.dumps(doc))
+    out = tomlkit.dumps(doc)
+    try:  # never replace a readable file with one the loader cannot read
+        tomllib.loads(out)
+    except tomllib.TOMLDecodeError as e:
+        raise EvidenceError(f"appending would make the evidence file unparseable: {e}",
+                            file=path) from None
+    atomic_write(path, out)
 
 
 def _matches(pattern: tuple[str | None, str | None, str | None], key: tuple[str, str, str]) -> bool:

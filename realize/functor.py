@@ -40,6 +40,7 @@ from metrale.realize.evidence import hash_source
 from metrale.realize.hardware import HardwareClass, default_kernels_dir, load_hardware
 from metrale.realize.kernel import Kernel, TableFolder, load_folder, source_identity
 
+
 def canonical_point(fam: Family, params: Any) -> Point:
     """The point of ``fam`` with ``params`` (a mapping or pairs; other keys dropped), in the
     family's parameter order, so that it equals the family's own point.

@@ -56,7 +56,7 @@ _FORMULA_WORDS = "only numbers, names, + - * / // %, ceil, floor, min, max"
 def _parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
     def bad() -> ConfigError:
         return ConfigError(f"not a launch formula: {_FORMULA_WORDS}", file=file, key=key,
-                           expected="arithmetic over sizes", found=repr(text))
+                           expected="arithmetic over sizes", found=repr(text)[:80])
 
     if not isinstance(text, str) or len(text) > 500:
         raise bad()
@@ -109,14 +109,14 @@ def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
             value = env[n.id]
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise LaunchError(f"size {n.id!r} is not a number", file=file, key=key,
-                                  found=repr(value))
+                                  expected="an int or float", found=repr(value)[:80])
             return value
         if isinstance(n, ast.BinOp):
             try:
                 return _OPS[type(n.op)](ev(n.left), ev(n.right))
             except ZeroDivisionError:
                 raise LaunchError("division by zero in a launch formula", file=file, key=key,
-                                  found=text) from None
+                                  expected="a non-zero divisor", found=repr(text)[:80]) from None
         if isinstance(n, ast.UnaryOp):
             return -ev(n.operand) if isinstance(n.op, ast.USub) else ev(n.operand)
         assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
@@ -127,7 +127,7 @@ def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
     except (ArithmeticError, ValueError, TypeError, RecursionError) as e:
         # ceil(1e400), max(), a deep unary chain: no launch dimension comes out
         raise LaunchError(f"launch formula cannot be evaluated: {e}", file=file, key=key,
-                          found=repr(text)[:80]) from None
+                          expected="a number", found=repr(text)[:80]) from None
 
 
 def _integral(value: int | float, low: int, text: str, key: str) -> int:
@@ -522,7 +522,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
                 f.errors[-1].suggestion = nearest(source, here)
     if entry is not None and not re.fullmatch(r"[A-Za-z_]\w*", entry):
         f.fail("entry", "not a symbol", "an identifier (an extern \"C\" kernel)", repr(entry))
-    for pname, template in (defines or {}).items():
+    for pname in defines or {}:
         if pname not in domains:
             f._fail(f.key(f"defines.{pname}"), f"{family.name} has no such parameter",
                     "one of " + ", ".join(domains), repr(pname), nearest(pname, domains))

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call: install Metrale on the lent GPU machine (offline), then run the CUDA tests.
+# Usage (from the repo root, on the device): bash benchmarks/device_checks.sh [pytest args]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
+  || { cat "$OUT/install.log"; exit 1; }
+export METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -m pytest tests/cuda -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/cuda_tests.log"

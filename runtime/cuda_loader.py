@@ -1,0 +1,120 @@
+"""Loading CUDA kernels for a backend: compile through the build cache, load, bind arguments.
+
+A :class:`CudaLoader` turns a realized ``Kernel`` (``realize.kernel``) into a launchable
+:class:`BoundKernel`: the source (with its headers) is compiled for the class's arch through
+``realize.cache.BuildCache`` (ahead of time when ``met build`` ran: then this is a cache hit),
+loaded with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args``
+list (``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
+``w_global``, null where its format has none), dims, attributes and ``values`` formulas by
+number.
+
+>>> spec = parse_args(("x:ptr", "w:ptr", "w_scale:ptr", "rows:i32", "eps:f32"))
+>>> [(a.name, a.kind) for a in spec]
+[('x', 'ptr'), ('w', 'ptr'), ('w_scale', 'ptr'), ('rows', 'i32'), ('eps', 'f32')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from metrale.lkb.errors import LaunchError
+
+_SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
+
+
+@attrs.frozen
+class Arg:
+    """One kernel argument: its name and kind (``ptr``, ``i32``, ``i64``, ``f32``)."""
+
+    name: str
+    kind: str
+
+
+def parse_args(args: tuple[str, ...]) -> tuple[Arg, ...]:
+    """The ``name:type`` list of a kernel table as values."""
+    out = []
+    for a in args:
+        name, _, kind = a.partition(":")
+        out.append(Arg(name, kind))
+    return tuple(out)
+
+
+@attrs.frozen
+class BoundKernel:
+    """A loaded kernel and how to call it."""
+
+    kernel: Any  # realize.kernel.Kernel
+    handle: Any  # backend KernelHandle
+    args: tuple[Arg, ...]
+
+    def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float]) -> tuple:
+        """The argument tuple: pointers by name (``None`` → null), numbers by name."""
+        env = self.kernel.sizes(numbers)
+        out: list[Any] = []
+        for a in self.args:
+            if a.kind == "ptr":
+                if a.name not in pointers and not a.name.endswith(("_scale", "_global")):
+                    raise LaunchError(f"no buffer for argument {a.name} of {self.kernel.entry}",
+                                      key=str(self.kernel.point), expected="a buffer",
+                                      found="none")
+                ptr = pointers.get(a.name)
+                out.append(0 if ptr is None else ptr)
+            else:
+                if a.name not in env:
+                    raise LaunchError(f"no value for argument {a.name} of {self.kernel.entry}",
+                                      key=str(self.kernel.point),
+                                      expected="a dim, attribute or value formula",
+                                      found="none")
+                out.append(_SCALARS[a.kind](env[a.name]))
+        return tuple(out)
+
+    def launch(self, backend: Any, pointers: Mapping[str, Any],
+               numbers: Mapping[str, int | float], stream: Any = None) -> None:
+        """Launch with the kernel's own launch rule at ``numbers``."""
+        grid, block, shared = self.kernel.launch_for(numbers)
+        backend.launch(self.handle, grid, block, shared, self.pack(pointers, numbers), stream)
+
+
+class CudaLoader:
+    """Compiles (cached), loads and binds the CUDA kernels of one class on one backend."""
+
+    def __init__(self, backend: Any, arch: str, *, kernels_dir: Path | str | None = None,
+                 cache: Any = None, output: str = "ptx") -> None:
+        from metrale.realize.cache import BuildCache
+        from metrale.realize.compute import NvidiaTarget
+        from metrale.realize.hardware import default_kernels_dir
+
+        self.backend = backend
+        self.arch = arch
+        self.root = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
+        self.cache = cache if cache is not None else BuildCache()
+        self.target = NvidiaTarget(output)
+        self._modules: dict[tuple, Any] = {}
+        self._bound: dict[str, BoundKernel] = {}
+
+    def bind(self, kernel: Any) -> BoundKernel:
+        """The loaded, bindable kernel for ``kernel`` (each distinct compile done once)."""
+        found = self._bound.get(kernel.key)
+        if found is not None:
+            return found
+        if kernel.source is None:
+            raise LaunchError("a host kernel has no CUDA source", key=str(kernel.point))
+        mod_key = (kernel.source, kernel.defines)
+        module = self._modules.get(mod_key)
+        if module is None:
+            source = (self.root / kernel.source).read_text()
+            headers = {Path(h).name: (self.root / h).read_text() for h in kernel.headers}
+            binary = self.cache.build(self.target, source, self.arch, kernel.define_map(),
+                                      name=str(kernel.point), entry=kernel.entry,
+                                      headers=headers)
+            module = self.backend.module(binary.data, label=kernel.source)
+            self._modules[mod_key] = module
+        handle = self.backend.kernel(module, kernel.entry)
+        bound = BoundKernel(kernel, handle, parse_args(kernel.args))
+        self._bound[kernel.key] = bound
+        return bound

@@ -1,0 +1,310 @@
+"""F_H: the chain walk (leaf > class common > ancestors), the host realization, strictness as a
+functor, requirements, why-not messages, and KERNELS.toml validation."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from metrale.lkb.diagram import Diagram
+from metrale.lkb.errors import AxiomError, ConfigError, LaunchError, ManyErrors
+from metrale.lkb.family import Point
+from metrale.lkb.functor import Functor
+from metrale.lkb.presentation import Presentation
+from metrale.lkb.target import KernelTarget
+from metrale.realize.evidence import hash_source
+from metrale.realize.functor import realization
+from metrale.realize.hardware import default_kernels_dir
+from metrale.realize.kernel import LaunchRule, eval_formula, formula_names
+from metrale.testing import functor_laws
+
+SHIPPED = default_kernels_dir()
+COMMON_TOML = (SHIPPED / "cuda" / "common" / "KERNELS.toml").read_text()
+P = Presentation.load()
+RMS_BF16 = P.family("rmsnorm").point(act="bf16", h_block=256)
+RMS_F32 = P.family("rmsnorm").point(act="f32", h_block=256)
+ARGMAX = P.family("argmax").point()
+
+
+def table_text(name: str, **extra: str) -> str:
+    """The shipped ``[kernel.NAME]`` table of cuda/common, with extra ``key = value`` lines."""
+    m = re.search(rf"^\[kernel\.{name}\]\n(.*?)(?=^\[kernel\.|\Z)", COMMON_TOML, re.S | re.M)
+    assert m, name
+    body = m.group(1).rstrip() + "\n"
+    return f"[kernel.{name}]\n{body}" + "".join(f"{k} = {v}\n" for k, v in extra.items())
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the shipped kernels folder to add tables and sources to."""
+    root = tmp_path / "kernels"
+    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    return root
+
+
+def add_folder(root: Path, rel: str, tables: str, sources: dict[str, str]) -> None:
+    folder = root / rel
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "KERNELS.toml").write_text(tables)
+    for name, text in sources.items():
+        (folder / name).write_text(text)
+
+
+NORM = (SHIPPED / "cuda" / "common" / "norm.cu").read_text()
+
+
+# ------------------------------------------------------------------------------- chain walk
+
+
+def test_shipped_points_come_from_the_common_layer() -> None:
+    F = realization("sm_90")
+    k = F.realize(RMS_BF16)
+    assert (k.provenance, k.source, k.entry) == ("cuda", "cuda/common/norm.cu", "metrale_rmsnorm")
+    assert k.defines == ("-DACT_BF16", "-DH_BLOCK=256")
+    assert not k.shadow and not k.residual and k.residual_reason == ""
+    assert k.reduction == ("h (x²): f32, blocks of 256, partial sums combined sequentially",)
+    assert k.headers == ("cuda/common/metrale.cuh", "cuda/common/rope.cuh")
+    # the hash covers the headers: it is not the hash of the source alone
+    assert k.source_hash != hash_source(NORM)
+    assert len(F.kernels()) == sum(F.realizes(p) for p in P.points())
+
+
+def test_chain_walk_leaf_then_own_common_then_ancestors(tree: Path) -> None:
+    add_folder(tree, "sm_80/common", table_text("rmsnorm", reason='"Ampere rows"'),
+               {"norm.cu": NORM})
+    add_folder(tree, "sm_90/common", table_text("rmsnorm", reason='"Hopper rows"'),
+               {"norm.cu": NORM + "\n// sm_90\n"})
+    add_folder(tree, "sm_90/qwen3-0.6b/bf16",
+               table_text("rmsnorm", when='{ act = ["bf16"] }'), {"norm.cu": NORM + "//q\n"})
+    target = KernelTarget("sm_90", "qwen3-0.6b", "bf16")
+    leaf = realization("sm_90", kernels_dir=tree, target=target)
+    k = leaf.realize(RMS_BF16)
+    assert (k.provenance, k.source) == ("sm_90", "sm_90/qwen3-0.6b/bf16/norm.cu")
+    assert k.residual and k.residual_kind == "per-point copy" and k.shadow
+    assert k.residual_reason == "no reason given"
+    # the leaf claims only act=bf16: f32 falls through to the class's own common folder
+    k32 = leaf.realize(RMS_F32)
+    assert (k32.provenance, k32.source) == ("sm_90", "sm_90/common/norm.cu")
+    assert k32.residual_kind == "shadow" and k32.residual_reason == "Hopper rows"
+    # without a target there is no leaf
+    assert realization("sm_90", kernels_dir=tree).realize(RMS_BF16).source == \
+        "sm_90/common/norm.cu"
+    # sm_89 inherits sm_80 only: sm_80's shadow of cuda
+    k89 = realization("sm_89", kernels_dir=tree).realize(RMS_BF16)
+    assert (k89.provenance, k89.source, k89.shadow) == ("sm_80", "sm_80/common/norm.cu", True)
+    # sm_100 does not inherit sm_90 (wgmma is not Blackwell's): it never sees sm_90's folder
+    assert realization("sm_100", kernels_dir=tree).realize(RMS_BF16).provenance == "sm_80"
+    # the leaf's headers resolve through the chain (norm.cu includes cuda/common's headers)
+    assert "cuda/common/metrale.cuh" in k.headers
+    assert k.source_hash != k32.source_hash
+
+
+def test_every_nvidia_class_resolves_every_point_it_can(tree: Path) -> None:
+    for hw in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_120", "sm_121", "cuda"):
+        F = realization(hw)
+        for k in F.kernels():
+            assert k.hw == hw and k.provenance == "cuda"
+            assert (SHIPPED / k.source).is_file()
+
+
+# --------------------------------------------------------------------------------- host
+
+
+def test_host_realizes_every_point_by_the_reference_semantics() -> None:
+    F = realization("host")
+    assert F.by_semantics
+    for fam in P.generators:
+        for p in fam.points:
+            k = F.realize(p)
+            assert k is not None, F.why_not(p)
+            assert (k.source, k.entry, k.provenance) == (None, fam.semantics, "host")
+            assert k.reduction == fam.reductions(p)
+            assert k.launch is None and k.defines == ()
+    assert len(F.kernels()) == len(P.points())
+    with pytest.raises(LaunchError, match="host callable"):
+        F.realize(RMS_BF16).launch_for({"rows": 1, "h": 8})
+
+
+# ------------------------------------------------------------------------------- functor
+
+
+def generators() -> list:
+    """Boxes of a few families' points, dims renamed so that they compose."""
+    fams = [("add", {}), ("rmsnorm", {}), ("swiglu", {"n": "h"}), ("add_rmsnorm", {})]
+    out = []
+    for name, dims in fams:
+        fam = P.family(name)
+        for p in fam.points:
+            if p.param("act") == "bf16":
+                out.append(fam.box(p, {"eps": 1e-6} if fam.attrs else None, dims=dims))
+    return out
+
+
+@pytest.mark.parametrize("hw", ["sm_90", "host"])
+def test_realization_is_a_strict_functor(hw: str) -> None:
+    F = realization(hw)
+    gens = generators()
+    start = next(g.dom for g in gens if g.name == "add_rmsnorm")  # x, r, w: every box applies
+    functor_laws(F.functor, gens, dom=start, max_examples=25)
+    assert Functor.id("LKB") >> F.functor == F.functor
+    assert F.functor.dom == "LKB" and F.functor.cod == f"Impl_{hw}"
+
+
+def test_functor_image_carries_the_kernel_identity() -> None:
+    F = realization("sm_90")
+    add, rms = generators()[0], generators()[1]
+    d = (add.diagram @ Diagram.id(rms.dom[1:])) >> rms.diagram
+    image = F.functor(d)
+    assert [b.name for b in image.boxes] == ["metrale_add", "metrale_rmsnorm"]
+    assert image.dom == d.dom and image.cod == d.cod
+    kb = image.boxes[1]
+    assert kb.param("kernel") == F.realize(RMS_BF16).key
+    assert kb.param("eps") == 1e-6 and kb.param("act") == "bf16"
+    # the image of a point not realized is an error naming why
+    fam = P.family("split_heads") if "split_heads" in P.family_names else None
+    if fam is not None and not F.realizes(fam.points[0]):
+        with pytest.raises(AxiomError, match="split_heads"):
+            F.functor(fam.box(fam.points[0]))
+
+
+# ---------------------------------------------------------------------------- requirements
+
+
+def test_requirements_are_data(tree: Path) -> None:
+    text = COMMON_TOML.replace('entry = "metrale_argmax"\n',
+                               'entry = "metrale_argmax"\nrequires = ["fp4"]\n')
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    assert realization("sm_100", kernels_dir=tree).realizes(ARGMAX)
+    F80 = realization("sm_80", kernels_dir=tree)
+    assert F80.realize(ARGMAX) is None
+    assert F80.why_not(ARGMAX) == \
+        "argmax[]: kernel argmax (cuda/common) requires fp4, which sm_80 lacks"
+
+
+def test_first_table_whose_requirements_hold_wins(tree: Path) -> None:
+    wg = table_text("rmsnorm", requires='{ tensor_core = "wgmma" }').replace(
+        "[kernel.rmsnorm]", "[kernel.rmsnorm_wgmma]\nfamily = \"rmsnorm\"").replace(
+        "metrale_rmsnorm", "metrale_rmsnorm_wgmma")
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(wg + "\n" + COMMON_TOML)
+    assert realization("sm_90", kernels_dir=tree).realize(RMS_BF16).entry == \
+        "metrale_rmsnorm_wgmma"
+    assert realization("sm_100", kernels_dir=tree).realize(RMS_BF16).entry == "metrale_rmsnorm"
+    assert realization("sm_80", kernels_dir=tree).realize(RMS_BF16).entry == "metrale_rmsnorm"
+
+
+def test_only_a_requirement_table_then_why_names_what_is_missing(tree: Path) -> None:
+    text = COMMON_TOML.replace('entry = "metrale_argmax"\n',
+                               'entry = "metrale_argmax"\nrequires = { tensor_core = "wgmma", '
+                               'max_shared_mem_per_block = 200000 }\n')
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    assert realization("sm_90", kernels_dir=tree).realizes(ARGMAX)
+    why = realization("sm_100", kernels_dir=tree).why_not(ARGMAX)
+    assert "requires tensor_core wgmma, which sm_100 lacks (it has tcgen05)" in why
+    why = realization("sm_89", kernels_dir=tree).why_not(ARGMAX)
+    assert "requires max_shared_mem_per_block >= 200000, which sm_89 lacks (it has 101376)" in why
+
+
+# ----------------------------------------------------------------------------- why not
+
+
+def test_why_not_messages(tree: Path) -> None:
+    text = re.sub(r"\[kernel\.argmax\]\n.*?(?=^\[kernel\.|\Z)", "", COMMON_TOML, flags=re.S | re.M)
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    F = realization("sm_80", kernels_dir=tree)
+    assert F.why_not(ARGMAX) == "no kernel for argmax[] in sm_80's chain (sm_80, cuda)"
+    assert realization("sm_121", kernels_dir=tree).why_not(ARGMAX).endswith(
+        "sm_121's chain (sm_121, sm_120, sm_80, cuda)")
+    assert F.why_not(Point("rmsnrom", ())) == \
+        "no family 'rmsnrom' in the presentation (did you mean 'rmsnorm'?)"
+    odd = Point("rmsnorm", (("act", "bf16"), ("h_block", 512)))
+    assert F.why_not(odd) == "rmsnorm[act=bf16,h_block=512] is not a compiled point of rmsnorm"
+    assert F.why_not(RMS_BF16).startswith("rmsnorm[act=bf16,h_block=256] is realized on sm_80")
+
+
+def test_point_order_does_not_matter() -> None:
+    """A point rebuilt from a box's sorted parameters resolves like the family's own."""
+    F = realization("sm_90")
+    lin = P.family("linear").points[0]
+    shuffled = Point("linear", tuple(sorted(lin.params)))
+    assert F.realize(shuffled) == F.realize(lin)
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def test_bad_tables_report_every_error_with_file_and_key(tree: Path) -> None:
+    bad = (table_text("rmsnorm").replace("entry =", "entyr =")
+           .replace('"rows", "1", "1"]', '"rowz", "1", "1"]')
+           + table_text("add").replace("[kernel.add]", "[kernel.add2]\nfamily = \"add\"")
+           .replace('"a:ptr"', '"a:pointer"').replace('source = "misc.cu"',
+                                                     'source = "misc.cuu"'))
+    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
+    with pytest.raises(ManyErrors) as info:
+        realization("sm_90", kernels_dir=tree)
+    text = str(info.value)
+    where = str(tree / "sm_90" / "common" / "KERNELS.toml")
+    assert f"{where}: kernel.rmsnorm.entyr: unknown key; did you mean 'entry'?" in text
+    assert f"{where}: kernel.rmsnorm.entry: missing key" in text
+    assert "kernel.rmsnorm.launch.grid[0]: unknown size 'rowz' in formula" in text
+    assert "did you mean 'rows'?" in text
+    assert "kernel.add2.args[0]: unknown argument type" in text
+    assert "kernel.add2.source: source not found in sm_90/common" in text
+
+
+def test_reduction_orders_must_be_the_semantics(tree: Path) -> None:
+    bad = table_text("rmsnorm").replace("combined sequentially", "combined pairwise")
+    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match="kernel.rmsnorm.reduction: order differs"):
+        realization("sm_90", kernels_dir=tree)
+
+
+def test_overlapping_tables_in_one_folder_are_an_error(tree: Path) -> None:
+    two = table_text("rmsnorm") + table_text("rmsnorm").replace(
+        "[kernel.rmsnorm]", "[kernel.rmsnorm_again]\nfamily = \"rmsnorm\"")
+    add_folder(tree, "sm_90/common", two, {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match="both claim rmsnorm"):
+        realization("sm_90", kernels_dir=tree)
+
+
+def test_bad_requirements_name_the_nearest_capability(tree: Path) -> None:
+    add_folder(tree, "sm_90/common", table_text("rmsnorm", requires='["fp9"]'), {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=r"requires.fp9: unknown capability .*'fp8'"):
+        realization("sm_90", kernels_dir=tree)
+
+
+def test_target_of_another_class_is_refused() -> None:
+    with pytest.raises(ConfigError, match="target of another class"):
+        realization("sm_90", target=KernelTarget("sm_80", "m", "q"))
+
+
+# -------------------------------------------------------------------------------- launch
+
+
+def test_launch_rules_bind_and_refuse() -> None:
+    F = realization("sm_90")
+    k = F.realize(P.family("add").point(act="bf16"))
+    assert k.launch_for({"rows": 3, "h": 1000}) == ((12, 1, 1), (256, 1, 1), 0)
+    assert k.sizes({"rows": 3, "h": 1000})["count"] == 3000
+    with pytest.raises(LaunchError, match="size 'h' is not bound"):
+        k.launch_for({"rows": 3})
+    rule = LaunchRule(("n / 3", "1", "1"), ("1", "1", "1"), "0")
+    with pytest.raises(LaunchError, match="not a whole number"):
+        rule.bind({"n": 4})
+    with pytest.raises(LaunchError, match="out of range"):
+        LaunchRule(("n - 5", "1", "1"), ("1", "1", "1"), "0").bind({"n": 4})
+
+
+@pytest.mark.parametrize("text", ["x.y", "f(1)", "__import__('os')", "[1]", "1 if 2 else 3",
+                                  "True", "2 ** 3", "'a'", "lambda: 1", "\x00", "(" * 500])
+def test_formulas_are_arithmetic_only(text: str) -> None:
+    with pytest.raises(ConfigError, match="not a launch formula"):
+        formula_names(text)
+
+
+def test_formula_values() -> None:
+    assert eval_formula("ceil(n / 4) + min(a, 2) * max(b, 1) - floor(c / 2) + d % 3",
+                        {"n": 9, "a": 5, "b": 0, "c": 5, "d": 7}) == 3 + 2 - 2 + 1
+    assert formula_names("ceil(nq / 4) + max(1, k)") == {"nq", "k"}
