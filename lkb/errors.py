@@ -75,8 +75,12 @@ class MetraleError(Exception):
 
     def _render(self) -> str:
         text = self.message
-        if self.expected is not None or self.found is not None:
+        if self.expected is not None and self.found is not None:
             text += f" (expected {self.expected}, found {self.found})"
+        elif self.expected is not None:  # say only what is known: never "found None"
+            text += f" (expected {self.expected})"
+        elif self.found is not None:
+            text += f" (found {self.found})"
         if self.suggestion:
             text += f"; did you mean {self.suggestion!r}?"
         return f"{self.where}: {text}" if self.where else text

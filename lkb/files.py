@@ -133,6 +133,8 @@ def read_toml(path: os.PathLike | str) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise ConfigError("TOML file nested too deeply", file=path) from None
+    except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"TOML value unreadable: {e}", file=path) from None
 
 
 def read_json(path: os.PathLike | str) -> Any:
@@ -145,6 +147,8 @@ def read_json(path: os.PathLike | str) -> Any:
         raise ConfigError(f"JSON syntax error: {e.msg}", file=path, line=e.lineno, col=e.colno) from None
     except RecursionError:
         raise ConfigError("JSON file nested too deeply", file=path) from None
+    except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+        raise ConfigError(f"JSON value unreadable: {e}", file=path) from None
 
 
 _MISSING = object()

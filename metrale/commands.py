@@ -279,3 +279,77 @@ def build(args: argparse.Namespace) -> int:
     if report.registry:
         console.print(f"registry summand: {report.registry}", markup=False)
     return 0 if report.ok else 1
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="a built-in name (seeded random weights) or a checkpoint directory "
+                        "(default: tiny-qwen3)")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint directory to load")
+    p.add_argument("--hardware", default="host", help="the hardware class to run on")
+    p.add_argument("--steps", type=int, default=32, help="greedy decode steps")
+    p.add_argument("--prompt", default="1,2,3,4,5,6,7,8", help="comma-separated token ids")
+    p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
+    p.add_argument("--quant", default=None, help="weight format (default: the checkpoint's)")
+    p.add_argument("--context", type=int, default=1024, help="KV cache positions")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--blocking", action="store_true",
+                   help="synchronize after every launch, so a fault names its kernel")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+@command("run", "run a model: prefill a prompt, then greedy decode steps, with tokens/s and "
+                "peak memory")(_run_args)
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from metrale.lkb.errors import ConfigError
+    from metrale.plan.printers import summary_lines
+    from metrale.runtime.engine import Engine
+
+    source = args.checkpoint or args.model or "tiny-qwen3"
+    try:
+        prompt = [int(t) for t in args.prompt.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError("prompt must be comma-separated token ids", key="--prompt",
+                          found=repr(args.prompt)) from None
+    if args.steps < 1:
+        raise ConfigError("bad step count", key="--steps", expected="an int >= 1",
+                          found=args.steps)
+    console = _console()
+    t0 = time.perf_counter()
+    with Engine.load(source, hardware=args.hardware, quant=args.quant, act=args.act,
+                     max_ctx=args.context, seed=args.seed, blocking=args.blocking) as eng:
+        load_s = time.perf_counter() - t0
+        for line in summary_lines(eng.plan("decode", 1)):
+            console.print(line, markup=False)
+        t1 = time.perf_counter()
+        token = int(eng.prefill(prompt)[-1].argmax())
+        prefill_s = time.perf_counter() - t1
+        tokens = [token]
+        bar = Progress(TextColumn("[bold]decode[/]"), BarColumn(), MofNCompleteColumn(),
+                       console=console, transient=True,
+                       disable=args.no_progress or args.steps < 64)
+        t2 = time.perf_counter()
+        with bar:
+            task = bar.add_task("decode", total=args.steps - 1)
+            for _ in range(args.steps - 1):
+                token = int(eng.decode([token])[0].argmax())
+                tokens.append(token)
+                bar.advance(task)
+        decode_s = time.perf_counter() - t2
+        mem = eng.memory()
+        backend = eng.backend.name
+    decode_tps = (args.steps - 1) / decode_s if args.steps > 1 else float("nan")
+    console.print(f"model {eng.config.name} ({eng.quant}, act {eng.act}) on {backend}; "
+                  f"loaded in {load_s:.2f} s", markup=False)
+    console.print(f"prefill: {len(prompt)} tokens in {prefill_s * 1e3:.1f} ms "
+                  f"({len(prompt) / prefill_s:.1f} tokens/s)", markup=False)
+    console.print(f"decode: {args.steps - 1} steps, {decode_tps:.1f} tokens/s", markup=False)
+    console.print(f"tokens: {tokens}", markup=False)
+    console.print(f"peak memory: {mem['device_live'] / 2**20:.2f} MiB "
+                  f"(weights {mem['weights'] / 2**20:.2f}, KV cache {mem['kv_cache'] / 2**20:.2f}, "
+                  f"activations {mem['activations_peak'] / 2**20:.3f})", markup=False)
+    return 0

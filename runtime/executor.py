@@ -45,8 +45,8 @@ from metrale.lkb.errors import CheckpointError, PlanError
 from metrale.lkb.semantics import SEMANTICS
 from metrale.plan.plan import Buffer, Plan, PlannedKernel
 
-from .backend import DevicePtr, GpuBackend, GraphHandle, HostKernel, KernelHandle, Stream
-from .fault import Teardown
+from metrale.runtime.backend import DevicePtr, GpuBackend, GraphHandle, HostKernel, KernelHandle, Stream
+from metrale.runtime.fault import Teardown
 
 __all__ = [
     "ALIGN",

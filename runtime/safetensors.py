@@ -135,6 +135,8 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, str], list[TensorIn
         raise fail(f"header is not JSON: {e.msg}", found=f"at byte {e.pos}") from None
     except RecursionError:
         raise fail("header nested too deeply") from None
+    except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+        raise fail("header value unreadable", found=str(e)[:80]) from None
     if not isinstance(header, dict):
         raise fail("header is not a JSON object", expected="object",
                    found=type(header).__name__)
@@ -159,7 +161,7 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, str], list[TensorIn
             if k not in entry:
                 raise fail("missing field", key=f"{name}.{k}")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise fail("unknown dtype", key=f"{name}.dtype",
                        expected="one of " + ", ".join(DTYPES), found=repr(dtype),
                        suggestion=nearest(str(dtype), DTYPES))

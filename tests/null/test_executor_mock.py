@@ -1,0 +1,95 @@
+"""The executor and the Engine on the MockBackend: out of memory, sticky faults, blocking mode.
+
+- OOM at the k-th allocation raises ``AllocationError`` naming the buffer and its bytes; every
+  earlier allocation is released and the backend stays usable;
+- a sticky fault during a step makes every later engine call raise the same ``DeviceFault``,
+  and teardown after it is quiet;
+- blocking mode (synchronize after each launch) names the exact kernel that faulted, where a
+  non-blocking run can only name the last kernel issued before the synchronize.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from metrale.lkb.errors import AllocationError, DeviceFault
+from metrale.runtime.engine import Engine
+from metrale.runtime.executor import kernel_label
+from metrale.runtime.mock_backend import MockBackend
+
+MODEL = "tiny-qwen3"
+
+
+def _allocs_of_a_run() -> list[tuple[int, str]]:
+    be = MockBackend()
+    with Engine.load(MODEL, backend=be, max_ctx=16) as eng:
+        eng.prefill([1, 2, 3])
+        eng.decode([4])
+    return [c.args for c in be.calls if c.op == "alloc"]
+
+
+ALLOCS = _allocs_of_a_run()
+
+
+@pytest.mark.parametrize("k", [1, 2, len(ALLOCS) // 2, len(ALLOCS) - 1, len(ALLOCS)])
+def test_out_of_memory_at_the_kth_alloc_names_the_buffer_and_releases_the_rest(k):
+    nbytes, label = ALLOCS[k - 1]
+    be = MockBackend(oom_at=k)
+    with pytest.raises(AllocationError) as info:
+        with Engine.load(MODEL, backend=be, max_ctx=16) as eng:
+            eng.prefill([1, 2, 3])
+            eng.decode([4])
+    assert info.value.key == label and f"{nbytes} bytes" in str(info.value)
+    assert be.live_bytes() == 0  # everything allocated before it was released
+    p = be.alloc(64, "after")  # the backend is still usable
+    assert be.live_bytes() == 64
+    be.free(p)
+
+
+def test_a_sticky_fault_makes_every_later_call_raise_the_same_fault():
+    be = MockBackend(fault_at_launch=5)
+    eng = Engine.load(MODEL, backend=be, max_ctx=16)
+    with pytest.raises(DeviceFault) as first:
+        eng.prefill([1, 2, 3])
+    for call in (lambda: eng.prefill([1]), lambda: eng.decode([2]),
+                 lambda: eng.generate([1, 2], 3)):
+        with pytest.raises(DeviceFault) as later:
+            call()
+        assert str(later.value) == str(first.value)
+    with pytest.raises(DeviceFault):
+        be.alloc(8)  # the backend latched it too
+    eng.close()  # teardown after a fault is quiet
+    assert be.live_bytes() == 0
+
+
+@pytest.mark.parametrize("k", [1, 7, 12])
+def test_blocking_mode_names_the_exact_kernel(k):
+    be = MockBackend(fault_at_sync=k)
+    with Engine.load(MODEL, backend=be, max_ctx=16, blocking=True) as eng:
+        launches = eng.program("prefill", 3).launches
+        with pytest.raises(DeviceFault) as info:
+            eng.prefill([1, 2, 3])
+    assert f"kernel {kernel_label(launches[k - 1].kernel)!r}" in str(info.value)
+
+
+def test_without_blocking_the_fault_names_only_the_last_kernel_issued():
+    be = MockBackend(fault_at_sync=1)
+    with Engine.load(MODEL, backend=be, max_ctx=16) as eng:
+        launches = eng.program("prefill", 3).launches
+        with pytest.raises(DeviceFault) as info:
+            eng.prefill([1, 2, 3])
+    assert f"kernel {kernel_label(launches[-1].kernel)!r}" in str(info.value)
+    assert len(launches) > 1
+
+
+def test_teardown_frees_in_reverse_order_of_acquisition():
+    be = MockBackend()
+    eng = Engine.load(MODEL, backend=be, max_ctx=16)
+    eng.prefill([1, 2])
+    eng.decode([3])
+    allocated = [c.args for c in be.calls if c.op == "alloc"]
+    n = len(be.calls)
+    eng.close()
+    freed = [c.args[0] for c in be.calls[n:] if c.op == "free"]
+    assert [p.alloc_id for p in freed] == sorted((p.alloc_id for p in freed), reverse=True)
+    assert len(freed) == len(allocated) and be.live_bytes() == 0
