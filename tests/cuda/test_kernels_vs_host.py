@@ -21,8 +21,8 @@ from metrale.lkb.presentation import Presentation  # noqa: E402
 from metrale.lkb.quant import QuantFormat  # noqa: E402
 from metrale.lkb.semantics import SEMANTICS  # noqa: E402
 from metrale.realize.functor import realization  # noqa: E402
-from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
+from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 
 ok, why = CupyBackend.available()
 if not ok:
