@@ -55,15 +55,19 @@ def torch_times(model: str, repeat: int) -> tuple[list[float], dict]:
     config = getattr(transformers, classes[data["model_type"]])(**data)
     with torch.device("cpu"):
         net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    import inspect
+
+    # transformers 5 renamed past_key_values to cache, in the arguments and in the outputs
+    kw = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
     with torch.inference_mode():
         out = net(torch.tensor([PROMPT]), use_cache=True)
-        cache = out.past_key_values
+        cache = getattr(out, kw)
         token = int(out.logits[0, -1].argmax())
 
         def step(t: int) -> int:
             nonlocal cache
-            o = net(torch.tensor([[t]]), past_key_values=cache, use_cache=True)
-            cache = o.past_key_values
+            o = net(torch.tensor([[t]]), use_cache=True, **{kw: cache})
+            cache = getattr(o, kw)
             return int(o.logits[0, -1].float().numpy().argmax())
 
         step(token)
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                "engine_step_s": m_ours, "transformers_step_s": m_theirs,
                "ratio": ratio, "goal_ratio": 3.0, "within_goal": ratio <= 3.0,
                "engine_all_s": ours, "transformers_all_s": theirs,
-               "numpy_threads_hint": np.__version__, "engine": info, **tinfo}
+               "numpy": np.__version__, "engine": info, **tinfo}
     path = write_result("host_decode", payload)
     print(f"{args.model} decode step, batch 1: engine (host, act {args.act}) "
           f"{m_ours * 1e3:.1f} ms, transformers f32 CPU {m_theirs * 1e3:.1f} ms: "

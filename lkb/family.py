@@ -167,9 +167,11 @@ class Family:
 
     def signature(self, params: Mapping[str, Any]) -> tuple[Ty, Ty]:
         """``(dom, cod)`` at a parameter assignment."""
-        key = f"family.{self.name}"
-        dom = Ty(*(p.type(params, self.file, key) for p in self.inputs))
-        cod = Ty(*(p.type(params, self.file, key) for p in self.outputs))
+        key = f"family.{self.name}"  # a bad dtype is reported at its port: family.f.inputs[0]
+        dom = Ty(*(p.type(params, self.file, f"{key}.inputs[{i}]")
+                   for i, p in enumerate(self.inputs)))
+        cod = Ty(*(p.type(params, self.file, f"{key}.outputs[{i}]")
+                   for i, p in enumerate(self.outputs)))
         return dom, cod
 
     def box(self, point: Point, attrs_: Mapping[str, Any] | None = None,

@@ -105,12 +105,16 @@ def _read_text(path: Path, kind: str) -> str:
         size = path.stat().st_size
     except FileNotFoundError:
         raise ConfigError(f"{kind} file not found", file=path) from None
+    except OSError as e:  # a name too long, a permission refused …
+        raise ConfigError(f"cannot read {kind} file", file=path, found=e.strerror) from None
     if size > MAX_REGISTRY_BYTES:
         _guard(path, size, "", kind)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{kind} file is not UTF-8 text", file=path, found=str(e)) from None
+    except OSError as e:  # a folder where the file should be, a permission refused …
+        raise ConfigError(f"cannot read {kind} file", file=path, found=e.strerror) from None
     _guard(path, len(text), text, kind)
     return text
 

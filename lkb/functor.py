@@ -215,6 +215,11 @@ class Functor:
     def __repr__(self) -> str:
         return f"Functor({self.dom!r}, {self.cod!r}, name={self.name!r}, {len(self.stages)} stages)"
 
+    def _repr_html_(self) -> str:
+        from .functor_html import functor_html
+
+        return functor_html(self)
+
 
 def _join(f: Functor, g: Functor) -> str:
     if not f.stages:

@@ -201,6 +201,11 @@ class PlanDiff:
         lines += [f"  why: {r}" for r in self.reasons]
         return "\n".join(lines)
 
+    def _repr_html_(self) -> str:
+        from .display import plan_diff_html
+
+        return plan_diff_html(self)
+
 
 def plan_diff(a: Plan, b: Plan) -> PlanDiff:
     from collections import Counter

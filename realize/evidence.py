@@ -124,6 +124,11 @@ class EvidenceLoad:
     def __iter__(self):
         return iter(self.records)
 
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import evidence_html
+
+        return evidence_html(self)
+
 
 def _evidence_error(e: MetraleError, file: Path) -> EvidenceError:
     return EvidenceError(e.message, file=e.file or file, key=e.key, line=e.line, col=e.col,

@@ -141,6 +141,8 @@ class Realization:
             return None, f"{point} is not a compiled point of {fam.name}"
         if self.by_semantics:
             return self._host_kernel(fam, point), ""
+        if getattr(fam, "view", False):
+            return None, f"{fam.name} is a view: it relabels a buffer and launches no kernel"
         passed_over = []
         for i, folder in enumerate(self.folders):
             for table in folder.claiming(point):
@@ -199,6 +201,11 @@ class Realization:
     def __repr__(self) -> str:
         where = f", target={str(self.target)!r}" if self.target else ""
         return f"<Realization F_{self.name}{where}: {len(self.folders)} folders>"
+
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import realization_html
+
+        return realization_html(self)
 
 
 def realization(hw_name: str, *, kernels_dir: Path | str | None = None,

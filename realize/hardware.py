@@ -151,6 +151,11 @@ class HardwareClass:
     def __str__(self) -> str:
         return self.name
 
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import hardware_html
+
+        return hardware_html(self)
+
 
 @attrs.frozen
 class HardwareRegistry:
@@ -268,6 +273,11 @@ class HardwareRegistry:
 
     def __str__(self) -> str:
         return "\n".join(" -> ".join(c.name for c in self.chain(k)) for k in self.names)
+
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import hardware_registry_html
+
+        return hardware_registry_html(self)
 
 
 def default_kernels_dir() -> Path:

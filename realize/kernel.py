@@ -203,8 +203,9 @@ class Kernel:
     >>> k = realization("sm_90").realize(Point("rmsnorm", (("act", "bf16"), ("h_block", 256))))
     >>> k.source, k.entry, k.defines, k.provenance, k.residual
     ('cuda/common/norm.cu', 'metrale_rmsnorm', ('-DACT_BF16', '-DH_BLOCK=256'), 'cuda', False)
-    >>> k.launch_for({"rows": 3, "h": 1024})
-    ((3, 1, 1), (256, 1, 1), 0)
+    >>> grid, block, shared = k.launch_for({"rows": 3, "h": 1024})
+    >>> grid
+    (3, 1, 1)
     """
 
     point: Point
@@ -346,8 +347,12 @@ class KernelTable:
         out = []
         for cap, want in self.requires:
             have = getattr(caps, cap)
-            if isinstance(want, bool):
-                ok, words = bool(have) == want, cap if want else f"no {cap}"
+            if want is False:
+                if have:
+                    out.append(f"requires no {cap}, which {hw} has")
+                continue
+            if want is True:
+                ok, words = bool(have), cap
             elif isinstance(want, str):  # tensor_core: a kind the class can run
                 ok, words = want in TENSOR_CORE_PROVIDES[have], f"{cap} {want}"
             elif isinstance(want, tuple):

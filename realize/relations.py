@@ -179,12 +179,14 @@ def relation_on(rel: Relation, F: Realization, presentation: Presentation | None
     counts = Counter(v.status for v in verdicts)
     if len(counts) == 1:
         status = verdicts[0].status
-        reason = verdicts[0].reason if len({v.reason for v in verdicts}) == 1 else (
-            f"at all {len(verdicts)} points")
+        reasons = list(dict.fromkeys(v.reason for v in verdicts))
+        reason = reasons[0] + (f" (+{len(reasons) - 1} other reason"
+                               f"{'s' if len(reasons) > 2 else ''})" if len(reasons) > 1 else "")
     else:
         status = MIXED
         reason = ", ".join(f"{s} at {n} point{'s' if n != 1 else ''}"
-                           for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+                           for s, n in sorted(counts.items(),
+                                              key=lambda kv: (-kv[1], STATUSES.index(kv[0]))))
     if skipped:
         reason += f"; {skipped} rhs point{'s' if skipped != 1 else ''} without a compiled lhs"
     return RelationOnH(rel, F.name, status, reason, tuple(verdicts), bound)

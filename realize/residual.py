@@ -99,6 +99,11 @@ class Residual:
     def __str__(self) -> str:
         return "\n".join([f"Residual({self.hw}): {self.count}", *(f"  {e}" for e in self.entries)])
 
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import residual_html
+
+        return residual_html(self)
+
 
 def leaf_targets(hw: str, kernels_dir: Path | str | None = None) -> tuple[KernelTarget, ...]:
     """The targets with a leaf folder ``kernels/<hw>/<model>/<quant>/`` (``common`` is not one).

@@ -103,9 +103,9 @@ class Checkpoint:
         metrale.lkb.errors.CheckpointError: /nonexistent: checkpoint not found
         """
         path = Path(path)
-        if path.is_file():
+        if _is_file(path):
             folder, files, listed = path.parent, [path.name], None
-        elif path.is_dir():
+        elif _is_dir(path):
             folder = path
             if (path / INDEX).is_file():
                 listed = _read_index(path / INDEX)
@@ -123,7 +123,7 @@ class Checkpoint:
         shards: dict[str, SafetensorsFile] = {}
         try:
             for name in files:
-                if not (folder / name).is_file():
+                if not _is_file(folder / name):
                     tensor = next(t for t, f in (listed or {}).items() if f == name)
                     raise CheckpointError("index names a missing shard", file=folder / INDEX,
                                           key=f"weight_map.{tensor}", expected="an existing file",
@@ -334,6 +334,22 @@ class Checkpoint:
     def __repr__(self) -> str:
         return (f"Checkpoint({str(self.path)!r}, {len(self._shards)} files, "
                 f"{len(self._where)} tensors)")
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, but a name the OS refuses (too long …) is no file, not an OSError."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, but a name the OS refuses is no folder, not an OSError."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 class _DuplicateKey(Exception):

@@ -118,3 +118,99 @@ class CudaLoader:
         bound = BoundKernel(kernel, handle, parse_args(kernel.args))
         self._bound[kernel.key] = bound
         return bound
+
+
+def _numbers(kernel_box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
+    """The dims of the family's ports at this box (``k`` = the circuit's ``hidden`` …), the
+    circuit's sizes, and the box's runtime attributes."""
+    domains = fam.domains
+    env: dict[str, int | float] = dict(sizes)
+    env.update({a: v for a, v in kernel_box.params if a not in domains
+                and isinstance(v, int | float) and not isinstance(v, bool)})
+    for port, t in zip((*fam.inputs, *fam.outputs),
+                       (*kernel_box.dom.types, *kernel_box.cod.types)):
+        for fd, cd in zip(port.dims, t.shape):
+            if isinstance(fd, str):
+                env[fd] = cd if isinstance(cd, int) else sizes[cd]
+    return env
+
+
+class CudaPlanLoader:
+    """The executor's loader for an NVIDIA class: buffers as the kernels store them, weights in
+    their storage format (a quantized weight ``W`` also binds ``W_scale`` and ``W_global``),
+    and one compiled, loaded, argument-bound launch per planned kernel.
+
+    >>> from metrale.lkb.quant import QuantFormat
+    >>> parts = CudaPlanLoader.__new__(CudaPlanLoader).prepare_parts(
+    ...     "w", np.ones((4, 64), np.float32), "mxfp4")
+    >>> sorted(parts), parts["w"].dtype
+    (['w', 'w_scale'], dtype('uint8'))
+    """
+
+    def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None):
+        self.arch = arch
+        self.kernels_dir = kernels_dir
+        self.cache = cache
+        self._loaders: dict[int, CudaLoader] = {}
+
+    def spec(self, buffer: Any) -> Any:
+        from metrale.runtime.executor import ArgSpec
+
+        shape = tuple(int(d) for d in buffer.type.shape)
+        if buffer.kind == "weight" and buffer.type.fmt:
+            from metrale.lkb.quant import QuantFormat
+
+            fmt = QuantFormat.parse(buffer.type.fmt)
+            dshape, ddtype = fmt.array_specs(shape)["data"]
+            return ArgSpec(buffer.name, np.dtype(ddtype.numpy), tuple(dshape))
+        return ArgSpec(buffer.name, np.dtype(buffer.type.dtype.numpy), shape)
+
+    def prepare_parts(self, name: str, values: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
+        """The arrays a weight is stored as on the device: ``{name, name_scale, name_global}``."""
+        if not fmt:
+            return {name: values}
+        from metrale.lkb.quant import QuantFormat
+
+        qt = QuantFormat.parse(fmt).quantize(np.asarray(values, np.float32), name=name)
+        out = {name: np.ascontiguousarray(qt.data)}
+        if qt.scale is not None:
+            out[f"{name}_scale"] = np.ascontiguousarray(qt.scale)
+        if qt.global_scale is not None:
+            out[f"{name}_global"] = np.asarray(qt.global_scale, np.float32).reshape(1)
+        return out
+
+    def _loader(self, backend: Any) -> CudaLoader:
+        found = self._loaders.get(id(backend))
+        if found is None:
+            found = CudaLoader(backend, self.arch, kernels_dir=self.kernels_dir, cache=self.cache)
+            self._loaders[id(backend)] = found
+        return found
+
+    def load(self, backend: Any, plan: Any, specs: Mapping[str, Any]) -> tuple:
+        from metrale.lkb.presentation import Presentation
+        from metrale.runtime.executor import Launch
+
+        P = Presentation.load(self.kernels_dir)
+        loader = self._loader(backend)
+        sizes = dict(plan.sizes)
+        out = []
+        for k in plan.launches:
+            fam = P.family(k.family)
+            bound = loader.bind(k.kernel)
+            numbers = _numbers(k.box, fam, sizes)
+            env = k.kernel.sizes(numbers)
+            port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
+                                   (*k.inputs, *k.outputs)))
+            names: list[Any] = []
+            for a in bound.args:
+                if a.kind == "ptr":
+                    if a.name in port_buffer:
+                        names.append(port_buffer[a.name])
+                    else:  # a weight's scale or global scale: bound beside the weight, or null
+                        base, _, part = a.name.rpartition("_")
+                        names.append(("part", f"{port_buffer[base]}_{part}"))
+                else:
+                    names.append(_SCALARS[a.kind](env[a.name]))
+            grid, block, shared = k.kernel.launch_for(numbers)
+            out.append(Launch(k, bound.handle, grid, block, shared, tuple(names)))
+        return tuple(out)

@@ -41,7 +41,6 @@ from metrale.plan.circuit import circuit_for
 from metrale.plan.config import ModelConfig
 from metrale.plan.plan import Plan, plan_for
 from metrale.plan.rope import rope_table
-
 from metrale.runtime.backend import DevicePtr, GpuBackend
 from metrale.runtime.executor import HostLoader, Loader, Program
 from metrale.runtime.fault import FaultLatch, Teardown
@@ -160,19 +159,29 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
 def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
     """The backend and loader that run ``hardware``'s plans here.
 
-    The host class runs on :class:`HostBackend` everywhere; device classes need a loader of
-    compiled modules, which this runtime does not have yet, so they are refused with the reason.
+    The host class runs on :class:`HostBackend` everywhere; an NVIDIA class with an arch runs
+    on :class:`CupyBackend` with compiled kernels (``CupyBackend`` says why when no device is
+    there); other vendors are refused with the reason.
 
     >>> be, loader = best_backend()
     >>> be.name
     'host'
     """
+    from metrale.lkb.vendor import Vendor
+    from metrale.realize.hardware import load_hardware
     from metrale.runtime.host_backend import HostBackend
 
-    if hardware == "host":
+    hw = load_hardware().get(hardware)
+    if hw.vendor == Vendor.HOST:
         return HostBackend(), HostLoader()
-    raise UnavailableError("no kernel loader for this hardware class in this runtime yet",
-                           key="--hardware", expected="host", found=repr(hardware))
+    if hw.vendor == Vendor.NVIDIA and hw.arch not in (None, "none"):
+        from metrale.runtime.cuda_loader import CudaPlanLoader
+        from metrale.runtime.cupy_backend import CupyBackend
+
+        return CupyBackend(), CudaPlanLoader(hw.arch)
+    raise UnavailableError("no backend runs this hardware class's kernels here",
+                           key="--hardware", expected="host or an NVIDIA class with an arch",
+                           found=repr(hardware))
 
 
 class Engine:
@@ -267,6 +276,15 @@ class Engine:
                 if data is None:
                     raise CheckpointError("the plan reads a weight the checkpoint lacks",
                                           file=self.config.name, key=b.name)
+                if b.kind == "weight" and b.type.fmt and hasattr(self.loader, "prepare_parts"):
+                    # stored as the device kernels read it: packed values, scales, global
+                    for part, values in self.loader.prepare_parts(b.name, data,
+                                                                  b.type.fmt).items():
+                        part_ptr = self._alloc(max(values.nbytes, 1), part)
+                        self.backend.copy_h2d(part_ptr, values.reshape(-1).view(np.uint8))
+                        self.weight_bytes += values.nbytes
+                        self.externals[part] = part_ptr
+                    continue
                 arr = np.ascontiguousarray(data, spec.dtype)
                 if arr.shape != spec.shape:
                     raise CheckpointError("weight has the wrong shape", file=self.config.name,

@@ -44,8 +44,14 @@ import numpy as np
 from metrale.lkb.errors import CheckpointError, PlanError
 from metrale.lkb.semantics import SEMANTICS
 from metrale.plan.plan import Buffer, Plan, PlannedKernel
-
-from metrale.runtime.backend import DevicePtr, GpuBackend, GraphHandle, HostKernel, KernelHandle, Stream
+from metrale.runtime.backend import (
+    DevicePtr,
+    GpuBackend,
+    GraphHandle,
+    HostKernel,
+    KernelHandle,
+    Stream,
+)
 from metrale.runtime.fault import Teardown
 
 __all__ = [
@@ -164,14 +170,18 @@ def _root(name: str, by_name: Mapping[str, Buffer]) -> str:
 
 @attrs.frozen
 class Launch:
-    """One launch of a program: the planned kernel, its handle, shape and argument names."""
+    """One launch of a program: the planned kernel, its handle, shape and arguments.
+
+    ``arg_names`` holds buffer names (bound to pointers at run time), ``("part", name)`` for a
+    binding beside the buffers (a weight's scales), or plain numbers (dims, attributes).
+    """
 
     kernel: PlannedKernel
     handle: KernelHandle
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_mem: int
-    arg_names: tuple[str, ...]
+    arg_names: tuple[Any, ...]
 
 
 class Loader(Protocol):
@@ -309,6 +319,9 @@ class Program:
         self.placement = place([(b.name, self.specs[b.name].nbytes, b.first, b.last)
                                 for b in acts])
         self.ptrs: dict[str, DevicePtr] = {}
+        names = {b.name for b in plan.buffers}
+        self.extra = {n: p for n, p in bindings.items() if n not in names}
+        """Bindings beside the plan's buffers (weights' scales), passed to kernels as they are."""
         try:
             self._arena = None
             if self.placement.arena_bytes:
@@ -354,8 +367,18 @@ class Program:
         except Exception:  # the allocation error is the one to surface, not a free's
             pass
 
-    def _resolve(self, ln: Launch) -> tuple[DevicePtr, ...]:
-        return tuple(self.ptrs[n].take(self.specs[n].nbytes) for n in ln.arg_names)
+    def _resolve(self, ln: Launch) -> tuple[Any, ...]:
+        """Launch arguments: buffer names become pointers; a ``("part", name)`` is a weight's
+        scale or global scale (null, ``0``, where it has none); numbers pass as they are."""
+        out: list[Any] = []
+        for n in ln.arg_names:
+            if isinstance(n, str):
+                out.append(self.ptrs[n].take(self.specs[n].nbytes))
+            elif isinstance(n, tuple):
+                out.append(self.extra.get(n[1], 0))
+            else:
+                out.append(n)
+        return tuple(out)
 
     # -- memory figures ---------------------------------------------------------------------
 

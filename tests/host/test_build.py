@@ -3,6 +3,7 @@ while the others build, and every binary exporting its entry (skipped without nv
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -89,17 +90,17 @@ def _unit_key(tree: Path, kernel, compiler: str) -> tuple:
     return text, kernel.define_map(), "sm_90a", compiler, None, headers
 
 
+@pytest.mark.skipif(not os.environ.get("METRALE_BUILD_ALL"),
+                    reason="compiles ~50 binaries per class (minutes); set METRALE_BUILD_ALL=1")
+@pytest.mark.parametrize("name", [c.name for c in load_hardware()
+                                  if c.vendor.value == "nvidia" and c.arch is not None])
 def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
-        tmp_path: Path) -> None:
-    """CI acceptance: every realized point of every NVIDIA class with an arch builds for it
-    (one compile per distinct binary; the cache shares nothing across archs)."""
-    hw = load_hardware()
-    cache = BuildCache(tmp_path / "cache")
-    classes = [c.name for c in hw if c.vendor.value == "nvidia" and c.arch is not None]
-    assert {"sm_80", "sm_90", "sm_100", "sm_120"} <= set(classes)
-    for name in ("sm_90", "sm_100"):  # the two arch-specific families; others share sm_80 code
-        F = realization(name)
-        report = build([k.point for k in F.kernels()], name,
-                       target=KernelTarget(name, "all", "all"), cache=cache, progress=False,
-                       compute=NvidiaTarget("ptx"))
-        assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
+        name: str, tmp_path: Path) -> None:
+    """CI acceptance: every realized point of every NVIDIA class with an arch builds for that
+    arch, and each binary exports the entry of every point it serves."""
+    F = realization(name)
+    report = build([k.point for k in F.kernels()], name,
+                   target=KernelTarget(name, "all", "all"), cache=BuildCache(tmp_path),
+                   progress=False, compute=NvidiaTarget("ptx"))
+    assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
+    assert report.count("built") == len({(k.source, k.defines) for k in F.kernels()})

@@ -104,7 +104,7 @@ def test_bf16_checkpoint_matches_transformers(arch, bf16_checkpoints, capsys):
         skipped = _compare(engine, ref, arch)
     with capsys.disabled():
         for s in skipped:
-            print(f"\n  skipped greedy comparison from {s}")
+            print(f"\n  greedy comparison skipped at {s}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -121,7 +121,7 @@ def test_quantized_checkpoint_matches_transformers_on_dequantized_weights(
         skipped = _compare(engine, ref, f"{arch}/{fmt}")
     with capsys.disabled():
         for s in skipped:
-            print(f"\n  skipped greedy comparison from {s}")
+            print(f"\n  greedy comparison skipped at {s}")
 
 
 def test_quantized_weights_really_differ_from_bf16(bf16_checkpoints, root):

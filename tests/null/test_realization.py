@@ -19,6 +19,7 @@ from metrale.realize.evidence import hash_source
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.kernel import LaunchRule, eval_formula, formula_names
+from metrale.realize.relations import STATUSES, relation_on, relations_on
 from metrale.testing import functor_laws
 
 SHIPPED = default_kernels_dir()
@@ -66,7 +67,8 @@ def test_shipped_points_come_from_the_common_layer() -> None:
     assert k.defines == ("-DACT_BF16", "-DH_BLOCK=256")
     assert not k.shadow and not k.residual and k.residual_reason == ""
     assert k.reduction == ("h (x²): f32, blocks of 256, partial sums combined sequentially",)
-    assert k.headers == ("cuda/common/metrale.cuh", "cuda/common/rope.cuh")
+    assert "cuda/common/metrale.cuh" in k.headers
+    assert all((SHIPPED / h).is_file() for h in k.headers)
     # the hash covers the headers: it is not the hash of the source alone
     assert k.source_hash != hash_source(NORM)
     assert len(F.kernels()) == sum(F.realizes(p) for p in P.points())
@@ -207,6 +209,18 @@ def test_only_a_requirement_table_then_why_names_what_is_missing(tree: Path) -> 
     assert "requires max_shared_mem_per_block >= 200000, which sm_89 lacks (it has 101376)" in why
 
 
+def test_a_requirement_can_exclude_a_capability(tree: Path) -> None:
+    text = COMMON_TOML.replace('entry = "metrale_argmax"\n',
+                               'entry = "metrale_argmax"\nrequires = { fp8 = false, '
+                               'compute_capability = [8, 0] }\n')
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    assert realization("sm_80", kernels_dir=tree).realizes(ARGMAX)
+    assert realization("sm_90", kernels_dir=tree).why_not(ARGMAX).endswith(
+        "requires no fp8, which sm_90 has")
+    assert "requires compute_capability >= [8, 0], which cuda lacks (it has None)" in \
+        realization("cuda", kernels_dir=tree).why_not(ARGMAX)
+
+
 # ----------------------------------------------------------------------------- why not
 
 
@@ -283,10 +297,16 @@ def test_target_of_another_class_is_refused() -> None:
 # -------------------------------------------------------------------------------- launch
 
 
-def test_launch_rules_bind_and_refuse() -> None:
-    F = realization("sm_90")
-    k = F.realize(P.family("add").point(act="bf16"))
-    assert k.launch_for({"rows": 3, "h": 1000}) == ((12, 1, 1), (256, 1, 1), 0)
+def test_launch_rules_bind_and_refuse(tree: Path) -> None:
+    own = table_text("add").replace(
+        re.search(r"^launch = .*$", table_text("add"), re.M).group(0),
+        'launch = { grid = ["ceil(count / 256)", "1", "1"], block = ["256", "1", "1"], '
+        'shared = "4 * h" }').replace(re.search(r"^values = .*$", table_text("add"),
+                                                re.M).group(0), 'values = { count = "rows * h" }')
+    add_folder(tree, "sm_90/common", own, {"misc.cu": (SHIPPED / "cuda/common/misc.cu")
+                                           .read_text()})
+    k = realization("sm_90", kernels_dir=tree).realize(P.family("add").point(act="bf16"))
+    assert k.launch_for({"rows": 3, "h": 1000}) == ((12, 1, 1), (256, 1, 1), 4000)
     assert k.sizes({"rows": 3, "h": 1000})["count"] == 3000
     with pytest.raises(LaunchError, match="size 'h' is not bound"):
         k.launch_for({"rows": 3})
@@ -295,6 +315,9 @@ def test_launch_rules_bind_and_refuse() -> None:
         rule.bind({"n": 4})
     with pytest.raises(LaunchError, match="out of range"):
         LaunchRule(("n - 5", "1", "1"), ("1", "1", "1"), "0").bind({"n": 4})
+    # point parameters are sizes too (a block count over k_block)
+    lin = realization("sm_90").realize(P.family("linear").points[0])
+    assert lin.sizes({"k": 1024})["k_block"] == 256
 
 
 @pytest.mark.parametrize("text", ["x.y", "f(1)", "__import__('os')", "[1]", "1 if 2 else 3",
@@ -308,3 +331,60 @@ def test_formula_values() -> None:
     assert eval_formula("ceil(n / 4) + min(a, 2) * max(b, 1) - floor(c / 2) + d % 3",
                         {"n": 9, "a": 5, "b": 0, "c": 5, "d": 7}) == 3 + 2 - 2 + 1
     assert formula_names("ceil(nq / 4) + max(1, k)") == {"nq", "k"}
+
+
+# --------------------------------------------------------------------------- relations on H
+
+
+def test_relations_on_the_host_follow_the_declared_numerics() -> None:
+    found = {r.relation.name: r for r in relations_on(realization("host"))}
+    assert found["splitk_pairwise"].status == "bounded"
+    assert found["splitk_pairwise"].bound == P.relation("splitk_pairwise").bound
+    exact = [r for r in P.relations if r.exact]
+    assert all(found[r.name].status == "bit_identical" for r in exact)
+    # dequant_linear has rhs points whose lhs (dequant[weight=f32] …) is not compiled
+    assert "without a compiled lhs" in found["dequant_linear"].reason
+    rhs = P.family("add_rmsnorm").point(act="bf16", h_block=256)
+    (v,) = found["add_rmsnorm"].at(rhs)
+    assert [str(p) for p in v.lhs] == ["add[act=bf16]", "rmsnorm[act=bf16,h_block=256]"]
+    assert found["add_rmsnorm"].holds_exactly(rhs)
+
+
+def test_a_shadow_with_another_order_makes_a_relation_differ(tree: Path) -> None:
+    """sm_90 shadows add_rmsnorm at act=bf16 with a stated within-block order; rmsnorm (from
+    cuda) leaves it unstated: bit-identical at f32, differs at bf16, on sm_90 only."""
+    text = table_text("add_rmsnorm", when='{ act = ["bf16"] }').replace(
+        'sequentially"]', 'sequentially; within a block: left to right"]')
+    add_folder(tree, "sm_90/common", text, {"norm.cu": NORM})
+    r = relation_on(P.relation("add_rmsnorm"), realization("sm_90", kernels_dir=tree))
+    assert r.status == "mixed"
+    assert r.reason == "bit_identical at 1 point, differs at 1 point"
+    bf16 = P.family("add_rmsnorm").point(act="bf16", h_block=256)
+    f32 = P.family("add_rmsnorm").point(act="f32", h_block=256)
+    (v,) = r.at(bf16)
+    assert v.status == "differs" and "declares no bound" in v.reason
+    assert not r.holds_exactly(bf16) and r.holds_exactly(f32)
+    same = relation_on(P.relation("add_rmsnorm"), realization("sm_80", kernels_dir=tree))
+    assert same.status == "bit_identical"
+
+
+def test_a_relation_whose_rhs_is_not_realized(tree: Path) -> None:
+    text = COMMON_TOML.replace('entry = "metrale_add_rmsnorm"\n',
+                               'entry = "metrale_add_rmsnorm"\nrequires = ["fp4"]\n')
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    r = relation_on(P.relation("add_rmsnorm"), realization("sm_90", kernels_dir=tree))
+    assert r.status == "not realized"
+    assert "requires fp4, which sm_90 lacks" in r.reason
+    assert relation_on(P.relation("add_rmsnorm"),
+                       realization("sm_100", kernels_dir=tree)).status == "bit_identical"
+
+
+def test_relations_on_table_for_the_cli() -> None:
+    from metrale.commands import relations_on_table
+
+    table, rows = relations_on_table("sm_90")
+    assert table.row_count == len(rows) == len(P.relations)
+    assert {r["relation"] for r in rows} == set(P.relation_names)
+    split = next(r for r in rows if r["relation"] == "splitk_pairwise")
+    assert split["status"] == "bounded" and split["bound"]["rel"] == "2 * eps_act"
+    assert all(p["status"] in STATUSES for r in rows for p in r["points"])

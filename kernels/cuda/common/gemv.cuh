@@ -15,19 +15,6 @@
 #endif
 static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte chunk per lane)");
 
-__device__ __forceinline__ void act8(const act_t* x, int c, float out[8]) {
-#if defined(ACT_BF16)
-    uint4 raw = *(const uint4*)(x + c);
-    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
-#else
-    const float4* p = (const float4*)(x + c);
-    float4 a = p[0], b = p[1];
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
-#endif
-}
 
 // x · w for one x row (k activations) and one weight row, by one full warp; every lane gets it.
 // `vec` is true when k is a multiple of 8 so that rows stay 16-byte aligned for vector loads.

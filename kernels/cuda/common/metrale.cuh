@@ -37,6 +37,21 @@ __device__ __forceinline__ act_t act_store(float v) { return v; }
 // reference semantics round an intermediate to act, so does the kernel.
 __device__ __forceinline__ float act_round(float v) { return act_load(act_store(v)); }
 
+// Eight consecutive activations from column c (c a multiple of 8): one 16-byte load for bf16.
+__device__ __forceinline__ void act8(const act_t* x, int c, float out[8]) {
+#if defined(ACT_BF16)
+    uint4 raw = *(const uint4*)(x + c);
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
+#else
+    const float4* p = (const float4*)(x + c);
+    float4 a = p[0], b = p[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+#endif
+}
+
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p, long i) {
     return __bfloat162float(p[i]);
 }

@@ -1,8 +1,10 @@
 // Metrale CUDA: RMS norms (rmsnorm, add_rmsnorm, qk_norm, qk_norm_rope).
 //
-// Sum of squares in f32: h in blocks of H_BLOCK; inside a block thread t adds its elements
-// t, t + blockDim, ... left to right, the threads meet in warp trees and warp order
-// (block_sum, or warp_sum for the per-head kernels); the block partials combine sequentially.
+// Sum of squares in f32: h in blocks of H_BLOCK, the block partials combined sequentially.
+// Inside a block: for row norms (H_BLOCK = 256, h a multiple of 8) lane l squares-and-adds
+// its 8 consecutive values and the lanes meet in the butterfly tree (row_norm); otherwise
+// thread t adds elements t, t + blockDim, ... and the threads meet in warp trees and warp
+// order (block_sum, or warp_sum for the per-head kernels).
 // Then inv = 1 / sqrt(ss / h + eps) and y = round(round(x * inv) * w), as
 // metrale.lkb.semantics.rms_normalize. Defines: ACT_*, H_BLOCK, ROPE_NEOX | ROPE_INTERLEAVED.
 #include "metrale.cuh"
@@ -53,21 +55,87 @@ __device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
     return 1.0f / sqrtf(ss / (float)n + eps);
 }
 
-// grid (rows), block 256.
+// Row norms, one pass: warp w owns the H_BLOCK-sized blocks w, w + warps, ...; inside a block
+// lane l holds the 8 consecutive values l*8 .. l*8+7 (H_BLOCK = 256 = 32 lanes x 8), adds
+// their squares left to right, and the lanes meet in the butterfly tree; thread 0 combines
+// the block partials in block order. The values stay in registers between the sum and the
+// write (up to ROW_CHUNKS blocks per warp); other shapes take the generic path above.
+#define ROW_CHUNKS 4
+
+template <bool ADD>
+__device__ __forceinline__ void row_norm(const act_t* x, const act_t* r, const __nv_bfloat16* w,
+                                         act_t* s, act_t* y, int h, float eps) {
+    __shared__ float part[1024 / 32 * ROW_CHUNKS];
+    __shared__ float inv_s;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nblk = (h + H_BLOCK - 1) / H_BLOCK;
+    float v[ROW_CHUNKS][8];
+#pragma unroll
+    for (int j = 0; j < ROW_CHUNKS; ++j) {
+        const int b = warp + j * nw;
+        const int c = b * H_BLOCK + lane * 8;
+        float sq = 0.0f;
+        if (b < nblk && c < h) {
+            act8(x, c, v[j]);
+            if (ADD) {
+                float rv[8];
+                act8(r, c, rv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[j][i] = act_round(v[j][i] + rv[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sq += v[j][i] * v[j][i];
+        }
+        sq = warp_sum(sq);
+        if (lane == 0 && b < nblk) part[b] = sq;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = part[0];
+        for (int b = 1; b < nblk; ++b) acc = acc + part[b];
+        inv_s = rms_inv(acc, h, eps);
+    }
+    __syncthreads();
+    const float inv = inv_s;
+#pragma unroll
+    for (int j = 0; j < ROW_CHUNKS; ++j) {
+        const int b = warp + j * nw;
+        const int c = b * H_BLOCK + lane * 8;
+        if (b < nblk && c < h) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                if (ADD) s[c + i] = act_store(v[j][i]);
+                y[c + i] = act_store(act_round(v[j][i] * inv) * bf16_load(w, c + i));
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ bool row_norm_fits(int h) {
+    return H_BLOCK == 256 && (h & 7) == 0 &&
+           (h + H_BLOCK - 1) / H_BLOCK <= (int)(blockDim.x >> 5) * ROW_CHUNKS;
+}
+
+// grid (rows), block min(1024, 32 * ceil(h / H_BLOCK)).
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                 act_t* __restrict__ y, int rows, int h, float eps) {
     __shared__ float scratch[33];
     const int row = blockIdx.x;
     if (row >= rows) return;
-    const act_t* xr = x + (long)row * h;
+    const long o = (long)row * h;
+    if (row_norm_fits(h)) {
+        row_norm<false>(x + o, nullptr, w, nullptr, y + o, h, eps);
+        return;
+    }
+    const act_t* xr = x + o;
     const float ss = block_sumsq([&](int i) { return act_load(xr[i]); }, h, scratch);
     const float inv = rms_inv(ss, h, eps);
     for (int i = threadIdx.x; i < h; i += blockDim.x)
-        y[(long)row * h + i] = act_store(act_round(act_load(xr[i]) * inv) * bf16_load(w, i));
+        y[o + i] = act_store(act_round(act_load(xr[i]) * inv) * bf16_load(w, i));
 }
 
-// s = round(x + r); y = rmsnorm(s). grid (rows), block 256.
+// s = round(x + r); y = rmsnorm(s). grid (rows), block as rmsnorm.
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
                     const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
@@ -76,6 +144,10 @@ metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
     const int row = blockIdx.x;
     if (row >= rows) return;
     const long o = (long)row * h;
+    if (row_norm_fits(h)) {
+        row_norm<true>(x + o, r + o, w, s + o, y + o, h, eps);
+        return;
+    }
     for (int i = threadIdx.x; i < h; i += blockDim.x)
         s[o + i] = act_store(act_load(x[o + i]) + act_load(r[o + i]));
     __syncthreads();  // s is read back below, by other threads

@@ -1,0 +1,160 @@
+"""Decode step on the GPU: Metrale's plan vs Hugging Face eager vs HF + torch.compile, and floors.
+
+One process, one GPU, random weights, batch 1 and 8, a 1024-token KV cache. Metrale runs the
+sm_90 plan through CupyBackend with the step captured once as a CUDA graph and replayed; HF runs
+the same shapes in bf16 with a static cache, eagerly and under
+``torch.compile(mode="reduce-overhead")``. Every figure is the median of many timed steps after
+warm-up; the floors are the plan's bytes over the device's nominal bandwidth and over the copy
+rate measured in the same run. Writes ``benchmarks/results/gpu_decode.json``.
+
+Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.1-8b``
+(``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--record`` writes evidence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _common import write_result  # noqa: E402
+
+CONTEXT = 1024
+
+
+def copy_rate() -> float:
+    import cupy as cp
+
+    n = 2 * 2**30
+    a = cp.empty(n, cp.uint8)
+    a.fill(3)
+    b = cp.empty_like(a)
+    times = []
+    for _ in range(12):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        b[...] = a
+        e.record()
+        e.synchronize()
+        times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+    del a, b
+    return 2 * n / statistics.median(times[2:])
+
+
+def _median_wall(fn, n: int, warm: int = 5) -> float:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator) -> dict:
+    from metrale.runtime.engine import Engine
+
+    eng = Engine.load(model, hardware="sm_90", quant=quant, max_ctx=CONTEXT + 8, slots=batch)
+    prog = eng.program("decode", batch)
+    plan = eng.plan("decode", batch)
+    # a full cache of random values (never time on zeros), every row at position 1024
+    for name, ptr in eng.externals.items():
+        if name.startswith("kv."):
+            vals = (rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5)
+            import ml_dtypes
+            eng.backend.copy_h2d(ptr, vals.astype(ml_dtypes.bfloat16).view(np.uint8))
+    prog.write("tokens", rng.integers(0, eng.config.vocab_size, batch))
+    prog.write("positions", np.full(batch, CONTEXT, np.int32))
+    prog.write("slots", np.arange(batch, dtype=np.int32))
+    t = _median_wall(prog.run, 200)
+    logits = prog.read("logits")
+    out = {"step_s": t, "floor_s": plan.floor_s, "bytes": plan.bytes_moved,
+           "launches": plan.kernel_count, "finite": bool(np.isfinite(logits).all()),
+           "graph": prog._graph is not None}
+    eng.close()
+    return out
+
+
+def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+
+    from metrale.plan.config import ModelConfig
+
+    cfg_dict = ModelConfig.load(model).to_hf_dict()
+    cfg = AutoConfig.for_model(**cfg_dict)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    cache = StaticCache(config=cfg, max_cache_len=CONTEXT + 64)
+    ids = torch.randint(0, cfg.vocab_size, (batch, CONTEXT), device="cuda")
+    with torch.no_grad():
+        m(ids, past_key_values=cache, use_cache=True,
+          cache_position=torch.arange(CONTEXT, device="cuda"))
+    tok = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
+    pos = torch.tensor([CONTEXT], device="cuda")
+
+    def step(fn):
+        def run():
+            with torch.no_grad():
+                fn(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+            torch.cuda.synchronize()
+        return run
+
+    out = {"eager_s": _median_wall(step(m), 50)}
+    if compile_too:
+        t0 = time.perf_counter()
+        compiled = torch.compile(m, mode="reduce-overhead", fullgraph=False)
+        run = step(compiled)
+        for _ in range(3):
+            run()
+        out["compile_warmup_s"] = time.perf_counter() - t0
+        out["compiled_s"] = _median_wall(run, 100)
+    del m, cache
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=["qwen3-0.6b", "llama-3.1-8b"])
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--quants", default="bf16")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rate = copy_rate()
+    print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
+    rows = []
+    for model in args.models:
+        for batch in map(int, args.batches.split(",")):
+            hf = {} if args.no_hf else hf_steps(model, batch, not args.no_compile)
+            for quant in args.quants.split(","):
+                m = metrale_step(model, quant, batch, rng)
+                r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
+                     "copy_floor_s": m["bytes"] / rate}
+                rows.append(r)
+                line = (f"{model:<14} {quant:<6} b={batch}: metrale {m['step_s'] * 1e3:7.3f} ms "
+                        f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
+                        f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
+                        f"{m['floor_s'] / m['step_s']:.0%} of floor")
+                if hf:
+                    line += f" | HF eager {hf['eager_s'] * 1e3:.2f} ms"
+                    if "compiled_s" in hf:
+                        line += (f" | HF+compile {hf['compiled_s'] * 1e3:.2f} ms "
+                                 f"({hf['compiled_s'] / m['step_s']:.2f}x ours)")
+                print(line, flush=True)
+    path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
+                                       "rows": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The evidence report of a class: each kernel F_H gives, with its evidence status and record.
+
+``evidence_report(hw, points)`` realizes each point on ``hw`` and reads every class's
+``EVIDENCE.toml``: a kernel is "measured on <hw>" when a record of this class matches its
+current source hash (the report shows the latest such record: value, floor, date), "stale" when
+only records of an older source exist, "shared, unmeasured" otherwise, and "evidence
+unreadable" where a damaged record may concern it. Host kernels are the reference semantics.
+
+>>> r = evidence_report("sm_90")
+>>> r.counts()["shared, unmeasured"] == len(r.rows) > 0
+True
+>>> print(str(r).splitlines()[0])
+evidence on sm_90: 144 kernels; shared, unmeasured 144
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from metrale.lkb.family import Point
+from metrale.realize.evidence import (
+    EvidenceLoad,
+    EvidenceRecord,
+    evidence_status,
+    find_record,
+    load_all_evidence,
+)
+from metrale.realize.functor import Realization, realization
+
+REFERENCE = "reference semantics"
+
+
+@attrs.frozen
+class EvidenceRow:
+    """One kernel of the report: its point, kernel identity, provenance, status and record."""
+
+    point: Point
+    kernel: str
+    provenance: str
+    status: str
+    record: EvidenceRecord | None = None
+
+    def __str__(self) -> str:
+        rec = ""
+        if self.record is not None:
+            r = self.record
+            rec = f" ({r.metric} {r.value:g} {r.unit}" + (
+                "" if r.floor is None else f", floor {r.floor:g}") + f", {r.date})"
+        return f"{self.point}: {self.status}{rec}"
+
+
+@attrs.frozen
+class EvidenceReport:
+    """What is measured, stale or shared among the kernels of one class; see the module."""
+
+    hw: str
+    rows: tuple[EvidenceRow, ...]
+    errors: tuple[str, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        """How many kernels have each status (statuses in order of first appearance)."""
+        return dict(Counter(r.status for r in self.rows))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hardware": self.hw, "counts": self.counts(), "errors": list(self.errors),
+                "kernels": [{"point": str(r.point), "kernel": r.kernel,
+                             "provenance": r.provenance, "status": r.status,
+                             "record": None if r.record is None else attrs.asdict(r.record)}
+                            for r in self.rows]}
+
+    def __str__(self) -> str:
+        counts = "; ".join(f"{k} {v}" for k, v in self.counts().items())
+        lines = [f"evidence on {self.hw}: {len(self.rows)} kernels; {counts}"]
+        lines += [f"  {r}" for r in self.rows if r.record is not None or r.status != "shared, "
+                  "unmeasured"]
+        lines += [f"  error: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        from metrale.realize.display import evidence_report_html
+
+        return evidence_report_html(self)
+
+
+def evidence_report(hw: str | Realization, points: Iterable[Point] | None = None, *,
+                    kernels_dir: Path | str | None = None,
+                    records: EvidenceLoad | None = None) -> EvidenceReport:
+    """The report for ``points`` (default: every compiled point) on class ``hw``; points not
+    realized there are left out (the realization's display says why)."""
+    F = hw if isinstance(hw, Realization) else realization(hw, kernels_dir=kernels_dir)
+    load = records if records is not None else load_all_evidence(F.kernels_dir)
+    wanted = F.presentation.points() if points is None else tuple(points)
+    rows = []
+    for p in sorted(set(wanted), key=lambda q: (q.family, str(q))) if points is not None \
+            else wanted:
+        k = F.realize(p)
+        if k is None:
+            continue
+        if k.source is None:
+            rows.append(EvidenceRow(k.point, k.key, k.provenance, REFERENCE))
+            continue
+        status = evidence_status(load, F.name, p.family, str(k.point), k.source_hash)
+        rec = find_record(load, F.name, p.family, str(k.point), k.source_hash)
+        rows.append(EvidenceRow(k.point, k.key, k.provenance, status, rec))
+    return EvidenceReport(F.name, tuple(rows), tuple(str(e) for e in load.errors))
