@@ -116,7 +116,7 @@ def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
             run()
         out["compile_warmup_s"] = time.perf_counter() - t0
         out["compiled_s"] = _median_wall(run, 100)
-    del m, cache
+    m = cache = None  # free the weights before the next model
     torch.cuda.empty_cache()
     return out
 

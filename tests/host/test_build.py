@@ -3,6 +3,7 @@ while the others build, and every binary exporting its entry (skipped without nv
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -104,3 +105,19 @@ def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
                    progress=False, compute=NvidiaTarget("ptx"))
     assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
     assert report.count("built") == len({(k.source, k.defines) for k in F.kernels()})
+
+
+def test_met_build_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from metrale.cli import main
+
+    argv = ["build", "qwen3-0.6b", "--quant", "bf16", "--hardware", "sm_90", "--cache",
+            str(tmp_path / "cache"), "--registry", str(tmp_path / "reg"), "--format", "json"]
+    assert main(argv) == 0
+    cold = json.loads(capsys.readouterr().out)
+    assert cold["counts"]["built"] > 0 and cold["counts"]["failed"] == 0
+    assert cold["registry"] == str(tmp_path / "reg" / "sm_90" / "qwen3-0.6b" / "bf16")
+    assert main(argv) == 0
+    warm = json.loads(capsys.readouterr().out)
+    assert warm["counts"]["built"] == 0 and warm["counts"]["cached"] == cold["counts"]["built"]
+    assert Registry(tmp_path / "reg").summands() == (TARGET,)
+    assert {i["point"] for i in warm["items"]} == {i["point"] for i in cold["items"]}

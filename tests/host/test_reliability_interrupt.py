@@ -145,7 +145,7 @@ def _points(path: Path) -> list[str]:
 def test_killed_evidence_writer_leaves_a_whole_file(tmp_path, sig):
     path = tmp_path / "sm_90" / EVIDENCE_FILE
     proc = _evidence_writer(path, 0)
-    _wait_for(lambda: path.is_file() and path.read_text().count("[[record]]") >= 5,
+    _wait_for(lambda: path.is_file() and path.read_text().count("\n[[record]]") >= 5,
               "five records")
     rc, _ = _stop(proc, sig)
     assert rc != 0
