@@ -57,10 +57,53 @@ def _median_wall(fn, n: int, warm: int = 5) -> float:
     return statistics.median(times)
 
 
+def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
+    """Random weights in their storage format, tiled from a pool (generating 8B normal values
+    and quantizing them would take minutes; the bytes moved are what the step time is about).
+    Values: bf16 N(0, 1/hidden); fp8 e4m3 codes (no NaN) with a per-row scale; mxfp4 random
+    nibbles with e8m0 scales near 2^-5."""
+    import ml_dtypes
+
+    from metrale.lkb.quant import QuantFormat, QuantTensor
+    from metrale.plan.config import ModelConfig
+    from metrale.runtime.engine import _weight_shapes
+
+    config = ModelConfig.load(model)
+    std = config.hidden_size ** -0.5
+    pool = (rng.standard_normal(1 << 22) * std).astype(ml_dtypes.bfloat16)
+    norm_pool = (1 + 0.1 * rng.standard_normal(1 << 16)).astype(ml_dtypes.bfloat16)
+    byte_pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
+    fp8_pool = np.where((byte_pool & 0x7F) == 0x7F, byte_pool ^ 1, byte_pool).astype(np.uint8)
+    out = {}
+    for name, (shape, fmt) in _weight_shapes(config, quant).items():
+        if not fmt:
+            out[name] = np.resize(norm_pool if name.endswith("norm.weight") else pool, shape)
+            continue
+        f = QuantFormat.parse(fmt)
+        specs = f.array_specs(shape)
+        dshape, _ = specs["data"]
+        if fmt == "fp8":
+            data = np.resize(fp8_pool, dshape).view(ml_dtypes.float8_e4m3fn)
+            scale = np.full(specs["scale"][0], std / 110, np.float32)  # dequantized std ~ std
+            out[name] = QuantTensor(f, shape, data, scale)
+        else:
+            data = np.resize(byte_pool, dshape)
+            sshape, sdt = specs["scale"]
+            scale = np.resize(rng.integers(120, 125, 4096, dtype=np.uint8), sshape)
+            scale = scale.view(sdt.numpy) if sdt.numpy.itemsize == 1 else scale
+            glob = (np.float32(1.0) if "global_scale" in specs else None)
+            out[name] = QuantTensor(f, shape, data, scale, glob)
+    return out
+
+
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator) -> dict:
+    from metrale.plan.config import ModelConfig
     from metrale.runtime.engine import Engine
 
-    eng = Engine.load(model, hardware="sm_90", quant=quant, max_ctx=CONTEXT + 8, slots=batch)
+    eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
+                 hardware="sm_90", backend=None, loader=None, act="bf16",
+                 max_ctx=CONTEXT + 8, slots=batch, blocking=False, debug=False, graphs=True,
+                 fuse=True, policy="exact")
     prog = eng.program("decode", batch)
     plan = eng.plan("decode", batch)
     # a full cache of random values (never time on zeros), every row at position 1024
@@ -128,15 +171,25 @@ def main() -> None:
     ap.add_argument("--quants", default="bf16")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
+    ap.add_argument("--compile-batches", default="1,8", help="batches torch.compile is timed at")
+    ap.add_argument("--deadline", type=float, default=300,
+                    help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rate = copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
     rows = []
+    start = time.perf_counter()
     for model in args.models:
         for batch in map(int, args.batches.split(",")):
-            hf = {} if args.no_hf else hf_steps(model, batch, not args.no_compile)
+            late = time.perf_counter() - start > args.deadline
+            compile_here = not (args.no_compile or late) and str(batch) in \
+                args.compile_batches.split(",")
+            hf = {} if args.no_hf else hf_steps(model, batch, compile_here)
             for quant in args.quants.split(","):
+                if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
+                    continue
                 m = metrale_step(model, quant, batch, rng)
                 r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
                      "copy_floor_s": m["bytes"] / rate}

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -488,11 +488,12 @@ def write_checkpoint(
         raise CheckpointError("destination exists", file=dst, expected="a new directory",
                               found="existing path (pass overwrite=True to replace it)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    # Names drawn before the folders exist (64 random bits) and folders made inside the
+    # ``try``: an interrupt landing anywhere finds them to remove (``mkdtemp`` leaves a gap).
+    tmp = dst.parent / f".{dst.name}.{secrets.token_hex(8)}.tmp"
+    trash = tmp.with_suffix(".old")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is a plain folder
+        os.mkdir(tmp)  # mode 0o777 less the umask: a plain folder once renamed
         items = tensors.items() if isinstance(tensors, Mapping) else tensors
         written: list[tuple[str, tuple[str, ...]]] = []
         total = 0
@@ -525,13 +526,16 @@ def write_checkpoint(
                                       expected="a plain file name other than the checkpoint's")
             atomic_write(tmp / name, data)
         if dst.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
+            os.mkdir(trash)
             os.replace(dst, trash / dst.name)
             os.replace(tmp, dst)
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, dst)
     except BaseException:
+        if not dst.exists() and (trash / dst.name).exists():
+            os.replace(trash / dst.name, dst)  # stopped between the two renames: old one back
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(trash, ignore_errors=True)
         raise
 

@@ -169,9 +169,12 @@ class CudaPlanLoader:
         """The arrays a weight is stored as on the device: ``{name, name_scale, name_global}``."""
         if not fmt:
             return {name: values}
-        from metrale.lkb.quant import QuantFormat
+        from metrale.lkb.quant import QuantFormat, QuantTensor
 
-        qt = QuantFormat.parse(fmt).quantize(np.asarray(values, np.float32), name=name)
+        if isinstance(values, QuantTensor):  # already stored in its format: used as it is
+            qt = values
+        else:
+            qt = QuantFormat.parse(fmt).quantize(np.asarray(values, np.float32), name=name)
         out = {name: np.ascontiguousarray(qt.data)}
         if qt.scale is not None:
             out[f"{name}_scale"] = np.ascontiguousarray(qt.scale)

@@ -8,7 +8,11 @@
 //           (fma, f32) for every q head of the group, the k row read once;
 //   softmax: block max and sum over the positions (fixed warp trees, warps in order);
 //   p·v:    warp w owns positions b0 + w, b0 + w + 8, ...; lane l owns head_dim columns
-//           l*E .. l*E+E-1 (E = d / 32); the 8 warp sums meet in warp order.
+//           l, l + 32, ...; the 8 warp sums meet in warp order.
+// Loads are issued ahead of their arithmetic (a k row of up to 128 values per thread; eight
+// positions of v per warp), so that a block keeps many bytes in flight.
+// Shapes outside head_dim <= 256 (a multiple of 8) or more than MAXG q heads per kv head trap:
+// a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
 // and reads them from its inputs there (no other block reads that entry: slots are distinct).
 // Defines: ACT_*, KV_BLOCK (256).
@@ -37,8 +41,9 @@ __device__ __forceinline__ void decode_attend(
     const int kvh = blockIdx.x, row = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = hq / hkv;
-    if (row >= rows || kvh >= hkv || d > PART || (d & 31) || G > MAXG) return;
-    const int E = d / 32;
+    if (row >= rows || kvh >= hkv) return;
+    if (d > 256 || (d & 7) || G > MAXG || G * d > MAXG * 256) __trap();
+    const int E = (d + 31) / 32;  // columns per lane in p·v
     const int pos = positions[row], slot = slots[row];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
@@ -77,14 +82,34 @@ __device__ __forceinline__ void decode_attend(
         const bool live = p >= lo && p < hi;
         if (live) {
             const act_t* kr = k_at(p);
-            for (int c = 0; c < d; c += 8) {
-                float kv[8];
-                act8(kr, c, kv);
+            if (d <= 128) {  // the whole row's loads first (16 chunks of 8 at most)
+                float kv[16][8];
 #pragma unroll
-                for (int g = 0; g < MAXG; ++g) {
-                    if (g < G) {
+                for (int j = 0; j < 16; ++j)
+                    if (j * 8 < d) act8(kr, j * 8, kv[j]);
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[g] = fmaf(qs[g * 256 + c + i], kv[i], acc[g]);
+                for (int j = 0; j < 16; ++j) {
+                    if (j * 8 >= d) break;
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) {
+                        if (g < G) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i)
+                                acc[g] = fmaf(qs[g * 256 + j * 8 + i], kv[j][i], acc[g]);
+                        }
+                    }
+                }
+            } else {
+                for (int c = 0; c < d; c += 8) {
+                    float kv[8];
+                    act8(kr, c, kv);
+#pragma unroll
+                    for (int g = 0; g < MAXG; ++g) {
+                        if (g < G) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i)
+                                acc[g] = fmaf(qs[g * 256 + c + i], kv[i], acc[g]);
+                        }
                     }
                 }
             }
@@ -128,18 +153,31 @@ __device__ __forceinline__ void decode_attend(
         for (int g = 0; g < MAXG; ++g)
 #pragma unroll
             for (int e = 0; e < MAXE; ++e) pv[g][e] = 0.0f;
-        for (int pp = b0 + warp; pp < hi; pp += AW) {
-            if (pp < lo) continue;
-            const act_t* vr = v_at(pp) + lane * E;
-            float vv[MAXE];
+        constexpr int VAHEAD = 8;  // positions whose v rows one warp loads before using them
+        for (int p0 = b0 + warp; p0 < hi; p0 += AW * VAHEAD) {
+            float vv[VAHEAD][MAXE];
 #pragma unroll
-            for (int e = 0; e < MAXE; ++e) vv[e] = e < E ? act_load(vr[e]) : 0.0f;
+            for (int j = 0; j < VAHEAD; ++j) {
+                const int pp = p0 + j * AW;
+                const bool use = pp >= lo && pp < hi;
+                const act_t* vr = use ? v_at(pp) : nullptr;
 #pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g < G) {
-                    const float pr = S[g * KV_BLOCK + (pp - b0)];
+                for (int e = 0; e < MAXE; ++e) {
+                    const int c = lane + 32 * e;
+                    vv[j][e] = (use && e < E && c < d) ? act_load(vr[c]) : 0.0f;
+                }
+            }
 #pragma unroll
-                    for (int e = 0; e < MAXE; ++e) pv[g][e] = fmaf(pr, vv[e], pv[g][e]);
+            for (int j = 0; j < VAHEAD; ++j) {
+                const int pp = p0 + j * AW;
+                if (pp < lo || pp >= hi) continue;
+#pragma unroll
+                for (int g = 0; g < MAXG; ++g) {
+                    if (g < G) {
+                        const float pr = S[g * KV_BLOCK + (pp - b0)];
+#pragma unroll
+                        for (int e = 0; e < MAXE; ++e) pv[g][e] = fmaf(pr, vv[j][e], pv[g][e]);
+                    }
                 }
             }
         }
@@ -151,8 +189,10 @@ __device__ __forceinline__ void decode_attend(
             for (int g = 0; g < MAXG; ++g) {
                 if (g >= g0 && g < g0 + gn) {
 #pragma unroll
-                    for (int e = 0; e < MAXE; ++e)
-                        if (e < E) part[warp * PART + (g - g0) * d + lane * E + e] = pv[g][e];
+                    for (int e = 0; e < MAXE; ++e) {
+                        const int c = lane + 32 * e;
+                        if (e < E && c < d) part[warp * PART + (g - g0) * d + c] = pv[g][e];
+                    }
                 }
             }
             __syncthreads();

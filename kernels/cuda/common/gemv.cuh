@@ -22,6 +22,35 @@ __device__ __forceinline__ float warp_dot(const act_t* x, WeightRef w, int k) {
     const int lane = threadIdx.x & 31;
     const bool vec = (k & 7) == 0;
     Combine acc;
+    if (vec && K_BLOCK == 256) {
+        // One chunk per lane per block: issue the loads of PREFETCH blocks before any of their
+        // arithmetic, so that many bytes are in flight; the sums are the loop's below, in order.
+        constexpr int PREFETCH = 4;
+        const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+        for (int b = 0; b < nkb; b += PREFETCH) {
+            float wv[PREFETCH][8], xv[PREFETCH][8];
+#pragma unroll
+            for (int u = 0; u < PREFETCH; ++u) {
+                const int c = (b + u) * K_BLOCK + lane * 8;
+                if (b + u < nkb && c < k) {
+                    weight8(w, c, wv[u]);
+                    act8(x, c, xv[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PREFETCH; ++u) {
+                if (b + u >= nkb) break;
+                const int c = (b + u) * K_BLOCK + lane * 8;
+                float s = 0.0f;
+                if (c < k) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) s = fmaf(xv[u][i], wv[u][i], s);
+                }
+                acc.add(warp_sum(s));
+            }
+        }
+        return acc.result();
+    }
     for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
         const int b1 = min(b0 + K_BLOCK, k);
         float s = 0.0f;
