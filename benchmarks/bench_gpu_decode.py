@@ -142,11 +142,13 @@ def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
           cache_position=torch.arange(CONTEXT, device="cuda"))
     tok = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
     pos = torch.tensor([CONTEXT], device="cuda")
+    position_ids = pos.view(1, 1).expand(batch, 1).contiguous()
 
     def step(fn):
         def run():
             with torch.no_grad():
-                fn(tok, past_key_values=cache, use_cache=True, cache_position=pos)
+                fn(tok, past_key_values=cache, use_cache=True, cache_position=pos,
+                   position_ids=position_ids)
             torch.cuda.synchronize()
         return run
 
@@ -164,7 +166,35 @@ def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
     return out
 
 
+def hf_child(model: str, batch: int, compile_too: bool, timeout: float) -> dict:
+    """HF figures from a child process (a failure there is reported, not fatal here)."""
+    import json as _json
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--hf-child", model, str(batch),
+           "1" if compile_too else "0"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"hf_error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return _json.loads(line)
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"hf_error": " | ".join(tail)[:300]}
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--hf-child":
+        import json as _json
+
+        out = {}
+        try:
+            out = hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+        except Exception as e:  # reported to the parent as data
+            out["hf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        print(_json.dumps(out), flush=True)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=["qwen3-0.6b", "llama-3.1-8b"])
     ap.add_argument("--batches", default="1,8")
@@ -173,6 +203,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
     ap.add_argument("--compile-batches", default="1,8", help="batches torch.compile is timed at")
+    ap.add_argument("--hf-timeout", type=float, default=150)
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
@@ -186,11 +217,13 @@ def main() -> None:
             late = time.perf_counter() - start > args.deadline
             compile_here = not (args.no_compile or late) and str(batch) in \
                 args.compile_batches.split(",")
-            hf = {} if args.no_hf else hf_steps(model, batch, compile_here)
+            ours = {}
             for quant in args.quants.split(","):
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
-                m = metrale_step(model, quant, batch, rng)
+                ours[quant] = metrale_step(model, quant, batch, rng)
+            hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
+            for quant, m in ours.items():
                 r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
                      "copy_floor_s": m["bytes"] / rate}
                 rows.append(r)
@@ -198,7 +231,9 @@ def main() -> None:
                         f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
                         f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
                         f"{m['floor_s'] / m['step_s']:.0%} of floor")
-                if hf:
+                if "hf_error" in hf:
+                    line += f" | HF: {hf['hf_error'][:120]}"
+                if "eager_s" in hf:
                     line += f" | HF eager {hf['eager_s'] * 1e3:.2f} ms"
                     if "compiled_s" in hf:
                         line += (f" | HF+compile {hf['compiled_s'] * 1e3:.2f} ms "
