@@ -177,3 +177,6 @@ class EvidenceError(ConfigError):
 
 EXIT_INTERRUPTED = 130
 """``met`` exit status after Ctrl-C (128 + SIGINT)."""
+EXIT_OS_ERROR = 12
+"""``met`` exit status when the operating system refuses a file operation (permission, disk
+full, a name too long): an ``OSError`` that no Metrale error type describes."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
+import secrets
 import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,13 +41,18 @@ def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else bytes(data)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The name is drawn before the file exists (64 random bits: no clash in practice) and the
+    # file is made inside the ``try``, so an interrupt landing anywhere, even just after the
+    # open, still finds the temporary file to remove; ``tempfile.mkstemp`` leaves that gap.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     try:
+        # mode 0o666 less the umask: the usual mode of a new file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o666)
         with os.fdopen(fd, "wb") as out:
             out.write(raw)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -55,12 +60,6 @@ def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:
         except FileNotFoundError:
             pass
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _guard(path: Path, text_bytes: int, text: str, kind: str) -> None:
@@ -71,33 +70,31 @@ def _guard(path: Path, text_bytes: int, text: str, kind: str) -> None:
             expected=f"at most {MAX_REGISTRY_BYTES} bytes",
             found=f"{text_bytes} bytes",
         )
-    depth = peak = 0
-    in_string: str | None = None
-    escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == in_string:
-                in_string = None
-        elif ch in "\"'":
-            in_string = ch
-        elif ch in "[{":
+    depth = 0
+    for m in _TOKENS[kind].finditer(text):
+        token = m.group()
+        if token in ("[", "{"):
             depth += 1
-            peak = max(peak, depth)
-            if peak > MAX_NESTING:
+            if depth > MAX_NESTING:
                 raise ConfigError(
                     f"{kind} file nested too deeply",
                     file=path,
                     expected=f"at most {MAX_NESTING} levels",
                     found=f"more than {MAX_NESTING}",
                 )
-        elif ch in "]}":
+        elif token in ("]", "}"):
             depth = max(0, depth - 1)
-        elif ch == "\n" and kind == "TOML":
-            in_string = None  # TOML basic strings end at a newline unless multi-line; be lenient
+
+
+# Brackets count only outside strings and comments. TOML: multi-line strings, basic strings
+# with escapes, literal strings without, and a single-line string ends at its line's end
+# (unterminated, the parser reports it); comments run to the end of the line. Every pattern
+# matches (an unterminated multi-line string runs to the end), so the scan stays linear.
+_TOKENS = {
+    "TOML": re.compile(r'"""(?:\\.|[^\\])*?(?:"""|\Z)|\'\'\'.*?(?:\'\'\'|\Z)'
+                       r'|"(?:\\.|[^"\\\n])*"?|\'[^\'\n]*\'?|#[^\n]*|[\[\]{}]', re.DOTALL),
+    "JSON": re.compile(r'"(?:\\.|[^"\\])*"?|[\[\]{}]', re.DOTALL),
+}
 
 
 def _read_text(path: Path, kind: str) -> str:
@@ -244,7 +241,15 @@ class Fields:
 
 
 def raise_all(errors: list[MetraleError]) -> None:
-    """Raise nothing, the one error, or all of them together as ``ManyErrors``."""
+    """Raise nothing, the one error, or all of them together as ``ManyErrors``.
+
+    An error reported twice word for word (one bad port seen from each point of its family)
+    is raised once.
+    """
+    first: dict[str, MetraleError] = {}
+    for e in errors:
+        first.setdefault(str(e), e)
+    errors = list(first.values())
     if len(errors) == 1:
         raise errors[0]
     if errors:

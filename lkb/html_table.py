@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
-STYLE = ("<style>table.metrale td, table.metrale th {text-align: left; vertical-align: top}"
-         "</style>")
-"""Jupyter right-aligns table cells; text reads better left-aligned (a more specific rule)."""
+STYLE = ("<style>table.metrale td, table.metrale th "
+         "{text-align: left !important; vertical-align: top}</style>")
+"""Jupyter right-aligns table cells (a rule more specific than a class); text reads better
+left-aligned, so this rule is marked important."""
 
 TONES = {"ok": "#dcead7", "warn": "#fbe9d7", "bad": "#f6d5d5", "info": "#eef3fb", "": "#eeeeee"}
 

@@ -256,6 +256,11 @@ class Relation:
     def __str__(self) -> str:
         return f"{self.lhs}  ==>  {self.rhs}  [{self.numerics}]"
 
+    def _repr_html_(self) -> str:
+        from .relation_drawing import relation_html
+
+        return relation_html(self)
+
     @staticmethod
     def from_table(name: str, table: Any, file: object, errors: list) -> Relation | None:
         from .files import Fields

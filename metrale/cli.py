@@ -1,7 +1,8 @@
 """``met``: the command line. Each subcommand is a small function over the public API.
 
 Errors are printed as one clear line (``met: <message>``) and exit with the error type's
-documented status (docs/errors.md); ``--debug`` shows the traceback instead.
+documented status (docs/errors.md); so are interrupts (130) and file-system refusals such as a
+full disk (12). ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from metrale.lkb.errors import EXIT_INTERRUPTED, MetraleError
+from metrale.lkb.errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, MetraleError
 
 Command = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Command, str]] = {}
@@ -67,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except OSError as e:  # the file system said no: one line naming the path, not a traceback
+        if args.debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"met: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_OS_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,10 @@ from metrale.lkb.html_table import badge, code, details, esc, table
 if TYPE_CHECKING:
     from .plan import Plan, PlanDiff
 
+STYLE = ("<style>div.metrale-plan td, div.metrale-plan th {text-align: left !important; "
+         "vertical-align: top}</style>")
+"""Jupyter right-aligns table cells; the kernel table reads better left-aligned."""
+
 LEGEND = ("<div><small>" + badge("fused by a relation", "ok") + " " + badge("unfused", "info")
           + " " + badge("residual kernel", "warn") + " dashed: a view (no launch)</small></div>")
 
@@ -103,7 +107,7 @@ def plan_view_html(p: Plan, layer: int | None = None, *, engine: str = "auto") -
     if shown is not None:
         graph = details(f"<b>layer {shown}</b>: kernel dataflow",
                         layer_graph_svg(p, shown, engine=engine), open_=True)
-    return f"<div>{LEGEND}{plan_html(p, layer=layer)}{graph}</div>"
+    return f'<div class="metrale-plan">{STYLE}{LEGEND}{plan_html(p, layer=layer)}{graph}</div>'
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ import json
 import os
 import struct
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,12 @@ from metrale.lkb.errors import MetraleError
 from metrale.lkb.quant import FORMATS, QuantTensor
 from metrale.runtime.checkpoint import INDEX, Checkpoint, write_checkpoint
 from metrale.runtime.safetensors import DTYPES, SafetensorsFile, encode_safetensors
-from tests.host.test_fuzz_toml import mutate_bytes, mutate_structure, time_budget
+from tests.host.test_fuzz_toml import BUDGET_S, mutate_bytes, mutate_structure, time_budget
 
 DEEP = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "0"))
 """Set ``METRALE_FUZZ_EXAMPLES=5000`` for a long, randomized run; CI runs a fixed, short one."""
-FUZZ = settings(max_examples=DEEP or 80, deadline=None, derandomize=not DEEP,
+FUZZ = settings(max_examples=DEEP or 80, deadline=timedelta(seconds=BUDGET_S),
+                derandomize=not DEEP,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -14,18 +14,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import math
 import os
 import shutil
 import signal
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tomlkit
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from metrale.lkb.errors import EvidenceError, ManyErrors, MetraleError
@@ -48,7 +49,8 @@ BUDGET_S = 5.0
 
 DEEP = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "0"))
 """Set ``METRALE_FUZZ_EXAMPLES=5000`` for a long, randomized run; CI runs a fixed, short one."""
-FUZZ = settings(max_examples=DEEP or 60, deadline=None, derandomize=not DEEP,
+FUZZ = settings(max_examples=DEEP or 60, deadline=timedelta(seconds=BUDGET_S),
+                derandomize=not DEEP,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -76,15 +78,18 @@ def only_typed_errors(load: Callable[[], Any], file: Path) -> Any:
     """Run ``load``; a ``MetraleError`` must name a file of the tree; anything else escapes."""
     with time_budget():
         try:
-            return load()
+            result = load()
         except MetraleError as e:
             errors = e.errors if isinstance(e, ManyErrors) else (e,)
+            event(f"{type(e).__name__}: {errors[0].message[:40]}" if errors else "empty")
             assert errors, "ManyErrors without errors"
             for err in errors:
                 assert err.file is not None, f"error names no file: {err}"
                 assert str(file.parent) in err.file or file.name in err.file, str(err)
             assert str(e)
             return None
+        event("loaded")
+        return result
 
 
 # -- mutations ---------------------------------------------------------------------------------
@@ -188,33 +193,15 @@ def mutate_bytes(data: st.DataObject, raw: bytes) -> bytes:
 def mutated_text(data: st.DataObject, text: str, kind: str) -> bytes:
     """Either a byte-level mutation of ``text`` or a structural one, written back as ``kind``."""
     if data.draw(st.booleans(), label="structural"):
-        doc = read_toml_text(text) if kind == "toml" else json.loads(text)
+        doc = tomllib.loads(text) if kind == "toml" else json.loads(text)
         doc = mutate_structure(data, doc)
         return dump(doc, kind).encode()
     return mutate_bytes(data, text.encode())
 
 
-def read_toml_text(text: str) -> Any:
-    import tomllib
-
-    return tomllib.loads(text)
-
-
 def dump(doc: Any, kind: str) -> str:
-    if kind == "json":
-        return json.dumps(doc, default=str)
-    return tomlkit.dumps(_toml_safe(doc))
-
-
-def _toml_safe(v: Any) -> Any:
-    """TOML has no top-level non-table and no null: wrap and replace what it cannot say."""
-    if isinstance(v, dict):
-        return {str(k): _toml_safe(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_toml_safe(x) for x in v]
-    if isinstance(v, float) and math.isnan(v):
-        return v
-    return v
+    """The document as text again (tomlkit writes any nesting, dates and non-finite floats)."""
+    return json.dumps(doc, default=str) if kind == "json" else tomlkit.dumps(doc)
 
 
 # -- the registries ----------------------------------------------------------------------------

@@ -68,10 +68,12 @@ def copies(args):
 
 
 def nonzero_finite(*arrays):
+    """The comparison was not made on zeros: finite, and zeros only where rounding cancels
+    (a sum of two bf16 values can round to exactly 0; a handful in a small tensor is fine)."""
     for a in arrays:
         f = a.astype(np.float64)
         assert np.isfinite(f).all()
-        assert np.count_nonzero(f) > 0.9 * f.size
+        assert np.count_nonzero(f) >= f.size - max(1, f.size // 10)
 
 
 # ---------------------------------------------------------------------------------------------
