@@ -67,6 +67,8 @@ def families(args: argparse.Namespace) -> int:
 
 def _relations_args(p: argparse.ArgumentParser) -> None:
     _kernels_arg(p)
+    p.add_argument("--hardware", default=None,
+                   help="show whether each relation holds bit-identically on this class")
     _format_arg(p)
 
 
@@ -74,6 +76,13 @@ def _relations_args(p: argparse.ArgumentParser) -> None:
 def relations(args: argparse.Namespace) -> int:
     from metrale.lkb.presentation import Presentation
 
+    if args.hardware:
+        table, doc = relations_on_table(args.hardware, args.kernels)
+        if args.format == "json":
+            print(json.dumps(doc, indent=2))
+        else:
+            _console().print(table)
+        return 0
     P = Presentation.load(args.kernels)
     if args.format == "json":
         print(json.dumps([{"relation": r.name, "lhs": r.lhs.text, "rhs": r.rhs.text,

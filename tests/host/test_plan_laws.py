@@ -78,3 +78,30 @@ def test_whole_circuit_fused_equals_unfused_bytes():
         assert all(u.tobytes() == v.tobytes() for u, v in zip(a, b))
         logits = a[0]
         assert np.isfinite(logits).all() and np.abs(logits).max() > 0
+
+
+def test_bounded_policy_stays_within_the_declared_bound():
+    """A linear lowered under the bounded policy (split-K reassociated) against the exact one:
+    every output within rel·|exact| + abs·rms(exact) of the relation applied."""
+    from metrale.lkb.diagram import Diagram
+
+    c = CIRCUITS["llama"]
+    gate = next(b for b in c.diagram.boxes if b.name == "linear" and b.param("role") == "gate_proj")
+    d = Diagram.from_box(gate)
+    low = lowering(c, P, max_ctx=16).functor(d)
+    exact = rewrite(low, F_HOST, presentation=P, policy="exact")
+    bounded = rewrite(low, F_HOST, presentation=P, policy="bounded")
+    assert [a.relation for a in bounded.applied] == ["splitk_pairwise"] and not exact.applied
+    rel = P.relation("splitk_pairwise")
+    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
+
+    k = c.sizes(16)["hidden"]
+    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()}, "eps_act": UNIT_ROUNDOFF["f32"],
+           "k": k}
+    for seed in range(5):
+        x = _inputs(c, d, seed)
+        a = evaluate(exact.diagram, x, P)[0].astype(np.float64)
+        b = evaluate(bounded.diagram, x, P)[0].astype(np.float64)
+        allowed = eval_bound(rel.bound.rel, env) * np.abs(a) + \
+            eval_bound(rel.bound.abs, env) * np.sqrt(np.mean(a * a))
+        assert (np.abs(a - b) <= allowed).all()

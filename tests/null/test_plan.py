@@ -147,3 +147,10 @@ def test_met_plan_cli(capsys):
     assert "vs" in capsys.readouterr().out
     assert main(["plan", "tiny-qwen3", "--why"]) == 0
     assert "declined" in capsys.readouterr().out
+
+
+def test_met_relations_on_a_class(capsys):
+    assert main(["relations", "--hardware", "sm_90", "--format", "json"]) == 0
+    doc = {r["relation"]: r for r in json.loads(capsys.readouterr().out)}
+    assert doc["add_rmsnorm"]["status"] == "bit_identical"
+    assert doc["splitk_pairwise"]["status"] == "bounded"
