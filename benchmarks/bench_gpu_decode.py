@@ -22,28 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import write_result  # noqa: E402
+from _common import device_copy_rate, write_result  # noqa: E402
 
 CONTEXT = 1024
-
-
-def copy_rate() -> float:
-    import cupy as cp
-
-    n = 2 * 2**30
-    a = cp.empty(n, cp.uint8)
-    a.fill(3)
-    b = cp.empty_like(a)
-    times = []
-    for _ in range(12):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        b[...] = a
-        e.record()
-        e.synchronize()
-        times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
-    del a, b
-    return 2 * n / statistics.median(times[2:])
 
 
 def _median_wall(fn, n: int, warm: int = 5) -> float:
@@ -208,7 +189,7 @@ def main() -> None:
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    rate = copy_rate()
+    rate = device_copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
     rows = []
     start = time.perf_counter()

@@ -21,30 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import write_result  # noqa: E402
+from _common import device_copy_rate, write_result  # noqa: E402
 
 from metrale.lkb.presentation import Presentation  # noqa: E402
 from metrale.lkb.quant import QuantFormat  # noqa: E402
 from metrale.plan.plan import plan_for  # noqa: E402
 
 L2_BYTES = 60 * 2**20
-
-
-def copy_rate(cp) -> float:
-    """Bytes read + written per second of a large device-to-device copy (median of 10)."""
-    n = 2 * 2**30
-    a = cp.empty(n, cp.uint8)
-    a.fill(1)
-    b = cp.empty_like(a)
-    times = []
-    for _ in range(12):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        b[...] = a
-        e.record()
-        e.synchronize()
-        times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
-    return 2 * n / statistics.median(times[2:])
 
 
 def _array(cp, t, rng, weight: bool):
@@ -144,7 +127,7 @@ def main() -> None:
     backend = CupyBackend()
     loader = CudaLoader(backend, "sm_90a")
     rng = np.random.default_rng(0)
-    rate = copy_rate(cp)
+    rate = device_copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)")
     results = {"copy_rate_bytes_per_s": rate, "models": []}
     for spec in sys.argv[1:] or ["qwen3-0.6b"]:

@@ -375,8 +375,27 @@ class FP8Format(QuantFormat):
         return qt.data.astype(np.float32) * self.expand_scale(qt.scale, qt.shape)
 
 
+class _BlockFP4(QuantFormat):
+    """What the two e2m1 formats share: two values a byte, one 8-bit scale per ``BLOCK``."""
+
+    kind: ClassVar[str]
+    BLOCK: ClassVar[int]
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def block_size(self) -> int | None:
+        return self.BLOCK
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 4 + 8 / self.BLOCK
+
+
 @attrs.frozen
-class MXFP4Format(QuantFormat):
+class MXFP4Format(_BlockFP4):
     """OCP MX fp4: e2m1 values packed two per byte, one e8m0 scale per 32 along K.
 
     The scale of a block is ``2^(floor(log2(amax)) - 2)`` (2 is e2m1's emax); values above 6
@@ -388,18 +407,6 @@ class MXFP4Format(QuantFormat):
 
     kind: ClassVar[str] = "mxfp4"
     BLOCK: ClassVar[int] = 32
-
-    @property
-    def name(self) -> str:
-        return "mxfp4"
-
-    @property
-    def block_size(self) -> int | None:
-        return self.BLOCK
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 4 + 8 / self.BLOCK
 
     def array_specs(self, shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], DType]]:
         *lead, n, k = shape
@@ -423,7 +430,7 @@ class MXFP4Format(QuantFormat):
 
 
 @attrs.frozen
-class NVFP4Format(QuantFormat):
+class NVFP4Format(_BlockFP4):
     """NVIDIA fp4: e2m1 values packed two per byte, one e4m3 scale per 16 along K, one f32 global.
 
     ``global = amax(tensor) / (6 * 448)`` (1 for an all-zero tensor); block scale
@@ -436,18 +443,6 @@ class NVFP4Format(QuantFormat):
 
     kind: ClassVar[str] = "nvfp4"
     BLOCK: ClassVar[int] = 16
-
-    @property
-    def name(self) -> str:
-        return "nvfp4"
-
-    @property
-    def block_size(self) -> int | None:
-        return self.BLOCK
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 4 + 8 / self.BLOCK
 
     def array_specs(self, shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], DType]]:
         *lead, n, k = shape
