@@ -357,6 +357,10 @@ class ModelConfig:
         return text
 
 
+_MAX_SIZE = 2**31 - 1
+"""No size of a config (layers, hidden, heads, vocab …) is larger: kernels index with int32."""
+
+
 def _derive_layer_types(arch: str, n: int, sliding_window: int | None,
                         max_window_layers: int | None) -> tuple[str, ...]:
     """transformers' per-layer attention kinds when ``layer_types`` is not given."""
@@ -399,6 +403,9 @@ class _Reader:
                 return default
         if value is not None and value <= 0:
             self.fail(key, "size must be positive", "an integer > 0", value)
+            return None
+        if value is not None and value > _MAX_SIZE:
+            self.fail(key, "size too large", f"at most {_MAX_SIZE}", value)
             return None
         return value
 
@@ -652,5 +659,5 @@ class _Reader:
             "moe_intermediate_size": moe_inter,
             "norm_topk_prob": norm,
             "decoder_sparse_step": step,
-            "mlp_only_layers": tuple(sorted(set(only))),
+            "mlp_only_layers": tuple(sorted({i for i in only if i not in bad})),
         }

@@ -468,7 +468,7 @@ def write_checkpoint(
     dst: os.PathLike | str,
     tensors: Mapping[str, Weight] | Iterable[tuple[str, Weight]],
     config: Mapping[str, Any] | None,
-    fmt: QuantFormat,
+    fmt: QuantFormat | str,
     *,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     extra_files: Mapping[str, bytes] | None = None,
@@ -483,6 +483,7 @@ def write_checkpoint(
     directory (each file with ``atomic_write``) that is renamed to ``dst`` at the end; an
     interrupt removes it. An existing ``dst`` is refused unless ``overwrite``.
     """
+    fmt = QuantFormat.parse(fmt) if isinstance(fmt, str) else fmt
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise CheckpointError("destination exists", file=dst, expected="a new directory",

@@ -127,33 +127,88 @@ def _as_f32(value: Any) -> np.ndarray:
     return np.asarray(value).astype(np.float32)
 
 
+class UnusedTensorWarning(UserWarning):
+    """A checkpoint holds tensors that no plan node reads (reported, never an error)."""
+
+
+def _needed_by(circuit: Any, name: str) -> str:
+    """The circuit node that reads input ``name``: ``linear (q_proj) of layer 3``."""
+    k = circuit.input_names.index(name)
+    d = circuit.diagram
+    for j, srcs in enumerate(d.wiring):
+        if (-1, k) in srcs:
+            box = d.boxes[j]
+            role = box.param("role")
+            where = f" of layer {name.split('.')[2]}" if name.startswith("model.layers.") else ""
+            return f"{box.name}{f' ({role})' if role else ''}{where}"
+    return "no node"
+
+
 def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                        ) -> dict[str, np.ndarray]:
     """The weights the circuit reads, from a checkpoint directory, each as f32 once.
 
     Quantized layouts are dequantized, bf16 is upcast (exact); per-expert tensors
     ``mlp.experts.{e}.X.weight`` are stacked into ``mlp.experts.X.weight`` [E, ...]; a tied
-    ``lm_head`` is the embedding. Shapes are checked against the config, by tensor name.
+    ``lm_head`` is the embedding. A tensor the plan needs that is absent, or of the wrong
+    shape or dtype, is a ``CheckpointError`` naming the tensor and the node that reads it;
+    tensors nothing reads are listed in an :class:`UnusedTensorWarning`.
     """
+    import warnings
+
+    from metrale.lkb.dtype import DType
     from metrale.runtime.checkpoint import Checkpoint
 
+    circuit = circuit_for(config, quant)
     shapes = _weight_shapes(config, quant)
     out: dict[str, np.ndarray] = {}
+    used: set[str] = set()
     with Checkpoint.open(path) as ck:
         for name, (shape, _) in shapes.items():
+            node = _needed_by(circuit, name)
             m = _EXPERT.match(name)
-            if m and name not in ck and name[:-len(".weight")] + ".weight_blocks" not in ck:
-                w = np.stack([_as_f32(ck.weight(f"{m[1]}.{e}.{m[2]}.weight"))
-                              for e in range(shape[0])])
-            elif name == "lm_head.weight" and name not in ck and config.tie_word_embeddings:
-                w = _as_f32(ck.weight("model.embed_tokens.weight"))
-            else:
-                w = _as_f32(ck.weight(name))
+            stacked = bool(m and name not in ck and
+                           name[:-len(".weight")] + ".weight_blocks" not in ck)
+            try:
+                if stacked:
+                    parts = [f"{m[1]}.{e}.{m[2]}.weight" for e in range(shape[0])]
+                    raw = [ck.weight(p) for p in parts]
+                    used.update(parts)
+                elif name == "lm_head.weight" and name not in ck and config.tie_word_embeddings:
+                    raw = [ck.weight("model.embed_tokens.weight")]
+                else:
+                    raw = [ck.weight(name)]
+                    used.add(name)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e.message} (needed by {node})", file=e.file or ck.path,
+                                      key=e.key or name, expected=e.expected,
+                                      found=e.found) from None
+            for r in raw:
+                if isinstance(r, np.ndarray) and not _is_float(r, DType):
+                    raise CheckpointError(f"weight has the wrong dtype (needed by {node})",
+                                          file=ck.path, key=name,
+                                          expected="bf16, f16 or f32, or a quantized layout",
+                                          found=str(r.dtype))
+            w = np.stack([_as_f32(r) for r in raw]) if stacked else _as_f32(raw[0])
             if w.shape != shape:
-                raise CheckpointError("weight has the wrong shape for the config",
-                                      file=ck.path, key=name, expected=shape, found=w.shape)
+                raise CheckpointError(f"weight has the wrong shape for the config (needed by "
+                                      f"{node})", file=ck.path, key=name, expected=shape,
+                                      found=w.shape)
             out[name] = np.ascontiguousarray(w)
+        unused = sorted(set(ck.weight_names()) - used - {"model.embed_tokens.weight"})
+        if unused:
+            shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8
+                                             else "")
+            warnings.warn(UnusedTensorWarning(f"{ck.path}: {len(unused)} tensor(s) no plan node "
+                                              f"reads: {shown}"), stacklevel=2)
     return out
+
+
+def _is_float(a: np.ndarray, DType: Any) -> bool:
+    try:
+        return DType.of(a).is_float
+    except ConfigError:
+        return False
 
 
 def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:

@@ -171,7 +171,7 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, str], list[TensorIn
         numel = 1
         for d in shape:
             numel *= d
-            if numel > MAX_ELEMENTS:
+            if numel > MAX_ELEMENTS or d > MAX_ELEMENTS:  # one huge dim beside a 0 one too
                 raise fail("shape too large", key=f"{name}.shape",
                            expected=f"at most {MAX_ELEMENTS} elements", found=shape)
         if not (isinstance(offsets, list) and len(offsets) == 2

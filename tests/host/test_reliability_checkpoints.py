@@ -134,6 +134,17 @@ def test_an_integer_past_the_conversion_limit_is_a_checkpoint_error(tmp_path):
     assert "4300 digits" in str(e.value)
 
 
+def test_a_huge_dim_beside_a_zero_one_is_refused(tmp_path):
+    # zero elements, but no array of that shape can be made: numpy raised a ValueError
+    path = tmp_path / "x.safetensors"
+    _raw(path, json.dumps({"a": {"dtype": "U8", "shape": [0, 2**63], "data_offsets": [0, 0]}})
+         .encode())
+    with pytest.raises(CheckpointError) as e:
+        SafetensorsFile.open(path)
+    assert (e.value.file, e.value.key) == (str(path), "a.shape")
+    assert "shape too large" in str(e.value)
+
+
 def test_an_index_naming_an_impossible_shard_is_a_checkpoint_error(single):
     # a file name longer than the OS allows once made is_file() raise OSError
     (single / SINGLE).rename(single / "model-00001-of-00001.safetensors")

@@ -404,3 +404,15 @@ def test_not_an_object(tmp_path):
     with pytest.raises(ConfigError) as e:
         ModelConfig.load(path)
     assert e.value.file == str(path) and "found list" in str(e.value)
+
+
+@pytest.mark.parametrize("patch,key", [({"num_hidden_layers": 2**70}, "num_hidden_layers"),
+                                       ({"mlp_only_layers": [0, ""]}, "mlp_only_layers")])
+def test_absurd_values_found_by_fuzzing_are_config_errors(tmp_path, patch, key):
+    data = builtin_config("tiny-qwen3-moe")
+    data.update(patch)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as e:
+        ModelConfig.load(path)
+    assert str(path) in str(e.value) and key in str(e.value)
