@@ -8,7 +8,7 @@ light and never imports CuPy or Hypothesis):
 >>> plan.kernel_count > 0 and isinstance(metrale.Presentation.load(), metrale.Presentation)
 True
 >>> sorted(metrale.__all__)[:4]
-['AxiomError', 'Box', 'Builder', 'CheckpointError']
+['AllocationError', 'AxiomError', 'Box', 'BuildCache']
 """
 
 from __future__ import annotations
