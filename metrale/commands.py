@@ -362,3 +362,85 @@ def run(args: argparse.Namespace) -> int:
                   f"(weights {mem['weights'] / 2**20:.2f}, KV cache {mem['kv_cache'] / 2**20:.2f}, "
                   f"activations {mem['activations_peak'] / 2**20:.3f})", markup=False)
     return 0
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a built-in name or a checkpoint directory")
+    p.add_argument("--quant", default=None, help="bf16, fp8, mxfp4 or nvfp4")
+    p.add_argument("--hardware", default="host", help="the class to run (e.g. sm_90)")
+    p.add_argument("--rows", type=int, default=1, help="decode rows (sequences)")
+    p.add_argument("--context", type=int, default=1024, help="cached positions per row")
+    p.add_argument("--steps", type=int, default=100, help="timed steps (median)")
+    p.add_argument("--record", action="store_true",
+                   help="append evidence records (kernel bandwidth) for the class")
+    _kernels_arg(p)
+    _format_arg(p)
+
+
+@command("bench", "time the decode step and each kernel against the memory floor "
+                  "(--record writes evidence)")(_bench_args)
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from metrale.lkb.errors import ConfigError
+    from metrale.realize.evidence import EVIDENCE_FILE, append_records
+    from metrale.realize.hardware import default_kernels_dir, load_hardware
+    from metrale.runtime.bench import evidence, kernel_times, time_decode
+    from metrale.runtime.engine import Engine
+
+    hw = load_hardware(args.kernels).get(args.hardware)
+    with Engine.load(args.model, hardware=args.hardware, quant=args.quant,
+                     max_ctx=args.context + 1, slots=args.rows) as eng:
+        step = time_decode(eng, args.rows, steps=args.steps)
+        kernels = kernel_times(eng, args.rows)
+        device = eng.backend.limits.name
+        records = []
+        if args.record:
+            toolchain = _toolchain(hw)
+            records = evidence(kernels, hw, device, toolchain)
+            if not records:
+                raise ConfigError("nothing to record: this class runs the reference semantics, "
+                                  "which have no source to pin evidence to",
+                                  key="--record", expected="a class with compiled kernels",
+                                  found=args.hardware)
+            path = Path(args.kernels or default_kernels_dir()) / hw.name / EVIDENCE_FILE
+            append_records(path, records)
+    if args.format == "json":
+        print(json.dumps({
+            "model": step.model, "quant": step.quant, "hardware": step.hardware,
+            "device": device, "rows": step.rows, "context": step.context,
+            "step_s": step.step_s, "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
+            "launches": step.launches, "graph": step.graph,
+            "kernels": [{"kernel": k.label, "point": k.point, "count": k.count,
+                         "seconds": k.seconds, "bytes": k.bytes_moved,
+                         "bytes_per_s": k.bytes_per_s} for k in kernels],
+            "recorded": len(records)}, indent=2))
+        return 0
+    t = Table(title=f"{step.model} {step.quant} on {step.hardware} ({device}): decode, "
+                    f"{step.rows} row(s), context {step.context}")
+    for col in ("kernel", "per step", "µs each", "GB/s", "share of step"):
+        t.add_column(col)
+    total = sum(k.seconds * k.count for k in kernels) or 1.0
+    for k in sorted(kernels, key=lambda k: -k.seconds * k.count):
+        t.add_row(k.label, f"×{k.count}", f"{k.seconds * 1e6:.1f}",
+                  f"{k.bytes_per_s / 1e9:.1f}", f"{k.seconds * k.count / total:.0%}")
+    console = _console()
+    console.print(t)
+    console.print(f"step {step.step_s * 1e3:.3f} ms (median of {args.steps}, "
+                  f"{'graph replay' if step.graph else 'launches'}), floor "
+                  f"{step.floor_s * 1e3:.3f} ms: {step.fraction_of_floor:.0%} of the floor; "
+                  f"{step.launches} launches" + (f"; {len(records)} evidence records written"
+                                                 if records else ""), markup=False)
+    return 0
+
+
+def _toolchain(hw) -> str:
+    from metrale.lkb.vendor import Vendor
+
+    if hw.vendor == Vendor.NVIDIA:
+        from metrale.realize.compute import NvidiaTarget
+
+        return NvidiaTarget("ptx").version()
+    import numpy
+
+    return f"numpy {numpy.__version__}"

@@ -380,6 +380,11 @@ class Program:
                 out.append(n)
         return tuple(out)
 
+    @property
+    def arguments(self) -> tuple[tuple[Any, ...], ...]:
+        """The resolved arguments of every launch, in launch order."""
+        return tuple(self._args)
+
     # -- memory figures ---------------------------------------------------------------------
 
     @property

@@ -1,0 +1,186 @@
+"""Measuring a plan where it runs: the decode step and each kernel, against the memory floor.
+
+``time_decode(engine, rows)`` times the whole decode step (the captured graph replayed where
+the backend has graphs) with every row at position ``context``: median of many steps after
+warm-up. ``kernel_times(engine, rows)`` times each distinct launch of that step alone, cycling
+through copies of its inputs large enough that they cannot all sit in the last-level cache, so
+the bytes really come from memory. ``evidence(...)`` turns kernel timings into evidence records
+for the class that ran them — only from such real runs, never estimated.
+
+>>> from metrale.runtime.engine import Engine
+>>> with Engine.load("tiny-qwen3", max_ctx=40) as eng:
+...     t = time_decode(eng, 1, steps=5, warmup=2)
+...     ks = kernel_times(eng, 1, repeats=3)
+>>> t.step_s > 0 and t.floor_s > 0 and len(ks) > 0 and all(k.seconds > 0 for k in ks)
+True
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import numpy as np
+
+CACHE_BYTES = 64 * 2**20
+"""A last-level cache at least this large is assumed (H200 L2: 60 MB); inputs are rotated
+across copies totalling four times it."""
+
+
+@attrs.frozen
+class StepTiming:
+    """The decode step: median seconds, the plan's floor and bytes, launches, graph or not."""
+
+    model: str
+    quant: str
+    hardware: str
+    rows: int
+    context: int
+    step_s: float
+    floor_s: float
+    bytes_moved: int
+    launches: int
+    graph: bool
+
+    @property
+    def fraction_of_floor(self) -> float:
+        return self.floor_s / self.step_s
+
+
+@attrs.frozen
+class KernelTiming:
+    """One distinct launch of the step, timed alone: seconds per launch and bytes it moves."""
+
+    label: str
+    family: str
+    point: str
+    count: int  # launches of it per step
+    seconds: float
+    bytes_moved: int
+    kernel: Any  # realize.kernel.Kernel (its source hash goes into evidence)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes_moved / self.seconds
+
+
+def _median_wall(fn: Any, n: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _prepare(engine: Any, rows: int) -> Any:
+    prog = engine.program("decode", rows)
+    context = engine.max_ctx - 1
+    prog.write("tokens", np.arange(rows) % engine.config.vocab_size)
+    prog.write("positions", np.full(rows, context, np.int32))
+    prog.write("slots", np.arange(rows, dtype=np.int32))
+    return prog
+
+
+def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -> StepTiming:
+    """The decode step of ``rows`` sequences at the last cached position, timed."""
+    prog = _prepare(engine, rows)
+    plan = engine.plan("decode", rows)
+    step = _median_wall(prog.run, steps, warmup)
+    return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
+                      step, plan.floor_s, plan.bytes_moved, plan.kernel_count,
+                      prog._graph is not None)
+
+
+def kernel_times(engine: Any, rows: int, *, repeats: int = 20) -> tuple[KernelTiming, ...]:
+    """Each distinct launch of the decode step timed alone, its inputs rotated across copies."""
+    prog = _prepare(engine, rows)
+    be = engine.backend
+    groups: dict[tuple, list[int]] = {}
+    for i, ln in enumerate(prog.launches):
+        k = ln.kernel
+        groups.setdefault((str(k.point), k.box.dom, k.box.cod, k.box.params), []).append(i)
+    out = []
+    for indices in groups.values():
+        i = indices[0]
+        ln, args = prog.launches[i], prog.arguments[i]
+        k = ln.kernel
+        # the arguments that carry the kernel's inputs (buffers, weights' scales) get copies
+        rotate = [j for j, name in enumerate(ln.arg_names)
+                  if (isinstance(name, str) and name in k.inputs) or isinstance(name, tuple)]
+        in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
+        copies = max(1, min(8, (4 * CACHE_BYTES) // max(in_bytes, 1) + 1))
+        sets, owned = [tuple(args)], []
+        for _ in range(copies - 1):
+            fresh = list(args)
+            for j in rotate:
+                a = args[j]
+                if getattr(a, "nbytes", 0):
+                    ptr = be.alloc(a.nbytes, f"copy for {k.family}")
+                    owned.append(ptr)
+                    be.copy_h2d(ptr, be.copy_d2h(a, a.nbytes))
+                    fresh[j] = ptr
+            sets.append(tuple(fresh))
+        try:
+            seconds = _time_launches(be, ln, sets, repeats)
+        finally:
+            for ptr in owned:
+                be.free(ptr)
+        out.append(KernelTiming(f"#{k.index} {k.family}", k.family, str(k.point),
+                                len(indices), seconds, k.bytes_moved, k.kernel))
+    return tuple(out)
+
+
+def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:
+    """Seconds per launch: ``repeats`` launches captured as one graph and replayed where the
+    backend has graphs (host launch cost out of the figure), else each launch synchronized."""
+    if be.supports_graphs:
+        stream = be.stream()
+        be.begin_capture(stream)
+        try:
+            for r in range(repeats):
+                be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, sets[r % len(sets)],
+                          stream)
+        finally:
+            graph = be.end_capture(stream)
+
+        def replay() -> None:
+            be.graph_launch(graph, stream)
+            be.synchronize(stream)
+
+        return _median_wall(replay, 5, 1) / repeats
+    counter = {"i": 0}
+
+    def launch() -> None:
+        be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, sets[counter["i"] % len(sets)])
+        counter["i"] += 1
+        be.synchronize()
+
+    return _median_wall(launch, repeats, 2)
+
+
+def evidence(timings: Iterable[KernelTiming], hw: Any, device: str, toolchain: str
+             ) -> list[Any]:
+    """Evidence records of measured kernels: achieved bandwidth against the class's floor.
+
+    Kernels without a source (the host's reference semantics) have no source hash to pin a
+    record to and are left out.
+    """
+    from metrale.realize.evidence import EvidenceRecord
+
+    today = datetime.date.today().isoformat()
+    floor = hw.device.hbm_bytes_per_s / 1e9
+    out = []
+    for t in timings:
+        if t.kernel is None or t.kernel.source is None:
+            continue
+        out.append(EvidenceRecord(hw.name, device, t.family, t.point, "bandwidth",
+                                  t.bytes_per_s / 1e9, floor, "GB/s", today, toolchain,
+                                  t.kernel.source_hash))
+    return out

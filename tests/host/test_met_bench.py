@@ -1,0 +1,55 @@
+"""`met bench`: the decode step and each kernel timed where the class runs; evidence records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from metrale.cli import main
+from metrale.lkb.family import Point
+from metrale.realize.evidence import EVIDENCE_FILE, load_evidence
+from metrale.realize.functor import realization
+from metrale.realize.hardware import default_kernels_dir, load_hardware
+from metrale.runtime.bench import KernelTiming, evidence
+
+
+def test_met_bench_on_the_host(capsys):
+    assert main(["bench", "tiny-qwen3", "--steps", "5", "--context", "32",
+                 "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["step_s"] > 0 and doc["floor_s"] > 0 and doc["graph"] is True
+    assert all(k["seconds"] > 0 and k["bytes"] > 0 for k in doc["kernels"])
+    assert sum(k["count"] for k in doc["kernels"]) == doc["launches"]
+    assert doc["recorded"] == 0
+
+
+def test_record_is_refused_where_kernels_have_no_source(capsys):
+    assert main(["bench", "tiny-qwen3", "--steps", "2", "--context", "16", "--record"]) == 3
+    assert "nothing to record" in capsys.readouterr().err
+
+
+def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path):
+    """Records from timings count on the class that ran them, for the source that ran."""
+    from metrale.plan.plan import plan_for
+
+    root = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), root)
+    hw = load_hardware(root).get("sm_90")
+    F = realization("sm_90", kernels_dir=root)
+    point = Point("rmsnorm", (("act", "bf16"), ("h_block", 256)))
+    kernel = F.realize(point)
+    timing = KernelTiming("#1 rmsnorm", "rmsnorm", str(point), 1, 2e-6, 6144, kernel)
+    records = evidence([timing], hw, "NVIDIA H200", "nvcc test")
+    assert len(records) == 1 and records[0].source_hash == kernel.source_hash
+    assert records[0].floor == hw.device.hbm_bytes_per_s / 1e9
+    from metrale.realize.evidence import append_records
+
+    append_records(root / "sm_90" / EVIDENCE_FILE, records)
+    assert len(load_evidence(root / "sm_90" / EVIDENCE_FILE, hw="sm_90").records) == 1
+    statuses = {k.family: k.evidence for k in plan_for("tiny-llama", "bf16", "sm_90",
+                                                        kernels_dir=root).launches}
+    assert statuses["rmsnorm"] == "measured on sm_90"
+    assert statuses["qkv"] == "shared, unmeasured"
+    other = {k.family: k.evidence for k in plan_for("tiny-llama", "bf16", "sm_80",
+                                                     kernels_dir=root).launches}
+    assert other["rmsnorm"] == "shared, unmeasured"  # counts only where it was measured
