@@ -14,7 +14,6 @@ Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,18 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from _common import device_copy_rate, write_result  # noqa: E402
 
+from metrale.runtime.bench import median_wall  # noqa: E402
+
 CONTEXT = 1024
-
-
-def _median_wall(fn, n: int, warm: int = 5) -> float:
-    for _ in range(warm):
-        fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
@@ -78,29 +68,25 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator) -> dict:
+    import ml_dtypes
+
     from metrale.plan.config import ModelConfig
+    from metrale.runtime.bench import time_decode
     from metrale.runtime.engine import Engine
 
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=None, loader=None, act="bf16",
-                 max_ctx=CONTEXT + 8, slots=batch, blocking=False, debug=False, graphs=True,
+                 max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=True,
                  fuse=True, policy="exact")
-    prog = eng.program("decode", batch)
-    plan = eng.plan("decode", batch)
-    # a full cache of random values (never time on zeros), every row at position 1024
+    # a full cache of random values (never time on zeros); every row at position CONTEXT
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
-            vals = (rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5)
-            import ml_dtypes
+            vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
             eng.backend.copy_h2d(ptr, vals.astype(ml_dtypes.bfloat16).view(np.uint8))
-    prog.write("tokens", rng.integers(0, eng.config.vocab_size, batch))
-    prog.write("positions", np.full(batch, CONTEXT, np.int32))
-    prog.write("slots", np.arange(batch, dtype=np.int32))
-    t = _median_wall(prog.run, 200)
-    logits = prog.read("logits")
-    out = {"step_s": t, "floor_s": plan.floor_s, "bytes": plan.bytes_moved,
-           "launches": plan.kernel_count, "finite": bool(np.isfinite(logits).all()),
-           "graph": prog._graph is not None}
+    t = time_decode(eng, batch, steps=200)
+    logits = eng.program("decode", batch).read("logits")
+    out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
+           "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph}
     eng.close()
     return out
 
@@ -133,7 +119,7 @@ def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
             torch.cuda.synchronize()
         return run
 
-    out = {"eager_s": _median_wall(step(m), 50)}
+    out = {"eager_s": median_wall(step(m), 50, 5)}
     if compile_too:
         t0 = time.perf_counter()
         compiled = torch.compile(m, mode="reduce-overhead", fullgraph=False)
@@ -141,7 +127,7 @@ def hf_steps(model: str, batch: int, compile_too: bool) -> dict:
         for _ in range(3):
             run()
         out["compile_warmup_s"] = time.perf_counter() - t0
-        out["compiled_s"] = _median_wall(run, 100)
+        out["compiled_s"] = median_wall(run, 100, 5)
     m = cache = None  # free the weights before the next model
     torch.cuda.empty_cache()
     return out

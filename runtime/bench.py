@@ -68,7 +68,12 @@ class KernelTiming:
         return self.bytes_moved / self.seconds
 
 
-def _median_wall(fn: Any, n: int, warmup: int) -> float:
+def median_wall(fn: Any, n: int, warmup: int) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``n`` calls after ``warmup`` calls.
+
+    >>> median_wall(lambda: None, 3, 1) >= 0
+    True
+    """
     for _ in range(warmup):
         fn()
     times = []
@@ -92,7 +97,7 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
     """The decode step of ``rows`` sequences at the last cached position, timed."""
     prog = _prepare(engine, rows)
     plan = engine.plan("decode", rows)
-    step = _median_wall(prog.run, steps, warmup)
+    step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
                       step, plan.floor_s, plan.bytes_moved, plan.kernel_count,
                       prog._graph is not None)
@@ -154,7 +159,7 @@ def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:
             be.graph_launch(graph, stream)
             be.synchronize(stream)
 
-        return _median_wall(replay, 5, 1) / repeats
+        return median_wall(replay, 5, 1) / repeats
     counter = {"i": 0}
 
     def launch() -> None:
@@ -162,7 +167,7 @@ def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:
         counter["i"] += 1
         be.synchronize()
 
-    return _median_wall(launch, repeats, 2)
+    return median_wall(launch, repeats, 2)
 
 
 def evidence(timings: Iterable[KernelTiming], hw: Any, device: str, toolchain: str
