@@ -199,9 +199,16 @@ class Family:
         return tuple(describe(r) for r in reduction_orders(self.semantics, **point.as_dict()))
 
     def point_of(self, box: Box) -> Point:
-        """The point a box of this family stands for (its attributes dropped)."""
-        domains = self.domains
-        return Point(self.name, tuple((k, v) for k, v in box.params if k in domains))
+        """The point a box of this family stands for: its parameters in the family's order
+        (the same ``Point`` as the family's own), its attributes dropped.
+
+        >>> from metrale.lkb.presentation import Presentation
+        >>> fam = Presentation.load().family("rmsnorm")
+        >>> fam.point_of(fam.box(fam.points[0], {"eps": 1e-6})) == fam.points[0]
+        True
+        """
+        params = dict(box.params)
+        return Point(self.name, tuple((k, params[k]) for k, _ in self.params if k in params))
 
     @staticmethod
     def from_table(name: str, table: Any, file: object, errors: list[MetraleError]) -> Family:
