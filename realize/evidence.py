@@ -18,6 +18,7 @@ the damage may concern read "evidence unreadable".
 from __future__ import annotations
 
 import datetime
+import fcntl
 import hashlib
 import math
 import os
@@ -208,9 +209,20 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
     """Append ``records`` as ``[[record]]`` tables, keeping the file's comments and layout;
     the file is replaced atomically. A file that does not parse is left alone (an error).
 
-    One writer at a time: two processes appending at once may lose one's records.
+    Writers take an exclusive lock on ``<file>.lock`` for the read-modify-replace, so two
+    processes appending at once both keep their records.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _append_locked(path, records)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _append_locked(path: Path, records: Iterable[EvidenceRecord]) -> None:
     new = [_record_table(r) for r in records]
     for i, t in enumerate(new):  # write only what the loader will read back
         errs: list[MetraleError] = []

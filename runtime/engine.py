@@ -127,6 +127,10 @@ def _as_f32(value: Any) -> np.ndarray:
     return np.asarray(value).astype(np.float32)
 
 
+MAX_PREFILL_PROGRAMS = 8
+"""Prefill programs an engine keeps (one per prompt length), least recently used dropped."""
+
+
 class UnusedTensorWarning(UserWarning):
     """A checkpoint holds tensors that no plan node reads (reported, never an error)."""
 
@@ -366,9 +370,20 @@ class Engine:
         return (self.externals[name] + first_slot * step).take(count * step)
 
     def program(self, mode: str, rows: int) -> Program:
-        """The program of one step (built on first use, cached per ``(mode, rows)``)."""
+        """The program of one step (built on first use, cached per ``(mode, rows)``).
+
+        Prefill programs (one per prompt length) are kept for the ``MAX_PREFILL_PROGRAMS``
+        lengths used last; an older one is closed, freeing its activation arena.
+        """
         key = (mode, rows)
-        if key not in self._programs:
+        if key in self._programs:
+            self._programs[key] = self._programs.pop(key)  # most recently used last
+        else:
+            if mode == "prefill":
+                prefills = [k for k in self._programs if k[0] == "prefill"]
+                for old in prefills[:max(0, len(prefills) - MAX_PREFILL_PROGRAMS + 1)]:
+                    self._programs.pop(old).close()
+                    self._plans.pop(old, None)
             plan = self.plan(mode, rows)
             bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
             for name in self._slot_bytes:

@@ -114,3 +114,18 @@ def test_generate_is_greedy_over_prefill_and_decode():
         for _ in range(4):
             expect.append(int(b.decode([expect[-1]])[0].argmax()))
         assert tokens == expect
+
+
+def test_prefill_programs_are_bounded_and_results_unchanged():
+    """Many prompt lengths: at most MAX_PREFILL_PROGRAMS programs stay; a dropped one is rebuilt
+    with the same bytes."""
+    from metrale.runtime.engine import MAX_PREFILL_PROGRAMS, Engine
+
+    with Engine.load("tiny-llama", max_ctx=64) as eng:
+        first = eng.prefill([1, 2, 3])
+        for n in range(4, 4 + MAX_PREFILL_PROGRAMS + 2):
+            eng.prefill(list(range(1, n + 1)))
+        kept = [k for k in eng._programs if k[0] == "prefill"]
+        assert len(kept) == MAX_PREFILL_PROGRAMS and ("prefill", 3) not in kept
+        again = eng.prefill([1, 2, 3])
+        assert again.tobytes() == first.tobytes()

@@ -201,3 +201,28 @@ def test_append_refuses_records_it_could_not_read_back(tmp_path: Path) -> None:
     with pytest.raises(EvidenceError, match="must not be empty"):
         append_records(p, [attrs.evolve(rec(), family=" ")])
     assert not p.exists()
+
+
+def test_two_processes_appending_at_once_keep_every_record(tmp_path):
+    """Concurrent appends (four processes, five records each) lose nothing."""
+    import multiprocessing as mp
+
+    path = tmp_path / "sm_90" / "EVIDENCE.toml"
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_append_five, args=(str(path), w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    loaded = load_evidence(path, hw="sm_90")
+    assert not loaded.errors
+    assert sorted(r.value for r in loaded.records) == sorted(
+        float(w * 10 + i) + 1 for w in range(4) for i in range(5))
+
+
+def _append_five(path: str, worker: int) -> None:
+    for i in range(5):
+        append_records(path, [EvidenceRecord("sm_90", "NVIDIA H200", "add", f"add[w{worker}]",
+                                             "bandwidth", worker * 10 + i + 1, None, "GB/s",
+                                             "2026-11-29", "nvcc 13.0", "ab")])
