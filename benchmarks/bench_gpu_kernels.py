@@ -88,6 +88,9 @@ def bench_model(model: str, quant: str, rows: int, cp, backend, loader, rng) -> 
                     ptrs[port.name] = out.data.ptr
                     ptrs["_keep"].append(out)
             sets.append(ptrs)
+        work = {n: cp.zeros(b, cp.uint8) for n, b in bound.scratch_bytes(numbers).items()}
+        for s in sets:  # one zeroed workspace: the launches run in stream order
+            s.update({n: a.data.ptr for n, a in work.items()})
         grid, block, shared = k.kernel.launch_for(numbers)
         args = [bound.pack({n: v for n, v in s.items() if n != "_keep"}, numbers) for s in sets]
         fn = bound.handle

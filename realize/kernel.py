@@ -39,7 +39,7 @@ from metrale.realize.evidence import hash_source
 from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabilities
 
 KERNELS_FILE = "KERNELS.toml"
-ARG_TYPES = ("ptr", "i32", "i64", "f32")
+ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch")
 NO_REASON = "no reason given"
 
 # ---------------------------------------------------------------------------------------------
@@ -571,6 +571,9 @@ def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[s
         if arg not in names:
             f._fail(f.key(f"args[{i}]"), "argument is not a port, attr, dim or value",
                     "a name of " + fam.name, repr(a), nearest(arg, names))
+        if ty == "scratch" and arg not in values:
+            f._fail(f.key(f"args[{i}]"), "a scratch argument needs its bytes",
+                    f"a formula values.{arg}", repr(a))
         if arg in seen:
             f._fail(f.key(f"args[{i}]"), "duplicate argument", "distinct names", repr(a))
         seen.add(arg)

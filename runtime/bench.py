@@ -118,7 +118,8 @@ def kernel_times(engine: Any, rows: int, *, repeats: int = 20) -> tuple[KernelTi
         k = ln.kernel
         # the arguments that carry the kernel's inputs (buffers, weights' scales) get copies
         rotate = [j for j, name in enumerate(ln.arg_names)
-                  if (isinstance(name, str) and name in k.inputs) or isinstance(name, tuple)]
+                  if (isinstance(name, str) and name in k.inputs)
+                  or (isinstance(name, tuple) and name[0] == "part")]
         in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
         copies = max(1, min(8, (4 * CACHE_BYTES) // max(in_bytes, 1) + 1))
         sets, owned = [tuple(args)], []

@@ -6,7 +6,8 @@ A :class:`CudaLoader` turns a realized ``Kernel`` (``realize.kernel``) into a la
 loaded with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args``
 list (``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
 ``w_global``, null where its format has none), dims, attributes and ``values`` formulas by
-number.
+number, and a ``scratch`` argument by the pointer of a zeroed workspace of its ``values``
+formula's bytes (:meth:`BoundKernel.scratch_bytes`).
 
 >>> spec = parse_args(("x:ptr", "w:ptr", "w_scale:ptr", "rows:i32", "eps:f32"))
 >>> [(a.name, a.kind) for a in spec]
@@ -29,7 +30,7 @@ _SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
 
 @attrs.frozen
 class Arg:
-    """One kernel argument: its name and kind (``ptr``, ``i32``, ``i64``, ``f32``)."""
+    """One kernel argument: its name and kind (``ptr``, ``i32``, ``i64``, ``f32``, ``scratch``)."""
 
     name: str
     kind: str
@@ -52,12 +53,25 @@ class BoundKernel:
     handle: Any  # backend KernelHandle
     args: tuple[Arg, ...]
 
+    def scratch_bytes(self, numbers: Mapping[str, int | float]) -> dict[str, int]:
+        """Bytes of each ``scratch`` argument at these sizes (empty when the kernel has none)."""
+        env = self.kernel.sizes(numbers)
+        return {a.name: int(env[a.name]) for a in self.args if a.kind == "scratch"}
+
     def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float]) -> tuple:
-        """The argument tuple: pointers by name (``None`` → null), numbers by name."""
+        """The argument tuple: pointers by name (``None`` → null; a scratch argument's
+        workspace too, which the caller allocates zeroed), numbers by name."""
         env = self.kernel.sizes(numbers)
         out: list[Any] = []
         for a in self.args:
-            if a.kind == "ptr":
+            if a.kind == "scratch":
+                if pointers.get(a.name) is None:
+                    raise LaunchError(f"no workspace for scratch argument {a.name} of "
+                                      f"{self.kernel.entry}", key=str(self.kernel.point),
+                                      expected=f"a zeroed buffer of {int(env[a.name])} bytes",
+                                      found="none")
+                out.append(pointers[a.name])
+            elif a.kind == "ptr":
                 if a.name not in pointers and not a.name.endswith(("_scale", "_global")):
                     raise LaunchError(f"no buffer for argument {a.name} of {self.kernel.entry}",
                                       key=str(self.kernel.point), expected="a buffer",
@@ -212,6 +226,8 @@ class CudaPlanLoader:
                     else:  # a weight's scale or global scale: bound beside the weight, or null
                         base, _, part = a.name.rpartition("_")
                         names.append(("part", f"{port_buffer[base]}_{part}"))
+                elif a.kind == "scratch":  # the program's workspace, zeroed, in stream order
+                    names.append(("scratch", int(env[a.name])))
                 else:
                     names.append(_SCALARS[a.kind](env[a.name]))
             grid, block, shared = k.kernel.launch_for(numbers)

@@ -173,7 +173,9 @@ class Launch:
     """One launch of a program: the planned kernel, its handle, shape and arguments.
 
     ``arg_names`` holds buffer names (bound to pointers at run time), ``("part", name)`` for a
-    binding beside the buffers (a weight's scales), or plain numbers (dims, attributes).
+    binding beside the buffers (a weight's scales), ``("scratch", nbytes)`` for the program's
+    workspace (zeroed when allocated, shared by the launches in stream order: a kernel leaves
+    the zero bytes it relies on zero), or plain numbers (dims, attributes).
     """
 
     kernel: PlannedKernel
@@ -324,6 +326,7 @@ class Program:
         """Bindings beside the plan's buffers (weights' scales), passed to kernels as they are."""
         try:
             self._arena = None
+            self._workspace: DevicePtr | None = None
             if self.placement.arena_bytes:
                 self._arena = self._alloc(self.placement.arena_bytes, "activations")
             offsets = dict(self.placement.offsets)
@@ -351,6 +354,11 @@ class Program:
                                     expected=f"{self.specs[name].nbytes} bytes",
                                     found=f"{ptr.nbytes} bytes")
             self.launches = self.loader.load(backend, plan, self.specs)
+            work = max((n[1] for ln in self.launches for n in ln.arg_names
+                        if isinstance(n, tuple) and n[0] == "scratch"), default=0)
+            if work:
+                self._workspace = self._alloc(work, "workspace")
+                backend.memset(self._workspace, 0)
         except BaseException:
             self._release_quietly()
             raise
@@ -369,11 +377,15 @@ class Program:
 
     def _resolve(self, ln: Launch) -> tuple[Any, ...]:
         """Launch arguments: buffer names become pointers; a ``("part", name)`` is a weight's
-        scale or global scale (null, ``0``, where it has none); numbers pass as they are."""
+        scale or global scale (null, ``0``, where it has none); a ``("scratch", nbytes)`` the
+        workspace; numbers pass as they are."""
         out: list[Any] = []
         for n in ln.arg_names:
             if isinstance(n, str):
                 out.append(self.ptrs[n].take(self.specs[n].nbytes))
+            elif isinstance(n, tuple) and n[0] == "scratch":
+                assert self._workspace is not None
+                out.append(self._workspace.take(n[1]))
             elif isinstance(n, tuple):
                 out.append(self.extra.get(n[1], 0))
             else:

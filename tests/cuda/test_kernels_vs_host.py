@@ -110,7 +110,10 @@ def _kwargs(fam: Family, point: Point) -> dict:
     return {k: v for k, v in merged.items() if k in accepted}
 
 
-def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict):
+def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict,
+             launches: int = 1):
+    """The outputs of ``launches`` launches (outputs poisoned before each, one zeroed workspace
+    for the kernel's scratch arguments across them), as host arrays."""
     backend, loader = gpu
     bound = loader.bind(F.realize(point))
     params = point.as_dict()
@@ -145,8 +148,17 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
         ptrs[port.name] = ptr
         outs.append((port, ptr))
     numbers = {**sizes, **dict(fam.attr_examples)}
-    bound.launch(backend, ptrs, numbers)
-    backend.synchronize()
+    for name, nbytes in bound.scratch_bytes(numbers).items():
+        ptrs[name] = backend.alloc(nbytes, label=name)
+        owned.append(ptrs[name])
+        backend.memset(ptrs[name], 0, nbytes)
+    for i in range(launches):
+        if i:
+            for port, ptr in outs:
+                if port.name not in inplace:
+                    backend.memset(ptr, 0xFF)
+        bound.launch(backend, ptrs, numbers)
+        backend.synchronize()
     results = []
     for port, ptr in outs:
         t = port.type(params)
@@ -270,3 +282,21 @@ def test_bit_identical_relations_hold_on_device(gpu, rel, rhs):
     lhs, rhs_out = run("lhs"), run("rhs")
     for name in rel.outputs:
         assert lhs[name].tobytes() == rhs_out[name].tobytes(), f"{rel.name} at {rhs}: {name}"
+
+
+def _scratch_points():
+    return [(f, p) for f, p in _points()
+            if any(a.endswith(":scratch") for a in F.realize(p).args)]
+
+
+@pytest.mark.parametrize("fam,point", _scratch_points(),
+                         ids=lambda x: str(x) if isinstance(x, Point) else "")
+def test_a_kernel_leaves_its_workspace_ready_for_the_next_launch(gpu, fam, point):
+    """A kernel with scratch keeps its zero bytes zero (ticket counters): a second launch on the
+    same workspace writes every output again, to the same bytes."""
+    sizes = _sizes(fam, 3)
+    _, device = _inputs(fam, point, sizes, seed=5)
+    once = _run_gpu(gpu, fam, point, sizes, device)
+    twice = _run_gpu(gpu, fam, point, sizes, device, launches=2)
+    for port, a, b in zip(fam.outputs, once, twice):
+        assert a.tobytes() == b.tobytes(), f"{point}: {port.name} differs on the second launch"

@@ -28,7 +28,7 @@ FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
 TABLES = read_toml(COMMON / "KERNELS.toml")["kernel"]
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
           "reduction", "row_invariant"}
-ARG_TYPES = {"ptr", "i32", "i64", "f32"}
+ARG_TYPES = {"ptr", "i32", "i64", "f32", "scratch"}
 
 
 def expand(assignment: dict) -> list[dict]:
@@ -140,6 +140,8 @@ def test_kernel_fields_are_valid(name):
         arg, _, ty = a.partition(":")
         assert ty in ARG_TYPES, a
         assert arg in names, a
+        if ty == "scratch":  # a workspace's bytes come from a formula
+            assert arg in t.get("values", {}), a
         arg_names.append(arg)
     assert len(set(arg_names)) == len(arg_names)
     assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {})))

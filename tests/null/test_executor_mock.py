@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from metrale.lkb.errors import AllocationError, DeviceFault
@@ -93,3 +94,50 @@ def test_teardown_frees_in_reverse_order_of_acquisition():
     freed = [c.args[0] for c in be.calls[n:] if c.op == "free"]
     assert [p.alloc_id for p in freed] == sorted((p.alloc_id for p in freed), reverse=True)
     assert len(freed) == len(allocated) and be.live_bytes() == 0
+
+
+class _ScratchLoader:
+    """The host launches plus two launches that take the program's workspace (of 100 and 40
+    bytes), each recording the bytes it finds there (the host backend passes memory as arrays)."""
+
+    def __init__(self) -> None:
+        from metrale.runtime.executor import HostLoader
+
+        self.host = HostLoader()
+        self.seen: list[tuple[int, bytes]] = []
+
+    def spec(self, buffer):
+        return self.host.spec(buffer)
+
+    def load(self, backend, plan, specs):
+        from metrale.runtime.executor import Launch
+
+        base = self.host.load(backend, plan, specs)
+
+        def tick(work):
+            self.seen.append((work.nbytes, bytes(np.asarray(work).view(np.uint8))))
+
+        k = backend.kernel(backend.module({"tick": (1, tick)}), "tick")
+        return base + tuple(Launch(ln.kernel, k, (1, 1, 1), (1, 1, 1), 0, (("scratch", n),))
+                            for ln, n in zip(base[:2], (100, 40)))
+
+
+def test_a_program_gives_scratch_launches_one_zeroed_workspace_of_the_largest_size():
+    from metrale.plan.plan import plan_for
+    from metrale.runtime.engine import random_weights
+    from metrale.runtime.executor import Program, bind_externals
+
+    plan = plan_for(MODEL, "bf16", "host", rows=1, context=16)
+    be = MockBackend()
+    loader = _ScratchLoader()
+    bindings = bind_externals(plan, be, random_weights(MODEL, seed=0))
+    prog = Program(plan, be, bindings=bindings, loader=loader)
+    labels = [c.args[1] for c in be.calls if c.op == "alloc"]
+    assert labels.count("workspace") == 1
+    sizes = [c.args[0] for c in be.calls if c.op == "alloc" and c.args[1] == "workspace"]
+    assert sizes == [100]
+    for name, value in (("tokens", 1), ("positions", 0), ("slots", 0)):
+        prog.write(name, np.full(prog.specs[name].shape, value))
+    prog.run()
+    assert loader.seen == [(100, bytes(100)), (40, bytes(40))]  # zeroed, not the mock's poison
+    prog.close()

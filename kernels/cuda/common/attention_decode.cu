@@ -1,247 +1,270 @@
-// Metrale CUDA: decode attention, one block per (kv head, row) serving the whole GQA group.
+// Metrale CUDA: decode attention, split across the KV blocks.
 //
-// Decode rows are separate sequences (distinct cache slots). The block walks the row's
-// positions in the fixed KV_BLOCK blocks the reference cuts (absolute multiples of KV_BLOCK),
-// left to right, and merges each block's (max, sum, acc) into the running state with the
-// log-sum-exp rule, as the declared order says. Inside a block:
-//   scores: lane l of warp w owns position b0 + 32 w + l; q·k over head_dim left to right
-//           (fma, f32) for every q head of the group, the k row read once;
-//   softmax: block max and sum over the positions (fixed warp trees, warps in order);
-//   p·v:    warp w owns positions b0 + w, b0 + w + 8, ...; lane l owns head_dim columns
-//           l, l + 32, ...; the 8 warp sums meet in warp order.
-// Loads are issued ahead of their arithmetic (a k row of up to 128 values per thread; eight
-// positions of v per warp), so that a block keeps many bytes in flight.
-// Shapes outside head_dim <= 256 (a multiple of 8) or more than MAXG q heads per kv head trap:
-// a loud device fault, never a silently unwritten output.
+// Decode rows are separate sequences (distinct cache slots). One thread block per (kv head,
+// row, KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its
+// row, serves every q head of the GQA group (the k and v rows are read once), and writes the
+// block's partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last
+// block of a (kv head, row) to finish (a ticket counter in the scratch) merges the partials
+// left to right with the log-sum-exp rule — the declared order, whichever block merges — and
+// writes o. So the row's blocks run on as many multiprocessors as there are blocks, and the
+// bytes are the reference's.
+// Inside a block:
+//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32) for every
+//           q head of the group, the k row's loads issued before their arithmetic;
+//   softmax: block max and sum over the positions (warp trees, warps in order);
+//   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
+//           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
+//           order through shared memory.
+// Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
+// launches (the merging block resets its own), then (m, l) and head_dim partials per
+// (row, kv head, KV block, q head).
+// Shapes outside head_dim <= 256 (a multiple of 8), more than MAXG q heads per kv head, or a
+// position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
-// and reads them from its inputs there (no other block reads that entry: slots are distinct).
-// Defines: ACT_*, KV_BLOCK (256).
+// (the block holding that position does) and reads them from its inputs there (no other block
+// reads that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
 #include "metrale.cuh"
 
-#define AW 8        // warps per block
-#define MAXG 8      // q heads per kv head handled at once
-#define MAXE 8      // head_dim / 32 at most (head_dim <= 256)
-#define PART 512    // (q head, column) pairs reduced across warps at a time
+#define AW 8             // warps per block
+#define NT (32 * AW)     // threads per block
+#define MAXG 8           // q heads per kv head
+#define VAHEAD 16        // v chunks one thread loads before using them
 
-static_assert(KV_BLOCK == 32 * AW, "one position per thread in the score phase");
+static_assert(KV_BLOCK == NT, "one position per thread in the score phase");
+
+// The scratch layout of one launch (nkv = KV blocks per row = gridDim.z).
+struct DecodeScratch {
+    unsigned* tickets;  // [rows, hkv]
+    float* ml;          // [rows, hkv, nkv, G, 2]
+    float* acc;         // [rows, hkv, nkv, G, d]
+    __device__ DecodeScratch(void* work, int rows, int hkv, int nkv, int G) {
+        tickets = (unsigned*)work;
+        const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
+        ml = (float*)((char*)work + counters);
+        acc = ml + (long)rows * hkv * nkv * G * 2;
+    }
+};
 
 template <bool APPEND>
 __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ k_new, const act_t* __restrict__ v_new,
     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
     const int* __restrict__ positions, const int* __restrict__ slots, act_t* __restrict__ o,
-    int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
-    __shared__ float qs[MAXG * 256];        // the group's q heads, f32
-    __shared__ float S[MAXG * KV_BLOCK];    // scores, then probabilities
-    __shared__ float red[AW * MAXG];        // per-warp maxima / sums
-    __shared__ float part[AW * PART];       // per-warp p·v partials [warp][g][d]
-    __shared__ float run_acc[MAXG * 256];   // running acc [g][d]
-    __shared__ float run_m[MAXG], run_l[MAXG], blk_m[MAXG], blk_l[MAXG];
+    void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
+    __shared__ float qs[MAXG * 256];     // the group's q heads, f32
+    __shared__ float S[MAXG * KV_BLOCK]; // scores, then probabilities
+    __shared__ float red[AW * MAXG];     // per-warp maxima / sums
+    __shared__ float blk_m[MAXG], blk_l[MAXG];
+    __shared__ float part[NT * 8];       // p·v partials of one q head: [sub][column]
+    __shared__ int merging;
 
-    const int kvh = blockIdx.x, row = blockIdx.y;
+    const int kvh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = hq / hkv;
     if (row >= rows || kvh >= hkv) return;
-    if (d > 256 || (d & 7) || G > MAXG || G * d > MAXG * 256) __trap();
-    const int E = (d + 31) / 32;  // columns per lane in p·v
+    if (d > 256 || (d & 7) || G > MAXG || G * hkv != hq) __trap();
     const int pos = positions[row], slot = slots[row];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
+    const int first = start / KV_BLOCK, last = pos / KV_BLOCK;
+    if (pos < 0 || pos >= max_ctx || last >= nkv) __trap();
+    if (blk < first || blk > last) return;
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
+    const long new_at = ((long)row * hkv + kvh) * d;
 
-    if (APPEND) {  // the new entry, for later steps (this step reads it from the inputs)
-        const long src = ((long)row * hkv + kvh) * d, dst = ((kv_row + pos) * hkv + kvh) * d;
-        for (int i = tid; i < d; i += blockDim.x) {
-            k_cache[dst + i] = k_new[src + i];
-            v_cache[dst + i] = v_new[src + i];
+    if (APPEND && blk == last) {  // the new entry, for later steps (this step reads the inputs)
+        const long dst = ((kv_row + pos) * hkv + kvh) * d;
+        for (int i = tid; i < d; i += NT) {
+            k_cache[dst + i] = k_new[new_at + i];
+            v_cache[dst + i] = v_new[new_at + i];
         }
     }
-    for (int i = tid; i < G * d; i += blockDim.x) {
+    for (int i = tid; i < G * d; i += NT) {
         const int g = i / d, c = i - g * d;
         qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
-        run_acc[g * 256 + c] = 0.0f;
     }
-    if (tid < MAXG) { run_m[tid] = -INFINITY; run_l[tid] = 0.0f; }
     __syncthreads();
 
     auto k_at = [&](int p) -> const act_t* {
-        if (APPEND && p == pos) return k_new + ((long)row * hkv + kvh) * d;
+        if (APPEND && p == pos) return k_new + new_at;
         return k_cache + ((kv_row + p) * hkv + kvh) * d;
     };
     auto v_at = [&](int p) -> const act_t* {
-        if (APPEND && p == pos) return v_new + ((long)row * hkv + kvh) * d;
+        if (APPEND && p == pos) return v_new + new_at;
         return v_cache + ((kv_row + p) * hkv + kvh) * d;
     };
 
-    for (int b0 = (start / KV_BLOCK) * KV_BLOCK; b0 <= pos; b0 += KV_BLOCK) {
-        const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi)
-        // ---- scores
-        const int p = b0 + tid;
-        float acc[MAXG];
+    const int b0 = blk * KV_BLOCK;
+    const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
+    // ---- scores: the k row's chunks loaded (16 at a time) before their arithmetic
+    const int p = b0 + tid;
+    const bool live = p >= lo && p < hi;
+    float acc[MAXG];
 #pragma unroll
-        for (int g = 0; g < MAXG; ++g) acc[g] = 0.0f;
-        const bool live = p >= lo && p < hi;
-        if (live) {
-            const act_t* kr = k_at(p);
-            if (d <= 128) {  // the whole row's loads first (16 chunks of 8 at most)
-                float kv[16][8];
+    for (int g = 0; g < MAXG; ++g) acc[g] = 0.0f;
+    if (live) {
+        const act_t* kr = k_at(p);
+        for (int c0 = 0; c0 < d; c0 += 128) {
+            act8_raw kv[16];
 #pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (j * 8 < d) act8(kr, j * 8, kv[j]);
+            for (int j = 0; j < 16; ++j)
+                if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
 #pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    if (j * 8 >= d) break;
+            for (int j = 0; j < 16; ++j) {
+                if (c0 + j * 8 >= d) break;
+                float kf[8];
+                act8_unpack(kv[j], kf);
 #pragma unroll
-                    for (int g = 0; g < MAXG; ++g) {
-                        if (g < G) {
+                for (int g = 0; g < MAXG; ++g) {
+                    if (g < G) {
 #pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                acc[g] = fmaf(qs[g * 256 + j * 8 + i], kv[j][i], acc[g]);
-                        }
-                    }
-                }
-            } else {
-                for (int c = 0; c < d; c += 8) {
-                    float kv[8];
-                    act8(kr, c, kv);
-#pragma unroll
-                    for (int g = 0; g < MAXG; ++g) {
-                        if (g < G) {
-#pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                acc[g] = fmaf(qs[g * 256 + c + i], kv[i], acc[g]);
-                        }
+                        for (int i = 0; i < 8; ++i)
+                            acc[g] = fmaf(qs[g * 256 + c0 + j * 8 + i], kf[i], acc[g]);
                     }
                 }
             }
         }
-        // ---- block max per q head
+    }
+    // ---- block max per q head
 #pragma unroll
-        for (int g = 0; g < MAXG; ++g) {
-            if (g < G) {
-                const float s = live ? acc[g] * scale : -INFINITY;
-                S[g * KV_BLOCK + tid] = s;
-                const float m = warp_max(s);
-                if (lane == 0) red[warp * MAXG + g] = m;
-            }
+    for (int g = 0; g < MAXG; ++g) {
+        if (g < G) {
+            const float s = live ? acc[g] * scale : -INFINITY;
+            S[g * KV_BLOCK + tid] = s;
+            const float m = warp_max(s);
+            if (lane == 0) red[warp * MAXG + g] = m;
         }
-        __syncthreads();
-        if (tid < G) {
-            float m = red[tid];
-            for (int w = 1; w < AW; ++w) m = fmaxf(m, red[w * MAXG + tid]);
-            blk_m[tid] = m;
-        }
-        __syncthreads();
-        // ---- probabilities and their sum
+    }
+    __syncthreads();
+    if (tid < G) {
+        float m = red[tid];
+        for (int w = 1; w < AW; ++w) m = fmaxf(m, red[w * MAXG + tid]);
+        blk_m[tid] = m;
+    }
+    __syncthreads();
+    // ---- probabilities and their sum
 #pragma unroll
-        for (int g = 0; g < MAXG; ++g) {
-            if (g < G) {
-                const float e = live ? expf(S[g * KV_BLOCK + tid] - blk_m[g]) : 0.0f;
-                S[g * KV_BLOCK + tid] = e;
-                const float l = warp_sum(e);
-                if (lane == 0) red[warp * MAXG + g] = l;
-            }
+    for (int g = 0; g < MAXG; ++g) {
+        if (g < G) {
+            const float e = live ? expf(S[g * KV_BLOCK + tid] - blk_m[g]) : 0.0f;
+            S[g * KV_BLOCK + tid] = e;
+            const float l = warp_sum(e);
+            if (lane == 0) red[warp * MAXG + g] = l;
         }
-        __syncthreads();
-        if (tid < G) {
-            float l = red[tid];
-            for (int w = 1; w < AW; ++w) l += red[w * MAXG + tid];
-            blk_l[tid] = l;
-        }
-        // ---- p·v: warp w takes positions lo' = b0 + w + 8 j, lane its E columns
-        float pv[MAXG][MAXE];
+    }
+    __syncthreads();
+    if (tid < G) {
+        float l = red[tid];
+        for (int w = 1; w < AW; ++w) l += red[w * MAXG + tid];
+        blk_l[tid] = l;
+    }
+    // ---- p·v: thread t takes column chunk ch and positions b0 + sub + j nsub
+    const int nch = d / 8, nsub = NT / nch;
+    const int ch = tid % nch, sub = tid / nch;
+    float pv[MAXG][8];
 #pragma unroll
-        for (int g = 0; g < MAXG; ++g)
+    for (int g = 0; g < MAXG; ++g)
 #pragma unroll
-            for (int e = 0; e < MAXE; ++e) pv[g][e] = 0.0f;
-        constexpr int VAHEAD = 8;  // positions whose v rows one warp loads before using them
-        for (int p0 = b0 + warp; p0 < hi; p0 += AW * VAHEAD) {
-            float vv[VAHEAD][MAXE];
+        for (int i = 0; i < 8; ++i) pv[g][i] = 0.0f;
+    if (sub < nsub) {
+        for (int p0 = b0 + sub; p0 < hi; p0 += nsub * VAHEAD) {
+            act8_raw vv[VAHEAD];
 #pragma unroll
             for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * AW;
-                const bool use = pp >= lo && pp < hi;
-                const act_t* vr = use ? v_at(pp) : nullptr;
-#pragma unroll
-                for (int e = 0; e < MAXE; ++e) {
-                    const int c = lane + 32 * e;
-                    vv[j][e] = (use && e < E && c < d) ? act_load(vr[c]) : 0.0f;
-                }
+                const int pp = p0 + j * nsub;
+                if (pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
             }
 #pragma unroll
             for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * AW;
+                const int pp = p0 + j * nsub;
                 if (pp < lo || pp >= hi) continue;
+                float vf[8];
+                act8_unpack(vv[j], vf);
 #pragma unroll
                 for (int g = 0; g < MAXG; ++g) {
                     if (g < G) {
                         const float pr = S[g * KV_BLOCK + (pp - b0)];
 #pragma unroll
-                        for (int e = 0; e < MAXE; ++e) pv[g][e] = fmaf(pr, vv[j][e], pv[g][e]);
+                        for (int i = 0; i < 8; ++i) pv[g][i] = fmaf(pr, vf[i], pv[g][i]);
                     }
                 }
             }
         }
-        // the 8 warp partials meet in warp order, at most PART (g, column) pairs at a time
-        for (int g0 = 0; g0 < G; g0 += max(1, PART / d)) {
-            const int gn = min(G - g0, max(1, PART / d));
-            __syncthreads();
-#pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g >= g0 && g < g0 + gn) {
-#pragma unroll
-                    for (int e = 0; e < MAXE; ++e) {
-                        const int c = lane + 32 * e;
-                        if (e < E && c < d) part[warp * PART + (g - g0) * d + c] = pv[g][e];
-                    }
-                }
-            }
-            __syncthreads();
-            for (int i = tid; i < gn * d; i += blockDim.x) {
-                float s = part[i];
-                for (int w = 1; w < AW; ++w) s += part[w * PART + i];
-                const int g = g0 + i / d, c = i - (i / d) * d;
-                // merge this block into the running state (log-sum-exp, left to right)
-                const float m_old = run_m[g], m_new = fmaxf(m_old, blk_m[g]);
-                const float a = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                const float b = expf(blk_m[g] - m_new);
-                run_acc[g * 256 + c] = run_acc[g * 256 + c] * a + s * b;
-            }
-        }
-        __syncthreads();
-        if (tid < G) {
-            const float m_old = run_m[tid], m_new = fmaxf(m_old, blk_m[tid]);
-            const float a = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-            const float b = expf(blk_m[tid] - m_new);
-            run_l[tid] = run_l[tid] * a + blk_l[tid] * b;
-            run_m[tid] = m_new;
-        }
-        __syncthreads();
     }
-    for (int i = tid; i < G * d; i += blockDim.x) {
+    // ---- the block's partial state to the scratch: per q head, the nsub partials of each
+    // column summed in sub order
+    DecodeScratch sc(work, rows, hkv, nkv, G);
+    const long at = (((long)row * hkv + kvh) * nkv + blk) * G;  // (row, kvh, blk, g = 0)
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        if (g >= G) break;
+        __syncthreads();
+        if (sub < nsub) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[g][i];
+        }
+        __syncthreads();
+        for (int c = tid; c < d; c += NT) {
+            float s = 0.0f;
+            for (int u = 0; u < nsub; ++u) s += part[u * d + c];
+            sc.acc[(at + g) * d + c] = s;
+        }
+    }
+    if (tid < G) {
+        sc.ml[(at + tid) * 2] = blk_m[tid];
+        sc.ml[(at + tid) * 2 + 1] = blk_l[tid];
+    }
+    // ---- the last block of this (kv head, row) merges every block, left to right
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
+        const unsigned t = atomicAdd(ticket, 1u);
+        merging = t == (unsigned)(last - first);
+        if (merging) {
+            *ticket = 0u;  // every block of this launch has counted: ready for the next one
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    if (!merging) return;
+    for (int i = tid; i < G * d; i += NT) {
         const int g = i / d, c = i - g * d;
-        o[((long)row * hq + kvh * G + g) * d + c] = act_store(run_acc[g * 256 + c] / run_l[g]);
+        float m = -INFINITY, l = 0.0f, a = 0.0f;
+        for (int b = first; b <= last; ++b) {
+            const long e = (((long)row * hkv + kvh) * nkv + b) * G + g;
+            const float bm = __ldcg(sc.ml + e * 2), bl = __ldcg(sc.ml + e * 2 + 1);
+            const float s = __ldcg(sc.acc + e * d + c);
+            const float mn = fmaxf(m, bm);
+            const float x = m == -INFINITY ? 0.0f : expf(m - mn);
+            const float y = expf(bm - mn);
+            a = a * x + s * y;
+            l = l * x + bl * y;
+            m = mn;
+        }
+        o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
     }
 }
 
-// grid (hkv, rows), block 256.
-extern "C" __global__ void __launch_bounds__(32 * AW)
+// grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
-                         const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq,
-                         int hkv, int d, int max_ctx, float scale, int window) {
+                         const int* __restrict__ slots, act_t* __restrict__ o, void* work,
+                         int rows, int hq, int hkv, int d, int max_ctx, float scale,
+                         int window) {
     decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
-                         const_cast<act_t*>(v_cache), positions, slots, o, rows, hq, hkv, d,
-                         max_ctx, scale, window);
+                         const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
+                         d, max_ctx, scale, window);
 }
 
-// kv_append then attention in one kernel. grid (hkv, rows), block 256.
-extern "C" __global__ void __launch_bounds__(32 * AW)
+// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
                                    const int* __restrict__ positions,
                                    const int* __restrict__ slots, act_t* __restrict__ o,
-                                   int rows, int hq, int hkv, int d, int max_ctx, float scale,
-                                   int window) {
-    decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                                   void* work, int rows, int hq, int hkv, int d, int max_ctx,
+                                   float scale, int window) {
+    decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
                         max_ctx, scale, window);
 }

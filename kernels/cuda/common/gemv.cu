@@ -78,8 +78,10 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int row = blockIdx.y;
     if (col >= n || row >= rows) return;
-    const act_t* xr = x + (long)row * k;
-    const float g = act_round(warp_dot(xr, weight_rows(weight_ref(wg, wg_scale, wg_global), col, k), k));
-    const float u = act_round(warp_dot(xr, weight_rows(weight_ref(wu, wu_scale, wu_global), col, k), k));
-    if ((threadIdx.x & 31) == 0) h[(long)row * n + col] = act_store(silu_mul(g, u));
+    const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), col, k),
+                            weight_rows(weight_ref(wu, wu_scale, wu_global), col, k)};
+    float gu[2];
+    warp_dots<2>(x + (long)row * k, w, k, gu);  // both rows' loads in flight together
+    if ((threadIdx.x & 31) == 0)
+        h[(long)row * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
 }

@@ -16,58 +16,88 @@
 static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte chunk per lane)");
 
 
-// x · w for one x row (k activations) and one weight row, by one full warp; every lane gets it.
+#if defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4) || defined(WEIGHT_FP8)
+#define DOT_AHEAD 16  // k-blocks whose loads one lane issues before their arithmetic
+#else
+#define DOT_AHEAD 8
+#endif
+
+// x · w[j] for one x row (k activations) and N weight rows, by one full warp; every lane gets
+// them. Each dot's order is warp_dot's whatever N is (the x chunk is shared, not the sums).
 // `vec` is true when k is a multiple of 8 so that rows stay 16-byte aligned for vector loads.
-__device__ __forceinline__ float warp_dot(const act_t* x, WeightRef w, int k) {
+template <int N>
+__device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N], int k,
+                                          float (&out)[N]) {
     const int lane = threadIdx.x & 31;
     const bool vec = (k & 7) == 0;
-    Combine acc;
+    Combine acc[N];
     if (vec && K_BLOCK == 256) {
-        // One chunk per lane per block: issue the loads of PREFETCH blocks before any of their
+        // One chunk per lane per block: the loads of AHEAD blocks (raw) before any of their
         // arithmetic, so that many bytes are in flight; the sums are the loop's below, in order.
-        constexpr int PREFETCH = 4;
+        constexpr int AHEAD = DOT_AHEAD / N > 2 ? DOT_AHEAD / N : 2;
         const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
-        for (int b = 0; b < nkb; b += PREFETCH) {
-            float wv[PREFETCH][8], xv[PREFETCH][8];
+        for (int b = 0; b < nkb; b += AHEAD) {
+            WeightRaw8 wr[N][AHEAD];
+            act8_raw xr[AHEAD];
 #pragma unroll
-            for (int u = 0; u < PREFETCH; ++u) {
+            for (int u = 0; u < AHEAD; ++u) {
                 const int c = (b + u) * K_BLOCK + lane * 8;
                 if (b + u < nkb && c < k) {
-                    weight8(w, c, wv[u]);
-                    act8(x, c, xv[u]);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) wr[j][u] = weight8_load(w[j], c);
+                    xr[u] = act8_load(x, c);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < PREFETCH; ++u) {
+            for (int u = 0; u < AHEAD; ++u) {
                 if (b + u >= nkb) break;
                 const int c = (b + u) * K_BLOCK + lane * 8;
-                float s = 0.0f;
-                if (c < k) {
+                float xv[8];
+                if (c < k) act8_unpack(xr[u], xv);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) s = fmaf(xv[u][i], wv[u][i], s);
+                for (int j = 0; j < N; ++j) {
+                    float s = 0.0f;
+                    if (c < k) {
+                        float wv[8];
+                        weight8_unpack(w[j], wr[j][u], wv);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) s = fmaf(xv[i], wv[i], s);
+                    }
+                    acc[j].add(warp_sum(s));
                 }
-                acc.add(warp_sum(s));
             }
         }
-        return acc.result();
-    }
-    for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
-        const int b1 = min(b0 + K_BLOCK, k);
-        float s = 0.0f;
-        for (int c = b0 + lane * 8; c < b1; c += 32 * 8) {
-            if (vec) {
-                float xv[8], wv[8];
-                act8(x, c, xv);
-                weight8(w, c, wv);
+    } else {
+        for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
+            const int b1 = min(b0 + K_BLOCK, k);
 #pragma unroll
-                for (int i = 0; i < 8; ++i) s = fmaf(xv[i], wv[i], s);
-            } else {
-                for (int i = c; i < min(c + 8, b1); ++i) s = fmaf(act_load(x[i]), weight1(w, i), s);
+            for (int j = 0; j < N; ++j) {
+                float s = 0.0f;
+                for (int c = b0 + lane * 8; c < b1; c += 32 * 8) {
+                    if (vec) {
+                        float xv[8], wv[8];
+                        act8(x, c, xv);
+                        weight8(w[j], c, wv);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) s = fmaf(xv[i], wv[i], s);
+                    } else {
+                        for (int i = c; i < min(c + 8, b1); ++i)
+                            s = fmaf(act_load(x[i]), weight1(w[j], i), s);
+                    }
+                }
+                acc[j].add(warp_sum(s));
             }
         }
-        acc.add(warp_sum(s));
     }
-    return acc.result();
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = acc[j].result();
+}
+
+__device__ __forceinline__ float warp_dot(const act_t* x, WeightRef w, int k) {
+    const WeightRef ws[1] = {w};
+    float out[1];
+    warp_dots<1>(x, ws, k, out);
+    return out[0];
 }
 
 __device__ __forceinline__ WeightRef weight_ref(const void* data, const void* scale,

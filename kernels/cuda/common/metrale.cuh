@@ -52,6 +52,30 @@ __device__ __forceinline__ void act8(const act_t* x, int c, float out[8]) {
 #endif
 }
 
+// The same eight activations kept raw (16 bytes for bf16, 32 for f32), so that many loads can be
+// in flight in few registers; act8_unpack converts them when they are used.
+#if defined(ACT_BF16)
+typedef uint4 act8_raw;
+__device__ __forceinline__ act8_raw act8_load(const act_t* x, int c) {
+    return *(const uint4*)(x + c);
+}
+__device__ __forceinline__ void act8_unpack(const act8_raw& raw, float out[8]) {
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
+}
+#else
+struct act8_raw { float4 a, b; };
+__device__ __forceinline__ act8_raw act8_load(const act_t* x, int c) {
+    const float4* p = (const float4*)(x + c);
+    return act8_raw{p[0], p[1]};
+}
+__device__ __forceinline__ void act8_unpack(const act8_raw& raw, float out[8]) {
+    out[0] = raw.a.x; out[1] = raw.a.y; out[2] = raw.a.z; out[3] = raw.a.w;
+    out[4] = raw.b.x; out[5] = raw.b.y; out[6] = raw.b.z; out[7] = raw.b.w;
+}
+#endif
+
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p, long i) {
     return __bfloat162float(p[i]);
 }
@@ -143,8 +167,15 @@ struct Combine {
     defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
 #define METRALE_HAS_WEIGHT 1
 
-__constant__ float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+// e2m1 nibble -> f32, exactly (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, -0 included),
+// by arithmetic rather than a table: a table in constant memory serializes the lanes of a
+// warp that read different entries. For exponent bits e > 0 the f32 with exponent field
+// e + 126 and mantissa bit m is 2^(e-1) (1 + m/2); for e = 0 the value is m / 2.
+__device__ __forceinline__ float e2m1_load(uint32_t nib) {
+    const uint32_t x = nib & 7u;
+    const float v = x < 2u ? 0.5f * float(x) : __uint_as_float((x << 22) + (126u << 23));
+    return __uint_as_float(__float_as_uint(v) | ((nib & 8u) << 28));
+}
 
 __device__ __forceinline__ float e4m3_load(uint8_t b) {
     __nv_fp8_e4m3 v;
@@ -186,41 +217,76 @@ __device__ __forceinline__ WeightRef weight_rows(WeightRef w, long row, int k) {
 }
 
 // Eight consecutive weights of one row starting at column c (c a multiple of 8, c + 8 <= k),
-// dequantized to f32: one 16-byte load for bf16, 8 bytes for fp8, 4 bytes for fp4.
-__device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
+// kept raw until used so that many loads can be in flight in few registers: 16 bytes for
+// bf16, 32 for f32, 8 for fp8, 4 for fp4 (with the chunk's scale byte).
+struct WeightRaw8 {
 #if defined(WEIGHT_BF16)
-    uint4 raw = *(const uint4*)((const __nv_bfloat16*)w.data + c);
-    const __nv_bfloat16* h = (const __nv_bfloat16*)&raw;
+    uint4 v;
+#elif defined(WEIGHT_F32)
+    float4 a, b;
+#elif defined(WEIGHT_FP8)
+    uint2 v;
+#else
+    uint32_t v;
+    uint8_t s;
+#endif
+};
+
+__device__ __forceinline__ WeightRaw8 weight8_load(WeightRef w, int c) {
+    WeightRaw8 r;
+#if defined(WEIGHT_BF16)
+    r.v = *(const uint4*)((const __nv_bfloat16*)w.data + c);
+#elif defined(WEIGHT_F32)
+    const float4* p = (const float4*)((const float*)w.data + c);
+    r.a = p[0];
+    r.b = p[1];
+#elif defined(WEIGHT_FP8)
+    r.v = *(const uint2*)((const uint8_t*)w.data + c);
+#else
+    r.v = *(const uint32_t*)((const uint8_t*)w.data + c / 2);
+#if defined(WEIGHT_MXFP4)
+    r.s = ((const uint8_t*)w.scale)[c / 32];
+#else
+    r.s = ((const uint8_t*)w.scale)[c / 16];
+#endif
+#endif
+    return r;
+}
+
+// The raw chunk dequantized to f32, the products rounded as metrale.lkb.quant rounds them.
+__device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r, float out[8]) {
+#if defined(WEIGHT_BF16)
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&r.v;
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(h[i]);
 #elif defined(WEIGHT_F32)
-    const float4* p = (const float4*)((const float*)w.data + c);
-    float4 a = p[0], b = p[1];
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    out[0] = r.a.x; out[1] = r.a.y; out[2] = r.a.z; out[3] = r.a.w;
+    out[4] = r.b.x; out[5] = r.b.y; out[6] = r.b.z; out[7] = r.b.w;
 #elif defined(WEIGHT_FP8)
-    uint2 raw = *(const uint2*)((const uint8_t*)w.data + c);
-    const uint8_t* b = (const uint8_t*)&raw;
+    const uint8_t* b = (const uint8_t*)&r.v;
     const float s = *(const float*)w.scale;
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(e4m3_load(b[i]), s);
-#elif defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
-    uint32_t raw = *(const uint32_t*)((const uint8_t*)w.data + c / 2);
-#if defined(WEIGHT_MXFP4)
-    const float s = e8m0_load(((const uint8_t*)w.scale)[c / 32]);
 #else
-    const float s = e4m3_load(((const uint8_t*)w.scale)[c / 16]);
+#if defined(WEIGHT_MXFP4)
+    const float s = e8m0_load(r.s);
+#else
+    const float s = e4m3_load(r.s);
     const float g = *w.global;
 #endif
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        float v = __fmul_rn(kE2M1[(raw >> (4 * i)) & 0xf], s);
+        float v = __fmul_rn(e2m1_load(r.v >> (4 * i)), s);
 #if defined(WEIGHT_NVFP4)
         v = __fmul_rn(v, g);
 #endif
         out[i] = v;
     }
 #endif
+}
+
+__device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
+    weight8_unpack(w, weight8_load(w, c), out);
 }
 
 // One weight at column c (for a ragged tail of k that is not a multiple of 8).
@@ -233,7 +299,7 @@ __device__ __forceinline__ float weight1(WeightRef w, int c) {
     return __fmul_rn(e4m3_load(((const uint8_t*)w.data)[c]), *(const float*)w.scale);
 #else
     uint8_t b = ((const uint8_t*)w.data)[c / 2];
-    float v = kE2M1[(c & 1) ? (b >> 4) : (b & 0xf)];
+    float v = e2m1_load((c & 1) ? (b >> 4) : (b & 0xf));
 #if defined(WEIGHT_MXFP4)
     return __fmul_rn(v, e8m0_load(((const uint8_t*)w.scale)[c / 32]));
 #else

@@ -129,8 +129,11 @@ metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ 
     if (ex < 0 || ex >= e) return;
     const act_t* xr = x + (long)(rs / top_k) * k;
     const long wrow = (long)ex * n + col;
-    const float g = act_round(warp_dot(xr, weight_rows(weight_ref(wg, wg_scale, wg_global), wrow, k), k));
-    const float u = act_round(warp_dot(xr, weight_rows(weight_ref(wu, wu_scale, wu_global), wrow, k), k));
+    const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), wrow, k),
+                            weight_rows(weight_ref(wu, wu_scale, wu_global), wrow, k)};
+    float gu[2];
+    warp_dots<2>(xr, w, k, gu);
+    const float g = act_round(gu[0]), u = act_round(gu[1]);
     if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(silu_mul(g, u));
 }
 
