@@ -67,7 +67,10 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
     return out
 
 
-def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator) -> dict:
+def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
+                 records: list | None = None) -> dict:
+    """The decode step timed on the sm_90 plan; with ``records``, each distinct kernel is also
+    timed alone and its evidence record (bandwidth against the class's floor) appended."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
@@ -85,13 +88,30 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator) -
             eng.backend.copy_h2d(ptr, vals.astype(ml_dtypes.bfloat16).view(np.uint8))
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
+    if records is not None:
+        from metrale.realize.compute import NvidiaTarget
+        from metrale.realize.hardware import load_hardware
+        from metrale.runtime.bench import evidence, kernel_times
+
+        records += evidence(kernel_times(eng, batch), load_hardware().get("sm_90"),
+                            eng.backend.limits.name, NvidiaTarget("ptx").version())
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
            "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph}
     eng.close()
     return out
 
 
-def hf_steps(model: str, batch: int, compile_mode: str) -> dict:
+COMPILE_MODES = ("reduce-overhead", "reduce-overhead+eager-attn",
+                 "reduce-overhead+no-position-ids", "reduce-overhead+static", "default+graph")
+"""How the torch.compile peer is tried, in order, each in a fresh process (a device-side
+assert ends the process that hit it): torch.compile(mode="reduce-overhead") as is; with HF's
+eager attention instead of SDPA; without explicit position ids; with dynamic=False; and the
+default mode with the CUDA graph captured by this script."""
+
+
+def hf_steps(model: str, batch: int, compile_mode: str, out: dict) -> dict:
+    """HF eager and (``compile_mode``) compiled decode steps, filled into ``out`` as they are
+    measured, so that a later failure keeps the earlier figures."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
@@ -100,8 +120,9 @@ def hf_steps(model: str, batch: int, compile_mode: str) -> dict:
     cfg_dict = ModelConfig.load(model).to_hf_dict()
     cfg = AutoConfig.for_model(**cfg_dict)
     torch.manual_seed(0)
+    extra = {"attn_implementation": "eager"} if compile_mode.endswith("+eager-attn") else {}
     with torch.device("cuda"):
-        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **extra).eval()
     cache = StaticCache(config=cfg, max_cache_len=CONTEXT + 64)
     ids = torch.randint(0, cfg.vocab_size, (batch, CONTEXT), device="cuda")
     with torch.no_grad():
@@ -111,18 +132,23 @@ def hf_steps(model: str, batch: int, compile_mode: str) -> dict:
     pos = torch.tensor([CONTEXT], device="cuda")
     position_ids = pos.view(1, 1).expand(batch, 1).contiguous()
 
+    kwargs = dict(past_key_values=cache, use_cache=True, cache_position=pos)
+    if not compile_mode.endswith("+no-position-ids"):
+        kwargs["position_ids"] = position_ids
+
     def step(fn):
         def run():
             with torch.no_grad():
-                fn(tok, past_key_values=cache, use_cache=True, cache_position=pos,
-                   position_ids=position_ids)
+                fn(tok, **kwargs)
             torch.cuda.synchronize()
         return run
 
-    out = {"eager_s": median_wall(step(m), 50, 5)}
-    if compile_mode == "reduce-overhead":
+    out["eager_s"] = median_wall(step(m), 50, 5)
+    out["compile_mode"] = compile_mode
+    if compile_mode.startswith("reduce-overhead"):
         t0 = time.perf_counter()
-        run = step(torch.compile(m, mode="reduce-overhead", fullgraph=False))
+        dynamic = False if compile_mode.endswith("+static") else None
+        run = step(torch.compile(m, mode="reduce-overhead", fullgraph=False, dynamic=dynamic))
         for _ in range(3):
             run()
         out["compile_warmup_s"] = time.perf_counter() - t0
@@ -132,8 +158,6 @@ def hf_steps(model: str, batch: int, compile_mode: str) -> dict:
         # the graph captured here instead of by torch's graph trees
         t0 = time.perf_counter()
         compiled = torch.compile(m, fullgraph=False)
-        kwargs = dict(past_key_values=cache, use_cache=True, cache_position=pos,
-                      position_ids=position_ids)
         with torch.no_grad():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -152,7 +176,6 @@ def hf_steps(model: str, batch: int, compile_mode: str) -> dict:
         replay()
         out["compile_warmup_s"] = time.perf_counter() - t0
         out["compiled_s"] = median_wall(replay, 100, 5)
-    out["compile_mode"] = compile_mode
     m = cache = None  # free the weights before the next model
     torch.cuda.empty_cache()
     return out
@@ -162,14 +185,19 @@ def hf_child(model: str, batch: int, compile_too: bool, timeout: float) -> dict:
     """HF figures from a child process (a failure there is reported, not fatal here). Where
     ``torch.compile(mode="reduce-overhead")`` fails (a device-side assert ends its process),
     a second child compiles in the default mode and replays a CUDA graph it captures."""
-    modes = ["reduce-overhead", "default+graph"] if compile_too else ["none"]
-    errors = {}
+    modes = COMPILE_MODES if compile_too else ("none",)
+    errors: dict[str, str] = {}
+    eager = {}
     for mode in modes:
         out = _child(model, batch, mode, timeout)
+        if "eager_s" in out:
+            eager = {"eager_s": out["eager_s"]}
         if "hf_error" not in out:
             return {**out, **({"compile_errors": errors} if errors else {})}
         errors[mode] = out["hf_error"]
-    return {"hf_error": " / ".join(f"{m}: {e}" for m, e in errors.items())}
+        print(f"  HF {model} b={batch} torch.compile[{mode}] failed: {out['hf_error'][:240]}",
+              flush=True)
+    return {**eager, "hf_error": " / ".join(f"{m}: {e}" for m, e in errors.items())}
 
 
 def _child(model: str, batch: int, mode: str, timeout: float) -> dict:
@@ -181,9 +209,12 @@ def _child(model: str, batch: int, mode: str, timeout: float) -> dict:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"hf_error": f"timed out after {timeout:.0f} s"}
+    asserts = [ln.strip() for ln in done.stderr.splitlines() if "Assertion" in ln][:1]
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             out = _json.loads(line)
+            if "hf_error" in out and asserts:  # the device's own words for the assert
+                out["hf_error"] += f" ({asserts[0][-200:]})"
             if "hf_error" not in out or done.returncode == 0:
                 return out
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -194,11 +225,11 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--hf-child":
         import json as _json
 
-        out = {}
+        out: dict = {}
         try:
-            out = hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+            hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4], out)
         except Exception as e:  # reported to the parent as data
-            out["hf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            out["hf_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         print(_json.dumps(out), flush=True)
         return
     ap = argparse.ArgumentParser()
@@ -210,13 +241,16 @@ def main() -> None:
     ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
     ap.add_argument("--compile-batches", default="1,8", help="batches torch.compile is timed at")
     ap.add_argument("--hf-timeout", type=float, default=150)
+    ap.add_argument("--record", action="store_true",
+                    help="append evidence records (each kernel at batch 1) to the sm_90 class")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rate = device_copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
-    rows = []
+    rows: list[dict] = []
+    records: list = []
     start = time.perf_counter()
     for model in args.models:
         for batch in map(int, args.batches.split(",")):
@@ -227,7 +261,8 @@ def main() -> None:
             for quant in args.quants.split(","):
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
-                ours[quant] = metrale_step(model, quant, batch, rng)
+                ours[quant] = metrale_step(model, quant, batch, rng,
+                                           records if args.record and batch == 1 else None)
             hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
             for quant, m in ours.items():
                 r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
@@ -249,6 +284,13 @@ def main() -> None:
     path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
                                        "rows": rows})
     print(f"wrote {path}")
+    if records:
+        from metrale.realize.evidence import EVIDENCE_FILE, append_records
+        from metrale.realize.hardware import default_kernels_dir
+
+        where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
+        append_records(where, records)
+        print(f"appended {len(records)} evidence records to {where}")
 
 
 if __name__ == "__main__":

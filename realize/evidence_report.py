@@ -6,11 +6,14 @@ current source hash (the report shows the latest such record: value, floor, date
 only records of an older source exist, "shared, unmeasured" otherwise, and "evidence
 unreadable" where a damaged record may concern it. Host kernels are the reference semantics.
 
->>> r = evidence_report("sm_90")
+>>> r = evidence_report("sm_80")  # a class nothing has been measured on
 >>> r.counts()["shared, unmeasured"] == len(r.rows) > 0
 True
 >>> print(str(r).splitlines()[0])
-evidence on sm_90: 144 kernels; shared, unmeasured 144
+evidence on sm_80: 144 kernels; shared, unmeasured 144
+>>> r = evidence_report("sm_90")  # the H200's records count on sm_90 only
+>>> r.counts()["measured on sm_90"] > 0
+True
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path):
     """Records from timings count on the class that ran them, for the source that ran."""
     from metrale.plan.plan import plan_for
 
-    root = tmp_path / "kernels"
-    shutil.copytree(default_kernels_dir(), root)
+    root = tmp_path / "kernels"  # the shipped tree without its measured evidence
+    shutil.copytree(default_kernels_dir(), root, ignore=shutil.ignore_patterns("EVIDENCE.toml"))
     hw = load_hardware(root).get("sm_90")
     F = realization("sm_90", kernels_dir=root)
     point = Point("rmsnorm", (("act", "bf16"), ("h_block", 256)))

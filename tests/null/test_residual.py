@@ -40,9 +40,11 @@ def table_text(name: str, **extra: str) -> str:
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """The shipped tree plus: a shadow of rmsnorm in sm_90/common (with its reason), a shadow of
-    add without one, a class-only source, an orphan table, and a per-point copy in a leaf."""
+    add without one, a class-only source, an orphan table, and a per-point copy in a leaf; no
+    measured evidence (the statuses below are those of unmeasured kernels)."""
     root = tmp_path / "kernels"
-    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    shutil.copytree(SHIPPED, root, ignore=shutil.ignore_patterns("__pycache__", "*.py",
+                                                                 "EVIDENCE.toml"))
     own = root / "sm_90" / "common"
     own.mkdir(parents=True)
     shutil.copy(COMMON / "norm.cu", own / "norm.cu")

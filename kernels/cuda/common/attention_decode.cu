@@ -10,7 +10,8 @@
 // bytes are the reference's.
 // Inside a block:
 //   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32) for every
-//           q head of the group, the k row's loads issued before their arithmetic;
+//           q head of the group, the k row's loads (and an L2 prefetch of the v row) issued
+//           before q is staged;
 //   softmax: block max and sum over the positions (warp trees, warps in order);
 //   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
 //           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
@@ -71,19 +72,6 @@ __device__ __forceinline__ void decode_attend(
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
     const long new_at = ((long)row * hkv + kvh) * d;
 
-    if (APPEND && blk == last) {  // the new entry, for later steps (this step reads the inputs)
-        const long dst = ((kv_row + pos) * hkv + kvh) * d;
-        for (int i = tid; i < d; i += NT) {
-            k_cache[dst + i] = k_new[new_at + i];
-            v_cache[dst + i] = v_new[new_at + i];
-        }
-    }
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
-    }
-    __syncthreads();
-
     auto k_at = [&](int p) -> const act_t* {
         if (APPEND && p == pos) return k_new + new_at;
         return k_cache + ((kv_row + p) * hkv + kvh) * d;
@@ -95,19 +83,36 @@ __device__ __forceinline__ void decode_attend(
 
     const int b0 = blk * KV_BLOCK;
     const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
-    // ---- scores: the k row's chunks loaded (16 at a time) before their arithmetic
+    // ---- scores. Thread t's k row (its first 128 columns) is loaded, and its v row asked
+    // into L2, before q is staged: the loads overlap instead of following one another.
     const int p = b0 + tid;
     const bool live = p >= lo && p < hi;
+    act8_raw kv[16];
+    if (live) {
+        const act_t* kr = k_at(p);
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
+        const char* vr = (const char*)v_at(p);
+        for (int off = 0; off < d * (int)sizeof(act_t); off += 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
+    }
+    for (int i = tid; i < G * d; i += NT) {
+        const int g = i / d, c = i - g * d;
+        qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
+    }
+    __syncthreads();
     float acc[MAXG];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) acc[g] = 0.0f;
     if (live) {
         const act_t* kr = k_at(p);
         for (int c0 = 0; c0 < d; c0 += 128) {
-            act8_raw kv[16];
+            if (c0 > 0) {
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
-                if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
+                for (int j = 0; j < 16; ++j)
+                    if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
+            }
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 if (c0 + j * 8 >= d) break;
@@ -213,6 +218,15 @@ __device__ __forceinline__ void decode_attend(
         sc.ml[(at + tid) * 2] = blk_m[tid];
         sc.ml[(at + tid) * 2 + 1] = blk_l[tid];
     }
+    // the new entry, for later steps (this step read it from the inputs); stored after every
+    // cache load of the block so that those loads need not wait behind it
+    if (APPEND && blk == last) {
+        const long dst = ((kv_row + pos) * hkv + kvh) * d;
+        for (int i = tid; i < d; i += NT) {
+            k_cache[dst + i] = k_new[new_at + i];
+            v_cache[dst + i] = v_new[new_at + i];
+        }
+    }
     // ---- the last block of this (kv head, row) merges every block, left to right
     __threadfence();
     __syncthreads();
@@ -230,16 +244,27 @@ __device__ __forceinline__ void decode_attend(
     for (int i = tid; i < G * d; i += NT) {
         const int g = i / d, c = i - g * d;
         float m = -INFINITY, l = 0.0f, a = 0.0f;
-        for (int b = first; b <= last; ++b) {
-            const long e = (((long)row * hkv + kvh) * nkv + b) * G + g;
-            const float bm = __ldcg(sc.ml + e * 2), bl = __ldcg(sc.ml + e * 2 + 1);
-            const float s = __ldcg(sc.acc + e * d + c);
-            const float mn = fmaxf(m, bm);
-            const float x = m == -INFINITY ? 0.0f : expf(m - mn);
-            const float y = expf(bm - mn);
-            a = a * x + s * y;
-            l = l * x + bl * y;
-            m = mn;
+        constexpr int MAHEAD = 8;  // blocks whose partials are loaded before they are merged
+        for (int b0 = first; b0 <= last; b0 += MAHEAD) {
+            float bm[MAHEAD], bl[MAHEAD], bs[MAHEAD];
+#pragma unroll
+            for (int u = 0; u < MAHEAD; ++u) {
+                if (b0 + u > last) break;
+                const long e = (((long)row * hkv + kvh) * nkv + b0 + u) * G + g;
+                bm[u] = __ldcg(sc.ml + e * 2);
+                bl[u] = __ldcg(sc.ml + e * 2 + 1);
+                bs[u] = __ldcg(sc.acc + e * d + c);
+            }
+#pragma unroll
+            for (int u = 0; u < MAHEAD; ++u) {
+                if (b0 + u > last) break;
+                const float mn = fmaxf(m, bm[u]);
+                const float x = m == -INFINITY ? 0.0f : expf(m - mn);
+                const float y = expf(bm[u] - mn);
+                a = a * x + bs[u] * y;
+                l = l * x + bl[u] * y;
+                m = mn;
+            }
         }
         o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
     }

@@ -76,6 +76,21 @@ __device__ __forceinline__ void act8_unpack(const act8_raw& raw, float out[8]) {
 }
 #endif
 
+// Eight activations stored from f32 at column c (c a multiple of 8): one 16-byte store for bf16.
+__device__ __forceinline__ void act8_store(act_t* y, int c, const float v[8]) {
+#if defined(ACT_BF16)
+    uint4 raw;
+    __nv_bfloat16* h = (__nv_bfloat16*)&raw;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = __float2bfloat16_rn(v[i]);
+    *(uint4*)(y + c) = raw;
+#else
+    float4* p = (float4*)(y + c);
+    p[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p[1] = make_float4(v[4], v[5], v[6], v[7]);
+#endif
+}
+
 __device__ __forceinline__ float bf16_load(const __nv_bfloat16* p, long i) {
     return __bfloat162float(p[i]);
 }

@@ -70,12 +70,14 @@ __device__ __forceinline__ void row_norm(const act_t* x, const act_t* r, const _
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int nblk = (h + H_BLOCK - 1) / H_BLOCK;
     float v[ROW_CHUNKS][8];
+    uint4 wr[ROW_CHUNKS];  // the norm weights (bf16), loaded with x so that no load follows the sum
 #pragma unroll
     for (int j = 0; j < ROW_CHUNKS; ++j) {
         const int b = warp + j * nw;
         const int c = b * H_BLOCK + lane * 8;
         float sq = 0.0f;
         if (b < nblk && c < h) {
+            wr[j] = *(const uint4*)(w + c);
             act8(x, c, v[j]);
             if (ADD) {
                 float rv[8];
@@ -102,11 +104,13 @@ __device__ __forceinline__ void row_norm(const act_t* x, const act_t* r, const _
         const int b = warp + j * nw;
         const int c = b * H_BLOCK + lane * 8;
         if (b < nblk && c < h) {
+            if (ADD) act8_store(s, c, v[j]);
+            const __nv_bfloat16* wv = (const __nv_bfloat16*)&wr[j];
+            float out[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                if (ADD) s[c + i] = act_store(v[j][i]);
-                y[c + i] = act_store(act_round(v[j][i] * inv) * bf16_load(w, c + i));
-            }
+            for (int i = 0; i < 8; ++i)
+                out[i] = act_round(v[j][i] * inv) * __bfloat162float(wv[i]);
+            act8_store(y, c, out);
         }
     }
 }
@@ -116,8 +120,8 @@ __device__ __forceinline__ bool row_norm_fits(int h) {
            (h + H_BLOCK - 1) / H_BLOCK <= (int)(blockDim.x >> 5) * ROW_CHUNKS;
 }
 
-// grid (rows), block min(1024, 32 * ceil(h / H_BLOCK)).
-extern "C" __global__ void __launch_bounds__(1024)
+// grid (rows), block min(512, 32 * ceil(h / H_BLOCK)).
+extern "C" __global__ void __launch_bounds__(512)
 metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                 act_t* __restrict__ y, int rows, int h, float eps) {
     __shared__ float scratch[33];
@@ -136,7 +140,7 @@ metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w
 }
 
 // s = round(x + r); y = rmsnorm(s). grid (rows), block as rmsnorm.
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(512)
 metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
                     const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
                     act_t* __restrict__ y, int rows, int h, float eps) {
