@@ -7,6 +7,11 @@ the same shapes in bf16 with a static cache, eagerly and under
 warm-up; the floors are the plan's bytes over the device's nominal bandwidth and over the copy
 rate measured in the same run. Writes ``benchmarks/results/gpu_decode.json``.
 
+Beside it, the plain-torch model of ``torch_peer.py`` (the same math without transformers' cache
+objects, checked against transformers in ``tests/host/test_torch_peer.py``) is compiled the same
+way: a compiled peer that stands where transformers' own compiled decode fails (as it did on
+the lent H200's torch 2.11 / transformers 5.17).
+
 Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.1-8b``
 (``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--record`` writes evidence).
 """
@@ -181,10 +186,48 @@ def hf_steps(model: str, batch: int, compile_mode: str, out: dict) -> dict:
     return out
 
 
+def torch_peer_steps(model: str, batch: int, out: dict) -> dict:
+    """The plain-torch decode step (``torch_peer.py``, the same model without transformers'
+    cache objects) in bf16, eagerly and under ``torch.compile(mode="reduce-overhead")``."""
+    import torch
+    from torch_peer import TorchDecode, random_state
+
+    from metrale.plan.config import ModelConfig
+
+    c = ModelConfig.load(model)
+    m = TorchDecode(c, random_state(c, torch.bfloat16, device="cuda"), batch=batch,
+                    max_ctx=CONTEXT + 64)
+    m.k_cache.normal_(0, 0.5)  # a full cache of random values, as Metrale's
+    m.v_cache.normal_(0, 0.5)
+    tok = torch.randint(0, c.vocab_size, (batch,), device="cuda")
+    pos = torch.tensor(CONTEXT, device="cuda")
+
+    def step(fn):
+        def run():
+            with torch.no_grad():
+                fn(tok, pos)
+            torch.cuda.synchronize()
+        return run
+
+    out["peer_eager_s"] = median_wall(step(m), 20, 3)
+    t0 = time.perf_counter()
+    run = step(torch.compile(m, mode="reduce-overhead", fullgraph=True))
+    for _ in range(3):
+        run()
+    out["peer_compile_warmup_s"] = time.perf_counter() - t0
+    out["peer_compiled_s"] = median_wall(run, 100, 5)
+    return out
+
+
 def hf_child(model: str, batch: int, compile_too: bool, timeout: float) -> dict:
     """HF figures from a child process (a failure there is reported, not fatal here). Where
     ``torch.compile(mode="reduce-overhead")`` fails (a device-side assert ends its process),
     a second child compiles in the default mode and replays a CUDA graph it captures."""
+    peer = {}
+    if compile_too:  # the plain-torch model compiled, whatever transformers' compile does
+        peer = _child(model, batch, "torch-peer", timeout)
+        if "hf_error" in peer:
+            peer = {"peer_error": peer["hf_error"]}
     modes = COMPILE_MODES if compile_too else ("none",)
     errors: dict[str, str] = {}
     eager = {}
@@ -193,11 +236,11 @@ def hf_child(model: str, batch: int, compile_too: bool, timeout: float) -> dict:
         if "eager_s" in out:
             eager = {"eager_s": out["eager_s"]}
         if "hf_error" not in out:
-            return {**out, **({"compile_errors": errors} if errors else {})}
+            return {**out, **peer, **({"compile_errors": errors} if errors else {})}
         errors[mode] = out["hf_error"]
         print(f"  HF {model} b={batch} torch.compile[{mode}] failed: {out['hf_error'][:240]}",
               flush=True)
-    return {**eager, "hf_error": " / ".join(f"{m}: {e}" for m, e in errors.items())}
+    return {**eager, **peer, "hf_error": " / ".join(f"{m}: {e}" for m, e in errors.items())}
 
 
 def _child(model: str, batch: int, mode: str, timeout: float) -> dict:
@@ -227,7 +270,10 @@ def main() -> None:
 
         out: dict = {}
         try:
-            hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4], out)
+            if sys.argv[4] == "torch-peer":
+                torch_peer_steps(sys.argv[2], int(sys.argv[3]), out)
+            else:
+                hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4], out)
         except Exception as e:  # reported to the parent as data
             out["hf_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         print(_json.dumps(out), flush=True)
@@ -280,6 +326,9 @@ def main() -> None:
                         line += (f" | HF+compile[{hf['compile_mode']}] "
                                  f"{hf['compiled_s'] * 1e3:.2f} ms "
                                  f"({hf['compiled_s'] / m['step_s']:.2f}x ours)")
+                if "peer_compiled_s" in hf:
+                    line += (f" | torch peer+compile {hf['peer_compiled_s'] * 1e3:.2f} ms "
+                             f"({hf['peer_compiled_s'] / m['step_s']:.2f}x ours)")
                 print(line, flush=True)
     path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
                                        "rows": rows})
