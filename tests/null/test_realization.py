@@ -268,6 +268,17 @@ def test_bad_tables_report_every_error_with_file_and_key(tree: Path) -> None:
     assert "kernel.add2.source: source not found in sm_90/common" in text
 
 
+def test_a_scratch_argument_needs_a_formula_for_its_bytes(tree: Path) -> None:
+    bad = table_text("rmsnorm").replace('"y:ptr",', '"y:ptr", "work:scratch",')
+    assert "work:scratch" in bad
+    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
+    with pytest.raises(ManyErrors) as info:
+        realization("sm_90", kernels_dir=tree)
+    where = str(tree / "sm_90" / "common" / "KERNELS.toml")
+    assert (f"{where}: kernel.rmsnorm.args[3]: a scratch argument needs its bytes "
+            "(expected a formula values.work") in str(info.value)
+
+
 def test_reduction_orders_must_be_the_semantics(tree: Path) -> None:
     bad = table_text("rmsnorm").replace("combined sequentially", "combined pairwise")
     add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
@@ -388,3 +399,20 @@ def test_relations_on_table_for_the_cli() -> None:
     split = next(r for r in rows if r["relation"] == "splitk_pairwise")
     assert split["status"] == "bounded" and split["bound"]["rel"] == "2 * eps_act"
     assert all(p["status"] in STATUSES for r in rows for p in r["points"])
+
+
+def test_a_launch_without_its_workspace_is_refused_naming_it() -> None:
+    from metrale.runtime.cuda_loader import BoundKernel, parse_args
+
+    fam = P.family("attention")
+    point = next(p for p in fam.points if dict(p.params)["mode"] == "decode")
+    kernel = realization("sm_90").realize(point)
+    bound = BoundKernel(kernel, None, parse_args(kernel.args))
+    numbers = {"rows": 2, "hq": 8, "hkv": 2, "d": 64, "slots": 2, "max_ctx": 600,
+               "scale": 0.125, "window": 0}
+    # counters (256 bytes for 4 of them), then 2 rows x 8 heads x 3 blocks x (64 + 2) floats
+    assert bound.scratch_bytes(numbers) == {"work": 256 + 2 * 8 * 3 * 66 * 4}
+    ptrs = {n: 1 for n in ("q", "k_cache", "v_cache", "positions", "slots", "o")}
+    with pytest.raises(LaunchError, match="no workspace for scratch argument work"):
+        bound.pack(ptrs, numbers)
+    assert len(bound.pack({**ptrs, "work": 7}, numbers)) == len(bound.args)
