@@ -133,7 +133,8 @@ metrale_attention(const act_t* __restrict__ q, const act_t* __restrict__ k_cache
                   const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                   const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq,
                   int hkv, int d, int max_ctx, float scale, int window) {
-    if (blockIdx.y >= rows || blockIdx.x >= hq || d > MAX_HEAD_DIM) return;
+    if (blockIdx.y >= rows || blockIdx.x >= hq) return;
+    if (d > MAX_HEAD_DIM) __trap();  // a head_dim the kernel cannot serve: a loud fault
     attend(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
            max_ctx, scale, window);
 }
@@ -148,7 +149,8 @@ metrale_kv_append_attention(const act_t* __restrict__ k, const act_t* __restrict
                             act_t* __restrict__ o, int rows, int hq, int hkv, int d,
                             int max_ctx, float scale, int window) {
     const int head = blockIdx.x, row = blockIdx.y;
-    if (row >= rows || head >= hq || d > MAX_HEAD_DIM) return;
+    if (row >= rows || head >= hq) return;
+    if (d > MAX_HEAD_DIM) __trap();
     const int group = hq / hkv;
     if (head % group == 0) {
         const int kvh = head / group;

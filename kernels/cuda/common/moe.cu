@@ -5,6 +5,8 @@
 // denominator: lane partials left to right, then the warp tree. top-k: k rounds of a warp
 // argmax, ties to the lower id; renormalization sums the selected weights left to right.
 // Expert kernels reduce through warp_dot (gemv.cuh), one warp per (row, slot, column).
+// Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap: a device
+// fault the runtime raises, never an output silently left unwritten.
 // Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (expert kernels); RENORMALIZE (top-k).
 #if !defined(ACT_BF16) && !defined(ACT_F32)
 #define ACT_F32 1  // the router kernels have no activation; f32 lets the header compile
@@ -84,7 +86,8 @@ extern "C" __global__ void __launch_bounds__(32)
 metrale_topk(const float* __restrict__ p, float* __restrict__ weights, int* __restrict__ ids,
              int rows, int e, int top_k) {
     const int row = blockIdx.x;
-    if (row >= rows || top_k > MAX_TOP_K) return;
+    if (row >= rows) return;
+    if (top_k > MAX_TOP_K) __trap();  // a shape the kernel cannot serve: a loud fault
     warp_topk(p + (long)row * e, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
 }
 
@@ -94,7 +97,8 @@ metrale_softmax_topk(const float* __restrict__ logits, float* __restrict__ weigh
                      int* __restrict__ ids, int rows, int e, int top_k) {
     extern __shared__ float probs[];
     const int row = blockIdx.x;
-    if (row >= rows || top_k > MAX_TOP_K) return;
+    if (row >= rows) return;
+    if (top_k > MAX_TOP_K) __trap();  // a shape the kernel cannot serve: a loud fault
     warp_softmax(logits + (long)row * e, probs, e);
     __syncwarp();
     warp_topk(probs, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
@@ -126,7 +130,7 @@ metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ 
     const int rs = blockIdx.y;  // row * top_k + slot
     if (col >= n || rs >= rows * top_k) return;
     const int ex = ids[rs];
-    if (ex < 0 || ex >= e) return;
+    if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
     const act_t* xr = x + (long)(rs / top_k) * k;
     const long wrow = (long)ex * n + col;
     const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), wrow, k),
@@ -147,7 +151,7 @@ metrale_moe_down(const act_t* __restrict__ h, const int* __restrict__ ids,
     const int rs = blockIdx.y;
     if (col >= k || rs >= rows * top_k) return;
     const int ex = ids[rs];
-    if (ex < 0 || ex >= e) return;
+    if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
     const float d = warp_dot(h + (long)rs * n,
                              weight_rows(weight_ref(wd, wd_scale, wd_global), (long)ex * k + col, n), n);
     if ((threadIdx.x & 31) == 0) y[(long)rs * k + col] = act_store(d);
