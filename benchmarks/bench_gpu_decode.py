@@ -13,7 +13,8 @@ way: a compiled peer that stands where transformers' own compiled decode fails (
 the lent H200's torch 2.11 / transformers 5.17).
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.1-8b``
-(``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--record`` writes evidence).
+(``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--kernels`` times each kernel
+alone and prints the profile; ``--record`` writes those timings as evidence, at batch 1).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -73,13 +75,15 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
-                 records: list | None = None) -> dict:
-    """The decode step timed on the sm_90 plan; with ``records``, each distinct kernel is also
-    timed alone and its evidence record (bandwidth against the class's floor) appended."""
+                 kernels: bool = False, records: list | None = None) -> dict:
+    """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
+    timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
+    listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
+    the class's floor) is appended there."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
-    from metrale.runtime.bench import time_decode
+    from metrale.runtime.bench import kernel_times, time_decode
     from metrale.runtime.engine import Engine
 
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
@@ -93,157 +97,134 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
             eng.backend.copy_h2d(ptr, vals.astype(ml_dtypes.bfloat16).view(np.uint8))
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
-    if records is not None:
-        from metrale.realize.compute import NvidiaTarget
-        from metrale.realize.hardware import load_hardware
-        from metrale.runtime.bench import evidence, kernel_times
-
-        records += evidence(kernel_times(eng, batch), load_hardware().get("sm_90"),
-                            eng.backend.limits.name, NvidiaTarget("ptx").version())
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
            "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph}
+    if kernels or records is not None:
+        timings = kernel_times(eng, batch)
+        out["kernels"] = [{"kernel": k.label, "point": k.point, "count": k.count,
+                           "seconds": k.seconds, "bytes": k.bytes_moved,
+                           "bytes_per_s": k.bytes_per_s} for k in timings]
+        if records is not None:
+            from metrale.realize.compute import NvidiaTarget
+            from metrale.realize.hardware import load_hardware
+            from metrale.runtime.bench import evidence
+
+            records += evidence(timings, load_hardware().get("sm_90"),
+                                eng.backend.limits.name, NvidiaTarget("ptx").version())
     eng.close()
     return out
 
 
-COMPILE_MODES = ("reduce-overhead", "reduce-overhead+eager-attn",
-                 "reduce-overhead+no-position-ids", "reduce-overhead+static", "default+graph")
-"""How the torch.compile peer is tried, in order, each in a fresh process (a device-side
-assert ends the process that hit it): torch.compile(mode="reduce-overhead") as is; with HF's
-eager attention instead of SDPA; without explicit position ids; with dynamic=False; and the
-default mode with the CUDA graph captured by this script."""
+def print_kernels(kernels: list[dict], step_s: float) -> None:
+    """Each family's share of the summed kernel medians, then the eight costliest launches."""
+    total = sum(k["seconds"] * k["count"] for k in kernels)
+    print(f"  sum of kernel medians {total * 1e3:.3f} ms (step {step_s * 1e3:.3f} ms)")
+    share: dict[str, float] = {}
+    for k in kernels:
+        family = k["point"].split("[")[0]
+        share[family] = share.get(family, 0.0) + k["seconds"] * k["count"]
+    for family, sec in sorted(share.items(), key=lambda kv: -kv[1]):
+        print(f"    {family:<22} {sec * 1e3:8.3f} ms")
+    for k in sorted(kernels, key=lambda k: -k["seconds"] * k["count"])[:8]:
+        print(f"    {k['point'][:70]:<70} x{k['count']:<3} {k['seconds'] * 1e6:8.1f} us "
+              f"{k['bytes_per_s'] / 1e9:7.0f} GB/s")
 
 
-def hf_steps(model: str, batch: int, compile_mode: str, out: dict) -> dict:
-    """HF eager and (``compile_mode``) compiled decode steps, filled into ``out`` as they are
-    measured, so that a later failure keeps the earlier figures."""
+def _time_eager_and_compiled(module: Any, call: Any, out: dict, prefix: str,
+                             compile_too: bool, fullgraph: bool, device: str) -> None:
+    """``out[prefix + "eager_s"]`` then, with ``compile_too``, ``out[prefix + "compiled_s"]``
+    under ``torch.compile(mode="reduce-overhead")`` (3 warm-up steps, their time recorded too);
+    filled as measured, so that a failure in the compiled run keeps the eager figure."""
+    import torch
+
+    def step(fn: Any) -> Any:
+        def run() -> None:
+            with torch.no_grad():
+                call(fn)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return run
+
+    out[prefix + "eager_s"] = median_wall(step(module), 50, 5)
+    if not compile_too:
+        return
+    t0 = time.perf_counter()
+    run = step(torch.compile(module, mode="reduce-overhead", fullgraph=fullgraph))
+    for _ in range(3):
+        run()
+    out[prefix + "compile_warmup_s"] = time.perf_counter() - t0
+    out[prefix + "compiled_s"] = median_wall(run, 100, 5)
+
+
+HF_HEADROOM = 192
+"""Cache positions past CONTEXT for transformers' timed steps: 55 eager, 3 + 5 + 100 compiled."""
+
+
+def hf_steps(model: str, batch: int, compile_too: bool, out: dict,
+             device: str = "cuda") -> None:
+    """transformers' decode step (bf16, static cache filled by a prefill), eagerly and compiled.
+
+    transformers' static cache writes each step at its own running length, whatever
+    ``cache_position`` says, so every timed step advances it by one: the cache has room for
+    all of them (HF_HEADROOM), and the rows sit at positions 1024 to 1024 + 163 while timed.
+    (With 64 positions of room, the compiled run's 65th step indexed past the cache: the
+    device-side assert of docs/gpu-notes.md.)"""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
     from metrale.plan.config import ModelConfig
 
-    cfg_dict = ModelConfig.load(model).to_hf_dict()
-    cfg = AutoConfig.for_model(**cfg_dict)
+    cfg = AutoConfig.for_model(**ModelConfig.load(model).to_hf_dict())
     torch.manual_seed(0)
-    extra = {"attn_implementation": "eager"} if compile_mode.endswith("+eager-attn") else {}
-    with torch.device("cuda"):
-        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **extra).eval()
-    cache = StaticCache(config=cfg, max_cache_len=CONTEXT + 64)
-    ids = torch.randint(0, cfg.vocab_size, (batch, CONTEXT), device="cuda")
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    cache = StaticCache(config=cfg, max_cache_len=CONTEXT + HF_HEADROOM)
+    ids = torch.randint(0, cfg.vocab_size, (batch, CONTEXT), device=device)
     with torch.no_grad():
         m(ids, past_key_values=cache, use_cache=True,
-          cache_position=torch.arange(CONTEXT, device="cuda"))
-    tok = torch.randint(0, cfg.vocab_size, (batch, 1), device="cuda")
-    pos = torch.tensor([CONTEXT], device="cuda")
+          cache_position=torch.arange(CONTEXT, device=device))
+    tok = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
+    pos = torch.tensor([CONTEXT], device=device)
     position_ids = pos.view(1, 1).expand(batch, 1).contiguous()
-
-    kwargs = dict(past_key_values=cache, use_cache=True, cache_position=pos)
-    if not compile_mode.endswith("+no-position-ids"):
-        kwargs["position_ids"] = position_ids
-
-    def step(fn):
-        def run():
-            with torch.no_grad():
-                fn(tok, **kwargs)
-            torch.cuda.synchronize()
-        return run
-
-    out["eager_s"] = median_wall(step(m), 50, 5)
-    out["compile_mode"] = compile_mode
-    if compile_mode.startswith("reduce-overhead"):
-        t0 = time.perf_counter()
-        dynamic = False if compile_mode.endswith("+static") else None
-        run = step(torch.compile(m, mode="reduce-overhead", fullgraph=False, dynamic=dynamic))
-        for _ in range(3):
-            run()
-        out["compile_warmup_s"] = time.perf_counter() - t0
-        out["compiled_s"] = median_wall(run, 100, 5)
-    elif compile_mode == "default+graph":
-        # what reduce-overhead does (torch.compile's kernels replayed from a CUDA graph), with
-        # the graph captured here instead of by torch's graph trees
-        t0 = time.perf_counter()
-        compiled = torch.compile(m, fullgraph=False)
-        with torch.no_grad():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    compiled(tok, **kwargs)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                compiled(tok, **kwargs)
-
-        def replay() -> None:
-            graph.replay()
-            torch.cuda.synchronize()
-
-        replay()
-        out["compile_warmup_s"] = time.perf_counter() - t0
-        out["compiled_s"] = median_wall(replay, 100, 5)
-    m = cache = None  # free the weights before the next model
-    torch.cuda.empty_cache()
-    return out
+    _time_eager_and_compiled(
+        m, lambda fn: fn(tok, past_key_values=cache, use_cache=True, cache_position=pos,
+                         position_ids=position_ids),
+        out, "", compile_too, fullgraph=False, device=device)
 
 
-def torch_peer_steps(model: str, batch: int, out: dict) -> dict:
+def torch_peer_steps(model: str, batch: int, out: dict, device: str = "cuda") -> None:
     """The plain-torch decode step (``torch_peer.py``, the same model without transformers'
-    cache objects) in bf16, eagerly and under ``torch.compile(mode="reduce-overhead")``."""
+    cache objects) in bf16, eagerly and compiled."""
     import torch
     from torch_peer import TorchDecode, random_state
 
     from metrale.plan.config import ModelConfig
 
     c = ModelConfig.load(model)
-    m = TorchDecode(c, random_state(c, torch.bfloat16, device="cuda"), batch=batch,
+    m = TorchDecode(c, random_state(c, torch.bfloat16, device=device), batch=batch,
                     max_ctx=CONTEXT + 64)
     m.k_cache.normal_(0, 0.5)  # a full cache of random values, as Metrale's
     m.v_cache.normal_(0, 0.5)
-    tok = torch.randint(0, c.vocab_size, (batch,), device="cuda")
-    pos = torch.tensor(CONTEXT, device="cuda")
-
-    def step(fn):
-        def run():
-            with torch.no_grad():
-                fn(tok, pos)
-            torch.cuda.synchronize()
-        return run
-
-    out["peer_eager_s"] = median_wall(step(m), 20, 3)
-    t0 = time.perf_counter()
-    run = step(torch.compile(m, mode="reduce-overhead", fullgraph=True))
-    for _ in range(3):
-        run()
-    out["peer_compile_warmup_s"] = time.perf_counter() - t0
-    out["peer_compiled_s"] = median_wall(run, 100, 5)
-    return out
+    tok = torch.randint(0, c.vocab_size, (batch,), device=device)
+    pos = torch.tensor(CONTEXT, device=device)
+    _time_eager_and_compiled(m, lambda fn: fn(tok, pos), out, "peer_", True, fullgraph=True,
+                             device=device)
 
 
 def hf_child(model: str, batch: int, compile_too: bool, timeout: float) -> dict:
-    """HF figures from a child process (a failure there is reported, not fatal here). Where
-    ``torch.compile(mode="reduce-overhead")`` fails (a device-side assert ends its process),
-    a second child compiles in the default mode and replays a CUDA graph it captures."""
-    peer = {}
-    if compile_too:  # the plain-torch model compiled, whatever transformers' compile does
-        peer = _child(model, batch, "torch-peer", timeout)
-        if "hf_error" in peer:
-            peer = {"peer_error": peer["hf_error"]}
-    modes = COMPILE_MODES if compile_too else ("none",)
-    errors: dict[str, str] = {}
-    eager = {}
-    for mode in modes:
-        out = _child(model, batch, mode, timeout)
-        if "eager_s" in out:
-            eager = {"eager_s": out["eager_s"]}
-        if "hf_error" not in out:
-            return {**out, **peer, **({"compile_errors": errors} if errors else {})}
-        errors[mode] = out["hf_error"]
-        print(f"  HF {model} b={batch} torch.compile[{mode}] failed: {out['hf_error'][:240]}",
-              flush=True)
-    return {**eager, **peer, "hf_error": " / ".join(f"{m}: {e}" for m, e in errors.items())}
+    """The peers' figures, each from a child process (a failure there, such as a device-side
+    assert that ends the process, is reported as ``hf_error`` / ``peer_error``, not fatal
+    here): transformers eager (and compiled with ``compile_too``), and with ``compile_too`` the
+    plain-torch peer."""
+    out = _child(model, batch, "hf-compile" if compile_too else "hf", timeout, "hf_error")
+    if compile_too:
+        out.update(_child(model, batch, "torch-peer", timeout, "peer_error"))
+    return out
 
 
-def _child(model: str, batch: int, mode: str, timeout: float) -> dict:
+def _child(model: str, batch: int, mode: str, timeout: float, error_key: str) -> dict:
+    """What the child printed (its figures so far, and ``error_key`` where it failed, with the
+    device's assert line when there is one)."""
     import json as _json
     import subprocess
 
@@ -251,17 +232,16 @@ def _child(model: str, batch: int, mode: str, timeout: float) -> dict:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"hf_error": f"timed out after {timeout:.0f} s"}
-    asserts = [ln.strip() for ln in done.stderr.splitlines() if "Assertion" in ln][:1]
+        return {error_key: f"timed out after {timeout:.0f} s"}
+    asserts = [ln.strip()[-200:] for ln in done.stderr.splitlines() if "Assertion" in ln][:1]
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             out = _json.loads(line)
-            if "hf_error" in out and asserts:  # the device's own words for the assert
-                out["hf_error"] += f" ({asserts[0][-200:]})"
-            if "hf_error" not in out or done.returncode == 0:
-                return out
+            if "error" in out:
+                out[error_key] = out.pop("error") + "".join(f" ({a})" for a in asserts)
+            return out
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"hf_error": " | ".join(tail)[:300]}
+    return {error_key: " | ".join(tail)[:300]}
 
 
 def main() -> None:
@@ -273,9 +253,9 @@ def main() -> None:
             if sys.argv[4] == "torch-peer":
                 torch_peer_steps(sys.argv[2], int(sys.argv[3]), out)
             else:
-                hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4], out)
+                hf_steps(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hf-compile", out)
         except Exception as e:  # reported to the parent as data
-            out["hf_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         print(_json.dumps(out), flush=True)
         return
     ap = argparse.ArgumentParser()
@@ -287,6 +267,8 @@ def main() -> None:
     ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
     ap.add_argument("--compile-batches", default="1,8", help="batches torch.compile is timed at")
     ap.add_argument("--hf-timeout", type=float, default=150)
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time each distinct kernel alone and print the profile")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (each kernel at batch 1) to the sm_90 class")
     ap.add_argument("--deadline", type=float, default=300,
@@ -307,7 +289,7 @@ def main() -> None:
             for quant in args.quants.split(","):
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
-                ours[quant] = metrale_step(model, quant, batch, rng,
+                ours[quant] = metrale_step(model, quant, batch, rng, args.kernels,
                                            records if args.record and batch == 1 else None)
             hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
             for quant, m in ours.items():
@@ -323,13 +305,16 @@ def main() -> None:
                 if "eager_s" in hf:
                     line += f" | HF eager {hf['eager_s'] * 1e3:.2f} ms"
                     if "compiled_s" in hf:
-                        line += (f" | HF+compile[{hf['compile_mode']}] "
-                                 f"{hf['compiled_s'] * 1e3:.2f} ms "
+                        line += (f" | HF+compile {hf['compiled_s'] * 1e3:.2f} ms "
                                  f"({hf['compiled_s'] / m['step_s']:.2f}x ours)")
+                if "peer_error" in hf:
+                    line += f" | torch peer: {hf['peer_error'][:120]}"
                 if "peer_compiled_s" in hf:
                     line += (f" | torch peer+compile {hf['peer_compiled_s'] * 1e3:.2f} ms "
                              f"({hf['peer_compiled_s'] / m['step_s']:.2f}x ours)")
                 print(line, flush=True)
+                if "kernels" in m:
+                    print_kernels(m["kernels"], m["step_s"])
     path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
                                        "rows": rows})
     print(f"wrote {path}")

@@ -2,7 +2,8 @@
 
 Token by token through its static cache, the peer's logits match transformers' float32
 prefill logits at every position of a prompt, for the dense architectures it covers; so the
-torch.compile figure it gives on the GPU is the time of the same model.
+torch.compile figure it gives on the GPU is the time of the same model. The GPU benchmark's
+peer timings (transformers and this peer, eager and compiled) also run here, on the CPU.
 """
 
 from __future__ import annotations
@@ -47,3 +48,18 @@ def test_peer_refuses_moe_models():
     with pytest.raises(ValueError, match="dense llama and qwen3"):
         TorchDecode(c, random_state(ModelConfig.load("tiny-qwen3"), torch.float32), batch=1,
                     max_ctx=4)
+
+
+def test_the_benchmark_times_both_peers_eager_and_compiled_without_overflowing_the_cache():
+    """The GPU benchmark's peer timings, run on the CPU: transformers' static cache advances
+    at every timed step, and the compiled run (3 + 5 + 100 steps after 55 eager ones) must stay
+    inside it (with 64 positions of room its 65th step indexed past the cache)."""
+    import bench_gpu_decode as bench
+
+    hf: dict = {}
+    bench.hf_steps("tiny-qwen3", 2, True, hf, device="cpu")
+    peer: dict = {}
+    bench.torch_peer_steps("tiny-llama", 1, peer, device="cpu")
+    for out, prefix in ((hf, ""), (peer, "peer_")):
+        assert {f"{prefix}eager_s", f"{prefix}compiled_s"} <= set(out), out
+        assert all(v > 0 for v in out.values())
