@@ -75,7 +75,8 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
-                 kernels: bool = False, records: list | None = None) -> dict:
+                 kernels: bool = False, records: list | None = None,
+                 dependent: bool = True) -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
     listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
@@ -86,8 +87,14 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     from metrale.runtime.bench import kernel_times, time_decode
     from metrale.runtime.engine import Engine
 
+    backend = loader = None  # the class's own: dependent launches where it has them
+    if not dependent:
+        from metrale.runtime.cuda_loader import CudaPlanLoader
+        from metrale.runtime.cupy_backend import CupyBackend
+
+        backend, loader = CupyBackend(), CudaPlanLoader("sm_90a", dependent_launch=False)
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
-                 hardware="sm_90", backend=None, loader=None, act="bf16",
+                 hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=True,
                  fuse=True, policy="exact")
     # a full cache of random values (never time on zeros); every row at position CONTEXT
@@ -112,6 +119,8 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
             records += evidence(timings, load_hardware().get("sm_90"),
                                 eng.backend.limits.name, NvidiaTarget("ptx").version())
     eng.close()
+    if backend is not None:
+        backend.close()
     return out
 
 
@@ -271,6 +280,8 @@ def main() -> None:
                     help="also time each distinct kernel alone and print the profile")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (each kernel at batch 1) to the sm_90 class")
+    ap.add_argument("--plain-too", action="store_true",
+                    help="also time each bf16 step with plain (not dependent) launches")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
@@ -291,6 +302,9 @@ def main() -> None:
                     continue
                 ours[quant] = metrale_step(model, quant, batch, rng, args.kernels,
                                            records if args.record and batch == 1 else None)
+                if args.plain_too and quant == "bf16":
+                    ours[quant]["plain_step_s"] = metrale_step(
+                        model, quant, batch, rng, dependent=False)["step_s"]
             hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
             for quant, m in ours.items():
                 r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
@@ -300,6 +314,8 @@ def main() -> None:
                         f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
                         f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
                         f"{m['floor_s'] / m['step_s']:.0%} of floor")
+                if "plain_step_s" in m:
+                    line += f" | plain launches {m['plain_step_s'] * 1e3:.3f} ms"
                 if "hf_error" in hf:
                     line += f" | HF: {hf['hf_error'][:120]}"
                 if "eager_s" in hf:

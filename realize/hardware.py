@@ -91,6 +91,9 @@ class Capabilities:
     warp_size: int = 32
     compute_capability: tuple[int, int] | None = attrs.field(
         default=None, converter=attrs.converters.optional(tuple))
+    dependent_launch: bool = False
+    """A launch may start before the previous one on its stream ends (programmatic dependent
+    launch); kernels that declare ``dependent_launch`` are launched so."""
 
     def runs(self, parent: Capabilities) -> list[str]:
         """What ``parent`` assumes that this class lacks (empty when its code runs here).
@@ -394,8 +397,10 @@ def _read_capabilities(data: Any, path: Path, errors: list[MetraleError]) -> Cap
     if cc is not None and not (len(cc) == 2 and all(type(x) is int and x >= 0 for x in cc)):
         f.fail("compute_capability", "must be [major, minor]", "two non-negative integers",
                repr(cc))
+    dependent = f.take("dependent_launch", bool, default=False)
     f.close()
-    return Capabilities(**flags, tensor_core=tc, **sizes, compute_capability=cc) if f.ok else None
+    return Capabilities(**flags, tensor_core=tc, **sizes, compute_capability=cc,
+                        dependent_launch=dependent) if f.ok else None
 
 
 def _check_arch(f: Fields, arch: str, caps: Capabilities | None) -> Capabilities | None:

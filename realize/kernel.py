@@ -228,6 +228,9 @@ class Kernel:
     """The ``[kernel.NAME]`` table it came from (the family name on the host)."""
     headers: tuple[str, ...] = ()
     """Headers the source includes (paths relative to the kernels folder), transitively."""
+    dependent_launch: bool = False
+    """The kernel waits for the previous launch on its stream (``grid_dependency_sync``) before
+    it touches memory, so a class with the capability may launch it before that one ends."""
 
     @property
     def key(self) -> str:
@@ -306,6 +309,7 @@ class KernelTable:
     reason: str | None = None
     folder: str = ""
     file: str = attrs.field(default="", eq=False)
+    dependent_launch: bool = False
 
     @property
     def source_path(self) -> str:
@@ -372,7 +376,7 @@ class KernelTable:
                       self.reduction_at(point), self.row_invariant, shadow,
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
-                      self.name, headers)
+                      self.name, headers, self.dependent_launch)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -485,8 +489,9 @@ def _read_requires(raw: Any, f: Fields) -> tuple[tuple[str, Any], ...]:
 
 
 def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, source_dir: Path,
-               errors: list[MetraleError]) -> KernelTable | None:
-    """Check one ``[kernel.NAME]`` table against its family; every violation into ``errors``."""
+               errors: list[MetraleError], dependent: bool = False) -> KernelTable | None:
+    """Check one ``[kernel.NAME]`` table against its family; every violation into ``errors``.
+    ``dependent`` is the file's ``dependent_launch``, the table's default."""
     f = Fields(raw, file, f"kernel.{name}", errors)
     f.take("family", str, default=name)  # read by the caller; taken so close() accepts it
     when_raw = f.take("when", dict, default={})
@@ -501,6 +506,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     row_inv = f.take("row_invariant", bool, default=family.row_invariant)
     requires = _read_requires(f.take("requires", (list, dict), default=None), f)
     reason = f.take("reason", str, default=None)
+    dependent = f.take("dependent_launch", bool, default=dependent)
     f.close()
     domains = family.domains
     when: list[tuple[str, tuple[Any, ...]]] = []
@@ -551,7 +557,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     table = KernelTable(name, family.name, tuple(when), source, entry,
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
-                        folder, str(file))
+                        folder, str(file), bool(dependent))
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)
@@ -636,6 +642,7 @@ def load_folder(kernels_dir: Path, rel: str, owner: str, kind: str,
         return TableFolder(owner, rel, kind)
     top = Fields(data, path, "", errors)
     raw_tables = top.take("kernel", dict, default={})
+    dependent = top.take("dependent_launch", bool, default=False)
     top.close()
     tables, orphans = [], []
     for name, raw in (raw_tables or {}).items():
@@ -648,7 +655,8 @@ def load_folder(kernels_dir: Path, rel: str, owner: str, kind: str,
                                   "which is not in the presentation"
                                   + (f" (did you mean {hint!r}?)" if hint else "")))
             continue
-        t = read_table(name, raw, families[fam_name], path, rel, folder, errors)
+        t = read_table(name, raw, families[fam_name], path, rel, folder, errors,
+                       bool(dependent))
         if t is None:
             continue
         if not any(t.claims(p) for p in families[fam_name].points):

@@ -28,6 +28,11 @@ Equations (tested as one Hypothesis state machine, ``metrale.backend_laws``):
     later allocations may succeed.
 11. Pointers are deterministic values: the k-th allocation of every model is
     ``DevicePtr(k, n)``, so one program drives every model with the same pointers.
+12. ``launch(..., dependent=True)`` has the effect of the plain launch. On CUDA it is a
+    programmatic dependent launch: the kernel may start while the previous launch on its stream
+    is still running, so it must wait (``griddepcontrol.wait``, ``grid_dependency_sync`` in
+    ``metrale.cuh``) before it touches memory that earlier work wrote or reads; the host and
+    mock models run it as the plain launch.
 
 >>> from metrale.runtime.host_backend import HostBackend, HostKernel
 >>> be = HostBackend()
@@ -229,6 +234,8 @@ class GpuBackend(Protocol):
         shared_mem: int,
         args: tuple[Any, ...],
         stream: Stream | None = None,
+        *,
+        dependent: bool = False,
     ) -> None: ...
     def synchronize(self, stream: Stream | None = None) -> None: ...
     def copy_h2d(self, dst: DevicePtr, src: Any, stream: Stream | None = None) -> None: ...

@@ -219,14 +219,14 @@ class BackendBase:
 
     def _launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                 block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                stream: Any) -> None:
+                stream: Any, dependent: bool = False) -> None:
         raise NotImplementedError
 
     def _captured_launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                          block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                         stream: Any) -> None:
+                         stream: Any, dependent: bool = False) -> None:
         """A launch on the capturing stream; CUDA records it itself, so by default: launch."""
-        self._launch(kernel, native, grid, block, shared_mem, args, stream)
+        self._launch(kernel, native, grid, block, shared_mem, args, stream, dependent)
 
     def _sync(self, stream: Any) -> None:
         raise NotImplementedError
@@ -384,8 +384,14 @@ class BackendBase:
         shared_mem: int,
         args: tuple[Any, ...],
         stream: Stream | None = None,
+        *,
+        dependent: bool = False,
     ) -> None:
-        """Launch ``kernel``; refused before the device (``LaunchError``) if invalid."""
+        """Launch ``kernel``; refused before the device (``LaunchError``) if invalid.
+
+        ``dependent``: the launch may begin before the previous launch on ``stream`` ends
+        (equation 12); only for kernels that wait for it before touching its memory.
+        """
         self._enter("launch", (kernel, grid, block, shared_mem, args, stream), in_capture=True)
         if not isinstance(kernel, KernelHandle) or kernel not in self._kernels:
             raise LaunchError("not a kernel of this backend", key="launch", found=repr(kernel))
@@ -400,10 +406,11 @@ class BackendBase:
             self._capture.alloc_ids |= used
             self._capture.nodes += 1
             self._captured_launch(kernel, native, *shape, int(shared_mem), resolved,
-                                  native_stream)
+                                  native_stream, bool(dependent))
             return
         self._last_kernel = kernel.name
-        self._launch(kernel, native, *shape, int(shared_mem), resolved, native_stream)
+        self._launch(kernel, native, *shape, int(shared_mem), resolved, native_stream,
+                     bool(dependent))
 
     def synchronize(self, stream: Stream | None = None) -> None:
         """Wait for ``stream`` (or, with ``None``, for all work on the device)."""

@@ -161,8 +161,10 @@ class CudaPlanLoader:
     (['w', 'w_scale'], dtype('uint8'))
     """
 
-    def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None):
+    def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None,
+                 dependent_launch: bool = False):
         self.arch = arch
+        self.dependent_launch = dependent_launch  # the class's capability
         self.kernels_dir = kernels_dir
         self.cache = cache
         self._loaders: dict[int, CudaLoader] = {}
@@ -231,5 +233,6 @@ class CudaPlanLoader:
                 else:
                     names.append(_SCALARS[a.kind](env[a.name]))
             grid, block, shared = k.kernel.launch_for(numbers)
-            out.append(Launch(k, bound.handle, grid, block, shared, tuple(names)))
+            out.append(Launch(k, bound.handle, grid, block, shared, tuple(names),
+                              self.dependent_launch and k.kernel.dependent_launch))
         return tuple(out)

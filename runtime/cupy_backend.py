@@ -13,7 +13,8 @@ scalar is passed as it is (its width must match the PTX parameter where known); 
 ``int`` takes the width of the PTX parameter (signed, or unsigned where only that holds it),
 else ``int32``; a Python ``float`` takes the PTX parameter's float type, else ``float32``. ``stream=None`` is CUDA's legacy default stream;
 streams from :meth:`stream` are non-blocking, so work on two streams is ordered only by
-``synchronize``. A CUDA error from the device latches a sticky ``DeviceFault`` (the context is
+``synchronize``. A ``dependent`` launch goes through ``cuLaunchKernelEx`` as a programmatic
+dependent launch (``cuda_driver``). A CUDA error from the device latches a sticky ``DeviceFault`` (the context is
 dead); an out-of-memory ``cudaMalloc`` raises ``AllocationError`` and is not sticky.
 
 >>> ok, why = CupyBackend.available()
@@ -48,6 +49,7 @@ from metrale.runtime.backend import (
     out_of_memory,
 )
 from metrale.runtime.backend_base import BackendBase
+from metrale.runtime.cuda_driver import DriverError, DriverLauncher
 
 __all__ = ["CupyBackend", "ptx_params"]
 
@@ -166,6 +168,7 @@ class CupyBackend(BackendBase):
         )
         super().__init__(limits)
         self._opted_in: dict[int, int] = {}  # function pointer -> dynamic shared bytes allowed
+        self._driver: DriverLauncher | None = None  # dependent launches, made on first use
 
     @contextmanager
     def _cuda(self, op: str, kernel: str | None = None) -> Iterator[None]:
@@ -310,7 +313,7 @@ class CupyBackend(BackendBase):
 
     def _launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                 block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                stream: Any) -> None:
+                stream: Any, dependent: bool = False) -> None:
         fn = native[0]
         try:
             with self._device:
@@ -319,8 +322,14 @@ class CupyBackend(BackendBase):
                     attribute = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
                     driver.funcSetAttribute(fn.ptr, attribute, shared_mem)
                     self._opted_in[fn.ptr] = shared_mem
-                fn(grid, block, args, shared_mem=shared_mem, stream=self._stream(stream))
-        except self._cp.cuda.driver.CUDADriverError as e:
+                if dependent:
+                    if self._driver is None:
+                        self._driver = DriverLauncher()
+                    self._driver.launch_dependent(fn.ptr, grid, block, shared_mem,
+                                                  self._stream(stream).ptr, args)
+                else:
+                    fn(grid, block, args, shared_mem=shared_mem, stream=self._stream(stream))
+        except (self._cp.cuda.driver.CUDADriverError, DriverError) as e:
             if e.status in _REFUSALS:
                 raise LaunchError(
                     "the driver refused the launch", file=kernel.source or None,

@@ -237,7 +237,8 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
         from metrale.runtime.cuda_loader import CudaPlanLoader
         from metrale.runtime.cupy_backend import CupyBackend
 
-        return CupyBackend(), CudaPlanLoader(hw.arch)
+        return CupyBackend(), CudaPlanLoader(
+            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
     raise UnavailableError("no backend runs this hardware class's kernels here",
                            key="--hardware", expected="host or an NVIDIA class with an arch",
                            found=repr(hardware))

@@ -184,6 +184,9 @@ class Launch:
     block: tuple[int, int, int]
     shared_mem: int
     arg_names: tuple[Any, ...]
+    dependent: bool = False
+    """Launched as a dependent launch (backend equation 12): the kernel declares that it waits,
+    and the class can start it before the previous launch ends."""
 
 
 class Loader(Protocol):
@@ -448,7 +451,8 @@ class Program:
         if self.debug and self._arena is not None:
             be.memset(self._arena, POISON_BYTE, None, stream)
         for ln, args in zip(self.launches, self._args):
-            be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, args, stream)
+            be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, args, stream,
+                      dependent=ln.dependent)
             if blocking:
                 be.synchronize(stream)
 

@@ -139,7 +139,7 @@ class HostBackend(BackendBase):
 
     def _launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                 block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                stream: Any) -> None:
+                stream: Any, dependent: bool = False) -> None:
         if native.fn is None:
             return
         try:
@@ -150,9 +150,10 @@ class HostBackend(BackendBase):
 
     def _captured_launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                          block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                         stream: Any) -> None:
+                         stream: Any, dependent: bool = False) -> None:
         assert self._recording is not None
-        self._recording.append(("launch", kernel, native, grid, block, shared_mem, args))
+        self._recording.append(("launch", kernel, native, grid, block, shared_mem, args,
+                                dependent))
 
     # streams and graphs -----------------------------------------------------------------------
 
@@ -172,9 +173,9 @@ class HostBackend(BackendBase):
     def _graph_launch(self, native: Any, stream: Any) -> None:
         for node in native:
             if node[0] == "launch":
-                _, kernel, fn, grid, block, shared_mem, args = node
+                _, kernel, fn, grid, block, shared_mem, args, dependent = node
                 self._last_kernel = kernel.name
-                self._launch(kernel, fn, grid, block, shared_mem, args, stream)
+                self._launch(kernel, fn, grid, block, shared_mem, args, stream, dependent)
             else:
                 _, storage, offset, value, nbytes = node
                 self._memset(storage, offset, value, nbytes, stream)

@@ -85,7 +85,7 @@ class MockBackend(HostBackend):
         self.fault_at_sync = fault_at_sync
         self.capacity = capacity
         self.supports_graphs = graphs  # type: ignore[misc]
-        self.allocs = self.launches = self.syncs = 0
+        self.allocs = self.launches = self.syncs = self.dependent_launches = 0
 
     def ops(self) -> tuple[str, ...]:
         """The names of the recorded calls, in order."""
@@ -107,8 +107,9 @@ class MockBackend(HostBackend):
 
     def _launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                 block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
-                stream: Any) -> None:
+                stream: Any, dependent: bool = False) -> None:
         self.launches += 1
+        self.dependent_launches += dependent
         if self.launches == self.fault_at_launch:
             cause = f"injected fault (fault_at_launch={self.fault_at_launch})"
             raise self._fault("launch", cause, kernel.name)

@@ -26,8 +26,10 @@ KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 COMMON = KERNELS / "cuda" / "common"
 FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
 TABLES = read_toml(COMMON / "KERNELS.toml")["kernel"]
+DEPENDENT = read_toml(COMMON / "KERNELS.toml").get("dependent_launch", False)
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
-          "reduction", "row_invariant"}
+          "reduction", "row_invariant", "dependent_launch"}
+MEMORY_OP = re.compile(r"\b(?:ld|st|atom|red|prefetch)\.global\b|\bcp\.async")
 ARG_TYPES = {"ptr", "i32", "i64", "f32", "scratch"}
 
 
@@ -195,12 +197,33 @@ def nvcc_ptx(tmp: Path, source: str, defs: tuple[str, ...], arch: str) -> str:
     return out.read_text()
 
 
+def entry_body(ptx: str, entry: str) -> str:
+    """The PTX of one entry: from its ``.entry`` line to the next entry."""
+    start = ptx.index(f".entry {entry}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end >= 0 else len(ptx)]
+
+
+def dependent(entry: str) -> bool:
+    """Whether the tables of ``entry`` declare ``dependent_launch``."""
+    return any(t.get("dependent_launch", DEPENDENT) for t in TABLES.values()
+               if t["entry"] == entry)
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_90a(tmp_path):
+    """... and an entry declared ``dependent_launch`` waits for the previous launch
+    (``griddepcontrol.wait``) before its first access to global memory."""
     for (source, defs), entries in sorted(compile_groups().items()):
         ptx = nvcc_ptx(tmp_path, source, defs, "sm_90a")
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
+            if dependent(e):
+                body = entry_body(ptx, e)
+                first = MEMORY_OP.search(body)
+                assert "griddepcontrol.wait" in body, (source, defs, e)
+                assert first is None or body.index("griddepcontrol.wait") < first.start(), \
+                    (source, defs, e, first and first.group())
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -211,5 +234,6 @@ def test_one_point_per_source_compiles_for_sm_80(tmp_path):
             continue
         seen.add(source)
         ptx = nvcc_ptx(tmp_path, source, defs, "sm_80")
+        assert "griddepcontrol" not in ptx  # an sm_90 instruction: compiled out below it
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)

@@ -141,3 +141,48 @@ def test_a_program_gives_scratch_launches_one_zeroed_workspace_of_the_largest_si
     prog.run()
     assert loader.seen == [(100, bytes(100)), (40, bytes(40))]  # zeroed, not the mock's poison
     prog.close()
+
+
+class _DependentLoader:
+    """The host launches, each marked as a dependent launch (as an sm_90 loader marks them)."""
+
+    def __init__(self) -> None:
+        from metrale.runtime.executor import HostLoader
+
+        self.host = HostLoader()
+
+    def spec(self, buffer):
+        return self.host.spec(buffer)
+
+    def load(self, backend, plan, specs):
+        import attrs
+
+        return tuple(attrs.evolve(ln, dependent=True)
+                     for ln in self.host.load(backend, plan, specs))
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_dependent_launches_reach_the_backend_and_compute_what_plain_ones_do(graph):
+    """Backend equation 12 through the executor: the flag reaches every launch, and the step's
+    bytes are the plain program's (captured as a graph or not)."""
+    from metrale.plan.plan import plan_for
+    from metrale.runtime.engine import random_weights
+    from metrale.runtime.executor import HostLoader, Program, bind_externals
+
+    plan = plan_for(MODEL, "bf16", "host", rows=1, context=16)
+    logits, counts = [], []
+    for loader in (HostLoader(), _DependentLoader()):
+        be = MockBackend()
+        prog = Program(plan, be, bindings=bind_externals(plan, be, random_weights(MODEL, seed=0)),
+                       loader=loader)
+        for name, value in (("tokens", 3), ("positions", 0), ("slots", 0)):
+            prog.write(name, np.full(prog.specs[name].shape, value))
+        if graph:
+            assert prog.capture()
+        prog.run()
+        logits.append(prog.read("logits").tobytes())
+        counts.append((be.dependent_launches, be.launches))
+        prog.close()
+    assert logits[0] == logits[1]
+    (plain_dep, plain_n), (dep, n) = counts
+    assert plain_dep == 0 and plain_n == n and dep == n == len(plan.launches)

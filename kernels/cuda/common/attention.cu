@@ -24,6 +24,7 @@ metrale_kv_append(const act_t* __restrict__ k, const act_t* __restrict__ v,
                   act_t* __restrict__ k_cache, act_t* __restrict__ v_cache,
                   const int* __restrict__ positions, const int* __restrict__ slots, int rows,
                   int hkv, int d, int max_ctx) {
+    grid_dependency_sync();
     const int row = blockIdx.x, head = blockIdx.y;
     if (row >= rows || head >= hkv) return;
     const long src = ((long)row * hkv + head) * d;
@@ -133,6 +134,7 @@ metrale_attention(const act_t* __restrict__ q, const act_t* __restrict__ k_cache
                   const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                   const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq,
                   int hkv, int d, int max_ctx, float scale, int window) {
+    grid_dependency_sync();
     if (blockIdx.y >= rows || blockIdx.x >= hq) return;
     if (d > MAX_HEAD_DIM) __trap();  // a head_dim the kernel cannot serve: a loud fault
     attend(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
@@ -148,6 +150,7 @@ metrale_kv_append_attention(const act_t* __restrict__ k, const act_t* __restrict
                             const int* __restrict__ positions, const int* __restrict__ slots,
                             act_t* __restrict__ o, int rows, int hq, int hkv, int d,
                             int max_ctx, float scale, int window) {
+    grid_dependency_sync();
     const int head = blockIdx.x, row = blockIdx.y;
     if (row >= rows || head >= hq) return;
     if (d > MAX_HEAD_DIM) __trap();

@@ -1,50 +1,72 @@
-// Metrale CUDA: decode attention, split across the KV blocks.
+// Metrale CUDA: decode attention, split across the KV positions.
 //
-// Decode rows are separate sequences (distinct cache slots). One thread block per (kv head,
-// row, KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its
-// row, serves every q head of the GQA group (the k and v rows are read once), and writes the
-// block's partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last
-// block of a (kv head, row) to finish (a ticket counter in the scratch) merges the partials
-// left to right with the log-sum-exp rule — the declared order, whichever block merges — and
-// writes o. So the row's blocks run on as many multiprocessors as there are blocks, and the
-// bytes are the reference's.
-// Inside a block:
-//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32) for every
-//           q head of the group, the k row's loads (and an L2 prefetch of the v row) issued
-//           before q is staged;
-//   softmax: block max and sum over the positions (warp trees, warps in order);
+// Decode rows are separate sequences (distinct cache slots). One thread block (CTA) per (kv head,
+// row, span of SPAN = 64 positions): CTA z owns the absolute positions [64 z, 64 z + 64) of its
+// row, serves every q head of the GQA group (the k and v rows are read once), and writes its
+// partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last CTA of a (kv
+// head, row) to finish (a ticket counter in the scratch) merges: first the spans of each
+// declared KV block (KV_BLOCK = 256 positions, 4 spans) left to right, then the blocks left to
+// right with the same log-sum-exp rule: the declared order (blocks of KV_BLOCK, combined
+// sequentially), whichever CTA merges. Spans rather than whole blocks per CTA: a 1024-token row
+// of one kv head is 17 CTAs, not 5, each with a quarter of the dependent chain (loads, scores,
+// softmax, p·v) that bounds a decode step's attention.
+// Inside a CTA (4 warps):
+//   scores: a half-warp per position, each lane 8 columns (a 16-byte load, coalesced over the
+//           row), every position's k loads and an L2 prefetch of its v row issued before q is
+//           staged; per q head a lane sums its columns left to right (fma, f32), then the 16
+//           lanes meet in a butterfly;
+//   softmax: a warp per q head: span max and sum;
 //   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
-//           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
+//           (S = threads / (d/8)), every load issued first; the S partials per column meet in
 //           order through shared memory.
 // Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
-// launches (the merging block resets its own), then (m, l) and head_dim partials per
-// (row, kv head, KV block, q head).
+// launches (the merging CTA resets its own), then (m, l) and head_dim partials per (row, kv
+// head, span, q head).
 // Shapes outside head_dim <= 256 (a multiple of 8), more than MAXG q heads per kv head, or a
 // position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
-// (the block holding that position does) and reads them from its inputs there (no other block
-// reads that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
+// (the CTA holding that position does) and reads them from its inputs there (no other CTA reads
+// that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
 #include "metrale.cuh"
 
-#define AW 8             // warps per block
-#define NT (32 * AW)     // threads per block
+#define AW 4             // warps per CTA
+#define NT (32 * AW)     // threads per CTA
+#define SPAN 64          // positions per CTA: KERNELS.toml's grid z is ceil(max_ctx / 64)
 #define MAXG 8           // q heads per kv head
-#define VAHEAD 16        // v chunks one thread loads before using them
+#define MAXD 256         // head_dim
+#if defined(ACT_BF16)
+#define PAHEAD 8         // positions whose k a lane loads before using them (16 per warp)
+#else
+#define PAHEAD 4
+#endif
 
-static_assert(KV_BLOCK == NT, "one position per thread in the score phase");
+static_assert(KV_BLOCK % SPAN == 0, "a declared KV block is a whole number of spans");
+static_assert(SPAN == AW * 2 * 8, "a warp scores 16 positions, two at a time");
+constexpr int SUBS = KV_BLOCK / SPAN;  // spans per declared KV block
 
-// The scratch layout of one launch (nkv = KV blocks per row = gridDim.z).
+// The scratch layout of one launch (nspan = spans per row = gridDim.z).
 struct DecodeScratch {
     unsigned* tickets;  // [rows, hkv]
-    float* ml;          // [rows, hkv, nkv, G, 2]
-    float* acc;         // [rows, hkv, nkv, G, d]
-    __device__ DecodeScratch(void* work, int rows, int hkv, int nkv, int G) {
+    float* ml;          // [rows, hkv, nspan, G, 2]
+    float* acc;         // [rows, hkv, nspan, G, d]
+    __device__ DecodeScratch(void* work, int rows, int hkv, int nspan, int G) {
         tickets = (unsigned*)work;
         const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
         ml = (float*)((char*)work + counters);
-        acc = ml + (long)rows * hkv * nkv * G * 2;
+        acc = ml + (long)rows * hkv * nspan * G * 2;
     }
 };
+
+// (m, l, a) <- (m, l, a) merged with a later partial (bm, bl, ba): the log-sum-exp rule.
+__device__ __forceinline__ void lse_merge(float& m, float& l, float& a, float bm, float bl,
+                                          float ba) {
+    const float mn = fmaxf(m, bm);
+    const float x = m == -INFINITY ? 0.0f : expf(m - mn);
+    const float y = expf(bm - mn);
+    a = a * x + ba * y;
+    l = l * x + bl * y;
+    m = mn;
+}
 
 template <bool APPEND>
 __device__ __forceinline__ void decode_attend(
@@ -52,23 +74,22 @@ __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
     const int* __restrict__ positions, const int* __restrict__ slots, act_t* __restrict__ o,
     void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
-    __shared__ float qs[MAXG * 256];     // the group's q heads, f32
-    __shared__ float S[MAXG * KV_BLOCK]; // scores, then probabilities
-    __shared__ float red[AW * MAXG];     // per-warp maxima / sums
-    __shared__ float blk_m[MAXG], blk_l[MAXG];
-    __shared__ float part[NT * 8];       // p·v partials of one q head: [sub][column]
+    __shared__ __align__(16) float qs[MAXG * MAXD];    // the group's q heads, f32
+    __shared__ float S[MAXG][SPAN];                     // scores, then probabilities
+    __shared__ float span_m[MAXG], span_l[MAXG];
+    __shared__ __align__(16) float part[MAXG * NT * 8]; // p·v partials: [g][thread][8]
     __shared__ int merging;
 
-    const int kvh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
+    const int kvh = blockIdx.x, row = blockIdx.y, z = blockIdx.z, nspan = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = hq / hkv;
     if (row >= rows || kvh >= hkv) return;
-    if (d > 256 || (d & 7) || G > MAXG || G * hkv != hq) __trap();
+    if (d > MAXD || (d & 7) || G > MAXG || G * hkv != hq) __trap();
     const int pos = positions[row], slot = slots[row];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
-    const int first = start / KV_BLOCK, last = pos / KV_BLOCK;
-    if (pos < 0 || pos >= max_ctx || last >= nkv) __trap();
-    if (blk < first || blk > last) return;
+    const int zfirst = start / SPAN, zlast = pos / SPAN;
+    if (pos < 0 || pos >= max_ctx || zlast >= nspan) __trap();
+    if (z < zfirst || z > zlast) return;
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
     const long new_at = ((long)row * hkv + kvh) * d;
 
@@ -81,87 +102,106 @@ __device__ __forceinline__ void decode_attend(
         return v_cache + ((kv_row + p) * hkv + kvh) * d;
     };
 
-    const int b0 = blk * KV_BLOCK;
-    const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
-    // ---- scores. Thread t's k row (its first 128 columns) is loaded, and its v row asked
-    // into L2, before q is staged: the loads overlap instead of following one another.
-    const int p = b0 + tid;
-    const bool live = p >= lo && p < hi;
-    act8_raw kv[16];
-    if (live) {
-        const act_t* kr = k_at(p);
+    const int b0 = z * SPAN;
+    const int lo = max(b0, start), hi = min(b0 + SPAN, pos + 1);  // [lo, hi), never empty
+    // ---- scores. Warp w scores positions b0 + 16 w + 2 i + half (i < 8); lane l16 of a half
+    // holds columns 8 l16 .. and 128 + 8 l16 .. (d > 128).
+    const int half = lane >> 4, l16 = lane & 15;
+    const int nj = (d + 127) / 128;
+    float s[8][MAXG];
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
-        const char* vr = (const char*)v_at(p);
-        for (int off = 0; off < d * (int)sizeof(act_t); off += 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
-    }
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
-    }
-    __syncthreads();
-    float acc[MAXG];
+    for (int i0 = 0; i0 < 8; i0 += PAHEAD) {
+        act8_raw kr[PAHEAD][2];
 #pragma unroll
-    for (int g = 0; g < MAXG; ++g) acc[g] = 0.0f;
-    if (live) {
-        const act_t* kr = k_at(p);
-        for (int c0 = 0; c0 < d; c0 += 128) {
-            if (c0 > 0) {
+        for (int i = 0; i < PAHEAD; ++i) {
+            const int p = b0 + warp * 16 + 2 * (i0 + i) + half;
+            if (p >= lo && p < hi) {
+                const act_t* row_k = k_at(p);
 #pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
-            }
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                if (c0 + j * 8 >= d) break;
-                float kf[8];
-                act8_unpack(kv[j], kf);
-#pragma unroll
-                for (int g = 0; g < MAXG; ++g) {
-                    if (g < G) {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i)
-                            acc[g] = fmaf(qs[g * 256 + c0 + j * 8 + i], kf[i], acc[g]);
-                    }
+                for (int j = 0; j < 2; ++j)
+                    if (j < nj && j * 128 + l16 * 8 < d) kr[i][j] = act8_load(row_k, j * 128 + l16 * 8);
+                if (i0 == 0 && (l16 & 7) == 0) {  // this lane's 128-byte line of the v row
+                    const char* vr = (const char*)v_at(p) + l16 * 8 * sizeof(act_t);
+                    for (int off = 0; off < d * (int)sizeof(act_t); off += 256)
+                        if (l16 * 8 * (int)sizeof(act_t) + off < d * (int)sizeof(act_t))
+                            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
                 }
             }
         }
-    }
-    // ---- block max per q head
+        if (i0 == 0) {
+            for (int i = tid; i < G * d; i += NT) {
+                const int g = i / d, c = i - g * d;
+                qs[g * MAXD + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
+            }
+            __syncthreads();
+        }
 #pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-        if (g < G) {
-            const float s = live ? acc[g] * scale : -INFINITY;
-            S[g * KV_BLOCK + tid] = s;
-            const float m = warp_max(s);
-            if (lane == 0) red[warp * MAXG + g] = m;
+        for (int g = 0; g < MAXG; ++g) {
+            if (g >= G) break;
+            float qv[2][8];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int c = j * 128 + l16 * 8;
+                if (j < nj && c < d) {
+                    const float4 a = *(const float4*)&qs[g * MAXD + c];
+                    const float4 b = *(const float4*)&qs[g * MAXD + c + 4];
+                    qv[j][0] = a.x; qv[j][1] = a.y; qv[j][2] = a.z; qv[j][3] = a.w;
+                    qv[j][4] = b.x; qv[j][5] = b.y; qv[j][6] = b.z; qv[j][7] = b.w;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < PAHEAD; ++i) {
+                const int p = b0 + warp * 16 + 2 * (i0 + i) + half;
+                float acc = 0.0f;
+                if (p >= lo && p < hi) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        if (j < nj && j * 128 + l16 * 8 < d) {
+                            float kf[8];
+                            act8_unpack(kr[i][j], kf);
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) acc = fmaf(qv[j][e], kf[e], acc);
+                        }
+                    }
+                }
+                s[i0 + i][g] = acc;
+            }
+        }
+    }
+    // the 16 lanes of each half meet (butterfly), all positions and heads interleaved
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g)
+                if (g < G) s[i][g] += __shfl_xor_sync(0xffffffffu, s[i][g], o);
+    }
+    if (l16 == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int p = b0 + warp * 16 + 2 * i + half;
+            const bool live = p >= lo && p < hi;
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g)
+                if (g < G) S[g][p - b0] = live ? s[i][g] * scale : -INFINITY;
         }
     }
     __syncthreads();
-    if (tid < G) {
-        float m = red[tid];
-        for (int w = 1; w < AW; ++w) m = fmaxf(m, red[w * MAXG + tid]);
-        blk_m[tid] = m;
-    }
-    __syncthreads();
-    // ---- probabilities and their sum
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-        if (g < G) {
-            const float e = live ? expf(S[g * KV_BLOCK + tid] - blk_m[g]) : 0.0f;
-            S[g * KV_BLOCK + tid] = e;
-            const float l = warp_sum(e);
-            if (lane == 0) red[warp * MAXG + g] = l;
+    // ---- softmax over the span: warp w takes q heads w, w + AW
+    for (int g = warp; g < G; g += AW) {
+        const float x0 = S[g][lane], x1 = S[g][lane + 32];
+        const float m = warp_max(fmaxf(x0, x1));  // finite: the span holds a live position
+        const float e0 = expf(x0 - m), e1 = expf(x1 - m);
+        S[g][lane] = e0;
+        S[g][lane + 32] = e1;
+        const float l = warp_sum(e0 + e1);
+        if (lane == 0) {
+            span_m[g] = m;
+            span_l[g] = l;
         }
     }
     __syncthreads();
-    if (tid < G) {
-        float l = red[tid];
-        for (int w = 1; w < AW; ++w) l += red[w * MAXG + tid];
-        blk_l[tid] = l;
-    }
     // ---- p·v: thread t takes column chunk ch and positions b0 + sub + j nsub
     const int nch = d / 8, nsub = NT / nch;
     const int ch = tid % nch, sub = tid / nch;
@@ -169,120 +209,118 @@ __device__ __forceinline__ void decode_attend(
 #pragma unroll
     for (int g = 0; g < MAXG; ++g)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) pv[g][i] = 0.0f;
+        for (int e = 0; e < 8; ++e) pv[g][e] = 0.0f;
     if (sub < nsub) {
-        for (int p0 = b0 + sub; p0 < hi; p0 += nsub * VAHEAD) {
-            act8_raw vv[VAHEAD];
+        constexpr int VAHEAD = SPAN / 4;  // nsub >= 4 (d <= 256)
+        act8_raw vv[VAHEAD];
 #pragma unroll
-            for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * nsub;
-                if (pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
-            }
+        for (int j = 0; j < VAHEAD; ++j) {
+            const int pp = b0 + sub + j * nsub;
+            if (sub + j * nsub < SPAN && pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
+        }
 #pragma unroll
-            for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * nsub;
-                if (pp < lo || pp >= hi) continue;
-                float vf[8];
-                act8_unpack(vv[j], vf);
+        for (int j = 0; j < VAHEAD; ++j) {
+            const int pp = b0 + sub + j * nsub;
+            if (sub + j * nsub >= SPAN || pp < lo || pp >= hi) continue;
+            float vf[8];
+            act8_unpack(vv[j], vf);
 #pragma unroll
-                for (int g = 0; g < MAXG; ++g) {
-                    if (g < G) {
-                        const float pr = S[g * KV_BLOCK + (pp - b0)];
+            for (int g = 0; g < MAXG; ++g) {
+                if (g < G) {
+                    const float pr = S[g][pp - b0];
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) pv[g][i] = fmaf(pr, vf[i], pv[g][i]);
-                    }
+                    for (int e = 0; e < 8; ++e) pv[g][e] = fmaf(pr, vf[e], pv[g][e]);
                 }
             }
         }
+#pragma unroll
+        for (int g = 0; g < MAXG; ++g) {
+            if (g < G) {
+                float4* dst = (float4*)&part[(g * NT + tid) * 8];
+                dst[0] = make_float4(pv[g][0], pv[g][1], pv[g][2], pv[g][3]);
+                dst[1] = make_float4(pv[g][4], pv[g][5], pv[g][6], pv[g][7]);
+            }
+        }
     }
-    // ---- the block's partial state to the scratch: per q head, the nsub partials of each
+    __syncthreads();
+    // ---- the span's partial state to the scratch: per q head, the nsub partials of each
     // column summed in sub order
-    DecodeScratch sc(work, rows, hkv, nkv, G);
-    const long at = (((long)row * hkv + kvh) * nkv + blk) * G;  // (row, kvh, blk, g = 0)
-#pragma unroll
-    for (int g = 0; g < MAXG; ++g) {
-        if (g >= G) break;
-        __syncthreads();
-        if (sub < nsub) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[g][i];
-        }
-        __syncthreads();
-        for (int c = tid; c < d; c += NT) {
-            float s = 0.0f;
-            for (int u = 0; u < nsub; ++u) s += part[u * d + c];
-            sc.acc[(at + g) * d + c] = s;
-        }
+    DecodeScratch sc(work, rows, hkv, nspan, G);
+    const long at = (((long)row * hkv + kvh) * nspan + z) * G;  // (row, kvh, z, g = 0)
+    for (int i = tid; i < G * d; i += NT) {
+        const int g = i / d, c = i - g * d;
+        float sum = 0.0f;
+        for (int u = 0; u < nsub; ++u) sum += part[(g * NT + u * nch + c / 8) * 8 + (c & 7)];
+        sc.acc[(at + g) * d + c] = sum;
     }
     if (tid < G) {
-        sc.ml[(at + tid) * 2] = blk_m[tid];
-        sc.ml[(at + tid) * 2 + 1] = blk_l[tid];
+        sc.ml[(at + tid) * 2] = span_m[tid];
+        sc.ml[(at + tid) * 2 + 1] = span_l[tid];
     }
     // the new entry, for later steps (this step read it from the inputs); stored after every
-    // cache load of the block so that those loads need not wait behind it
-    if (APPEND && blk == last) {
+    // cache load of the CTA so that those loads need not wait behind it
+    if (APPEND && z == zlast) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
         for (int i = tid; i < d; i += NT) {
             k_cache[dst + i] = k_new[new_at + i];
             v_cache[dst + i] = v_new[new_at + i];
         }
     }
-    // ---- the last block of this (kv head, row) merges every block, left to right
+    // ---- the last CTA of this (kv head, row) merges every span
     __threadfence();
     __syncthreads();
     if (tid == 0) {
         unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
         const unsigned t = atomicAdd(ticket, 1u);
-        merging = t == (unsigned)(last - first);
+        merging = t == (unsigned)(zlast - zfirst);
         if (merging) {
-            *ticket = 0u;  // every block of this launch has counted: ready for the next one
+            *ticket = 0u;  // every CTA of this launch has counted: ready for the next one
             __threadfence();
         }
     }
     __syncthreads();
     if (!merging) return;
+    const long base = ((long)row * hkv + kvh) * nspan;
     for (int i = tid; i < G * d; i += NT) {
         const int g = i / d, c = i - g * d;
         float m = -INFINITY, l = 0.0f, a = 0.0f;
-        constexpr int MAHEAD = 8;  // blocks whose partials are loaded before they are merged
-        for (int b0 = first; b0 <= last; b0 += MAHEAD) {
-            float bm[MAHEAD], bl[MAHEAD], bs[MAHEAD];
+        for (int blk = zfirst / SUBS; blk <= zlast / SUBS; ++blk) {
+            const int z0 = max(zfirst, blk * SUBS), z1 = min(zlast, blk * SUBS + SUBS - 1);
+            float sm[SUBS], sl[SUBS], sa[SUBS];
 #pragma unroll
-            for (int u = 0; u < MAHEAD; ++u) {
-                if (b0 + u > last) break;
-                const long e = (((long)row * hkv + kvh) * nkv + b0 + u) * G + g;
-                bm[u] = __ldcg(sc.ml + e * 2);
-                bl[u] = __ldcg(sc.ml + e * 2 + 1);
-                bs[u] = __ldcg(sc.acc + e * d + c);
+            for (int u = 0; u < SUBS; ++u) {
+                if (z0 + u > z1) break;
+                const long e = (base + z0 + u) * G + g;
+                sm[u] = __ldcg(sc.ml + e * 2);
+                sl[u] = __ldcg(sc.ml + e * 2 + 1);
+                sa[u] = __ldcg(sc.acc + e * d + c);
             }
+            float bm = sm[0], bl = sl[0], ba = sa[0];  // the block's spans, left to right
 #pragma unroll
-            for (int u = 0; u < MAHEAD; ++u) {
-                if (b0 + u > last) break;
-                const float mn = fmaxf(m, bm[u]);
-                const float x = m == -INFINITY ? 0.0f : expf(m - mn);
-                const float y = expf(bm[u] - mn);
-                a = a * x + bs[u] * y;
-                l = l * x + bl[u] * y;
-                m = mn;
+            for (int u = 1; u < SUBS; ++u) {
+                if (z0 + u > z1) break;
+                lse_merge(bm, bl, ba, sm[u], sl[u], sa[u]);
             }
+            lse_merge(m, l, a, bm, bl, ba);  // then the blocks, left to right
         }
         o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
     }
 }
 
-// grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+// grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
                          int rows, int hq, int hkv, int d, int max_ctx, float scale,
                          int window) {
+    grid_dependency_sync();
     decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
                          const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
                          d, max_ctx, scale, window);
 }
 
-// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
 extern "C" __global__ void __launch_bounds__(NT)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
@@ -290,6 +328,7 @@ metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __r
                                    const int* __restrict__ slots, act_t* __restrict__ o,
                                    void* work, int rows, int hq, int hkv, int d, int max_ctx,
                                    float scale, int window) {
+    grid_dependency_sync();
     decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
                         max_ctx, scale, window);
 }

@@ -22,6 +22,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
                const void* __restrict__ w_scale, const float* __restrict__ w_global,
                out_t* __restrict__ y, int rows, int k, int n) {
+    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int row = blockIdx.y;
     if (col >= n || row >= rows) return;
@@ -34,6 +35,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
+    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int row = blockIdx.y;
     if (col >= n || row >= rows) return;
@@ -52,6 +54,7 @@ metrale_qkv(const act_t* __restrict__ x,
             const void* __restrict__ wv, const void* __restrict__ wv_scale, const float* __restrict__ wv_global,
             act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
             int rows, int k, int nq, int nk, int nv) {
+    grid_dependency_sync();
     int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int row = blockIdx.y;
     if (row >= rows || col >= nq + nk + nv) return;
@@ -75,6 +78,7 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
                        const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
                        const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
                        act_t* __restrict__ h, int rows, int k, int n) {
+    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int row = blockIdx.y;
     if (col >= n || row >= rows) return;

@@ -21,6 +21,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "grid.cuh"
+
 #if defined(ACT_BF16)
 typedef __nv_bfloat16 act_t;
 __device__ __forceinline__ float act_load(act_t v) { return __bfloat162float(v); }

@@ -10,6 +10,8 @@
 #include "metrale.cuh"
 #else
 #include <cuda_bf16.h>
+
+#include "grid.cuh"
 #endif
 
 #if defined(ACT_BF16) || defined(ACT_F32)
@@ -17,6 +19,7 @@
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_embedding(const int* __restrict__ ids, const __nv_bfloat16* __restrict__ table,
                   act_t* __restrict__ x, int rows, int vocab, int h) {
+    grid_dependency_sync();
     const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows || c >= h) return;
     const int id = ids[row];
@@ -30,6 +33,7 @@ metrale_embedding(const int* __restrict__ ids, const __nv_bfloat16* __restrict__
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_add(const act_t* __restrict__ a, const act_t* __restrict__ b, act_t* __restrict__ s,
             long count) {
+    grid_dependency_sync();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) s[i] = act_store(act_load(a[i]) + act_load(b[i]));
 }
@@ -38,6 +42,7 @@ metrale_add(const act_t* __restrict__ a, const act_t* __restrict__ b, act_t* __r
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_swiglu(const act_t* __restrict__ g, const act_t* __restrict__ u, act_t* __restrict__ h,
                long count) {
+    grid_dependency_sync();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     const float gf = act_load(g[i]);
@@ -50,6 +55,7 @@ metrale_swiglu(const act_t* __restrict__ g, const act_t* __restrict__ u, act_t* 
 // argmax). grid (rows), block 256.
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_argmax(const float* __restrict__ logits, int* __restrict__ ids, int rows, int n) {
+    grid_dependency_sync();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int row = blockIdx.x;
@@ -85,6 +91,7 @@ metrale_argmax(const float* __restrict__ logits, int* __restrict__ ids, int rows
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_dequant(const void* __restrict__ wq, const void* __restrict__ wq_scale,
                 const float* __restrict__ wq_global, float* __restrict__ w, int n, int k) {
+    grid_dependency_sync();
     const int r = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n || c >= k) return;
     WeightRef ref;

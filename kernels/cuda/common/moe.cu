@@ -76,6 +76,7 @@ __device__ __forceinline__ void warp_topk(const float* p, int e, int top_k, floa
 // grid (rows), block 32.
 extern "C" __global__ void __launch_bounds__(32)
 metrale_softmax(const float* __restrict__ logits, float* __restrict__ p, int rows, int e) {
+    grid_dependency_sync();
     const int row = blockIdx.x;
     if (row >= rows) return;
     warp_softmax(logits + (long)row * e, p + (long)row * e, e);
@@ -85,6 +86,7 @@ metrale_softmax(const float* __restrict__ logits, float* __restrict__ p, int row
 extern "C" __global__ void __launch_bounds__(32)
 metrale_topk(const float* __restrict__ p, float* __restrict__ weights, int* __restrict__ ids,
              int rows, int e, int top_k) {
+    grid_dependency_sync();
     const int row = blockIdx.x;
     if (row >= rows) return;
     if (top_k > MAX_TOP_K) __trap();  // a shape the kernel cannot serve: a loud fault
@@ -95,6 +97,7 @@ metrale_topk(const float* __restrict__ p, float* __restrict__ weights, int* __re
 extern "C" __global__ void __launch_bounds__(32)
 metrale_softmax_topk(const float* __restrict__ logits, float* __restrict__ weights,
                      int* __restrict__ ids, int rows, int e, int top_k) {
+    grid_dependency_sync();
     extern __shared__ float probs[];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -109,6 +112,7 @@ metrale_softmax_topk(const float* __restrict__ logits, float* __restrict__ weigh
 extern "C" __global__ void __launch_bounds__(1024)
 metrale_moe_combine(const act_t* __restrict__ y, const float* __restrict__ weights,
                     act_t* __restrict__ out, int rows, int top_k, int h) {
+    grid_dependency_sync();
     const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows || c >= h) return;
     const float* w = weights + (long)row * top_k;
@@ -126,6 +130,7 @@ metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ 
                            const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
                            const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
                            act_t* __restrict__ h, int rows, int top_k, int e, int n, int k) {
+    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int rs = blockIdx.y;  // row * top_k + slot
     if (col >= n || rs >= rows * top_k) return;
@@ -147,6 +152,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_moe_down(const act_t* __restrict__ h, const int* __restrict__ ids,
                  const void* __restrict__ wd, const void* __restrict__ wd_scale, const float* __restrict__ wd_global,
                  act_t* __restrict__ y, int rows, int top_k, int e, int n, int k) {
+    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int rs = blockIdx.y;
     if (col >= k || rs >= rows * top_k) return;

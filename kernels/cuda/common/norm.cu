@@ -124,6 +124,7 @@ __device__ __forceinline__ bool row_norm_fits(int h) {
 extern "C" __global__ void __launch_bounds__(512)
 metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                 act_t* __restrict__ y, int rows, int h, float eps) {
+    grid_dependency_sync();
     __shared__ float scratch[33];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -144,6 +145,7 @@ extern "C" __global__ void __launch_bounds__(512)
 metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
                     const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
                     act_t* __restrict__ y, int rows, int h, float eps) {
+    grid_dependency_sync();
     __shared__ float scratch[33];
     const int row = blockIdx.x;
     if (row >= rows) return;
@@ -177,6 +179,7 @@ metrale_qk_norm(const act_t* __restrict__ q, const act_t* __restrict__ k,
                 const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
                 act_t* __restrict__ qn, act_t* __restrict__ kn, int rows, int hq, int hkv,
                 int d, float eps) {
+    grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
     const int head = blockIdx.x, row = blockIdx.y;
     if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
@@ -200,6 +203,7 @@ metrale_qk_norm_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
                      const float* __restrict__ sin_t, act_t* __restrict__ qr,
                      act_t* __restrict__ kr, int rows, int hq, int hkv, int d, int max_pos,
                      float eps) {
+    grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
     const int head = blockIdx.x, row = blockIdx.y;
     if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;

@@ -11,6 +11,7 @@ metrale_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
              const int* __restrict__ positions, const float* __restrict__ cos_t,
              const float* __restrict__ sin_t, act_t* qr, act_t* kr, int rows, int hq, int hkv,
              int d, int max_pos) {
+    grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
     const int head = blockIdx.x, row = blockIdx.y;
     if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
