@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
 
@@ -194,6 +195,24 @@ __device__ __forceinline__ float e2m1_load(uint32_t nib) {
     return __uint_as_float(__float_as_uint(v) | ((nib & 8u) << 28));
 }
 
+// Eight e2m1 nibbles of w (low nibble first) times 2^-14, exactly, as f32: nibble i and i + 4 make
+// the two halves of one f16x2 word, the magnitude's 3 bits (e1 e0 m) placed at f16 bits 11..9
+// and the sign at bit 15: an f16 with exponent field e and mantissa m/2 is 2^(e-15)(1 + m/2)
+// for e > 0 and 2^-14 m/2 for e = 0, which is the e2m1 value times 2^-14 in both cases. Four
+// shifts and masks per pair instead of a select, a conversion and a multiply per nibble; the
+// caller folds the 2^14 into the scale.
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int up = 9 - 4 * i, sign_up = 12 - 4 * i;  // nibble i's bits to f16 bits 9 and 15
+        const uint32_t mag = up >= 0 ? w << up : w >> -up;
+        const uint32_t h = (mag & 0x0E000E00u) | ((w << sign_up) & 0x80008000u);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+        out[i] = f.x;
+        out[i + 4] = f.y;
+    }
+}
+
 __device__ __forceinline__ float e4m3_load(uint8_t b) {
     __nv_fp8_e4m3 v;
     v.__x = b;
@@ -280,25 +299,39 @@ __device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r,
     out[0] = r.a.x; out[1] = r.a.y; out[2] = r.a.z; out[3] = r.a.w;
     out[4] = r.b.x; out[5] = r.b.y; out[6] = r.b.z; out[7] = r.b.w;
 #elif defined(WEIGHT_FP8)
-    const uint8_t* b = (const uint8_t*)&r.v;
+    // pairs of e4m3 codes to f16x2 in one conversion (sm_89+), exact, then f32
     const float s = *(const float*)w.scale;
+    const uint32_t words[2] = {r.v.x, r.v.y};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(e4m3_load(b[i]), s);
-#else
-#if defined(WEIGHT_MXFP4)
-    const float s = e8m0_load(r.s);
-#else
-    const float s = e4m3_load(r.s);
-    const float g = *w.global;
-#endif
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        float v = __fmul_rn(e2m1_load(r.v >> (4 * i)), s);
-#if defined(WEIGHT_NVFP4)
-        v = __fmul_rn(v, g);
-#endif
-        out[i] = v;
+    for (int i = 0; i < 4; ++i) {
+        const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)(words[i / 2] >> (16 * (i & 1)));
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        out[2 * i] = __fmul_rn(f.x, s);
+        out[2 * i + 1] = __fmul_rn(f.y, s);
     }
+#else
+    float v[8];  // the e2m1 values times 2^-14
+    e2m1x8_scaled(r.v, v);
+#if defined(WEIGHT_MXFP4)
+    // v 2^-14 times 2^(b - 127 + 14): one exact product, the v * s of the reference (a value of
+    // two significant bits times a power of two), unless 2^(b - 113) would overflow
+    if (r.s <= 240) {
+        const float s14 = __uint_as_float((uint32_t)(r.s + 14) << 23);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i], s14);
+    } else {
+        const float s = e8m0_load(r.s);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i] * 16384.0f, s);
+    }
+#else
+    // (v 2^-14)(s 2^14) is v * s exactly (at most 6 significant bits), then times g as the
+    // reference rounds it
+    const float s14 = e4m3_load(r.s) * 16384.0f;
+    const float g = *w.global;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(__fmul_rn(v[i], s14), g);
+#endif
 #endif
 }
 
