@@ -280,35 +280,80 @@ __device__ __forceinline__ void decode_attend(
     }
     __syncthreads();
     if (!merging) return;
+    // Every load of a pass is issued before its arithmetic: the (m, l) of up to CHUNK spans
+    // are staged in shared memory (the p·v buffer, free now), then each thread loads the
+    // partial columns of its OUTS outputs for GROUP declared blocks at once and runs the
+    // chain. At 1024 positions: one staging and two groups of loads, whatever the head count.
+    constexpr int CHUNK = 64, GROUP = 4, OUTS = 4;
+    static_assert(CHUNK % SUBS == 0 && CHUNK * MAXG * 2 <= MAXG * NT * 8, "staging fits");
+    float* mls = part;  // [span - chunk start][g][m, l]
     const long base = ((long)row * hkv + kvh) * nspan;
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        float m = -INFINITY, l = 0.0f, a = 0.0f;
-        for (int blk = zfirst / SUBS; blk <= zlast / SUBS; ++blk) {
-            const int z0 = max(zfirst, blk * SUBS), z1 = min(zlast, blk * SUBS + SUBS - 1);
-            float sm[SUBS], sl[SUBS], sa[SUBS];
+    for (int i0 = 0; i0 < G * d; i0 += NT * OUTS) {  // uniform trip count: barriers inside
+        float m[OUTS], l[OUTS], a[OUTS];
 #pragma unroll
-            for (int u = 0; u < SUBS; ++u) {
-                if (z0 + u > z1) break;
-                const long e = (base + z0 + u) * G + g;
-                sm[u] = __ldcg(sc.ml + e * 2);
-                sl[u] = __ldcg(sc.ml + e * 2 + 1);
-                sa[u] = __ldcg(sc.acc + e * d + c);
-            }
-            float bm = sm[0], bl = sl[0], ba = sa[0];  // the block's spans, left to right
-#pragma unroll
-            for (int u = 1; u < SUBS; ++u) {
-                if (z0 + u > z1) break;
-                lse_merge(bm, bl, ba, sm[u], sl[u], sa[u]);
-            }
-            lse_merge(m, l, a, bm, bl, ba);  // then the blocks, left to right
+        for (int j = 0; j < OUTS; ++j) {
+            m[j] = -INFINITY;
+            l[j] = 0.0f;
+            a[j] = 0.0f;
         }
-        o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
+        for (int c0 = zfirst / CHUNK * CHUNK; c0 <= zlast; c0 += CHUNK) {
+            const int za = max(zfirst, c0), zb = min(zlast, c0 + CHUNK - 1);
+            __syncthreads();  // the previous chunk's (m, l) are read
+            for (int e = tid; e < (zb - za + 1) * G * 2; e += NT)
+                mls[(za - c0) * G * 2 + e] = __ldcg(sc.ml + (base + za) * G * 2 + e);
+            __syncthreads();
+            for (int b0 = za / SUBS; b0 <= zb / SUBS; b0 += GROUP) {
+                float sa[OUTS][GROUP][SUBS];
+#pragma unroll
+                for (int j = 0; j < OUTS; ++j) {
+                    const int i = i0 + j * NT + tid, g = i / d, c = i - g * d;
+                    if (i >= G * d) break;
+#pragma unroll
+                    for (int u = 0; u < GROUP; ++u)
+#pragma unroll
+                        for (int v = 0; v < SUBS; ++v) {
+                            const int z = (b0 + u) * SUBS + v;
+                            if (z >= za && z <= zb)
+                                sa[j][u][v] = __ldcg(sc.acc + ((base + z) * G + g) * d + c);
+                        }
+                }
+#pragma unroll
+                for (int j = 0; j < OUTS; ++j) {
+                    const int i = i0 + j * NT + tid, g = i / d;
+                    if (i >= G * d) break;
+#pragma unroll
+                    for (int u = 0; u < GROUP; ++u) {
+                        float bm = 0.0f, bl = 0.0f, ba = 0.0f;
+                        bool any = false;
+#pragma unroll
+                        for (int v = 0; v < SUBS; ++v) {  // the block's spans, left to right
+                            const int z = (b0 + u) * SUBS + v;
+                            if (z < za || z > zb) continue;
+                            const float* ml = mls + ((z - c0) * G + g) * 2;
+                            if (any) {
+                                lse_merge(bm, bl, ba, ml[0], ml[1], sa[j][u][v]);
+                            } else {
+                                bm = ml[0];
+                                bl = ml[1];
+                                ba = sa[j][u][v];
+                                any = true;
+                            }
+                        }
+                        if (any) lse_merge(m[j], l[j], a[j], bm, bl, ba);  // then the blocks
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < OUTS; ++j) {
+            const int i = i0 + j * NT + tid, g = i / d, c = i - g * d;
+            if (i < G * d) o[((long)row * hq + kvh * G + g) * d + c] = act_store(a[j] / l[j]);
+        }
     }
 }
 
 // grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, 1)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
@@ -321,7 +366,7 @@ metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ 
 }
 
 // kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
-extern "C" __global__ void __launch_bounds__(NT)
+extern "C" __global__ void __launch_bounds__(NT, 1)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
                                    const int* __restrict__ positions,
