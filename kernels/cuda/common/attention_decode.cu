@@ -22,6 +22,9 @@
 // Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
 // launches (the merging CTA resets its own), then (m, l) and head_dim partials per (row, kv
 // head, span, q head).
+// Dependent launch: positions, slots and the cache rows before this step's position are read
+// before the wait for the previous launch (grid_dependency_sync): the host writes the first two
+// before the step and earlier steps the rows; everything this step's launches write, after it.
 // Shapes outside head_dim <= 256 (a multiple of 8), more than MAXG q heads per kv head, or a
 // position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
@@ -112,10 +115,13 @@ __device__ __forceinline__ void decode_attend(
 #pragma unroll
     for (int i0 = 0; i0 < 8; i0 += PAHEAD) {
         act8_raw kr[PAHEAD][2];
+        // Before the wait for the previous launch, only cache rows older than this step's
+        // (p < pos: written by earlier steps, never by a launch of this one); the row at pos
+        // (this step's, from the previous launch or the inputs) after it.
 #pragma unroll
         for (int i = 0; i < PAHEAD; ++i) {
             const int p = b0 + warp * 16 + 2 * (i0 + i) + half;
-            if (p >= lo && p < hi) {
+            if (p >= lo && p < hi && (i0 > 0 || p != pos)) {
                 const act_t* row_k = k_at(p);
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
@@ -129,6 +135,17 @@ __device__ __forceinline__ void decode_attend(
             }
         }
         if (i0 == 0) {
+            grid_dependency_sync();
+#pragma unroll
+            for (int i = 0; i < PAHEAD; ++i) {
+                const int p = b0 + warp * 16 + 2 * i + half;
+                if (p == pos && p >= lo) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        if (j < nj && j * 128 + l16 * 8 < d)
+                            kr[i][j] = act8_load(k_at(p), j * 128 + l16 * 8);
+                }
+            }
             for (int i = tid; i < G * d; i += NT) {
                 const int g = i / d, c = i - g * d;
                 qs[g * MAXD + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
@@ -359,7 +376,6 @@ metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ 
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
                          int rows, int hq, int hkv, int d, int max_ctx, float scale,
                          int window) {
-    grid_dependency_sync();
     decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
                          const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
                          d, max_ctx, scale, window);
@@ -373,7 +389,6 @@ metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __r
                                    const int* __restrict__ slots, act_t* __restrict__ o,
                                    void* work, int rows, int hq, int hkv, int d, int max_ctx,
                                    float scale, int window) {
-    grid_dependency_sync();
     decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
                         max_ctx, scale, window);
 }
