@@ -339,6 +339,28 @@ __device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
     weight8_unpack(w, weight8_load(w, c), out);
 }
 
+// Ask L2 for the first bytes of a weight row that this lane's chunks read (columns lane * 8 + j *
+// stride for j < chunks): no register is taken and nothing waits for it. Weights are written by
+// no launch, so a kernel may issue this before it waits for the previous launch
+// (grid_dependency_sync): the row's first bytes then arrive while that launch finishes.
+__device__ __forceinline__ void weight_prefetch(WeightRef w, int k, int stride, int chunks) {
+    const int lane = threadIdx.x & 31;
+    for (int j = 0; j < chunks; ++j) {
+        const int c = j * stride + lane * 8;
+        if (c >= k) break;
+#if defined(WEIGHT_BF16)
+        const char* at = (const char*)w.data + 2L * c;
+#elif defined(WEIGHT_F32)
+        const char* at = (const char*)w.data + 4L * c;
+#elif defined(WEIGHT_FP8)
+        const char* at = (const char*)w.data + c;
+#else
+        const char* at = (const char*)w.data + c / 2;
+#endif
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    }
+}
+
 // One weight at column c (for a ragged tail of k that is not a multiple of 8).
 __device__ __forceinline__ float weight1(WeightRef w, int c) {
 #if defined(WEIGHT_BF16)
