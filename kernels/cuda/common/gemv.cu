@@ -1,12 +1,27 @@
 // Metrale CUDA: GEMV-shaped matmul families (linear, linear_add, qkv, gate_up_swiglu, lm_head).
 //
-// One warp per (row, output column), WARPS warps per block; weights of any storage format are
-// dequantized on the fly in f32 (metrale.cuh). Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*,
-// OUT_F32 (lm_head: f32 logits instead of act).
+// One warp per (output column, ROWS_PER_WARP rows), WARPS warps per block: decode is bound by
+// streaming the weights, so a warp loads each weight chunk once for all its rows
+// (warp_dots_rows) rather than once per row; each row's result is the one-row launch's, bit for
+// bit. Weights of any storage format are dequantized on the fly in f32 (metrale.cuh). Defines:
+// ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*, OUT_F32 (lm_head: f32 logits instead of act).
 #include "gemv.cuh"
 
 #ifndef WARPS
 #define WARPS 4
+#endif
+#ifndef ROWS_PER_WARP
+#define ROWS_PER_WARP 8  // KERNELS.toml's grids divide rows by it
+#endif
+
+// Left to itself ptxas spends registers on the multi-row path that cost the one-row path its
+// occupancy (bf16 gate_up: 106 registers, 4 blocks per SM, where the one-row kernel alone takes
+// 72). bf16 decode (bf16 activations and weights) is held to 24 warps per SM, 80 registers,
+// which both paths fit without spilling (nvcc 13.0, sm_90).
+#if defined(ACT_BF16) && defined(WEIGHT_BF16)
+#define GEMV_MIN_BLOCKS (24 / WARPS)
+#else
+#define GEMV_MIN_BLOCKS 0  // no minimum: ptxas chooses
 #endif
 
 #if defined(OUT_F32)
@@ -17,37 +32,43 @@ typedef act_t out_t;
 __device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 #endif
 
-// grid (ceil(n / WARPS), rows), block 32 * WARPS. y = x · wᵀ.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
+// grid (ceil(n / WARPS), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
                const void* __restrict__ w_scale, const float* __restrict__ w_global,
                out_t* __restrict__ y, int rows, int k, int n) {
     grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int row = blockIdx.y;
-    if (col >= n || row >= rows) return;
-    const float d = warp_dot(x + (long)row * k, weight_rows(weight_ref(w, w_scale, w_global), col, k), k);
-    if ((threadIdx.x & 31) == 0) y[(long)row * n + col] = out_store(d);
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
+    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col >= n || nr <= 0) return;
+    const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
+    float d[1];
+    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
+    if (lane < nr) y[(long)(row0 + lane) * n + col] = out_store(d[0]);
 }
 
 // y = round(round(x · wᵀ) + r): the residual add as the epilogue, rounded as linear; add.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
     grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int row = blockIdx.y;
-    if (col >= n || row >= rows) return;
-    const float d = warp_dot(x + (long)row * k, weight_rows(weight_ref(w, w_scale, w_global), col, k), k);
-    if ((threadIdx.x & 31) == 0) {
-        const long i = (long)row * n + col;
-        y[i] = act_store(act_round(d) + act_load(r[i]));
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
+    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col >= n || nr <= 0) return;
+    const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
+    float d[1];
+    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
+    if (lane < nr) {
+        const long i = (long)(row0 + lane) * n + col;
+        y[i] = act_store(act_round(d[0]) + act_load(r[i]));
     }
 }
 
 // q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_qkv(const act_t* __restrict__ x,
             const void* __restrict__ wq, const void* __restrict__ wq_scale, const float* __restrict__ wq_global,
             const void* __restrict__ wk, const void* __restrict__ wk_scale, const float* __restrict__ wk_global,
@@ -56,8 +77,9 @@ metrale_qkv(const act_t* __restrict__ x,
             int rows, int k, int nq, int nk, int nv) {
     grid_dependency_sync();
     int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int row = blockIdx.y;
-    if (row >= rows || col >= nq + nk + nv) return;
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
+    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (nr <= 0 || col >= nq + nk + nv) return;
     WeightRef w;
     act_t* out;
     int n;
@@ -68,24 +90,28 @@ metrale_qkv(const act_t* __restrict__ x,
     } else {
         col -= nq + nk; w = weight_ref(wv, wv_scale, wv_global); out = v; n = nv;
     }
-    const float d = warp_dot(x + (long)row * k, weight_rows(w, col, k), k);
-    if ((threadIdx.x & 31) == 0) out[(long)row * n + col] = act_store(d);
+    const WeightRef ws[1] = {weight_rows(w, col, k)};
+    float d[1];
+    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
+    if (lane < nr) out[(long)(row0 + lane) * n + col] = act_store(d[0]);
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_gate_up_swiglu(const act_t* __restrict__ x,
                        const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
                        const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
                        act_t* __restrict__ h, int rows, int k, int n) {
     grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int row = blockIdx.y;
-    if (col >= n || row >= rows) return;
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
+    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col >= n || nr <= 0) return;
     const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), col, k),
                             weight_rows(weight_ref(wu, wu_scale, wu_global), col, k)};
     float gu[2];
-    warp_dots<2>(x + (long)row * k, w, k, gu);  // both rows' loads in flight together
-    if ((threadIdx.x & 31) == 0)
-        h[(long)row * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
+    // both weight rows' loads in flight together
+    warp_dots_rows<2, ROWS_PER_WARP>(x + (long)row0 * k, nr, w, k, gu);
+    if (lane < nr)
+        h[(long)(row0 + lane) * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
 }
