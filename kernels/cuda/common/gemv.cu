@@ -24,6 +24,20 @@
 #define GEMV_MIN_BLOCKS 0  // no minimum: ptxas chooses
 #endif
 
+// Dependent launch: a warp asks L2 for the first KiB of its weight rows (PREFETCH_BLOCKS
+// k-blocks) before it waits for the previous launch (grid_dependency_sync), so that those bytes
+// arrive while that launch finishes; x and every write come after the wait. A warp with no
+// column returns without waiting: its block's other warps, or the grid's, wait.
+#if defined(WEIGHT_BF16)
+#define PREFETCH_BLOCKS 2
+#elif defined(WEIGHT_F32)
+#define PREFETCH_BLOCKS 1
+#elif defined(WEIGHT_FP8)
+#define PREFETCH_BLOCKS 4
+#else
+#define PREFETCH_BLOCKS 8
+#endif
+
 #if defined(OUT_F32)
 typedef float out_t;
 __device__ __forceinline__ out_t out_store(float v) { return v; }
@@ -37,12 +51,13 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
                const void* __restrict__ w_scale, const float* __restrict__ w_global,
                out_t* __restrict__ y, int rows, int k, int n) {
-    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
     const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
     if (col >= n || nr <= 0) return;
     const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
+    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
+    grid_dependency_sync();
     float d[1];
     warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
     if (lane < nr) y[(long)(row0 + lane) * n + col] = out_store(d[0]);
@@ -53,12 +68,13 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
-    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
     const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
     if (col >= n || nr <= 0) return;
     const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
+    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
+    grid_dependency_sync();
     float d[1];
     warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
     if (lane < nr) {
@@ -75,25 +91,23 @@ metrale_qkv(const act_t* __restrict__ x,
             const void* __restrict__ wv, const void* __restrict__ wv_scale, const float* __restrict__ wv_global,
             act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
             int rows, int k, int nq, int nk, int nv) {
-    grid_dependency_sync();
-    int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
     const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
     if (nr <= 0 || col >= nq + nk + nv) return;
-    WeightRef w;
-    act_t* out;
-    int n;
-    if (col < nq) {
-        w = weight_ref(wq, wq_scale, wq_global); out = q; n = nq;
-    } else if (col < nq + nk) {
-        col -= nq; w = weight_ref(wk, wk_scale, wk_global); out = k_; n = nk;
-    } else {
-        col -= nq + nk; w = weight_ref(wv, wv_scale, wv_global); out = v; n = nv;
-    }
-    const WeightRef ws[1] = {weight_rows(w, col, k)};
+    // the weight row (and its prefetch) before the wait; where the column goes after it
+    const int part = col < nq ? 0 : col < nq + nk ? 1 : 2;
+    const int c = col - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
+    const WeightRef ws[1] = {weight_rows(part == 0 ? weight_ref(wq, wq_scale, wq_global)
+                                         : part == 1 ? weight_ref(wk, wk_scale, wk_global)
+                                                     : weight_ref(wv, wv_scale, wv_global), c, k)};
+    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
+    grid_dependency_sync();
+    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
+    const int n = part == 0 ? nq : part == 1 ? nk : nv;
     float d[1];
     warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
-    if (lane < nr) out[(long)(row0 + lane) * n + col] = act_store(d[0]);
+    if (lane < nr) out[(long)(row0 + lane) * n + c] = act_store(d[0]);
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
@@ -102,13 +116,15 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
                        const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
                        const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
                        act_t* __restrict__ h, int rows, int k, int n) {
-    grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
     const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
     if (col >= n || nr <= 0) return;
     const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), col, k),
                             weight_rows(weight_ref(wu, wu_scale, wu_global), col, k)};
+    weight_prefetch<PREFETCH_BLOCKS>(w[0], k, K_BLOCK);
+    weight_prefetch<PREFETCH_BLOCKS>(w[1], k, K_BLOCK);
+    grid_dependency_sync();
     float gu[2];
     // both weight rows' loads in flight together
     warp_dots_rows<2, ROWS_PER_WARP>(x + (long)row0 * k, nr, w, k, gu);

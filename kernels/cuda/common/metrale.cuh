@@ -343,9 +343,11 @@ __device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
 // stride for j < chunks): no register is taken and nothing waits for it. Weights are written by
 // no launch, so a kernel may issue this before it waits for the previous launch
 // (grid_dependency_sync): the row's first bytes then arrive while that launch finishes.
-__device__ __forceinline__ void weight_prefetch(WeightRef w, int k, int stride, int chunks) {
+template <int CHUNKS>
+__device__ __forceinline__ void weight_prefetch(WeightRef w, int k, int stride) {
     const int lane = threadIdx.x & 31;
-    for (int j = 0; j < chunks; ++j) {
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
         const int c = j * stride + lane * 8;
         if (c >= k) break;
 #if defined(WEIGHT_BF16)
