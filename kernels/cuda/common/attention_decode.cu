@@ -1,98 +1,78 @@
-// Metrale CUDA: decode attention, split across the KV positions.
+// Metrale CUDA: decode attention, split across the KV blocks.
 //
-// Decode rows are separate sequences (distinct cache slots). One thread block (CTA) per (kv head,
-// row, span of SPAN = 64 positions): CTA z owns the absolute positions [64 z, 64 z + 64) of its
-// row, serves every q head of the GQA group (the k and v rows are read once), and writes its
-// partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last CTA of a (kv
-// head, row) to finish (a ticket counter in the scratch) merges: first the spans of each
-// declared KV block (KV_BLOCK = 256 positions, 4 spans) left to right, then the blocks left to
-// right with the same log-sum-exp rule: the declared order (blocks of KV_BLOCK, combined
-// sequentially), whichever CTA merges. Spans rather than whole blocks per CTA: a 1024-token row
-// of one kv head is 17 CTAs, not 5, each with a quarter of the dependent chain (loads, scores,
-// softmax, p·v) that bounds a decode step's attention.
-// Inside a CTA (4 warps):
-//   scores: a half-warp per position, each lane 8 columns (a 16-byte load, coalesced over the
-//           row), every position's k loads and an L2 prefetch of its v row issued before q is
-//           staged; per q head a lane sums its columns left to right (fma, f32), then the 16
-//           lanes meet in a butterfly;
-//   softmax: a warp per q head: span max and sum;
+// Decode rows are separate sequences (distinct cache slots). One thread block per (kv head,
+// row, KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its
+// row, serves every q head of the GQA group (the k and v rows are read once), and writes the
+// block's partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last
+// block of a (kv head, row) to finish (a ticket counter in the scratch) merges the partials
+// left to right with the log-sum-exp rule — the declared order, whichever block merges — and
+// writes o. So the row's blocks run on as many multiprocessors as there are blocks, and the
+// bytes are the reference's.
+// Inside a block:
+//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32) for every
+//           q head of the group, the k row's loads (and an L2 prefetch of the v row) issued
+//           before q is staged;
+//   softmax: block max and sum over the positions (warp trees, warps in order);
 //   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
-//           (S = threads / (d/8)), every load issued first; the S partials per column meet in
+//           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
 //           order through shared memory.
 // Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
-// launches (the merging CTA resets its own), then (m, l) and head_dim partials per (row, kv
-// head, span, q head).
+// launches (the merging block resets its own), then (m, l) and head_dim partials per
+// (row, kv head, KV block, q head).
 // Dependent launch: positions, slots and the cache rows before this step's position are read
 // before the wait for the previous launch (grid_dependency_sync): the host writes the first two
 // before the step and earlier steps the rows; everything this step's launches write, after it.
 // Shapes outside head_dim <= 256 (a multiple of 8), more than MAXG q heads per kv head, or a
 // position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
-// (the CTA holding that position does) and reads them from its inputs there (no other CTA reads
-// that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
+// (the block holding that position does) and reads them from its inputs there (no other block
+// reads that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
 #include "metrale.cuh"
 
-#define AW 4             // warps per CTA
-#define NT (32 * AW)     // threads per CTA
-#define SPAN 64          // positions per CTA: KERNELS.toml's grid z is ceil(max_ctx / 64)
+#define AW 8             // warps per block
+#define NT (32 * AW)     // threads per block
 #define MAXG 8           // q heads per kv head
-#define MAXD 256         // head_dim
-#if defined(ACT_BF16)
-#define PAHEAD 8         // positions whose k a lane loads before using them (16 per warp)
-#else
-#define PAHEAD 4
-#endif
+#define VAHEAD 16        // v chunks one thread loads before using them
 
-static_assert(KV_BLOCK % SPAN == 0, "a declared KV block is a whole number of spans");
-static_assert(SPAN == AW * 2 * 8, "a warp scores 16 positions, two at a time");
-constexpr int SUBS = KV_BLOCK / SPAN;  // spans per declared KV block
+static_assert(KV_BLOCK == NT, "one position per thread in the score phase");
 
-// The scratch layout of one launch (nspan = spans per row = gridDim.z).
+// The scratch layout of one launch (nkv = KV blocks per row = gridDim.z).
 struct DecodeScratch {
     unsigned* tickets;  // [rows, hkv]
-    float* ml;          // [rows, hkv, nspan, G, 2]
-    float* acc;         // [rows, hkv, nspan, G, d]
-    __device__ DecodeScratch(void* work, int rows, int hkv, int nspan, int G) {
+    float* ml;          // [rows, hkv, nkv, G, 2]
+    float* acc;         // [rows, hkv, nkv, G, d]
+    __device__ DecodeScratch(void* work, int rows, int hkv, int nkv, int G) {
         tickets = (unsigned*)work;
         const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
         ml = (float*)((char*)work + counters);
-        acc = ml + (long)rows * hkv * nspan * G * 2;
+        acc = ml + (long)rows * hkv * nkv * G * 2;
     }
 };
 
-// (m, l, a) <- (m, l, a) merged with a later partial (bm, bl, ba): the log-sum-exp rule.
-__device__ __forceinline__ void lse_merge(float& m, float& l, float& a, float bm, float bl,
-                                          float ba) {
-    const float mn = fmaxf(m, bm);
-    const float x = m == -INFINITY ? 0.0f : expf(m - mn);
-    const float y = expf(bm - mn);
-    a = a * x + ba * y;
-    l = l * x + bl * y;
-    m = mn;
-}
-
-template <bool APPEND>
+template <bool APPEND, int GFIX>
 __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ k_new, const act_t* __restrict__ v_new,
     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
     const int* __restrict__ positions, const int* __restrict__ slots, act_t* __restrict__ o,
     void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
-    __shared__ __align__(16) float qs[MAXG * MAXD];    // the group's q heads, f32
-    __shared__ float S[MAXG][SPAN];                     // scores, then probabilities
-    __shared__ float span_m[MAXG], span_l[MAXG];
-    __shared__ __align__(16) float part[MAXG * NT * 8]; // p·v partials: [g][thread][8]
+    __shared__ float qs[MAXG * 256];     // the group's q heads, f32
+    __shared__ float S[MAXG * KV_BLOCK]; // scores, then probabilities
+    __shared__ float red[AW * MAXG];     // per-warp maxima / sums
+    __shared__ float blk_m[MAXG], blk_l[MAXG];
+    __shared__ float part[NT * 8];       // p·v partials of one q head: [sub][column]
     __shared__ int merging;
 
-    const int kvh = blockIdx.x, row = blockIdx.y, z = blockIdx.z, nspan = gridDim.z;
+    const int kvh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int G = hq / hkv;
+    const int G = GFIX ? GFIX : hq / hkv;
     if (row >= rows || kvh >= hkv) return;
-    if (d > MAXD || (d & 7) || G > MAXG || G * hkv != hq) __trap();
+    if (d > 256 || (d & 7) || G > MAXG || G * hkv != hq) __trap();
+    constexpr int GL = GFIX ? GFIX : MAXG;  // the q-head loops' bound, exact when GFIX is
     const int pos = positions[row], slot = slots[row];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
-    const int zfirst = start / SPAN, zlast = pos / SPAN;
-    if (pos < 0 || pos >= max_ctx || zlast >= nspan) __trap();
-    if (z < zfirst || z > zlast) return;
+    const int first = start / KV_BLOCK, last = pos / KV_BLOCK;
+    if (pos < 0 || pos >= max_ctx || last >= nkv) __trap();
+    if (blk < first || blk > last) return;
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
     const long new_at = ((long)row * hkv + kvh) * d;
 
@@ -105,290 +85,234 @@ __device__ __forceinline__ void decode_attend(
         return v_cache + ((kv_row + p) * hkv + kvh) * d;
     };
 
-    const int b0 = z * SPAN;
-    const int lo = max(b0, start), hi = min(b0 + SPAN, pos + 1);  // [lo, hi), never empty
-    // ---- scores. Warp w scores positions b0 + 16 w + 2 i + half (i < 8); lane l16 of a half
-    // holds columns 8 l16 .. and 128 + 8 l16 .. (d > 128).
-    const int half = lane >> 4, l16 = lane & 15;
-    const int nj = (d + 127) / 128;
-    float s[8][MAXG];
+    const int b0 = blk * KV_BLOCK;
+    const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
+    // ---- scores. Thread t's k row (its first 128 columns) is loaded, and its v row asked
+    // into L2, before q is staged: the loads overlap instead of following one another.
+    const int p = b0 + tid;
+    const bool live = p >= lo && p < hi;
+    act8_raw kv[16];
+    if (live && p != pos) {  // rows of earlier steps: written by no launch of this one
+        const act_t* kr = k_at(p);
 #pragma unroll
-    for (int i0 = 0; i0 < 8; i0 += PAHEAD) {
-        act8_raw kr[PAHEAD][2];
-        // Before the wait for the previous launch, only cache rows older than this step's
-        // (p < pos: written by earlier steps, never by a launch of this one); the row at pos
-        // (this step's, from the previous launch or the inputs) after it.
+        for (int j = 0; j < 16; ++j)
+            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
+        const char* vr = (const char*)v_at(p);
+        for (int off = 0; off < d * (int)sizeof(act_t); off += 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
+    }
+    grid_dependency_sync();  // this step's row, q and every write: after the previous launch
+    if (live && p == pos) {
+        const act_t* kr = k_at(p);
 #pragma unroll
-        for (int i = 0; i < PAHEAD; ++i) {
-            const int p = b0 + warp * 16 + 2 * (i0 + i) + half;
-            if (p >= lo && p < hi && (i0 > 0 || p != pos)) {
-                const act_t* row_k = k_at(p);
+        for (int j = 0; j < 16; ++j)
+            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
+    }
+    for (int i = tid; i < G * d; i += NT) {
+        const int g = i / d, c = i - g * d;
+        qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
+    }
+    __syncthreads();
+    float acc[GL];
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (j < nj && j * 128 + l16 * 8 < d) kr[i][j] = act8_load(row_k, j * 128 + l16 * 8);
-                if (i0 == 0 && (l16 & 7) == 0) {  // this lane's 128-byte line of the v row
-                    const char* vr = (const char*)v_at(p) + l16 * 8 * sizeof(act_t);
-                    for (int off = 0; off < d * (int)sizeof(act_t); off += 256)
-                        if (l16 * 8 * (int)sizeof(act_t) + off < d * (int)sizeof(act_t))
-                            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
-                }
-            }
-        }
-        if (i0 == 0) {
-            grid_dependency_sync();
+    for (int g = 0; g < GL; ++g) acc[g] = 0.0f;
+    if (live) {
+        const act_t* kr = k_at(p);
+        for (int c0 = 0; c0 < d; c0 += 128) {
+            if (c0 > 0) {
 #pragma unroll
-            for (int i = 0; i < PAHEAD; ++i) {
-                const int p = b0 + warp * 16 + 2 * i + half;
-                if (p == pos && p >= lo) {
-#pragma unroll
-                    for (int j = 0; j < 2; ++j)
-                        if (j < nj && j * 128 + l16 * 8 < d)
-                            kr[i][j] = act8_load(k_at(p), j * 128 + l16 * 8);
-                }
-            }
-            for (int i = tid; i < G * d; i += NT) {
-                const int g = i / d, c = i - g * d;
-                qs[g * MAXD + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int g = 0; g < MAXG; ++g) {
-            if (g >= G) break;
-            float qv[2][8];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int c = j * 128 + l16 * 8;
-                if (j < nj && c < d) {
-                    const float4 a = *(const float4*)&qs[g * MAXD + c];
-                    const float4 b = *(const float4*)&qs[g * MAXD + c + 4];
-                    qv[j][0] = a.x; qv[j][1] = a.y; qv[j][2] = a.z; qv[j][3] = a.w;
-                    qv[j][4] = b.x; qv[j][5] = b.y; qv[j][6] = b.z; qv[j][7] = b.w;
-                }
+                for (int j = 0; j < 16; ++j)
+                    if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
             }
 #pragma unroll
-            for (int i = 0; i < PAHEAD; ++i) {
-                const int p = b0 + warp * 16 + 2 * (i0 + i) + half;
-                float acc = 0.0f;
-                if (p >= lo && p < hi) {
+            for (int j = 0; j < 16; ++j) {
+                if (c0 + j * 8 >= d) break;
+                float kf[8];
+                act8_unpack(kv[j], kf);
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        if (j < nj && j * 128 + l16 * 8 < d) {
-                            float kf[8];
-                            act8_unpack(kr[i][j], kf);
+                for (int g = 0; g < GL; ++g) {
+                    if (g < G) {
 #pragma unroll
-                            for (int e = 0; e < 8; ++e) acc = fmaf(qv[j][e], kf[e], acc);
-                        }
+                        for (int i = 0; i < 8; ++i)
+                            acc[g] = fmaf(qs[g * 256 + c0 + j * 8 + i], kf[i], acc[g]);
                     }
                 }
-                s[i0 + i][g] = acc;
             }
         }
     }
-    // the 16 lanes of each half meet (butterfly), all positions and heads interleaved
+    // ---- block max per q head
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int g = 0; g < MAXG; ++g)
-                if (g < G) s[i][g] += __shfl_xor_sync(0xffffffffu, s[i][g], o);
-    }
-    if (l16 == 0) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int p = b0 + warp * 16 + 2 * i + half;
-            const bool live = p >= lo && p < hi;
-#pragma unroll
-            for (int g = 0; g < MAXG; ++g)
-                if (g < G) S[g][p - b0] = live ? s[i][g] * scale : -INFINITY;
+    for (int g = 0; g < GL; ++g) {
+        if (g < G) {
+            const float s = live ? acc[g] * scale : -INFINITY;
+            S[g * KV_BLOCK + tid] = s;
+            const float m = warp_max(s);
+            if (lane == 0) red[warp * MAXG + g] = m;
         }
     }
     __syncthreads();
-    // ---- softmax over the span: warp w takes q heads w, w + AW
-    for (int g = warp; g < G; g += AW) {
-        const float x0 = S[g][lane], x1 = S[g][lane + 32];
-        const float m = warp_max(fmaxf(x0, x1));  // finite: the span holds a live position
-        const float e0 = expf(x0 - m), e1 = expf(x1 - m);
-        S[g][lane] = e0;
-        S[g][lane + 32] = e1;
-        const float l = warp_sum(e0 + e1);
-        if (lane == 0) {
-            span_m[g] = m;
-            span_l[g] = l;
+    if (tid < G) {
+        float m = red[tid];
+        for (int w = 1; w < AW; ++w) m = fmaxf(m, red[w * MAXG + tid]);
+        blk_m[tid] = m;
+    }
+    __syncthreads();
+    // ---- probabilities and their sum
+#pragma unroll
+    for (int g = 0; g < GL; ++g) {
+        if (g < G) {
+            const float e = live ? expf(S[g * KV_BLOCK + tid] - blk_m[g]) : 0.0f;
+            S[g * KV_BLOCK + tid] = e;
+            const float l = warp_sum(e);
+            if (lane == 0) red[warp * MAXG + g] = l;
         }
     }
     __syncthreads();
+    if (tid < G) {
+        float l = red[tid];
+        for (int w = 1; w < AW; ++w) l += red[w * MAXG + tid];
+        blk_l[tid] = l;
+    }
     // ---- p·v: thread t takes column chunk ch and positions b0 + sub + j nsub
     const int nch = d / 8, nsub = NT / nch;
     const int ch = tid % nch, sub = tid / nch;
-    float pv[MAXG][8];
+    float pv[GL][8];
 #pragma unroll
-    for (int g = 0; g < MAXG; ++g)
+    for (int g = 0; g < GL; ++g)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) pv[g][e] = 0.0f;
+        for (int i = 0; i < 8; ++i) pv[g][i] = 0.0f;
     if (sub < nsub) {
-        constexpr int VAHEAD = SPAN / 4;  // nsub >= 4 (d <= 256)
-        act8_raw vv[VAHEAD];
+        for (int p0 = b0 + sub; p0 < hi; p0 += nsub * VAHEAD) {
+            act8_raw vv[VAHEAD];
 #pragma unroll
-        for (int j = 0; j < VAHEAD; ++j) {
-            const int pp = b0 + sub + j * nsub;
-            if (sub + j * nsub < SPAN && pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
-        }
+            for (int j = 0; j < VAHEAD; ++j) {
+                const int pp = p0 + j * nsub;
+                if (pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
+            }
 #pragma unroll
-        for (int j = 0; j < VAHEAD; ++j) {
-            const int pp = b0 + sub + j * nsub;
-            if (sub + j * nsub >= SPAN || pp < lo || pp >= hi) continue;
-            float vf[8];
-            act8_unpack(vv[j], vf);
+            for (int j = 0; j < VAHEAD; ++j) {
+                const int pp = p0 + j * nsub;
+                if (pp < lo || pp >= hi) continue;
+                float vf[8];
+                act8_unpack(vv[j], vf);
 #pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g < G) {
-                    const float pr = S[g][pp - b0];
+                for (int g = 0; g < GL; ++g) {
+                    if (g < G) {
+                        const float pr = S[g * KV_BLOCK + (pp - b0)];
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) pv[g][e] = fmaf(pr, vf[e], pv[g][e]);
+                        for (int i = 0; i < 8; ++i) pv[g][i] = fmaf(pr, vf[i], pv[g][i]);
+                    }
                 }
             }
         }
+    }
+    // ---- the block's partial state to the scratch: per q head, the nsub partials of each
+    // column summed in sub order
+    DecodeScratch sc(work, rows, hkv, nkv, G);
+    const long at = (((long)row * hkv + kvh) * nkv + blk) * G;  // (row, kvh, blk, g = 0)
 #pragma unroll
-        for (int g = 0; g < MAXG; ++g) {
-            if (g < G) {
-                float4* dst = (float4*)&part[(g * NT + tid) * 8];
-                dst[0] = make_float4(pv[g][0], pv[g][1], pv[g][2], pv[g][3]);
-                dst[1] = make_float4(pv[g][4], pv[g][5], pv[g][6], pv[g][7]);
-            }
+    for (int g = 0; g < GL; ++g) {
+        if (g >= G) break;
+        __syncthreads();
+        if (sub < nsub) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[g][i];
+        }
+        __syncthreads();
+        for (int c = tid; c < d; c += NT) {
+            float s = 0.0f;
+            for (int u = 0; u < nsub; ++u) s += part[u * d + c];
+            sc.acc[(at + g) * d + c] = s;
         }
     }
-    __syncthreads();
-    // ---- the span's partial state to the scratch: per q head, the nsub partials of each
-    // column summed in sub order
-    DecodeScratch sc(work, rows, hkv, nspan, G);
-    const long at = (((long)row * hkv + kvh) * nspan + z) * G;  // (row, kvh, z, g = 0)
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        float sum = 0.0f;
-        for (int u = 0; u < nsub; ++u) sum += part[(g * NT + u * nch + c / 8) * 8 + (c & 7)];
-        sc.acc[(at + g) * d + c] = sum;
-    }
     if (tid < G) {
-        sc.ml[(at + tid) * 2] = span_m[tid];
-        sc.ml[(at + tid) * 2 + 1] = span_l[tid];
+        sc.ml[(at + tid) * 2] = blk_m[tid];
+        sc.ml[(at + tid) * 2 + 1] = blk_l[tid];
     }
     // the new entry, for later steps (this step read it from the inputs); stored after every
-    // cache load of the CTA so that those loads need not wait behind it
-    if (APPEND && z == zlast) {
+    // cache load of the block so that those loads need not wait behind it
+    if (APPEND && blk == last) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
         for (int i = tid; i < d; i += NT) {
             k_cache[dst + i] = k_new[new_at + i];
             v_cache[dst + i] = v_new[new_at + i];
         }
     }
-    // ---- the last CTA of this (kv head, row) merges every span
+    // ---- the last block of this (kv head, row) merges every block, left to right
     __threadfence();
     __syncthreads();
     if (tid == 0) {
         unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
         const unsigned t = atomicAdd(ticket, 1u);
-        merging = t == (unsigned)(zlast - zfirst);
+        merging = t == (unsigned)(last - first);
         if (merging) {
-            *ticket = 0u;  // every CTA of this launch has counted: ready for the next one
+            *ticket = 0u;  // every block of this launch has counted: ready for the next one
             __threadfence();
         }
     }
     __syncthreads();
     if (!merging) return;
-    // Every load of a pass is issued before its arithmetic: the (m, l) of up to CHUNK spans
-    // are staged in shared memory (the p·v buffer, free now), then each thread loads the
-    // partial columns of its OUTS outputs for GROUP declared blocks at once and runs the
-    // chain. At 1024 positions: one staging and two groups of loads, whatever the head count.
-    constexpr int CHUNK = 64, GROUP = 4, OUTS = 4;
-    static_assert(CHUNK % SUBS == 0 && CHUNK * MAXG * 2 <= MAXG * NT * 8, "staging fits");
-    float* mls = part;  // [span - chunk start][g][m, l]
-    const long base = ((long)row * hkv + kvh) * nspan;
-    for (int i0 = 0; i0 < G * d; i0 += NT * OUTS) {  // uniform trip count: barriers inside
-        float m[OUTS], l[OUTS], a[OUTS];
+    for (int i = tid; i < G * d; i += NT) {
+        const int g = i / d, c = i - g * d;
+        float m = -INFINITY, l = 0.0f, a = 0.0f;
+        constexpr int MAHEAD = 8;  // blocks whose partials are loaded before they are merged
+        for (int b0 = first; b0 <= last; b0 += MAHEAD) {
+            float bm[MAHEAD], bl[MAHEAD], bs[MAHEAD];
 #pragma unroll
-        for (int j = 0; j < OUTS; ++j) {
-            m[j] = -INFINITY;
-            l[j] = 0.0f;
-            a[j] = 0.0f;
-        }
-        for (int c0 = zfirst / CHUNK * CHUNK; c0 <= zlast; c0 += CHUNK) {
-            const int za = max(zfirst, c0), zb = min(zlast, c0 + CHUNK - 1);
-            __syncthreads();  // the previous chunk's (m, l) are read
-            for (int e = tid; e < (zb - za + 1) * G * 2; e += NT)
-                mls[(za - c0) * G * 2 + e] = __ldcg(sc.ml + (base + za) * G * 2 + e);
-            __syncthreads();
-            for (int b0 = za / SUBS; b0 <= zb / SUBS; b0 += GROUP) {
-                float sa[OUTS][GROUP][SUBS];
+            for (int u = 0; u < MAHEAD; ++u) {
+                if (b0 + u > last) break;
+                const long e = (((long)row * hkv + kvh) * nkv + b0 + u) * G + g;
+                bm[u] = __ldcg(sc.ml + e * 2);
+                bl[u] = __ldcg(sc.ml + e * 2 + 1);
+                bs[u] = __ldcg(sc.acc + e * d + c);
+            }
 #pragma unroll
-                for (int j = 0; j < OUTS; ++j) {
-                    const int i = i0 + j * NT + tid, g = i / d, c = i - g * d;
-                    if (i >= G * d) break;
-#pragma unroll
-                    for (int u = 0; u < GROUP; ++u)
-#pragma unroll
-                        for (int v = 0; v < SUBS; ++v) {
-                            const int z = (b0 + u) * SUBS + v;
-                            if (z >= za && z <= zb)
-                                sa[j][u][v] = __ldcg(sc.acc + ((base + z) * G + g) * d + c);
-                        }
-                }
-#pragma unroll
-                for (int j = 0; j < OUTS; ++j) {
-                    const int i = i0 + j * NT + tid, g = i / d;
-                    if (i >= G * d) break;
-#pragma unroll
-                    for (int u = 0; u < GROUP; ++u) {
-                        float bm = 0.0f, bl = 0.0f, ba = 0.0f;
-                        bool any = false;
-#pragma unroll
-                        for (int v = 0; v < SUBS; ++v) {  // the block's spans, left to right
-                            const int z = (b0 + u) * SUBS + v;
-                            if (z < za || z > zb) continue;
-                            const float* ml = mls + ((z - c0) * G + g) * 2;
-                            if (any) {
-                                lse_merge(bm, bl, ba, ml[0], ml[1], sa[j][u][v]);
-                            } else {
-                                bm = ml[0];
-                                bl = ml[1];
-                                ba = sa[j][u][v];
-                                any = true;
-                            }
-                        }
-                        if (any) lse_merge(m[j], l[j], a[j], bm, bl, ba);  // then the blocks
-                    }
-                }
+            for (int u = 0; u < MAHEAD; ++u) {
+                if (b0 + u > last) break;
+                const float mn = fmaxf(m, bm[u]);
+                const float x = m == -INFINITY ? 0.0f : expf(m - mn);
+                const float y = expf(bm[u] - mn);
+                a = a * x + bs[u] * y;
+                l = l * x + bl[u] * y;
+                m = mn;
             }
         }
-#pragma unroll
-        for (int j = 0; j < OUTS; ++j) {
-            const int i = i0 + j * NT + tid, g = i / d, c = i - g * d;
-            if (i < G * d) o[((long)row * hq + kvh * G + g) * d + c] = act_store(a[j] / l[j]);
-        }
+        o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
     }
 }
 
-// grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
-extern "C" __global__ void __launch_bounds__(NT, 1)
+// One instantiation per common group size (q heads per kv head), so that the q-head loops are
+// exact and the code a CTA runs stays small (the generic instantiation, loops to MAXG with run-time
+// guards, compiles to 130 KB of machine code); other sizes take the generic one.
+#define DECODE_BY_GROUP(APPEND, ...)                                     \
+    switch (hkv > 0 ? hq / hkv : 0) {                                    \
+        case 1: decode_attend<APPEND, 1>(__VA_ARGS__); break;            \
+        case 2: decode_attend<APPEND, 2>(__VA_ARGS__); break;            \
+        case 4: decode_attend<APPEND, 4>(__VA_ARGS__); break;            \
+        case 8: decode_attend<APPEND, 8>(__VA_ARGS__); break;            \
+        default: decode_attend<APPEND, 0>(__VA_ARGS__); break;           \
+    }
+
+// grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
                          int rows, int hq, int hkv, int d, int max_ctx, float scale,
                          int window) {
-    decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
-                         const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
-                         d, max_ctx, scale, window);
+    DECODE_BY_GROUP(false, nullptr, nullptr, q, const_cast<act_t*>(k_cache),
+                    const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv, d,
+                    max_ctx, scale, window);
 }
 
-// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / SPAN)), block NT.
-extern "C" __global__ void __launch_bounds__(NT, 1)
+// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
                                    const int* __restrict__ positions,
                                    const int* __restrict__ slots, act_t* __restrict__ o,
                                    void* work, int rows, int hq, int hkv, int d, int max_ctx,
                                    float scale, int window) {
-    decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
-                        max_ctx, scale, window);
+    DECODE_BY_GROUP(true, k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv,
+                    d, max_ctx, scale, window);
 }
