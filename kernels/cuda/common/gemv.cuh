@@ -4,7 +4,7 @@
 // block lane l multiplies-and-adds (fma, f32) the 8-wide chunks l, l+32, ... left to right, then
 // the 32 lane sums meet in a butterfly tree; the block partials combine as ACROSS_* says. The
 // result depends only on the x row and the weight row: row-invariant. warp_dots_rows serves
-// several x rows with one load of each weight chunk and keeps that order for every row.
+// several x rows, each through warp_dots.
 #pragma once
 #include "metrale.cuh"
 
@@ -94,140 +94,25 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
     for (int j = 0; j < N; ++j) out[j] = acc[j].result();
 }
 
-// The M warp sums of v[0..M) at once (M a power of two, at most 32), each warp_sum's bit for bit:
-// the same tree, every add own + partner's as there. At offset o a lane keeps half of its values
-// (the upper half where its bit o is set) and hands the other half to lane ^ o, which keeps
-// those: M - 1 + 5 - log2(M) shuffles instead of 5 M. Value m ends in lanes m * (32 / M) and up.
-template <int M>
-__device__ __forceinline__ float warp_sums_spread(float (&v)[M]) {
-    static_assert(M >= 1 && M <= 32 && (M & (M - 1)) == 0, "M must be a power of two <= 32");
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int level = 0; level < 5; ++level) {
-        const int o = 16 >> level;
-        const int h = M >> (level + 1);  // values kept; 0 once one is left
-        if (h == 0) {
-            v[0] = v[0] + __shfl_xor_sync(0xffffffffu, v[0], o);
-            continue;
-        }
-        const bool upper = lane & o;
-#pragma unroll
-        for (int i = 0; i < (M > 1 ? M / 2 : 1); ++i) {  // a constant count, so that it unrolls
-            if (i >= h) break;
-            const float lo = v[i], hi = v[i + h];
-            const float keep = upper ? hi : lo, give = upper ? lo : hi;
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
-        }
-    }
-    return v[0];
-}
-
-// x · w[j] for nrows (1 to R) consecutive x rows of k activations and N weight rows, by one full
-// warp: lane r gets row r's dots in out, each in warp_dot's order, so a row's bytes do not depend
-// on the rows beside it. One row takes warp_dots itself (its x loads AHEAD deep too). More rows
-// share the weight loads: each weight chunk is loaded (AHEAD blocks in flight, as warp_dots) and
-// dequantized once, then met by every row's x chunk, loaded when needed (the x rows are few and
-// stay in cache; the weights stream from memory). A block's R * N lane sums reduce together
-// through warp_sums_spread, so a lane keeps one Combine, that of value m = lane / (32 / M):
-// row m / N, weight row m % N. Rows past nrows load and add nothing.
+// x · w[j] for nrows (1 to R) consecutive x rows and N weight rows, by one full warp: the rows
+// one after another through warp_dots, so each row's bytes are the one-row launch's by
+// construction; lane r gets row r's dots in out. Rows after the first re-read the warp's weight
+// rows from cache (L1 or L2), so HBM streams each weight once per launch. The rows are a run-time
+// loop on purpose: a variant that unrolled them over the shared weight chunks (one load, eight
+// rows' FMAs) grew these kernels' machine code 3-4x, and on the H200 a decode step pays for
+// kernel code it has to fetch again in every layer.
 template <int N, int R>
 __device__ __forceinline__ void warp_dots_rows(const act_t* x, int nrows, const WeightRef (&w)[N],
                                                int k, float (&out)[N]) {
-    constexpr int M = R * N;
-    static_assert(M <= 32 && (M & (M - 1)) == 0, "R * N must be a power of two <= 32");
     const int lane = threadIdx.x & 31;
-    const bool vec = (k & 7) == 0;
-    Combine acc;
-    if (vec && K_BLOCK == 256) {
-        if (nrows == 1) {
-            warp_dots<N>(x, w, k, out);
-            return;
-        }
-        constexpr int AHEAD = DOT_AHEAD / N > 2 ? DOT_AHEAD / N : 2;
-        const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
-        for (int b = 0; b < nkb; b += AHEAD) {
-            WeightRaw8 wr[N][AHEAD];
+#pragma unroll 1
+    for (int r = 0; r < min(nrows, R); ++r) {
+        float o[N];
+        warp_dots<N>(x + (long)r * k, w, k, o);
 #pragma unroll
-            for (int u = 0; u < AHEAD; ++u) {
-                const int c = (b + u) * K_BLOCK + lane * 8;
-                if (b + u < nkb && c < k) {
-#pragma unroll
-                    for (int j = 0; j < N; ++j) wr[j][u] = weight8_load(w[j], c);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < AHEAD; ++u) {
-                if (b + u >= nkb) break;
-                const int c = (b + u) * K_BLOCK + lane * 8;
-                float s[M];
-#pragma unroll
-                for (int m = 0; m < M; ++m) s[m] = 0.0f;
-                if (c < k) {
-                    float wv[N][8];
-#pragma unroll
-                    for (int j = 0; j < N; ++j) weight8_unpack(w[j], wr[j][u], wv[j]);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        if (r >= nrows) break;
-                        float xv[8];
-                        act8(x + (long)r * k, c, xv);
-#pragma unroll
-                        for (int j = 0; j < N; ++j)
-#pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                s[r * N + j] = fmaf(xv[i], wv[j][i], s[r * N + j]);
-                    }
-                }
-                acc.add(warp_sums_spread<M>(s));
-            }
-        }
-    } else {
-        // warp_dots' plain order, the weights loaded once for all rows. One row comes here too:
-        // a second plain loop in the kernel made ptxas spill in the one-row vector path.
-        for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
-            const int b1 = min(b0 + K_BLOCK, k);
-            float s[M];
-#pragma unroll
-            for (int m = 0; m < M; ++m) s[m] = 0.0f;
-            for (int c = b0 + lane * 8; c < b1; c += 32 * 8) {
-                if (vec) {
-                    float wv[N][8];
-#pragma unroll
-                    for (int j = 0; j < N; ++j) weight8(w[j], c, wv[j]);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        if (r >= nrows) break;
-                        float xv[8];
-                        act8(x + (long)r * k, c, xv);
-#pragma unroll
-                        for (int j = 0; j < N; ++j)
-#pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                s[r * N + j] = fmaf(xv[i], wv[j][i], s[r * N + j]);
-                    }
-                } else {
-                    for (int i = c; i < min(c + 8, b1); ++i) {
-                        float wi[N];
-#pragma unroll
-                        for (int j = 0; j < N; ++j) wi[j] = weight1(w[j], i);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {
-                            if (r >= nrows) break;
-                            const float xi = act_load(x[(long)r * k + i]);
-#pragma unroll
-                            for (int j = 0; j < N; ++j)
-                                s[r * N + j] = fmaf(xi, wi[j], s[r * N + j]);
-                        }
-                    }
-                }
-            }
-            acc.add(warp_sums_spread<M>(s));
-        }
+        for (int j = 0; j < N; ++j)
+            if (lane == r) out[j] = o[j];
     }
-    const float mine = acc.result();
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-        out[j] = __shfl_sync(0xffffffffu, mine, ((lane % R) * N + j) * (32 / M));
 }
 
 __device__ __forceinline__ float warp_dot(const act_t* x, WeightRef w, int k) {
