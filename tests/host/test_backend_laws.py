@@ -64,9 +64,9 @@ class WrongMessage(HostBackend):
 class DependsOnGrid(HostBackend):
     """A wrong model: a kernel launched on more than one block does nothing."""
 
-    def _launch(self, kernel, native, grid, block, shared_mem, args, stream):
+    def _launch(self, kernel, native, grid, block, shared_mem, args, stream, dependent=False):
         if grid == (1, 1, 1):
-            super()._launch(kernel, native, grid, block, shared_mem, args, stream)
+            super()._launch(kernel, native, grid, block, shared_mem, args, stream, dependent)
 
 
 @pytest.mark.parametrize(
