@@ -5,7 +5,8 @@ read of bytes nobody wrote shows up); kernels follow the host-binary convention 
 ``HostBackend`` (``{name: HostKernel(fn, arity)}`` or ``{name: (arity, fn)}``; ``fn=None``
 only records). Faults: ``oom_at=k`` makes the k-th ``alloc`` raise ``AllocationError``;
 ``fault_at_launch=k`` and ``fault_at_sync=k`` latch a sticky ``DeviceFault`` at the k-th launch
-that reaches the device or the k-th synchronize, naming the kernel that was running.
+that reaches the device or the k-th synchronize, naming the kernel that was running. Counters:
+``allocs``, ``launches`` (``dependent_launches`` of them dependent, equation 12), ``syncs``.
 
 >>> be = MockBackend(fault_at_sync=1)
 >>> k = be.kernel(be.module({"rmsnorm": (0, None)}), "rmsnorm")
