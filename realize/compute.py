@@ -135,6 +135,45 @@ def ptx_entries(ptx: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_PTX_ENTRY.findall(ptx)))
 
 
+def _elf_sections(cubin: bytes) -> list[tuple[int, ...]]:
+    """The section headers of an ELF64 little-endian file (``CompileError`` if it is not one)."""
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise CompileError("not a cubin", expected="an ELF64 little-endian file",
+                           found=f"{bytes(cubin[:4])!r}...")
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+        return [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    except struct.error as e:
+        raise CompileError("cubin section table unreadable", found=str(e)) from None
+
+
+def cubin_code_bytes(cubin: bytes) -> dict[str, int]:
+    """Bytes of machine code per function of a cubin (its ``.text.NAME`` sections).
+
+    A decode step runs each layer's kernels in turn, so every kernel fetches its code again in
+    every layer: code size is a cost the step pays and a kernel timed alone does not
+    (``docs/gpu-notes.md``, version 7).
+
+    >>> cubin_code_bytes(b"MZ")
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.CompileError: not a cubin (expected an ELF64 little-endian file, found b'MZ'...)
+    """  # noqa: E501
+    sections = _elf_sections(cubin)
+    try:
+        _, _, _, _, names_at, *_ = sections[struct.unpack_from("<H", cubin, 0x3E)[0]]
+        out = {}
+        for sec in sections:
+            name = cubin[names_at + sec[0]:cubin.index(b"\0", names_at + sec[0])].decode()
+            if sec[1] == 1 and name.startswith(".text."):  # SHT_PROGBITS
+                out[name[len(".text."):]] = sec[5]
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise CompileError("cubin section names unreadable", found=str(e)) from None
+    return out
+
+
 def cubin_entries(cubin: bytes) -> tuple[str, ...]:
     """The kernel entry symbols of a cubin (ELF64): global functions marked as CUDA entries.
 
@@ -145,14 +184,8 @@ def cubin_entries(cubin: bytes) -> tuple[str, ...]:
     ...
     metrale.lkb.errors.CompileError: not a cubin (expected an ELF64 little-endian file, found b'not '...)
     """  # noqa: E501
-    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
-        raise CompileError("not a cubin", expected="an ELF64 little-endian file",
-                           found=f"{bytes(cubin[:4])!r}...")
+    sections = _elf_sections(cubin)
     try:
-        shoff, = struct.unpack_from("<Q", cubin, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
-                    for i in range(shnum)]
         names = []
         for sec in sections:
             if sec[1] != 2:  # SHT_SYMTAB

@@ -239,3 +239,23 @@ def test_one_point_per_source_compiles_for_sm_80(tmp_path):
         assert "griddepcontrol" not in ptx  # an sm_90 instruction: compiled out below it
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("weight", ["BF16", "FP8", "MXFP4", "NVFP4"])
+def test_gemv_machine_code_stays_small(tmp_path, weight):
+    """Each decode GEMV entry compiles to at most 48 KB of sm_90a machine code: a decode step
+    fetches every kernel's code again in every layer, and a variant at 50–127 KB (rows unrolled
+    over shared weight chunks) ran the quantized steps 0.8–1.4 ms past the sum of their kernels
+    on the H200 (docs/gpu-notes.md, version 7)."""
+    from metrale.realize.compute import cubin_code_bytes
+
+    out = tmp_path / f"gemv_{weight}.cubin"
+    cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-o", str(out), str(COMMON / "gemv.cu"),
+           "-DACT_BF16", f"-DWEIGHT_{weight}", "-DK_BLOCK=256", "-DACROSS_SEQUENTIAL"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    sizes = cubin_code_bytes(out.read_bytes())
+    assert set(sizes) >= {"metrale_linear", "metrale_linear_add", "metrale_qkv",
+                          "metrale_gate_up_swiglu"}, sizes
+    assert all(0 < n <= 48 * 1024 for n in sizes.values()), sizes
