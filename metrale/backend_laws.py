@@ -6,7 +6,7 @@ bytes that were written. After every step it checks that both backends hold the 
 bytes and, on every byte that was written, the same contents as the shadow. Each rule states
 one equation of ``metrale.runtime.backend``: round trips, memset, use after free, invalid
 launches refused identically and not sticky, idempotent synchronize, zero-byte allocations,
-grid-independent kernels and graph replay. Misuse must raise the same class with the same
+grid-independent kernels, graph replay and dependent launches. Misuse must raise the same class with the same
 text in both backends.
 
 Usage in a test module (bounded settings keep CI fast)::
@@ -68,15 +68,23 @@ __device__ __forceinline__ long long law_tid() {
 __device__ __forceinline__ long long law_threads() {
     return (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z;
 }
+__device__ __forceinline__ void law_wait() {  // a dependent launch waits here (equation 12)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 extern "C" __global__ void law_fill(unsigned char* p, int n, int v) {
+    law_wait();
     for (long long i = law_tid(); i < n; i += law_threads()) p[i] = (unsigned char)v;
 }
 extern "C" __global__ void law_add(unsigned char* dst, const unsigned char* src, int n) {
+    law_wait();
     for (long long i = law_tid(); i < n; i += law_threads()) dst[i] = (unsigned char)(dst[i] + src[i]);
 }
 extern "C" __global__ void law_noop() {}
 """  # noqa: E501
-"""The law kernels in CUDA: grid-stride loops over the whole 3-D grid (equation 7)."""
+"""The law kernels in CUDA: grid-stride loops over the whole 3-D grid (equation 7) that wait for
+the previous launch before they touch memory, so they may be launched dependent (equation 12)."""
 
 
 def _fill(p: np.ndarray, n: int, v: int) -> None:
@@ -287,23 +295,26 @@ def backend_state_machine(
             ptr=buffers, data=st.data(), value=st.integers(0, 255), s=_STREAMS,
             grid=st.tuples(st.integers(1, 3), st.integers(1, 2), st.integers(1, 2)),
             block=st.tuples(st.integers(1, 64), st.integers(1, 2), st.integers(1, 2)),
+            dependent=st.booleans(),
         )
         def launch_fill(self, ptr: DevicePtr, data: st.DataObject, value: int, s: int,
-                        grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+                        grid: tuple[int, int, int], block: tuple[int, int, int],
+                        dependent: bool) -> None:
             off = data.draw(st.integers(0, ptr.nbytes), label="offset")
             n = data.draw(st.integers(0, ptr.nbytes - off), label="n")
             self.both("launch", self.kernels["law_fill"], grid, block, 0, (ptr + off, n, value),
-                      stream=self.streams[s])
+                      stream=self.streams[s], dependent=dependent)  # equation 12 either way
             self.write_shadow(ptr + off, np.full(n, value, np.uint8))
 
-        @rule(dst=buffers, src=buffers, data=st.data(), s=_STREAMS)
-        def launch_add(self, dst: DevicePtr, src: DevicePtr, data: st.DataObject, s: int) -> None:
+        @rule(dst=buffers, src=buffers, data=st.data(), s=_STREAMS, dependent=st.booleans())
+        def launch_add(self, dst: DevicePtr, src: DevicePtr, data: st.DataObject, s: int,
+                       dependent: bool) -> None:
             n = data.draw(st.integers(0, min(dst.nbytes, src.nbytes)), label="n")
             a, b = self.ensure_known(dst, n, data), self.ensure_known(src, n, data)
             if dst.alloc_id == src.alloc_id:
                 a = b  # one buffer: the second write (if any) is the one it holds
             self.both("launch", self.kernels["law_add"], (2, 1, 1), (32, 1, 1), 0, (dst, src, n),
-                      stream=self.streams[s])
+                      stream=self.streams[s], dependent=dependent)
             self.write_shadow(dst.take(n), a + b)  # uint8: wraps like the kernel
 
         @rule(kind=_INVALID, s=_STREAMS)
@@ -349,9 +360,9 @@ def backend_state_machine(
 
         @precondition(lambda self: graphs and self.model.supports_graphs)
         @rule(dst=buffers, data=st.data(), replays=st.integers(1, 3), with_memset=st.booleans(),
-              value=st.integers(0, 255))
+              value=st.integers(0, 255), dependent=st.booleans())
         def graph_replay(self, dst: DevicePtr, data: st.DataObject, replays: int,
-                         with_memset: bool, value: int) -> None:
+                         with_memset: bool, value: int, dependent: bool) -> None:
             n = data.draw(st.integers(0, dst.nbytes), label="n")
             src = self.both("alloc", n, "graph_src")
             self.shadow[src.alloc_id] = (np.zeros(n, np.uint8), np.zeros(n, bool))
@@ -361,7 +372,7 @@ def backend_state_machine(
             if with_memset:
                 self.both("memset", dst, value, n, stream=s)
             self.both("launch", self.kernels["law_add"], (1, 1, 1), (64, 1, 1), 0, (dst, src, n),
-                      stream=s)
+                      stream=s, dependent=dependent)
             err = self.refused("synchronize")  # refused during capture, capture intact
             assert isinstance(err, LaunchError)
             graph = self.both("end_capture", s)
