@@ -34,7 +34,13 @@ from metrale.lkb.errors import CompileError, ConfigError
 from metrale.lkb.family import Point
 from metrale.lkb.target import KernelTarget
 from metrale.realize.cache import BuildCache, cache_key
-from metrale.realize.compute import Binary, ComputeTarget, HostTarget, NvidiaTarget
+from metrale.realize.compute import (
+    Binary,
+    ComputeTarget,
+    HostTarget,
+    NvidiaTarget,
+    cubin_code_bytes,
+)
 from metrale.realize.functor import Realization, realization
 from metrale.realize.kernel import Kernel
 from metrale.realize.registry import Registry
@@ -52,6 +58,9 @@ class BuildItem:
     kernel: Kernel | None = None
     sha256: str | None = None
     error: str = ""
+    code_bytes: int | None = None
+    """Machine code of the entry, where the binary is a cubin (``cubin_code_bytes``): a decode
+    step fetches each kernel's code again in every layer, so this is a cost it pays."""
 
 
 @attrs.frozen
@@ -102,12 +111,13 @@ class BuildReport:
         from rich.table import Table
 
         t = Table(title=self.summary())
-        for col in ("point", "status", "kernel", "detail"):
-            t.add_column(col)
+        for col in ("point", "status", "kernel", "code", "detail"):
+            t.add_column(col, justify="right" if col == "code" else "left")
         for i in self.items:
             kernel = "" if i.kernel is None else f"{i.kernel.entry} ({i.kernel.provenance})"
             detail = i.error.splitlines()[0] if i.error else (i.sha256 or "")[:16]
-            t.add_row(str(i.point), i.status, kernel, detail)
+            code = "" if i.code_bytes is None else f"{i.code_bytes / 1024:.1f} KB"
+            t.add_row(str(i.point), i.status, kernel, code, detail)
         return t
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +126,7 @@ class BuildReport:
                 "registry": self.registry,
                 "items": [{"point": str(i.point), "status": i.status, "sha256": i.sha256,
                            "kernel": None if i.kernel is None else i.kernel.key,
-                           "error": i.error} for i in self.items]}
+                           "code_bytes": i.code_bytes, "error": i.error} for i in self.items]}
 
 
 @attrs.frozen
@@ -201,9 +211,11 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
             items += [BuildItem(k.point, FAILED, k, error=str(got)) for k in u.kernels]
             continue
         compiled = status[u]
+        code = cubin_code_bytes(got.data) if got.format == "cubin" else {}
         for k in u.kernels:
             if k.entry in got.entries:
-                items.append(BuildItem(k.point, compiled, k, got.sha256))
+                items.append(BuildItem(k.point, compiled, k, got.sha256,
+                                       code_bytes=code.get(k.entry)))
                 continue
             # The binary is sound (others may use it), but this kernel cannot launch from it.
             err = CompileError(f"{u.label}: entry {k.entry!r} is not exported", file=u.source,

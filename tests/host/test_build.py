@@ -14,7 +14,7 @@ from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
 from metrale.realize.build import build
 from metrale.realize.cache import BuildCache, cache_key
-from metrale.realize.compute import NvidiaTarget, cubin_entries, ptx_entries
+from metrale.realize.compute import NvidiaTarget, cubin_code_bytes, cubin_entries, ptx_entries
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 from metrale.realize.registry import Registry
@@ -53,12 +53,16 @@ def test_cold_then_warm(tmp_path: Path) -> None:
     assert warm.seconds < 1.0, warm.summary()
     assert {str(i.point): i.sha256 for i in warm.items} == \
         {str(i.point): i.sha256 for i in cold.items}
-    # every binary in the registry is a cubin for sm_90a exporting its entry
+    # every binary in the registry is a cubin for sm_90a exporting its entry, and the report
+    # carries that entry's machine-code bytes, cold or warm
     summand = reg.inject(TARGET)
     for i in cold.items:
         b = summand.load(str(i.point))
         assert b.format == "cubin" and b.arch == "sm_90a"
         assert i.kernel.entry in cubin_entries(b.data)
+        assert i.code_bytes == cubin_code_bytes(b.data)[i.kernel.entry] > 0
+    assert [i.code_bytes for i in warm.items] == [i.code_bytes for i in cold.items]
+    assert cold.to_json()["items"][0]["code_bytes"] == cold.items[0].code_bytes
 
 
 def test_a_broken_source_is_recorded_and_the_others_build(tmp_path: Path) -> None:
