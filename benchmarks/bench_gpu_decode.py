@@ -89,10 +89,12 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
 
     backend = loader = None  # the class's own: dependent launches where it has them
     if not dependent:
+        from metrale.realize.hardware import load_hardware
         from metrale.runtime.cuda_loader import CudaPlanLoader
         from metrale.runtime.cupy_backend import CupyBackend
 
-        backend, loader = CupyBackend(), CudaPlanLoader("sm_90a", dependent_launch=False)
+        arch = load_hardware().get("sm_90").arch
+        backend, loader = CupyBackend(), CudaPlanLoader(arch, dependent_launch=False)
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=True,

@@ -25,8 +25,9 @@ from metrale.lkb.semantics import WITHIN, describe, reduction_orders
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 COMMON = KERNELS / "cuda" / "common"
 FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
-TABLES = read_toml(COMMON / "KERNELS.toml")["kernel"]
-DEPENDENT = read_toml(COMMON / "KERNELS.toml").get("dependent_launch", False)
+KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
+TABLES = KERNELS_TOML["kernel"]
+DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
           "reduction", "row_invariant", "dependent_launch"}
 WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b|\bcp\.async")

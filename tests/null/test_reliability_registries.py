@@ -68,6 +68,19 @@ def _only_error(e: MetraleError) -> MetraleError:
     return e
 
 
+def _load_edited(tmp_path: Path, name: str, old: str, new: str
+                 ) -> tuple[Path, tuple[MetraleError, ...]]:
+    """The shipped registries with ``old`` replaced by ``new`` once in file ``name``: that file's
+    path and the errors loading the presentation raises."""
+    root = _tree(tmp_path)
+    path = root / name
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+    with pytest.raises(ConfigError) as e:
+        Presentation.load(root)
+    return path, (e.value.errors if isinstance(e.value, ManyErrors) else (e.value,))
+
+
 def test_every_shipped_copy_loads(tmp_path):
     root = _tree(tmp_path)
     for rel, load in LOADERS.items():
@@ -133,13 +146,7 @@ def test_unknown_dtype_names_file_port_and_allowed_values(tmp_path):
 ])
 def test_values_a_family_keeps_must_be_scalars(tmp_path, old, new, key, expected, found):
     # found by tests/host/test_fuzz_toml.py: a list here made the loaded Presentation unhashable
-    root = _tree(tmp_path)
-    path = root / FAMILIES_FILE
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new, 1))
-    with pytest.raises(ConfigError) as e:
-        Presentation.load(root)
-    errors = e.value.errors if isinstance(e.value, ManyErrors) else (e.value,)
+    path, errors = _load_edited(tmp_path, FAMILIES_FILE, old, new)
     err = next(x for x in errors if x.key == key)
     assert err.file == str(path) and err.expected == expected and err.found == found
 
@@ -164,13 +171,7 @@ def test_values_a_family_keeps_must_be_scalars(tmp_path, old, new, key, expected
      ["col 16: rmsnorm.h_block outside its domain", "expected one of 256", "found 7"]),
 ])
 def test_relation_errors_name_file_relation_expected_found(tmp_path, old, new, key, parts):
-    root = _tree(tmp_path)
-    path = root / FUSIONS_FILE
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new, 1))
-    with pytest.raises(ConfigError) as e:
-        Presentation.load(root)
-    errors = e.value.errors if isinstance(e.value, ManyErrors) else (e.value,)
+    path, errors = _load_edited(tmp_path, FUSIONS_FILE, old, new)
     err = errors[0]
     assert err.file == str(path) and err.key == key
     for part in parts:
