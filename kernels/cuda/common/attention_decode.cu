@@ -1,73 +1,74 @@
-// Metrale CUDA: decode attention, split across the KV blocks.
+// Metrale CUDA: decode attention, split across q heads and KV blocks.
 //
-// Decode rows are separate sequences (distinct cache slots). One thread block per (kv head,
-// row, KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its
-// row, serves every q head of the GQA group (the k and v rows are read once), and writes the
-// block's partial state (max m, sum l, unnormalized p·v) to the launch's scratch. The last
-// block of a (kv head, row) to finish (a ticket counter in the scratch) merges the partials
-// left to right with the log-sum-exp rule — the declared order, whichever block merges — and
-// writes o. So the row's blocks run on as many multiprocessors as there are blocks, and the
-// bytes are the reference's.
+// Decode rows are separate sequences (distinct cache slots). One thread block per (q head, row,
+// KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its row for
+// one q head, and writes the block's partial state (max m, sum l, unnormalized p·v) to the
+// launch's scratch. The last block of a (q head, row) to finish (a ticket counter in the scratch)
+// merges the partials left to right with the log-sum-exp rule — the declared order, whichever
+// block merges — and writes o. The q heads of a GQA group read the same k and v rows; their
+// blocks are neighbours in the grid and run side by side, so HBM serves each row once and L2 the
+// repeats. One q head per block rather than a whole group: a block's work is a chain of
+// dependent steps (loads, block reductions, the ticket), and at batch 1 the grid has hkv x
+// KV-blocks groups (32 at 1024 tokens, one block per multiprocessor): measured on the H200,
+// a group of 2 took 12 µs and a group of 4 took 19 µs per call.
 // Inside a block:
-//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32) for every
-//           q head of the group, the k row's loads (and an L2 prefetch of the v row) issued
-//           before q is staged;
-//   softmax: block max and sum over the positions (warp trees, warps in order);
+//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32), the k
+//           row's loads (and an L2 prefetch of the v row) issued before q is read;
+//   softmax: block max and sum over the positions (block_max, block_sum);
 //   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
 //           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
 //           order through shared memory.
-// Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
+// Scratch (bytes from KERNELS.toml `values.work`): rows·hq u32 ticket counters, zero between
 // launches (the merging block resets its own), then (m, l) and head_dim partials per
-// (row, kv head, KV block, q head).
+// (row, q head, KV block).
 // Dependent launch: positions, slots and the cache rows before this step's position are read
 // before the wait for the previous launch (grid_dependency_sync): the host writes the first two
 // before the step and earlier steps the rows; everything this step's launches write, after it.
-// Shapes outside head_dim <= 256 (a multiple of 8), more than MAXG q heads per kv head, or a
+// Shapes outside head_dim <= 256 (a multiple of 8), q heads not a multiple of kv heads, or a
 // position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
-// (the block holding that position does) and reads them from its inputs there (no other block
-// reads that entry: slots are distinct). Defines: ACT_*, KV_BLOCK (256).
+// (the first q head of the group, in the block holding that position, does) and reads them from
+// its inputs there (no other block reads that entry: slots are distinct). Defines: ACT_*,
+// KV_BLOCK (256).
 #include "metrale.cuh"
 
 #define AW 8             // warps per block
 #define NT (32 * AW)     // threads per block
-#define MAXG 8           // q heads per kv head
 #define VAHEAD 16        // v chunks one thread loads before using them
+#define MAHEAD 8         // KV blocks whose partials the merge loads before combining them
 
 static_assert(KV_BLOCK == NT, "one position per thread in the score phase");
 
 // The scratch layout of one launch (nkv = KV blocks per row = gridDim.z).
 struct DecodeScratch {
-    unsigned* tickets;  // [rows, hkv]
-    float* ml;          // [rows, hkv, nkv, G, 2]
-    float* acc;         // [rows, hkv, nkv, G, d]
-    __device__ DecodeScratch(void* work, int rows, int hkv, int nkv, int G) {
+    unsigned* tickets;  // [rows, hq]
+    float* ml;          // [rows, hq, nkv, 2]
+    float* acc;         // [rows, hq, nkv, d]
+    __device__ DecodeScratch(void* work, int rows, int hq, int nkv) {
         tickets = (unsigned*)work;
-        const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
+        const long counters = ((long)rows * hq * 4 + 255) / 256 * 256;  // bytes, 256-aligned
         ml = (float*)((char*)work + counters);
-        acc = ml + (long)rows * hkv * nkv * G * 2;
+        acc = ml + (long)rows * hq * nkv * 2;
     }
 };
 
-template <bool APPEND, int GFIX>
+template <bool APPEND>
 __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ k_new, const act_t* __restrict__ v_new,
     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
     const int* __restrict__ positions, const int* __restrict__ slots, act_t* __restrict__ o,
     void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
-    __shared__ float qs[MAXG * 256];     // the group's q heads, f32
-    __shared__ float S[MAXG * KV_BLOCK]; // scores, then probabilities
-    __shared__ float red[AW * MAXG];     // per-warp maxima / sums
-    __shared__ float blk_m[MAXG], blk_l[MAXG];
-    __shared__ float part[NT * 8];       // p·v partials of one q head: [sub][column]
+    __shared__ float qs[256];            // the q head, f32
+    __shared__ float probs[KV_BLOCK];    // the block's probabilities
+    __shared__ float red[33];            // block_max / block_sum scratch
+    __shared__ float part[NT * 8];       // p·v partials: [sub][column]
     __shared__ int merging;
 
-    const int kvh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int G = GFIX ? GFIX : hq / hkv;
-    if (row >= rows || kvh >= hkv) return;
-    if (d > 256 || (d & 7) || G > MAXG || G * hkv != hq) __trap();
-    constexpr int GL = GFIX ? GFIX : MAXG;  // the q-head loops' bound, exact when GFIX is
+    const int qh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
+    const int tid = threadIdx.x;
+    if (row >= rows || qh >= hq) return;
+    if (d > 256 || (d & 7) || hkv <= 0 || hq % hkv) __trap();
+    const int kvh = qh / (hq / hkv);
     const int pos = positions[row], slot = slots[row];
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
     const int first = start / KV_BLOCK, last = pos / KV_BLOCK;
@@ -88,7 +89,7 @@ __device__ __forceinline__ void decode_attend(
     const int b0 = blk * KV_BLOCK;
     const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
     // ---- scores. Thread t's k row (its first 128 columns) is loaded, and its v row asked
-    // into L2, before q is staged: the loads overlap instead of following one another.
+    // into L2, before q is read: the loads overlap instead of following one another.
     const int p = b0 + tid;
     const bool live = p >= lo && p < hi;
     act8_raw kv[16];
@@ -108,14 +109,9 @@ __device__ __forceinline__ void decode_attend(
         for (int j = 0; j < 16; ++j)
             if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
     }
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        qs[g * 256 + c] = act_load(q[((long)row * hq + kvh * G + g) * d + c]);
-    }
+    for (int c = tid; c < d; c += NT) qs[c] = act_load(q[((long)row * hq + qh) * d + c]);
     __syncthreads();
-    float acc[GL];
-#pragma unroll
-    for (int g = 0; g < GL; ++g) acc[g] = 0.0f;
+    float s = 0.0f;
     if (live) {
         const act_t* kr = k_at(p);
         for (int c0 = 0; c0 < d; c0 += 128) {
@@ -130,57 +126,22 @@ __device__ __forceinline__ void decode_attend(
                 float kf[8];
                 act8_unpack(kv[j], kf);
 #pragma unroll
-                for (int g = 0; g < GL; ++g) {
-                    if (g < G) {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i)
-                            acc[g] = fmaf(qs[g * 256 + c0 + j * 8 + i], kf[i], acc[g]);
-                    }
-                }
+                for (int i = 0; i < 8; ++i) s = fmaf(qs[c0 + j * 8 + i], kf[i], s);
             }
         }
     }
-    // ---- block max per q head
-#pragma unroll
-    for (int g = 0; g < GL; ++g) {
-        if (g < G) {
-            const float s = live ? acc[g] * scale : -INFINITY;
-            S[g * KV_BLOCK + tid] = s;
-            const float m = warp_max(s);
-            if (lane == 0) red[warp * MAXG + g] = m;
-        }
-    }
-    __syncthreads();
-    if (tid < G) {
-        float m = red[tid];
-        for (int w = 1; w < AW; ++w) m = fmaxf(m, red[w * MAXG + tid]);
-        blk_m[tid] = m;
-    }
-    __syncthreads();
-    // ---- probabilities and their sum
-#pragma unroll
-    for (int g = 0; g < GL; ++g) {
-        if (g < G) {
-            const float e = live ? expf(S[g * KV_BLOCK + tid] - blk_m[g]) : 0.0f;
-            S[g * KV_BLOCK + tid] = e;
-            const float l = warp_sum(e);
-            if (lane == 0) red[warp * MAXG + g] = l;
-        }
-    }
-    __syncthreads();
-    if (tid < G) {
-        float l = red[tid];
-        for (int w = 1; w < AW; ++w) l += red[w * MAXG + tid];
-        blk_l[tid] = l;
-    }
+    // ---- softmax over the block's positions
+    s = live ? s * scale : -INFINITY;
+    const float m = block_max(s, red);
+    const float e = live ? expf(s - m) : 0.0f;
+    probs[tid] = e;
+    const float l = block_sum(e, red);  // its barriers publish probs too
     // ---- p·v: thread t takes column chunk ch and positions b0 + sub + j nsub
     const int nch = d / 8, nsub = NT / nch;
     const int ch = tid % nch, sub = tid / nch;
-    float pv[GL][8];
+    float pv[8];
 #pragma unroll
-    for (int g = 0; g < GL; ++g)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) pv[g][i] = 0.0f;
+    for (int i = 0; i < 8; ++i) pv[i] = 0.0f;
     if (sub < nsub) {
         for (int p0 = b0 + sub; p0 < hi; p0 += nsub * VAHEAD) {
             act8_raw vv[VAHEAD];
@@ -195,54 +156,42 @@ __device__ __forceinline__ void decode_attend(
                 if (pp < lo || pp >= hi) continue;
                 float vf[8];
                 act8_unpack(vv[j], vf);
+                const float pr = probs[pp - b0];
 #pragma unroll
-                for (int g = 0; g < GL; ++g) {
-                    if (g < G) {
-                        const float pr = S[g * KV_BLOCK + (pp - b0)];
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) pv[g][i] = fmaf(pr, vf[i], pv[g][i]);
-                    }
-                }
+                for (int i = 0; i < 8; ++i) pv[i] = fmaf(pr, vf[i], pv[i]);
             }
         }
-    }
-    // ---- the block's partial state to the scratch: per q head, the nsub partials of each
-    // column summed in sub order
-    DecodeScratch sc(work, rows, hkv, nkv, G);
-    const long at = (((long)row * hkv + kvh) * nkv + blk) * G;  // (row, kvh, blk, g = 0)
 #pragma unroll
-    for (int g = 0; g < GL; ++g) {
-        if (g >= G) break;
-        __syncthreads();
-        if (sub < nsub) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[g][i];
-        }
-        __syncthreads();
-        for (int c = tid; c < d; c += NT) {
-            float s = 0.0f;
-            for (int u = 0; u < nsub; ++u) s += part[u * d + c];
-            sc.acc[(at + g) * d + c] = s;
-        }
+        for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[i];
     }
-    if (tid < G) {
-        sc.ml[(at + tid) * 2] = blk_m[tid];
-        sc.ml[(at + tid) * 2 + 1] = blk_l[tid];
+    __syncthreads();
+    // ---- the block's partial state to the scratch: the nsub partials of each column summed in
+    // sub order
+    DecodeScratch sc(work, rows, hq, nkv);
+    const long at = ((long)row * hq + qh) * nkv + blk;  // (row, q head, block)
+    for (int c = tid; c < d; c += NT) {
+        float a = 0.0f;
+        for (int u = 0; u < nsub; ++u) a += part[u * d + c];
+        sc.acc[at * d + c] = a;
+    }
+    if (tid == 0) {
+        sc.ml[at * 2] = m;
+        sc.ml[at * 2 + 1] = l;
     }
     // the new entry, for later steps (this step read it from the inputs); stored after every
     // cache load of the block so that those loads need not wait behind it
-    if (APPEND && blk == last) {
+    if (APPEND && blk == last && qh == kvh * (hq / hkv)) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
         for (int i = tid; i < d; i += NT) {
             k_cache[dst + i] = k_new[new_at + i];
             v_cache[dst + i] = v_new[new_at + i];
         }
     }
-    // ---- the last block of this (kv head, row) merges every block, left to right
+    // ---- the last block of this (q head, row) merges every block, left to right
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
+        unsigned* ticket = sc.tickets + (long)row * hq + qh;
         const unsigned t = atomicAdd(ticket, 1u);
         merging = t == (unsigned)(last - first);
         if (merging) {
@@ -252,67 +201,54 @@ __device__ __forceinline__ void decode_attend(
     }
     __syncthreads();
     if (!merging) return;
-    for (int i = tid; i < G * d; i += NT) {
-        const int g = i / d, c = i - g * d;
-        float m = -INFINITY, l = 0.0f, a = 0.0f;
-        constexpr int MAHEAD = 8;  // blocks whose partials are loaded before they are merged
-        for (int b0 = first; b0 <= last; b0 += MAHEAD) {
+    const long head = ((long)row * hq + qh) * nkv;  // (row, q head, block 0)
+    for (int c = tid; c < d; c += NT) {
+        float mm = -INFINITY, ll = 0.0f, a = 0.0f;
+        for (int bb = first; bb <= last; bb += MAHEAD) {
             float bm[MAHEAD], bl[MAHEAD], bs[MAHEAD];
 #pragma unroll
             for (int u = 0; u < MAHEAD; ++u) {
-                if (b0 + u > last) break;
-                const long e = (((long)row * hkv + kvh) * nkv + b0 + u) * G + g;
+                if (bb + u > last) break;
+                const long e = head + bb + u;
                 bm[u] = __ldcg(sc.ml + e * 2);
                 bl[u] = __ldcg(sc.ml + e * 2 + 1);
                 bs[u] = __ldcg(sc.acc + e * d + c);
             }
 #pragma unroll
             for (int u = 0; u < MAHEAD; ++u) {
-                if (b0 + u > last) break;
-                const float mn = fmaxf(m, bm[u]);
-                const float x = m == -INFINITY ? 0.0f : expf(m - mn);
+                if (bb + u > last) break;
+                const float mn = fmaxf(mm, bm[u]);
+                const float x = mm == -INFINITY ? 0.0f : expf(mm - mn);
                 const float y = expf(bm[u] - mn);
                 a = a * x + bs[u] * y;
-                l = l * x + bl[u] * y;
-                m = mn;
+                ll = ll * x + bl[u] * y;
+                mm = mn;
             }
         }
-        o[((long)row * hq + kvh * G + g) * d + c] = act_store(a / l);
+        o[((long)row * hq + qh) * d + c] = act_store(a / ll);
     }
 }
 
-// One instantiation per common group size (q heads per kv head), so that the q-head loops are
-// exact and the code a CTA runs stays small (the generic instantiation, loops to MAXG with run-time
-// guards, compiles to 130 KB of machine code); other sizes take the generic one.
-#define DECODE_BY_GROUP(APPEND, ...)                                     \
-    switch (hkv > 0 ? hq / hkv : 0) {                                    \
-        case 1: decode_attend<APPEND, 1>(__VA_ARGS__); break;            \
-        case 2: decode_attend<APPEND, 2>(__VA_ARGS__); break;            \
-        case 4: decode_attend<APPEND, 4>(__VA_ARGS__); break;            \
-        case 8: decode_attend<APPEND, 8>(__VA_ARGS__); break;            \
-        default: decode_attend<APPEND, 0>(__VA_ARGS__); break;           \
-    }
-
-// grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
-extern "C" __global__ void __launch_bounds__(NT)
+// grid (hq, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT, 2)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
                          int rows, int hq, int hkv, int d, int max_ctx, float scale,
                          int window) {
-    DECODE_BY_GROUP(false, nullptr, nullptr, q, const_cast<act_t*>(k_cache),
-                    const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv, d,
-                    max_ctx, scale, window);
+    decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
+                         const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
+                         d, max_ctx, scale, window);
 }
 
-// kv_append then attention in one kernel. grid (hkv, rows, ceil(max_ctx / KV_BLOCK)), block 256.
-extern "C" __global__ void __launch_bounds__(NT)
+// kv_append then attention in one kernel. grid (hq, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+extern "C" __global__ void __launch_bounds__(NT, 2)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
                                    const int* __restrict__ positions,
                                    const int* __restrict__ slots, act_t* __restrict__ o,
                                    void* work, int rows, int hq, int hkv, int d, int max_ctx,
                                    float scale, int window) {
-    DECODE_BY_GROUP(true, k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv,
-                    d, max_ctx, scale, window);
+    decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
+                        max_ctx, scale, window);
 }

@@ -17,8 +17,13 @@
 static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte chunk per lane)");
 
 
-#if defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4) || defined(WEIGHT_FP8)
-#define DOT_AHEAD 16  // k-blocks whose loads one lane issues before their arithmetic
+// k-blocks whose loads one lane issues before their arithmetic (a define overrides it). With
+// bf16 activations four, which fits the eight blocks per SM gemv.cu asks for; more registers per
+// warp (8 for bf16 weights, 16 for fp8 and fp4, at three to five blocks per SM) measured slower
+// at batch 1 on the H200 (gemv.cu has the figures). f32 activations (tests): 8.
+#if defined(DOT_AHEAD)
+#elif defined(ACT_BF16)
+#define DOT_AHEAD 4
 #else
 #define DOT_AHEAD 8
 #endif
