@@ -157,8 +157,8 @@ def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
         mod = cp.RawModule(path=str(cubin))
         linear = mod.get_function("metrale_linear")
         gate_up = mod.get_function("metrale_gate_up_swiglu")
-        warps = int(dict(d.split("=") for d in v.split()).get("WARPS", 4))
-        rpw = int(dict(d.split("=") for d in v.split()).get("ROWS_PER_WARP", 8))
+        defs = dict(d.split("=") for d in v.split())
+        warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8) if name in ("gate_up", "down") else (1,):
                 wn = 2 * n if name == "gate_up" else n
@@ -191,7 +191,7 @@ def bench_attention(cp: Any, tmp: Path, rate: float, ref: Path | None) -> list[d
         fn = cp.RawModule(path=str(cubin)).get_function("metrale_kv_append_attention_decode")
         per_q_head = "// grid (hq," in src.read_text()  # else one block per kv head
         for model, hq, hkv, d in ATTENTION_SHAPES:
-            for rows in (1, 8):
+            for rows, position in ((1, CONTEXT), (8, CONTEXT), (1, 200)):
                 max_ctx = CONTEXT + 1
                 nkv = -(-max_ctx // 256)
                 cache_bytes = rows * max_ctx * hkv * d * 2 * 2
@@ -204,7 +204,7 @@ def bench_attention(cp: Any, tmp: Path, rate: float, ref: Path | None) -> list[d
                           for _ in range(copies)]
                 q, kn, vn = bf16(rows, hq, d), bf16(rows, hkv, d), bf16(rows, hkv, d)
                 o = cp.empty((rows, hq, d), cp.uint16)
-                positions = cp.full(rows, CONTEXT, cp.int32)
+                positions = cp.full(rows, position, cp.int32)
                 slots = cp.arange(rows, dtype=cp.int32)
                 work = cp.zeros(1 << 22, cp.uint8)
                 grid = (hq if per_q_head else hkv, rows, nkv)
@@ -214,11 +214,13 @@ def bench_attention(cp: Any, tmp: Path, rate: float, ref: Path | None) -> list[d
                 launch = attention_launcher(fn, grid, caches, (kn, vn, q),
                                             (positions, slots, o, work), scalars)
                 sec = time_graph(cp, launch, copies)
-                kv_bytes = rows * (CONTEXT + 1) * hkv * d * 2 * 2
+                kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
                 out.append({"kind": "attention", "variant": f"{label} {v}".strip(),
-                            "model": model, "rows": rows, "seconds": sec, "bytes": kv_bytes,
+                            "model": model, "rows": rows, "position": position,
+                            "seconds": sec, "bytes": kv_bytes,
                             "bytes_per_s": kv_bytes / sec, "of_copy_rate": kv_bytes / sec / rate})
-                print(f"attention {label:12} {v:10} {model:12} rows={rows} {sec * 1e6:7.2f} us",
+                print(f"attention {label:12} {v:10} {model:12} rows={rows} position={position} "
+                      f"{sec * 1e6:7.2f} us",
                       flush=True)
                 del caches
     return out

@@ -370,3 +370,70 @@ def kv_append_attention(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cache: np
     (o,) = attention(q, k_cache, v_cache, positions, slots, scale=scale, window=window,
                      kv_block=kv_block, act=act)
     return o, k_cache, v_cache
+
+
+def _ex_rope_attention(rng, rows, act):
+    e = _ex_kv(rng, rows, act)
+    cos, sin = rope_tables(40, 16)
+    return (e["q"], e["k"], e["v"], e["k_cache"], e["v_cache"], e["positions"], e["slots"], cos,
+            sin), {"scale": 0.25, "window": 0, "kv_block": 8, "style": "neox", "act": act}
+
+
+@semantics("rope_kv_append_attention", rows=(0, 1, 2, 5, 6), row_outputs=(0,),
+           orders=_attention_orders, example=_ex_rope_attention)
+def rope_kv_append_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray,
+                             v_cache: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                             cos: np.ndarray, sin: np.ndarray, *, scale: float, window: int = 0,
+                             kv_block: int = 256, style: str = "neox",
+                             act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rope`` then ``kv_append_attention``: the rotated k is appended (in place), the rotated
+    q attends; returns ``(o, k_cache, v_cache)``, byte-identical to the two families in turn.
+
+    >>> kc = np.zeros((1, 2, 1, 2), np.float32)
+    >>> x = np.ones((1, 1, 2), np.float32)
+    >>> cos, sin = np.zeros((2, 1), np.float32), np.ones((2, 1), np.float32)
+    >>> o, kc2, _ = rope_kv_append_attention(x, x, 2 * x, kc, kc.copy(), np.array([1], np.int32),
+    ...                                      np.array([0], np.int32), cos, sin, scale=1.0,
+    ...                                      act="f32")
+    >>> kc2[0, 1].tolist()  # (1, 1) rotated a quarter turn
+    [[-1.0, 1.0]]
+    """
+    qr, kr = rope(q, k, positions, cos, sin, style=style, act=act)
+    return kv_append_attention(kr, v, qr, k_cache, v_cache, positions, slots, scale=scale,
+                               window=window, kv_block=kv_block, act=act)
+
+
+def _ex_qk_norm_rope_attention(rng, rows, act):
+    (q, k, v, kc, vc, pos, slots, cos, sin), p = _ex_rope_attention(rng, rows, act)
+    wq, wk = _rand(rng, (16,), F32), _rand(rng, (16,), F32)
+    return (q, k, v, wq, wk, kc, vc, pos, slots, cos, sin), {**p, "eps": 1e-6, "h_block": 8}
+
+
+def _qk_norm_attention_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
+    return _head_norm_orders(p) + _attention_orders(p)
+
+
+@semantics("qk_norm_rope_kv_append_attention", rows=(0, 1, 2, 7, 8), row_outputs=(0,),
+           orders=_qk_norm_attention_orders, example=_ex_qk_norm_rope_attention)
+def qk_norm_rope_kv_append_attention(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, wq: np.ndarray, wk: np.ndarray,
+        k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+        cos: np.ndarray, sin: np.ndarray, *, eps: float, h_block: int, scale: float,
+        window: int = 0, kv_block: int = 256, style: str = "neox",
+        act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``qk_norm_rope`` then ``kv_append_attention`` (Qwen3): byte-identical to the two in turn.
+
+    >>> kc = np.zeros((1, 2, 1, 2), np.float32)
+    >>> x = np.full((1, 1, 2), 3.0, np.float32)
+    >>> one = np.ones(2, np.float32)
+    >>> cos, sin = np.ones((2, 1), np.float32), np.zeros((2, 1), np.float32)
+    >>> o, kc2, _ = qk_norm_rope_kv_append_attention(
+    ...     x, x, x, one, one, kc, kc.copy(), np.array([0], np.int32), np.array([0], np.int32),
+    ...     cos, sin, eps=0.0, h_block=2, scale=1.0, act="f32")
+    >>> kc2[0, 0].tolist(), o.tolist()  # k normalized to 1s; one position: o is v
+    ([[1.0, 1.0]], [[[3.0, 3.0]]])
+    """
+    qr, kr = qk_norm_rope(q, k, wq, wk, positions, cos, sin, eps=eps, h_block=h_block,
+                          style=style, act=act)
+    return kv_append_attention(kr, v, qr, k_cache, v_cache, positions, slots, scale=scale,
+                               window=window, kv_block=kv_block, act=act)

@@ -37,7 +37,9 @@ from metrale.lkb.semantics_attention import (
     kv_append_attention,
     qk_norm,
     qk_norm_rope,
+    qk_norm_rope_kv_append_attention,
     rope,
+    rope_kv_append_attention,
     rope_tables,
 )
 from metrale.lkb.semantics_moe import (
@@ -84,8 +86,9 @@ def test_every_family_is_registered_row_invariant_with_example_and_orders():
     expected = {
         "embedding", "add", "rmsnorm", "add_rmsnorm", "linear", "linear_add", "qkv", "swiglu",
         "gate_up_swiglu", "qk_norm", "rope", "qk_norm_rope", "kv_append", "attention",
-        "kv_append_attention", "softmax", "topk", "softmax_topk", "moe_gate_up_swiglu",
-        "moe_down", "moe_combine", "argmax",
+        "kv_append_attention", "rope_kv_append_attention", "qk_norm_rope_kv_append_attention",
+        "softmax", "topk", "softmax_topk", "moe_gate_up_swiglu", "moe_down", "moe_combine",
+        "argmax",
     }
     assert expected <= set(SEMANTICS)
     assert all(S.ROW_INVARIANT[name] for name in SEMANTICS)
@@ -243,6 +246,41 @@ def test_kv_append_attention_is_kv_append_then_attention(rows, ctx, kv_block, wi
     assert kc_out is kc and vc_out is vc
     kv_append(k, v, kc2, vc2, pos, slots, act=act)
     (o2,) = attention(q, kc2, vc2, pos, slots, **p)
+    assert same(o, o2) and same(kc, kc2) and same(vc, vc2)
+    nonzero_finite(o)
+
+
+@given(rows=st.integers(1, 4), ctx=st.integers(4, 40), kv_block=st.integers(1, 20),
+       heads=st.sampled_from([(2, 1), (4, 2), (4, 4)]), norm=st.booleans(),
+       style=st.sampled_from(["neox", "interleaved"]), act=acts, seed=seeds)
+def test_rope_attention_is_rope_then_kv_append_attention(rows, ctx, kv_block, heads, norm, style,
+                                                         act, seed):
+    """The two prologue fusions (rope; qk_norm_rope) against their lhs, byte for byte: the
+    output, and the rotated (normalized) k in the cache."""
+    rng = np.random.default_rng(seed)
+    hq, hkv = heads
+    d = 8
+    rows = min(rows, ctx)
+    kc, vc = rand(rng, (3, ctx, hkv, d), act), rand(rng, (3, ctx, hkv, d), act)
+    slots = rng.integers(0, 3, rows).astype(np.int32)
+    pos = rng.permutation(ctx)[:rows].astype(np.int32)
+    q, k, v = rand(rng, (rows, hq, d), act), rand(rng, (rows, hkv, d), act), rand(
+        rng, (rows, hkv, d), act)
+    wq, wk = rand(rng, (d,)), rand(rng, (d,))
+    cos, sin = rope_tables(ctx, d, theta=10000.0)
+    p = dict(scale=d**-0.5, window=0, kv_block=kv_block, act=act)
+    kc2, vc2 = kc.copy(), vc.copy()
+    if norm:
+        n = dict(eps=1e-6, h_block=4)
+        o, kc_out, _ = qk_norm_rope_kv_append_attention(q, k, v, wq, wk, kc, vc, pos, slots,
+                                                        cos, sin, style=style, **n, **p)
+        qr, kr = qk_norm_rope(q, k, wq, wk, pos, cos, sin, style=style, act=act, **n)
+    else:
+        o, kc_out, _ = rope_kv_append_attention(q, k, v, kc, vc, pos, slots, cos, sin,
+                                                style=style, **p)
+        qr, kr = rope(q, k, pos, cos, sin, style=style, act=act)
+    assert kc_out is kc
+    o2, _, _ = kv_append_attention(kr, v, qr, kc2, vc2, pos, slots, **p)
     assert same(o, o2) and same(kc, kc2) and same(vc, vc2)
     nonzero_finite(o)
 

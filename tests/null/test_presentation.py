@@ -13,10 +13,12 @@ EXPECTED_FAMILIES = {
     "embedding", "rmsnorm", "add_rmsnorm", "linear", "qkv", "gate_up_swiglu", "qk_norm", "rope",
     "qk_norm_rope", "kv_append", "attention", "kv_append_attention", "softmax_topk",
     "moe_gate_up_swiglu", "moe_down", "moe_combine", "lm_head", "argmax", "dequant", "linear_add",
+    "rope_kv_append_attention", "qk_norm_rope_kv_append_attention",
 }
 EXPECTED_RELATIONS = {
     "add_rmsnorm", "qkv_concat", "gate_up_swiglu", "qk_norm_rope", "kv_append_attention",
-    "router_softmax_topk", "linear_residual", "dequant_linear",
+    "router_softmax_topk", "linear_residual", "dequant_linear", "rope_attention",
+    "qk_norm_rope_attention",
 }
 
 

@@ -28,9 +28,20 @@
 // position past max_ctx trap: a loud device fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
 // (the first q head of the group, in the block holding that position, does) and reads them from
-// its inputs there (no other block reads that entry: slots are distinct). Defines: ACT_*,
-// KV_BLOCK (256).
+// its inputs there (no other block reads that entry: slots are distinct).
+// rope_kv_append_attention and qk_norm_rope_kv_append_attention first rotate (qk_norm_rope: also
+// normalize) the block's q head and, in the block holding the row's position, the new k head,
+// with rope.cu's and norm.cu's own functions (rotate_head, head_norm), so the bytes are those of
+// the two launches they replace; the rotated k is what the block reads and appends.
+// Defines: ACT_*, KV_BLOCK (256); for the rope entries ROPE_NEOX | ROPE_INTERLEAVED, and H_BLOCK
+// for the normalizing one.
 #include "metrale.cuh"
+#if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
+#include "rope.cuh"
+#if defined(H_BLOCK)
+#include "head_norm.cuh"
+#endif
+#endif
 
 #define AW 8             // warps per block
 #define NT (32 * AW)     // threads per block
@@ -52,17 +63,70 @@ struct DecodeScratch {
     }
 };
 
-template <bool APPEND>
+// What happens to q and the new k before they are used: nothing, rope, or qk_norm then rope.
+enum Prologue { PRE_NONE, PRE_ROPE, PRE_NORM_ROPE };
+
+// The rope tables and the norm weights of the rope entries (unused by PRE_NONE).
+struct RopeArgs {
+    const float* cos_t;
+    const float* sin_t;
+    const __nv_bfloat16* wq;
+    const __nv_bfloat16* wk;
+    int max_pos;
+    float eps;
+};
+
+// q's head (and k's new head, when k is given) normalized (PRE_NORM_ROPE: warp 0 takes q,
+// warp 1 k, as norm.cu's one warp per head) or read, then rotated into pre_out[0] (and [1]) as
+// rope.cu rotates; ends with the block's barrier.
+template <int PRE>
+__device__ __forceinline__ void stage_rotated(const act_t* q, const act_t* k, int pos, int d,
+                                              const RopeArgs& ra, float (*pre_in)[256],
+                                              act_t (*pre_out)[256]) {
+#if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
+    const int tid = threadIdx.x;
+    if constexpr (PRE == PRE_NORM_ROPE) {
+#if defined(H_BLOCK)
+        const int warp = tid >> 5;
+        if (warp == 0) head_norm(q, ra.wq, d, ra.eps, pre_in[0]);
+        if (warp == 1 && k) head_norm(k, ra.wk, d, ra.eps, pre_in[1]);
+#else
+        __trap();
+#endif
+    } else {
+        for (int c = tid; c < d; c += NT) {
+            pre_in[0][c] = act_load(q[c]);
+            if (k) pre_in[1][c] = act_load(k[c]);
+        }
+    }
+    __syncthreads();
+    const int rp = min(max(pos, 0), ra.max_pos - 1);
+    const float* c_row = ra.cos_t + (long)rp * (d / 2);
+    const float* s_row = ra.sin_t + (long)rp * (d / 2);
+    rotate_head(pre_in[0], c_row, s_row, d, pre_out[0], tid, NT);
+    if (k) rotate_head(pre_in[1], c_row, s_row, d, pre_out[1], tid, NT);
+    __syncthreads();
+#else
+    __trap();  // the rope entries are compiled with a ROPE_* style
+#endif
+}
+
+template <bool APPEND, int PRE>
 __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ k_new, const act_t* __restrict__ v_new,
     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
     const int* __restrict__ positions, const int* __restrict__ slots, act_t* __restrict__ o,
-    void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window) {
+    void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window,
+    RopeArgs ra) {
+    static_assert(PRE == PRE_NONE || APPEND, "the rope entries append");
     __shared__ float qs[256];            // the q head, f32
     __shared__ float probs[KV_BLOCK];    // the block's probabilities
     __shared__ float red[33];            // block_max / block_sum scratch
     __shared__ float part[NT * 8];       // p·v partials: [sub][column]
     __shared__ int merging;
+    // q and the new k before the rotation, and after it (read 16 bytes at a time: aligned)
+    __shared__ float pre_in[PRE == PRE_NONE ? 1 : 2][256];
+    __shared__ __align__(16) act_t pre_out[PRE == PRE_NONE ? 1 : 2][256];
 
     const int qh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
     const int tid = threadIdx.x;
@@ -77,8 +141,10 @@ __device__ __forceinline__ void decode_attend(
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
     const long new_at = ((long)row * hkv + kvh) * d;
 
+    // this block's new k: the input, or its rotation (computed below, after the wait)
+    const act_t* k_new_row = PRE == PRE_NONE ? k_new + new_at : pre_out[PRE == PRE_NONE ? 0 : 1];
     auto k_at = [&](int p) -> const act_t* {
-        if (APPEND && p == pos) return k_new + new_at;
+        if (APPEND && p == pos) return k_new_row;
         return k_cache + ((kv_row + p) * hkv + kvh) * d;
     };
     auto v_at = [&](int p) -> const act_t* {
@@ -103,14 +169,21 @@ __device__ __forceinline__ void decode_attend(
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
     }
     grid_dependency_sync();  // this step's row, q and every write: after the previous launch
-    if (live && p == pos) {
+    const act_t* q_row = q + ((long)row * hq + qh) * d;
+    if constexpr (PRE == PRE_NONE) {
+        for (int c = tid; c < d; c += NT) qs[c] = act_load(q_row[c]);
+    } else {
+        stage_rotated<PRE>(q_row, APPEND && blk == last ? k_new + new_at : nullptr, pos, d, ra,
+                           pre_in, pre_out);
+        for (int c = tid; c < d; c += NT) qs[c] = act_load(pre_out[0][c]);
+    }
+    __syncthreads();
+    if (live && p == pos) {  // this step's k (a rotated one: in shared memory, written above)
         const act_t* kr = k_at(p);
 #pragma unroll
         for (int j = 0; j < 16; ++j)
             if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
     }
-    for (int c = tid; c < d; c += NT) qs[c] = act_load(q[((long)row * hq + qh) * d + c]);
-    __syncthreads();
     float s = 0.0f;
     if (live) {
         const act_t* kr = k_at(p);
@@ -183,7 +256,7 @@ __device__ __forceinline__ void decode_attend(
     if (APPEND && blk == last && qh == kvh * (hq / hkv)) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
         for (int i = tid; i < d; i += NT) {
-            k_cache[dst + i] = k_new[new_at + i];
+            k_cache[dst + i] = k_new_row[i];
             v_cache[dst + i] = v_new[new_at + i];
         }
     }
@@ -236,9 +309,9 @@ metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ 
                          const int* __restrict__ slots, act_t* __restrict__ o, void* work,
                          int rows, int hq, int hkv, int d, int max_ctx, float scale,
                          int window) {
-    decode_attend<false>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
-                         const_cast<act_t*>(v_cache), positions, slots, o, work, rows, hq, hkv,
-                         d, max_ctx, scale, window);
+    decode_attend<false, PRE_NONE>(nullptr, nullptr, q, const_cast<act_t*>(k_cache),
+                                   const_cast<act_t*>(v_cache), positions, slots, o, work, rows,
+                                   hq, hkv, d, max_ctx, scale, window, RopeArgs{});
 }
 
 // kv_append then attention in one kernel. grid (hq, rows, ceil(max_ctx / KV_BLOCK)), block 256.
@@ -249,6 +322,37 @@ metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __r
                                    const int* __restrict__ slots, act_t* __restrict__ o,
                                    void* work, int rows, int hq, int hkv, int d, int max_ctx,
                                    float scale, int window) {
-    decode_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq, hkv, d,
-                        max_ctx, scale, window);
+    decode_attend<true, PRE_NONE>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq,
+                                  hkv, d, max_ctx, scale, window, RopeArgs{});
 }
+
+#if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
+// rope, kv_append and attention in one kernel. grid and block as above.
+extern "C" __global__ void __launch_bounds__(NT, 2)
+metrale_rope_kv_append_attention_decode(
+    const act_t* __restrict__ q, const act_t* __restrict__ k, const act_t* __restrict__ v,
+    act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
+    const int* __restrict__ slots, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t, act_t* __restrict__ o, void* work, int rows, int hq,
+    int hkv, int d, int max_ctx, int max_pos, float scale, int window) {
+    decode_attend<true, PRE_ROPE>(k, v, q, k_cache, v_cache, positions, slots, o, work, rows, hq,
+                                  hkv, d, max_ctx, scale, window,
+                                  RopeArgs{cos_t, sin_t, nullptr, nullptr, max_pos, 0.0f});
+}
+
+#if defined(H_BLOCK)
+// qk_norm, rope, kv_append and attention in one kernel. grid and block as above.
+extern "C" __global__ void __launch_bounds__(NT, 2)
+metrale_qk_norm_rope_kv_append_attention_decode(
+    const act_t* __restrict__ q, const act_t* __restrict__ k, const act_t* __restrict__ v,
+    const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
+    act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
+    const int* __restrict__ slots, const float* __restrict__ cos_t,
+    const float* __restrict__ sin_t, act_t* __restrict__ o, void* work, int rows, int hq,
+    int hkv, int d, int max_ctx, int max_pos, float eps, float scale, int window) {
+    decode_attend<true, PRE_NORM_ROPE>(k, v, q, k_cache, v_cache, positions, slots, o, work,
+                                       rows, hq, hkv, d, max_ctx, scale, window,
+                                       RopeArgs{cos_t, sin_t, wq, wk, max_pos, eps});
+}
+#endif
+#endif

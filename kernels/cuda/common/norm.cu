@@ -7,11 +7,8 @@
 // order (block_sum, or warp_sum for the per-head kernels).
 // Then inv = 1 / sqrt(ss / h + eps) and y = round(round(x * inv) * w), as
 // metrale.lkb.semantics.rms_normalize. Defines: ACT_*, H_BLOCK, ROPE_NEOX | ROPE_INTERLEAVED.
-#include "metrale.cuh"
+#include "head_norm.cuh"
 
-#ifndef H_BLOCK
-#error "define H_BLOCK"
-#endif
 #ifndef MAX_HEAD_DIM
 #define MAX_HEAD_DIM 512
 #endif
@@ -31,28 +28,6 @@ __device__ __forceinline__ float block_sumsq(Get get, int n, float* scratch) {
         acc = b0 == 0 ? p : acc + p;
     }
     return acc;
-}
-
-// The same for one warp (per-head norms: one warp per head).
-template <class Get>
-__device__ __forceinline__ float warp_sumsq(Get get, int n) {
-    const int lane = threadIdx.x & 31;
-    float acc = 0.0f;
-    for (int b0 = 0; b0 < n; b0 += H_BLOCK) {
-        const int b1 = min(b0 + H_BLOCK, n);
-        float s = 0.0f;
-        for (int i = b0 + lane; i < b1; i += 32) {
-            const float v = get(i);
-            s += v * v;
-        }
-        const float p = warp_sum(s);
-        acc = b0 == 0 ? p : acc + p;
-    }
-    return acc;
-}
-
-__device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
-    return 1.0f / sqrtf(ss / (float)n + eps);
 }
 
 // Row norms, one pass: warp w owns the H_BLOCK-sized blocks w, w + warps, ...; inside a block
@@ -162,15 +137,6 @@ metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
     const float inv = rms_inv(ss, h, eps);
     for (int i = threadIdx.x; i < h; i += blockDim.x)
         y[o + i] = act_store(act_round(act_load(sr[i]) * inv) * bf16_load(w, i));
-}
-
-// Normalize one head of d values into f32 `out` (shared memory), rounded to act.
-__device__ __forceinline__ void head_norm(const act_t* x, const __nv_bfloat16* w, int d,
-                                          float eps, float* out) {
-    const float ss = warp_sumsq([&](int i) { return act_load(x[i]); }, d);
-    const float inv = rms_inv(ss, d, eps);
-    for (int i = threadIdx.x & 31; i < d; i += 32)
-        out[i] = act_round(act_round(act_load(x[i]) * inv) * bf16_load(w, i));
 }
 
 // grid (hq + hkv, rows), block 32: one warp per head, q heads first.
