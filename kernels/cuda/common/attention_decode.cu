@@ -100,11 +100,8 @@ __device__ __forceinline__ void stage_rotated(const act_t* q, const act_t* k, in
         }
     }
     __syncthreads();
-    const int rp = min(max(pos, 0), ra.max_pos - 1);
-    const float* c_row = ra.cos_t + (long)rp * (d / 2);
-    const float* s_row = ra.sin_t + (long)rp * (d / 2);
-    rotate_head(pre_in[0], c_row, s_row, d, pre_out[0], tid, NT);
-    if (k) rotate_head(pre_in[1], c_row, s_row, d, pre_out[1], tid, NT);
+    rotate_head_at(pre_in[0], ra.cos_t, ra.sin_t, pos, ra.max_pos, d, pre_out[0], tid, NT);
+    if (k) rotate_head_at(pre_in[1], ra.cos_t, ra.sin_t, pos, ra.max_pos, d, pre_out[1], tid, NT);
     __syncthreads();
 #else
     __trap();  // the rope entries are compiled with a ROPE_* style

@@ -49,11 +49,13 @@ typedef act_t out_t;
 __device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 #endif
 
-// grid (ceil(n / WARPS), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
-metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
-               const void* __restrict__ w_scale, const float* __restrict__ w_global,
-               out_t* __restrict__ y, int rows, int k, int n) {
+// One warp of linear or linear_add: its column and rows, the weight row's prefetch before the
+// wait, the dots, then store(i, d) for this lane's row (output index i, dot d). A warp with no
+// column or row returns before the wait (its block's other warps, or the grid's, wait).
+template <class Store>
+__device__ __forceinline__ void linear_warp(const act_t* x, const void* w, const void* w_scale,
+                                            const float* w_global, int rows, int k, int n,
+                                            Store store) {
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
     const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
@@ -63,7 +65,16 @@ metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
     grid_dependency_sync();
     float d[1];
     warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
-    if (lane < nr) y[(long)(row0 + lane) * n + col] = out_store(d[0]);
+    if (lane < nr) store((long)(row0 + lane) * n + col, d[0]);
+}
+
+// grid (ceil(n / WARPS), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
+               const void* __restrict__ w_scale, const float* __restrict__ w_global,
+               out_t* __restrict__ y, int rows, int k, int n) {
+    linear_warp(x, w, w_scale, w_global, rows, k, n,
+                [&](long i, float d) { y[i] = out_store(d); });
 }
 
 // y = round(round(x · wᵀ) + r): the residual add as the epilogue, rounded as linear; add.
@@ -71,19 +82,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
-    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
-    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
-    if (col >= n || nr <= 0) return;
-    const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
-    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
-    grid_dependency_sync();
-    float d[1];
-    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
-    if (lane < nr) {
-        const long i = (long)(row0 + lane) * n + col;
-        y[i] = act_store(act_round(d[0]) + act_load(r[i]));
-    }
+    linear_warp(x, w, w_scale, w_global, rows, k, n,
+                [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
 
 // q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v.

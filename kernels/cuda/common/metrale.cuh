@@ -112,6 +112,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// A block of a kernel over every head of q and k (grid (hq + hkv, rows), q heads first): its row,
+// whether it is a q head, where its d values start in q or k, and whether it has work (inside
+// the grid, d within the kernel's buffer).
+struct QkHead {
+    int row;
+    bool isq, valid;
+    long at;
+    __device__ __forceinline__ QkHead(int rows, int hq, int hkv, int d, int max_d)
+        : row(blockIdx.y), isq((int)blockIdx.x < hq) {
+        const int head = blockIdx.x;
+        valid = row < rows && head < hq + hkv && d <= max_d;
+        at = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
+    }
+};
+
 // Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024): warp trees, then
 // warp 0 adds the warp partials in warp order. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* scratch /* >= 33 floats */) {

@@ -95,24 +95,45 @@ __device__ __forceinline__ bool row_norm_fits(int h) {
            (h + H_BLOCK - 1) / H_BLOCK <= (int)(blockDim.x >> 5) * ROW_CHUNKS;
 }
 
-// grid (rows), block min(512, 32 * ceil(h / H_BLOCK)).
-extern "C" __global__ void __launch_bounds__(512)
-metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
-                act_t* __restrict__ y, int rows, int h, float eps) {
+// y = round(round(x * inv) * w) for one row, the sum of squares in block_sumsq's order (the
+// path for shapes row_norm does not take).
+__device__ __forceinline__ void norm_row(const act_t* x, const __nv_bfloat16* w, act_t* y, int h,
+                                         float eps, float* scratch) {
+    const float ss = block_sumsq([&](int i) { return act_load(x[i]); }, h, scratch);
+    const float inv = rms_inv(ss, h, eps);
+    for (int i = threadIdx.x; i < h; i += blockDim.x)
+        y[i] = act_store(act_round(act_load(x[i]) * inv) * bf16_load(w, i));
+}
+
+// One row per block: s = round(x + r) first when ADD; then y = rmsnorm(s or x).
+template <bool ADD>
+__device__ __forceinline__ void norm_block_row(const act_t* x, const act_t* r,
+                                               const __nv_bfloat16* w, act_t* s, act_t* y,
+                                               int rows, int h, float eps) {
     grid_dependency_sync();
     __shared__ float scratch[33];
     const int row = blockIdx.x;
     if (row >= rows) return;
     const long o = (long)row * h;
     if (row_norm_fits(h)) {
-        row_norm<false>(x + o, nullptr, w, nullptr, y + o, h, eps);
+        row_norm<ADD>(x + o, ADD ? r + o : nullptr, w, ADD ? s + o : nullptr, y + o, h, eps);
         return;
     }
-    const act_t* xr = x + o;
-    const float ss = block_sumsq([&](int i) { return act_load(xr[i]); }, h, scratch);
-    const float inv = rms_inv(ss, h, eps);
-    for (int i = threadIdx.x; i < h; i += blockDim.x)
-        y[o + i] = act_store(act_round(act_load(xr[i]) * inv) * bf16_load(w, i));
+    const act_t* src = x + o;
+    if (ADD) {
+        for (int i = threadIdx.x; i < h; i += blockDim.x)
+            s[o + i] = act_store(act_load(x[o + i]) + act_load(r[o + i]));
+        __syncthreads();  // s is read back below, by other threads
+        src = s + o;
+    }
+    norm_row(src, w, y + o, h, eps, scratch);
+}
+
+// grid (rows), block min(512, 32 * ceil(h / H_BLOCK)).
+extern "C" __global__ void __launch_bounds__(512)
+metrale_rmsnorm(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                act_t* __restrict__ y, int rows, int h, float eps) {
+    norm_block_row<false>(x, nullptr, w, nullptr, y, rows, h, eps);
 }
 
 // s = round(x + r); y = rmsnorm(s). grid (rows), block as rmsnorm.
@@ -120,23 +141,19 @@ extern "C" __global__ void __launch_bounds__(512)
 metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
                     const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
                     act_t* __restrict__ y, int rows, int h, float eps) {
+    norm_block_row<true>(x, r, w, s, y, rows, h, eps);
+}
+
+// The block's head (QkHead: q heads first) normalized into buf, after the wait; false when the
+// block has no head.
+__device__ __forceinline__ bool norm_block_head(const act_t* q, const act_t* k,
+                                                const __nv_bfloat16* wq, const __nv_bfloat16* wk,
+                                                const QkHead& hd, int d, float eps, float* buf) {
     grid_dependency_sync();
-    __shared__ float scratch[33];
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    const long o = (long)row * h;
-    if (row_norm_fits(h)) {
-        row_norm<true>(x + o, r + o, w, s + o, y + o, h, eps);
-        return;
-    }
-    for (int i = threadIdx.x; i < h; i += blockDim.x)
-        s[o + i] = act_store(act_load(x[o + i]) + act_load(r[o + i]));
-    __syncthreads();  // s is read back below, by other threads
-    const act_t* sr = s + o;
-    const float ss = block_sumsq([&](int i) { return act_load(sr[i]); }, h, scratch);
-    const float inv = rms_inv(ss, h, eps);
-    for (int i = threadIdx.x; i < h; i += blockDim.x)
-        y[o + i] = act_store(act_round(act_load(sr[i]) * inv) * bf16_load(w, i));
+    if (!hd.valid) return false;
+    head_norm((hd.isq ? q : k) + hd.at, hd.isq ? wq : wk, d, eps, buf);
+    __syncwarp();
+    return true;
 }
 
 // grid (hq + hkv, rows), block 32: one warp per head, q heads first.
@@ -145,15 +162,10 @@ metrale_qk_norm(const act_t* __restrict__ q, const act_t* __restrict__ k,
                 const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
                 act_t* __restrict__ qn, act_t* __restrict__ kn, int rows, int hq, int hkv,
                 int d, float eps) {
-    grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
-    const int head = blockIdx.x, row = blockIdx.y;
-    if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
-    const bool isq = head < hq;
-    const long o = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
-    head_norm((isq ? q : k) + o, isq ? wq : wk, d, eps, buf);
-    __syncwarp();
-    act_t* out = (isq ? qn : kn) + o;
+    const QkHead hd(rows, hq, hkv, d, MAX_HEAD_DIM);
+    if (!norm_block_head(q, k, wq, wk, hd, d, eps, buf)) return;
+    act_t* out = (hd.isq ? qn : kn) + hd.at;
     for (int i = threadIdx.x; i < d; i += 32) out[i] = act_store(buf[i]);
 }
 
@@ -169,16 +181,10 @@ metrale_qk_norm_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
                      const float* __restrict__ sin_t, act_t* __restrict__ qr,
                      act_t* __restrict__ kr, int rows, int hq, int hkv, int d, int max_pos,
                      float eps) {
-    grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
-    const int head = blockIdx.x, row = blockIdx.y;
-    if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
-    const bool isq = head < hq;
-    const long o = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
-    head_norm((isq ? q : k) + o, isq ? wq : wk, d, eps, buf);
-    __syncwarp();
-    const int pos = min(max(positions[row], 0), max_pos - 1);
-    rotate_head(buf, cos_t + (long)pos * (d / 2), sin_t + (long)pos * (d / 2), d,
-                (isq ? qr : kr) + o, threadIdx.x, 32);
+    const QkHead hd(rows, hq, hkv, d, MAX_HEAD_DIM);
+    if (!norm_block_head(q, k, wq, wk, hd, d, eps, buf)) return;
+    rotate_head_at(buf, cos_t, sin_t, positions[hd.row], max_pos, d, (hd.isq ? qr : kr) + hd.at,
+                   threadIdx.x, 32);
 }
 #endif

@@ -13,15 +13,12 @@ metrale_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
              int d, int max_pos) {
     grid_dependency_sync();
     __shared__ float buf[MAX_HEAD_DIM];
-    const int head = blockIdx.x, row = blockIdx.y;
-    if (row >= rows || head >= hq + hkv || d > MAX_HEAD_DIM) return;
-    const bool isq = head < hq;
-    const long o = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
-    const act_t* x = (isq ? q : k) + o;
+    const QkHead hd(rows, hq, hkv, d, MAX_HEAD_DIM);
+    if (!hd.valid) return;
+    const act_t* x = (hd.isq ? q : k) + hd.at;
     // staged through shared memory so the output may alias the input (in-place rope)
     for (int i = threadIdx.x; i < d; i += blockDim.x) buf[i] = act_load(x[i]);
     __syncthreads();
-    const int pos = min(max(positions[row], 0), max_pos - 1);
-    rotate_head(buf, cos_t + (long)pos * (d / 2), sin_t + (long)pos * (d / 2), d,
-                (isq ? qr : kr) + o, threadIdx.x, blockDim.x);
+    rotate_head_at(buf, cos_t, sin_t, positions[hd.row], max_pos, d, (hd.isq ? qr : kr) + hd.at,
+                   threadIdx.x, blockDim.x);
 }

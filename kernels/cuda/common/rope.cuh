@@ -26,3 +26,11 @@ __device__ __forceinline__ void rotate_head(const float* x, const float* c_row,
         out[b] = act_store(yb);
     }
 }
+
+// The head rotated at `pos` (clamped to the table, max_pos rows of d/2).
+__device__ __forceinline__ void rotate_head_at(const float* x, const float* cos_t,
+                                               const float* sin_t, int pos, int max_pos, int d,
+                                               act_t* out, int t, int stride) {
+    const long row = min(max(pos, 0), max_pos - 1);
+    rotate_head(x, cos_t + row * (d / 2), sin_t + row * (d / 2), d, out, t, stride);
+}
