@@ -226,20 +226,27 @@ def test_qk_norm_is_rmsnorm_of_every_head():
     assert same(qn, qr.reshape(3, 4, 32)) and same(kn, kr.reshape(3, 2, 32))
 
 
+def _decode_state(rng, rows, ctx, heads, d, act):
+    """q, k, v for min(rows, ctx) rows and a random cache of 3 slots; the rows' positions are
+    distinct, so no cache entry is written twice."""
+    hq, hkv = heads
+    rows = min(rows, ctx)
+    kc, vc = rand(rng, (3, ctx, hkv, d), act), rand(rng, (3, ctx, hkv, d), act)
+    slots = rng.integers(0, 3, rows).astype(np.int32)
+    pos = rng.permutation(ctx)[:rows].astype(np.int32)
+    k, v, q = rand(rng, (rows, hkv, d), act), rand(rng, (rows, hkv, d), act), rand(
+        rng, (rows, hq, d), act)
+    return q, k, v, kc, vc, pos, slots
+
+
 @given(rows=st.integers(1, 6), ctx=st.integers(4, 70), kv_block=st.integers(1, 40),
        window=st.sampled_from([0, 1, 5, 17]), heads=st.sampled_from([(2, 1), (4, 2), (4, 4)]),
        act=acts, seed=seeds)
 def test_kv_append_attention_is_kv_append_then_attention(rows, ctx, kv_block, window, heads,
                                                          act, seed):
     rng = np.random.default_rng(seed)
-    hq, hkv = heads
     d = 8
-    rows = min(rows, ctx)
-    kc, vc = rand(rng, (3, ctx, hkv, d), act), rand(rng, (3, ctx, hkv, d), act)
-    slots = rng.integers(0, 3, rows).astype(np.int32)
-    pos = rng.permutation(ctx)[:rows].astype(np.int32)  # distinct, so no entry written twice
-    k, v, q = rand(rng, (rows, hkv, d), act), rand(rng, (rows, hkv, d), act), rand(
-        rng, (rows, hq, d), act)
+    q, k, v, kc, vc, pos, slots = _decode_state(rng, rows, ctx, heads, d, act)
     p = dict(scale=d**-0.5, window=window, kv_block=kv_block, act=act)
     kc2, vc2 = kc.copy(), vc.copy()
     o, kc_out, vc_out = kv_append_attention(k, v, q, kc, vc, pos, slots, **p)
@@ -258,14 +265,8 @@ def test_rope_attention_is_rope_then_kv_append_attention(rows, ctx, kv_block, he
     """The two prologue fusions (rope; qk_norm_rope) against their lhs, byte for byte: the
     output, and the rotated (normalized) k in the cache."""
     rng = np.random.default_rng(seed)
-    hq, hkv = heads
     d = 8
-    rows = min(rows, ctx)
-    kc, vc = rand(rng, (3, ctx, hkv, d), act), rand(rng, (3, ctx, hkv, d), act)
-    slots = rng.integers(0, 3, rows).astype(np.int32)
-    pos = rng.permutation(ctx)[:rows].astype(np.int32)
-    q, k, v = rand(rng, (rows, hq, d), act), rand(rng, (rows, hkv, d), act), rand(
-        rng, (rows, hkv, d), act)
+    q, k, v, kc, vc, pos, slots = _decode_state(rng, rows, ctx, heads, d, act)
     wq, wk = rand(rng, (d,)), rand(rng, (d,))
     cos, sin = rope_tables(ctx, d, theta=10000.0)
     p = dict(scale=d**-0.5, window=0, kv_block=kv_block, act=act)
