@@ -2,12 +2,13 @@
 
 The GEMV and decode-attention sources take their tuning constants as defines (``WARPS``,
 ``DOT_AHEAD``, ``GEMV_MIN_BLOCKS``, ``ROWS_PER_WARP``, ``VAHEAD``); this script builds each
-variant with ``nvcc`` for sm_90a, times it at the decode shapes of Qwen3-0.6B and Llama-3.1-8B,
-and compares with the device-to-device copy rate measured in the same run. Weights and KV
-caches rotate through enough copies (more than 200 MB) that L2 holds none of them between
-launches; each figure is the median over several replays of a CUDA graph of back-to-back
-launches, so it includes the launch gaps a decode step pays. ``--attention-ref FILE`` times
-another decode-attention source (an earlier version) beside the current one, in one process.
+variant for sm_90a as the build compiles kernels (``realize.compute.NvidiaTarget``, headers
+resolved by ``realize.kernel.source_identity``), times it at the decode shapes of Qwen3-0.6B
+and Llama-3.1-8B, and compares with the device-to-device copy rate measured in the same run.
+Weights and KV caches rotate through enough copies (more than 200 MB) that L2 holds none of them
+between launches, and every variant of a format runs on the same ones; each figure is the
+median over several replays of a CUDA graph of back-to-back launches, so it includes the launch
+gaps a decode step pays.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_variants.py`` (``--only gemv`` or
 ``--only attention``). Writes ``benchmarks/results/gpu_variants.json``.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from _common import device_copy_rate, write_result  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-COMMON = ROOT / "kernels" / "cuda" / "common"
+from metrale.realize.compute import NvidiaTarget  # noqa: E402
+from metrale.realize.hardware import default_kernels_dir  # noqa: E402
+from metrale.realize.kernel import source_identity  # noqa: E402
+
 ROTATE_BYTES = 256 << 20
 LAUNCHES = 24  # launches per captured graph
 REPEATS = 9
@@ -60,10 +62,14 @@ GEMV_VARIANTS = {
 ATTENTION_VARIANTS = ["", "VAHEAD=8"]
 
 
-def nvcc(source: Path, defines: list[str], out: Path) -> Path:
-    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", f"-I{COMMON}",
-           *(f"-D{d}" for d in defines), "-o", str(out), str(source)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+def build(source: str, defines: str, out: Path) -> Path:
+    """``cuda/common/<source>`` compiled to an sm_90a cubin at ``out``, with the build's compiler
+    and flags; ``defines`` is space-separated ``NAME`` or ``NAME=VALUE``."""
+    text, _, headers, _ = source_identity(default_kernels_dir(), f"cuda/common/{source}", ())
+    values = dict((d.split("=") + ["1"])[:2] for d in defines.split())
+    binary = NvidiaTarget("cubin").compile(text, "sm_90a", values, name=out.stem,
+                                           headers=headers)
+    out.write_bytes(binary.data)
     return out
 
 
@@ -137,28 +143,20 @@ def attention_launcher(fn: Any, grid: tuple, caches: list, heads: tuple, rest: t
     """launch(i): kv_append_attention_decode over cache copy i."""
     def launch(i: int) -> None:
         kc, vc = caches[i]
-        fn(grid, (256,), (*heads[:3], kc, vc, *rest, *scalars))
+        fn(grid, (256,), (*heads, kc, vc, *rest, *scalars))
     return launch
 
 
 def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
+    base = "ACT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"
     jobs = [(fmt, v) for fmt, vs in GEMV_VARIANTS.items() for v in vs]
-
-    def build(job: tuple[str, str]) -> Path:
-        fmt, v = job
-        defines = ["ACT_BF16", f"WEIGHT_{fmt.upper()}", "K_BLOCK=256", "ACROSS_SEQUENTIAL",
-                   *v.split()]
-        return nvcc(COMMON / "gemv.cu", defines, tmp / f"gemv_{fmt}_{len(defines)}_{hash(v)}.cubin")
-
     with ThreadPoolExecutor(8) as pool:
-        cubins = list(pool.map(build, jobs))
+        cubins = list(pool.map(
+            lambda i: build("gemv.cu", f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][1]}",
+                            tmp / f"gemv_{i}.cubin"), range(len(jobs))))
+    modules = {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
     rows_out = []
-    for (fmt, v), cubin in zip(jobs, cubins, strict=True):
-        mod = cp.RawModule(path=str(cubin))
-        linear = mod.get_function("metrale_linear")
-        gate_up = mod.get_function("metrale_gate_up_swiglu")
-        defs = dict(d.split("=") for d in v.split())
-        warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
+    for fmt, variants in GEMV_VARIANTS.items():
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8) if name in ("gate_up", "down") else (1,):
                 wn = 2 * n if name == "gate_up" else n
@@ -166,70 +164,65 @@ def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
                 ws, wbytes = gemv_weights(cp, fmt, wn, k, copies)
                 x = bf16_bits(cp, (rows, k))
                 y = cp.empty((rows, n), cp.uint16)
-                grid = (-(-n // warps), -(-rows // rpw), 1)
-
-                fn = gate_up if name == "gate_up" else linear
-                launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n)
-                sec = time_graph(cp, launch, copies)
                 total = wbytes + x.nbytes + y.nbytes
-                rows_out.append({"kind": "gemv", "weight": fmt, "variant": v or "default",
-                                 "model": model, "kernel": name, "n": n, "k": k, "rows": rows,
-                                 "seconds": sec, "bytes": total, "bytes_per_s": total / sec,
-                                 "of_copy_rate": total / sec / rate})
-                print(f"gemv {fmt:5} {v or 'default':32} {model:12} {name:7} rows={rows} "
-                      f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s", flush=True)
+                for v in variants:  # every variant on the same weights
+                    defs = dict(d.split("=") for d in v.split())
+                    warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
+                    grid = (-(-n // warps), -(-rows // rpw), 1)
+                    entry = "metrale_gate_up_swiglu" if name == "gate_up" else "metrale_linear"
+                    fn = modules[fmt, v].get_function(entry)
+                    launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n)
+                    sec = time_graph(cp, launch, copies)
+                    rows_out.append({"kind": "gemv", "weight": fmt, "variant": v or "default",
+                                     "model": model, "kernel": name, "n": n, "k": k,
+                                     "rows": rows, "seconds": sec, "bytes": total,
+                                     "bytes_per_s": total / sec,
+                                     "of_copy_rate": total / sec / rate})
+                    print(f"gemv {fmt:5} {v or 'default':32} {model:12} {name:7} rows={rows} "
+                          f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s", flush=True)
                 del ws
     return rows_out
 
 
-def bench_attention(cp: Any, tmp: Path, rate: float, ref: Path | None) -> list[dict]:
-    variants = [("ref", ref, "")] if ref else []
-    variants += [("now", COMMON / "attention_decode.cu", v) for v in ATTENTION_VARIANTS]
+def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
+    fns = {v: cp.RawModule(path=str(build("attention_decode.cu", f"ACT_BF16 KV_BLOCK=256 {v}",
+                                          tmp / f"attn_{i}.cubin")))
+           .get_function("metrale_kv_append_attention_decode")
+           for i, v in enumerate(ATTENTION_VARIANTS)}
     out = []
-    for label, src, v in variants:
-        cubin = nvcc(src, ["ACT_BF16", "KV_BLOCK=256", *v.split()], tmp / f"attn_{len(out)}.cubin")
-        fn = cp.RawModule(path=str(cubin)).get_function("metrale_kv_append_attention_decode")
-        per_q_head = "// grid (hq," in src.read_text()  # else one block per kv head
-        for model, hq, hkv, d in ATTENTION_SHAPES:
-            for rows, position in ((1, CONTEXT), (8, CONTEXT), (1, 200)):
-                max_ctx = CONTEXT + 1
-                nkv = -(-max_ctx // 256)
-                cache_bytes = rows * max_ctx * hkv * d * 2 * 2
-                copies = max(2, -(-ROTATE_BYTES // cache_bytes))
-
-                def bf16(*shape: int) -> Any:
-                    return bf16_bits(cp, shape)
-
-                caches = [(bf16(rows * max_ctx * hkv * d), bf16(rows * max_ctx * hkv * d))
-                          for _ in range(copies)]
-                q, kn, vn = bf16(rows, hq, d), bf16(rows, hkv, d), bf16(rows, hkv, d)
-                o = cp.empty((rows, hq, d), cp.uint16)
-                positions = cp.full(rows, position, cp.int32)
-                slots = cp.arange(rows, dtype=cp.int32)
-                work = cp.zeros(1 << 22, cp.uint8)
-                grid = (hq if per_q_head else hkv, rows, nkv)
-
-                scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d),
-                           np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
+    for model, hq, hkv, d in ATTENTION_SHAPES:
+        for rows, position in ((1, CONTEXT), (8, CONTEXT), (1, 200)):
+            max_ctx = CONTEXT + 1
+            copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
+            caches = [(bf16_bits(cp, (rows * max_ctx * hkv * d,)),
+                       bf16_bits(cp, (rows * max_ctx * hkv * d,))) for _ in range(copies)]
+            q, kn, vn = bf16_bits(cp, (rows, hq, d)), bf16_bits(cp, (rows, hkv, d)), bf16_bits(
+                cp, (rows, hkv, d))
+            o = cp.empty((rows, hq, d), cp.uint16)
+            positions = cp.full(rows, position, cp.int32)
+            slots = cp.arange(rows, dtype=cp.int32)
+            work = cp.zeros(1 << 22, cp.uint8)  # tickets zero; each launch leaves them so
+            grid = (hq, rows, -(-max_ctx // 256))
+            scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d),
+                       np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
+            kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
+            for v, fn in fns.items():
                 launch = attention_launcher(fn, grid, caches, (kn, vn, q),
                                             (positions, slots, o, work), scalars)
                 sec = time_graph(cp, launch, copies)
-                kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
-                out.append({"kind": "attention", "variant": f"{label} {v}".strip(),
-                            "model": model, "rows": rows, "position": position,
-                            "seconds": sec, "bytes": kv_bytes,
-                            "bytes_per_s": kv_bytes / sec, "of_copy_rate": kv_bytes / sec / rate})
-                print(f"attention {label:12} {v:10} {model:12} rows={rows} position={position} "
-                      f"{sec * 1e6:7.2f} us",
-                      flush=True)
-                del caches
+                out.append({"kind": "attention", "variant": v or "default", "model": model,
+                            "rows": rows, "position": position, "seconds": sec,
+                            "bytes": kv_bytes, "bytes_per_s": kv_bytes / sec,
+                            "of_copy_rate": kv_bytes / sec / rate})
+                print(f"attention {v or 'default':10} {model:12} rows={rows} "
+                      f"position={position} {sec * 1e6:7.2f} us", flush=True)
+            del caches
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=["gemv", "attention"])
-    ap.add_argument("--attention-ref", type=Path, help="another attention_decode.cu to time")
     args = ap.parse_args()
     import cupy as cp
 
@@ -239,7 +232,7 @@ def main() -> None:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as t:
         if args.only in (None, "attention"):
-            rows += bench_attention(cp, Path(t), rate, args.attention_ref)
+            rows += bench_attention(cp, Path(t), rate)
         if args.only in (None, "gemv"):
             rows += bench_gemv(cp, Path(t), rate)
     path = write_result("gpu_variants", {"copy_rate_bytes_per_s": rate, "launches_per_graph":

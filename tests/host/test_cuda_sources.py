@@ -252,17 +252,13 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     of 128 threads per SM leave, without spilling (version 8 measured that occupancy)."""
     from metrale.realize.compute import cubin_code_bytes
 
-    out = tmp_path / f"gemv_{weight}.cubin"
-    cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "--resource-usage", "-o",
-           str(out), str(COMMON / "gemv.cu"), "-DACT_BF16", f"-DWEIGHT_{weight}", "-DK_BLOCK=256",
-           "-DACROSS_SEQUENTIAL"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    sizes = cubin_code_bytes(out.read_bytes())
+    cubin, log = _sm90a_cubin(tmp_path, "gemv.cu", "ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256",
+                              "ACROSS_SEQUENTIAL")
+    sizes = cubin_code_bytes(cubin)
     entries = {"metrale_linear", "metrale_linear_add", "metrale_qkv", "metrale_gate_up_swiglu"}
     assert set(sizes) >= entries, sizes
     assert all(0 < n <= 48 * 1024 for n in sizes.values()), sizes
-    usage = _resource_usage(r.stdout + r.stderr)
+    usage = _resource_usage(log)
     assert set(usage) >= entries, usage
     assert all(regs <= 64 and spills == 0 for regs, spills in usage.values()), usage
 
@@ -273,15 +269,22 @@ def test_decode_attention_machine_code_stays_small(tmp_path):
     with the rope prologues); version 7's per-group instantiations made 440 KB entries."""
     from metrale.realize.compute import cubin_code_bytes
 
-    out = tmp_path / "attention_decode.cubin"
-    cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "-o", str(out),
-           str(COMMON / "attention_decode.cu"), "-DACT_BF16", "-DKV_BLOCK=256", "-DROPE_NEOX",
-           "-DH_BLOCK=256"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    sizes = cubin_code_bytes(out.read_bytes())
+    cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256",
+                            "ROPE_NEOX", "H_BLOCK=256")
+    sizes = cubin_code_bytes(cubin)
     assert len(sizes) == 4, sizes  # attention, kv_append, rope and qk_norm_rope prologues
     assert all(0 < n <= 80 * 1024 for n in sizes.values()), sizes
+
+
+def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str]:
+    """``source`` compiled by nvcc to an sm_90a cubin (-O3, as the build), and ptxas's
+    ``--resource-usage`` report."""
+    out = tmp_path / (Path(source).stem + ".cubin")
+    cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "--resource-usage", "-o",
+           str(out), str(COMMON / source), *(f"-D{d}" for d in defines)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes(), r.stdout + r.stderr
 
 
 def _resource_usage(ptxas: str) -> dict[str, tuple[int, int]]:
