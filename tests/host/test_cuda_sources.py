@@ -249,7 +249,8 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     fetches every kernel's code again in every layer, and a variant at 50–127 KB (rows unrolled
     over shared weight chunks) ran the quantized steps 0.8–1.4 ms past the sum of their kernels
     on the H200 (docs/gpu-notes.md, version 7). And each fits the 64 registers that eight blocks
-    of 128 threads per SM leave, without spilling (version 8 measured that occupancy)."""
+    of 128 threads per SM leave, without spilling (version 8 measured that occupancy); bf16
+    gate_up_swiglu runs seven blocks (72 registers), which measured faster for its two rows."""
     from metrale.realize.compute import cubin_code_bytes
 
     cubin, log = _sm90a_cubin(tmp_path, "gemv.cu", "ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256",
@@ -260,7 +261,8 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     assert all(0 < n <= 48 * 1024 for n in sizes.values()), sizes
     usage = _resource_usage(log)
     assert set(usage) >= entries, usage
-    assert all(regs <= 64 and spills == 0 for regs, spills in usage.values()), usage
+    limit = {"metrale_gate_up_swiglu": 72} if weight == "BF16" else {}
+    assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()), usage
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

@@ -27,6 +27,18 @@
 #define GEMV_MIN_BLOCKS 8
 #endif
 
+// gate_up_swiglu with bf16 weights and activations at seven blocks per SM (72 registers): a warp
+// there streams two weight rows, and the variant sweep measured it faster at seven than at eight
+// on the H200 (Llama-3.1-8B 14336 x 4096: 60.0 -> 58.0 us at batch 1, 422 -> 406 us at batch 8;
+// Qwen3-0.6B unchanged), while linear and qkv lose at seven (o_proj 11.4 -> 13.3 us, down_proj
+// 30.4 -> 40.3 us). benchmarks/bench_gpu_variants.py keeps the comparison (GATE_UP_MIN_BLOCKS=8).
+#if defined(GATE_UP_MIN_BLOCKS)
+#elif defined(ACT_BF16) && defined(WEIGHT_BF16) && GEMV_MIN_BLOCKS == 8
+#define GATE_UP_MIN_BLOCKS 7
+#else
+#define GATE_UP_MIN_BLOCKS GEMV_MIN_BLOCKS
+#endif
+
 // Dependent launch: a warp asks L2 for the first KiB of its weight rows (PREFETCH_BLOCKS
 // k-blocks) before it waits for the previous launch (grid_dependency_sync), so that those bytes
 // arrive while that launch finishes; x and every write come after the wait. A warp with no
@@ -114,7 +126,7 @@ metrale_qkv(const act_t* __restrict__ x,
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GATE_UP_MIN_BLOCKS)
 metrale_gate_up_swiglu(const act_t* __restrict__ x,
                        const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
                        const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
