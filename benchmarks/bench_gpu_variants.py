@@ -48,8 +48,10 @@ GEMV_SHAPES = [
 ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024
 
-# "" is the source's own choice; the others override it (the first of each list: the
-# choice before the eight-blocks-per-SM one, for the comparison in the same run)
+# "" is the source's own choice; the others override it. The first override of each list is the
+# choice the source replaced, for the comparison in the same run: for bf16, gate_up_swiglu at
+# eight blocks per SM (version 9 made it seven); for fp8 and mxfp4, the choice before eight
+# blocks per SM (version 8).
 GEMV_VARIANTS = {
     "bf16": ["", "GATE_UP_MIN_BLOCKS=8", "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8",
              "GEMV_MIN_BLOCKS=7 DOT_AHEAD=4", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
@@ -63,11 +65,16 @@ GEMV_VARIANTS = {
 ATTENTION_VARIANTS = ["", "VAHEAD=8"]
 
 
+def parse_defines(text: str) -> dict[str, str]:
+    """Space-separated ``NAME`` or ``NAME=VALUE`` as a dict (a bare name is ``1``)."""
+    return dict((d.split("=") + ["1"])[:2] for d in text.split())
+
+
 def build(source: str, defines: str, out: Path) -> Path:
     """``cuda/common/<source>`` compiled to an sm_90a cubin at ``out``, with the build's compiler
     and flags; ``defines`` is space-separated ``NAME`` or ``NAME=VALUE``."""
     text, _, headers, _ = source_identity(default_kernels_dir(), f"cuda/common/{source}", ())
-    values = dict((d.split("=") + ["1"])[:2] for d in defines.split())
+    values = parse_defines(defines)
     binary = NvidiaTarget("cubin").compile(text, "sm_90a", values, name=out.stem,
                                            headers=headers)
     out.write_bytes(binary.data)
@@ -169,7 +176,7 @@ def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
                 ref = None  # the default's output: a variant changes the speed, never a byte
                 for v in variants:  # every variant on the same weights
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
-                    defs = dict((d.split("=") + ["1"])[:2] for d in v.split())
+                    defs = parse_defines(v)
                     warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
                     grid = (-(-n // warps), -(-rows // rpw), 1)
                     entry = "metrale_gate_up_swiglu" if name == "gate_up" else "metrale_linear"
