@@ -1,7 +1,7 @@
 """Compile-time variants of the decode kernels, timed side by side on the GPU.
 
 The GEMV and decode-attention sources take their tuning constants as defines (``WARPS``,
-``DOT_AHEAD``, ``GEMV_MIN_BLOCKS``, ``ROWS_PER_WARP``, ``VAHEAD``); this script builds each
+``DOT_AHEAD``, ``GEMV_MIN_BLOCKS``, ``ROWS_PER_WARP``, ``CHUNK``); this script builds each
 variant for sm_90a as the build compiles kernels (``realize.compute.NvidiaTarget``, headers
 resolved by ``realize.kernel.source_identity``), times it at the decode shapes of Qwen3-0.6B
 and Llama-3.1-8B, and compares with the device-to-device copy rate measured in the same run.
@@ -62,7 +62,8 @@ GEMV_VARIANTS = {
     "mxfp4": ["", "GEMV_MIN_BLOCKS=3 DOT_AHEAD=16", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
               "GEMV_MIN_BLOCKS=4 DOT_AHEAD=12"],
 }
-ATTENTION_VARIANTS = ["", "VAHEAD=8"]
+# decode attention: positions per thread block (the grid follows a CHUNK override)
+ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
 
 
 def parse_defines(text: str) -> dict[str, str]:
@@ -79,6 +80,25 @@ def build(source: str, defines: str, out: Path) -> Path:
                                            headers=headers)
     out.write_bytes(binary.data)
     return out
+
+
+def decode_attention(cp: Any, family: str, variant: str, out: Path, **point: Any) -> tuple:
+    """(module, function, launch) of ``family``'s decode kernel on sm_90, built with the defines the
+    build gives its point plus ``variant``'s; ``launch(numbers)`` is the kernel's (grid, block,
+    dynamic shared bytes) from KERNELS.toml, and the function may use that much shared memory."""
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+
+    P = Presentation.load()
+    want = {"act": "bf16", "mode": "decode", "kv_block": 256, **point}
+    pt = next(p for p in P.family(family).points
+              if all(p.as_dict().get(k, v) == v for k, v in want.items()))
+    kernel = realization("sm_90", presentation=P).realize(pt)
+    defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
+    module = cp.RawModule(path=str(build("attention_decode.cu", f"{defines} {variant}", out)))
+    fn = module.get_function(kernel.entry)  # loads the file
+    fn.max_dynamic_shared_size_bytes = 200 * 1024
+    return module, fn, kernel.launch_for
 
 
 def time_graph(cp: Any, launch: Any, copies: int) -> float:
@@ -146,12 +166,23 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
     return launch
 
 
-def attention_launcher(fn: Any, grid: tuple, caches: list, heads: tuple, rest: tuple,
+def chunk_shape(shape: tuple, variant: str, max_ctx: int) -> tuple:
+    """The (grid, block, shared bytes) of a decode attention launch for ``variant``: a CHUNK
+    override changes the grid's chunks and scales the shared memory (KERNELS.toml has 64)."""
+    chunk = int(parse_defines(variant).get("CHUNK", 64))
+    (x, y, _), block, shared = shape
+    return (x, y, -(-max_ctx // chunk)), block, min(shared * max(chunk, 64) // 64, 200 * 1024)
+
+
+def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: tuple,
                        scalars: tuple) -> Any:
-    """launch(i): kv_append_attention_decode over cache copy i."""
+    """launch(i): a decode attention kernel over cache copy i; ``shape`` is its (grid, block,
+    shared bytes) and the arguments are heads, the caches, rest, scalars."""
+    grid, block, shared = shape
+
     def launch(i: int) -> None:
         kc, vc = caches[i]
-        fn(grid, (256,), (*heads, kc, vc, *rest, *scalars))
+        fn(grid, block, (*heads, kc, vc, *rest, *scalars), shared_mem=shared)
     return launch
 
 
@@ -200,10 +231,8 @@ def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
 
 
 def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
-    fns = {v: cp.RawModule(path=str(build("attention_decode.cu", f"ACT_BF16 KV_BLOCK=256 {v}",
-                                          tmp / f"attn_{i}.cubin")))
-           .get_function("metrale_kv_append_attention_decode")
-           for i, v in enumerate(ATTENTION_VARIANTS)}
+    kernels = {v: decode_attention(cp, "kv_append_attention", v, tmp / f"attn_{i}.cubin")
+               for i, v in enumerate(ATTENTION_VARIANTS)}
     out = []
     for model, hq, hkv, d in ATTENTION_SHAPES:
         for rows, position in ((1, CONTEXT), (8, CONTEXT), (1, 200)):
@@ -217,20 +246,28 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
             positions = cp.full(rows, position, cp.int32)
             slots = cp.arange(rows, dtype=cp.int32)
             work = cp.zeros(1 << 22, cp.uint8)  # tickets zero; each launch leaves them so
-            grid = (hq, rows, -(-max_ctx // 256))
+            sizes = {"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx}
             scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d),
                        np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
             kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
-            for v, fn in fns.items():
-                launch = attention_launcher(fn, grid, caches, (kn, vn, q),
+            ref = None  # the default's output: a variant changes the speed, never a byte
+            for v, (_, fn, launch_for) in kernels.items():
+                o.fill(0xFFFF)  # poisoned (a NaN): every output must be written
+                launch = attention_launcher(fn, chunk_shape(launch_for(sizes), v, max_ctx),
+                                            caches, (kn, vn, q),
                                             (positions, slots, o, work), scalars)
                 sec = time_graph(cp, launch, copies)
+                got = o.copy()
+                same = ref is None or bool((got == ref).all())
+                ref = got if ref is None else ref
                 out.append({"kind": "attention", "variant": v or "default", "model": model,
                             "rows": rows, "position": position, "seconds": sec,
                             "bytes": kv_bytes, "bytes_per_s": kv_bytes / sec,
-                            "of_copy_rate": kv_bytes / sec / rate})
+                            "of_copy_rate": kv_bytes / sec / rate,
+                            "same_bytes_as_default": same})
                 print(f"attention {v or 'default':10} {model:12} rows={rows} "
-                      f"position={position} {sec * 1e6:7.2f} us", flush=True)
+                      f"position={position} {sec * 1e6:7.2f} us"
+                      f"{'' if same else '  BYTES DIFFER FROM DEFAULT'}", flush=True)
             del caches
     return out
 

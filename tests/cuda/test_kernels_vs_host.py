@@ -111,9 +111,10 @@ def _kwargs(fam: Family, point: Point) -> dict:
 
 
 def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict,
-             launches: int = 1):
+             launches: int = 1, attrs: dict | None = None):
     """The outputs of ``launches`` launches (outputs poisoned before each, one zeroed workspace
-    for the kernel's scratch arguments across them), as host arrays."""
+    for the kernel's scratch arguments across them), as host arrays; ``attrs`` overrides the
+    family's example attributes."""
     backend, loader = gpu
     bound = loader.bind(F.realize(point))
     params = point.as_dict()
@@ -147,7 +148,7 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
         backend.memset(ptr, 0xFF, nbytes)  # poison: NaN for floats, -1 for ints
         ptrs[port.name] = ptr
         outs.append((port, ptr))
-    numbers = {**sizes, **dict(fam.attr_examples)}
+    numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
     for name, nbytes in bound.scratch_bytes(numbers).items():
         ptrs[name] = backend.alloc(nbytes, label=name)
         owned.append(ptrs[name])
@@ -177,6 +178,11 @@ def test_kernel_matches_reference(gpu, fam, point):
     host, device = _inputs(fam, point, sizes, seed=hash(str(point)) % 2**31)
     ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **_kwargs(fam, point))
     got = _run_gpu(gpu, fam, point, sizes, device)
+    _compare(point, fam, ref, got)
+
+
+def _compare(point: Point, fam: Family, ref, got) -> None:
+    """Each output of ``got`` written and within the dtype tolerance of ``ref``'s."""
     for port, r, g in zip(fam.outputs, ref, got):
         assert g.shape == r.shape, port.name
         if g.dtype.kind in "iu":
@@ -188,6 +194,31 @@ def test_kernel_matches_reference(gpu, fam, point):
         scale = float(np.abs(r32).max()) or 1.0
         np.testing.assert_allclose(g32, r32, rtol=rtol, atol=atol + rtol * scale * 0.1,
                                    err_msg=f"{point} output {port.name}")
+
+
+# (hq, hkv, d): Llama-3.1-8B and Qwen3-0.6B, one q head per kv head, Qwen3-MoE's eight, and
+# a group of three with head_dim 96 (neither a power of two)
+DECODE_SHAPES = [(32, 8, 128), (16, 8, 128), (8, 8, 64), (32, 4, 128), (12, 4, 96)]
+
+
+@pytest.mark.parametrize("window", [0, 300])
+@pytest.mark.parametrize("hq,hkv,d", DECODE_SHAPES)
+@pytest.mark.parametrize("family", ["attention", "rope_kv_append_attention",
+                                    "qk_norm_rope_kv_append_attention"])
+def test_decode_attention_at_model_shapes_matches_reference(gpu, family, hq, hkv, d, window):
+    """Decode attention at model head shapes and a 1100-position cache: rows at positions
+    spread over many chunks and KV blocks (the merge's order), with and without a window."""
+    fam = P.family(family)
+    point = next(p for p in fam.points if p.as_dict()["act"] == "bf16"
+                 and p.as_dict()["mode"] == "decode" and p.as_dict().get("style", "neox") == "neox")
+    sizes = {**_sizes(fam, 4), "hq": hq, "hkv": hkv, "d": d, "max_ctx": 1100, "slots": 5}
+    sizes.update({k: v for k, v in (("half", d // 2), ("max_pos", 1100)) if k in sizes})
+    host, device = _inputs(fam, point, sizes, seed=hq * 1000 + d + window)
+    kwargs = {**_kwargs(fam, point), "window": window, "scale": d ** -0.5}
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs)
+    got = _run_gpu(gpu, fam, point, sizes, device,
+                   attrs={"window": window, "scale": d ** -0.5})
+    _compare(point, fam, ref, got)
 
 
 def _row_invariant_points():

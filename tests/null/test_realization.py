@@ -410,8 +410,9 @@ def test_a_launch_without_its_workspace_is_refused_naming_it() -> None:
     bound = BoundKernel(kernel, None, parse_args(kernel.args))
     numbers = {"rows": 2, "hq": 8, "hkv": 2, "d": 64, "slots": 2, "max_ctx": 600,
                "scale": 0.125, "window": 0}
-    # counters (256 bytes for 4 of them), then 2 rows x 8 heads x 3 blocks x (64 + 2) floats
-    assert bound.scratch_bytes(numbers) == {"work": 256 + 2 * 8 * 3 * 66 * 4}
+    # counters (256 bytes for the 4 (row, kv head)), then a record of (m, l, 2 unused, 64 partials)
+    # floats for each of 2 rows x 8 q heads x 10 chunks of 64 positions
+    assert bound.scratch_bytes(numbers) == {"work": 256 + 2 * 8 * 10 * 68 * 4}
     ptrs = {n: 1 for n in ("q", "k_cache", "v_cache", "positions", "slots", "o")}
     with pytest.raises(LaunchError, match="no workspace for scratch argument work"):
         bound.pack(ptrs, numbers)

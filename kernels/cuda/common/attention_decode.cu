@@ -1,41 +1,46 @@
-// Metrale CUDA: decode attention, split across q heads and KV blocks.
+// Metrale CUDA: decode attention, split across kv heads and chunks of positions.
 //
-// Decode rows are separate sequences (distinct cache slots). One thread block per (q head, row,
-// KV block): block z owns the absolute positions [z KV_BLOCK, (z + 1) KV_BLOCK) of its row for
-// one q head, and writes the block's partial state (max m, sum l, unnormalized p·v) to the
-// launch's scratch. The last block of a (q head, row) to finish (a ticket counter in the scratch)
-// merges the partials left to right with the log-sum-exp rule — the declared order, whichever
-// block merges — and writes o. The q heads of a GQA group read the same k and v rows; their
-// blocks are neighbours in the grid and run side by side, so HBM serves each row once and L2 the
-// repeats. One q head per block rather than a whole group: a block's work is a chain of
-// dependent steps (loads, block reductions, the ticket), and at batch 1 the grid has hkv x
-// KV-blocks groups (32 at 1024 tokens, one block per multiprocessor): measured on the H200,
-// a group of 2 took 12 µs and a group of 4 took 19 µs per call.
-// Inside a block:
-//   scores: thread t owns position b0 + t; q·k over head_dim left to right (fma, f32), the k
-//           row's loads (and an L2 prefetch of the v row) issued before q is read;
-//   softmax: block max and sum over the positions (block_max, block_sum);
-//   p·v:    thread t owns the 8 columns 8 (t mod d/8) .. and the positions b0 + t / (d/8) + j S
-//           (S = threads / (d/8)), its loads issued ahead; the S partials per column meet in
-//           order through shared memory.
-// Scratch (bytes from KERNELS.toml `values.work`): rows·hq u32 ticket counters, zero between
+// Decode rows are separate sequences (distinct cache slots). One thread block per (kv head, row,
+// chunk of CHUNK positions) computes every q head of that kv head's GQA group over its chunk, so
+// each k and v row is read from memory once per launch and by one multiprocessor: a block per q
+// head read the group's rows G times, and the phase marks (benchmarks/trace_gpu_attention.py)
+// showed that block spending 6 of its 11 µs waiting for 128 KB of rows through one
+// multiprocessor. Here a block stages 2 CHUNK rows (32 KB at head_dim 128, bf16) into shared
+// memory with asynchronous copies, and the launch spreads them over hkv x chunks blocks.
+// Inside a block, for its live positions (those of the row's window inside the chunk):
+//   scores: T lanes per (q head, position) pair (T = 256 / pairs, at most what fits; 1 from
+//           G = 4 up) dot q with the k row in f32, each lane over the 8-column chunks
+//           li, li + T, ..., then the T lanes meet in a butterfly tree;
+//   softmax: one warp per q head: the chunk's max, exp(s - max), and their warp-tree sum;
+//   p·v:    thread t takes 8 output columns of one q head (unit t mod U, U = G d / 8) and the
+//           positions lo + sub, lo + sub + S, ... (sub = t / U, S = 256 / U); the S partials
+//           of each column are summed in sub order.
+// The chunk's (max m, sum l, unnormalized p·v) per q head go to the launch's scratch, and the
+// last block of a (kv head, row) to finish (a ticket counter) merges them by the log-sum-exp
+// rule: the chunks of each KV_BLOCK of absolute positions left to right into that block's
+// partial, then the blocks left to right (the declared order: blocks of KV_BLOCK, combined
+// sequentially), and writes o.
+// Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
 // launches (the merging block resets its own), then (m, l) and head_dim partials per
-// (row, q head, KV block).
-// Dependent launch: positions, slots and the cache rows before this step's position are read
-// before the wait for the previous launch (grid_dependency_sync): the host writes the first two
-// before the step and earlier steps the rows; everything this step's launches write, after it.
-// Shapes outside head_dim <= 256 (a multiple of 8), q heads not a multiple of kv heads, or a
-// position past max_ctx trap: a loud device fault, never a silently unwritten output.
+// (row, q head, chunk).
+// Dependent launch: positions, slots, the cache rows before this step's position and the rope
+// table rows are read (copied) before the wait for the previous launch (grid_dependency_sync):
+// the host writes the first two before the step, earlier steps the rows, and nothing the
+// tables; q, the new k and v, and every write come after it.
+// Shapes outside head_dim <= 256 (a multiple of 8), q heads not a multiple of kv heads, more
+// than MAX_G q heads per kv head or G·head_dim > MAX_GD, a grid or a dynamic shared memory
+// that is not the one KERNELS.toml gives, or a position past max_ctx trap: a loud device
+// fault, never a silently unwritten output.
 // kv_append_attention additionally writes the row's new k, v into the cache at its position
-// (the first q head of the group, in the block holding that position, does) and reads them from
-// its inputs there (no other block reads that entry: slots are distinct).
+// (the block holding that position does, after its reads) and takes them from its inputs.
 // rope_kv_append_attention and qk_norm_rope_kv_append_attention first rotate (qk_norm_rope: also
-// normalize) the block's q head and, in the block holding the row's position, the new k head,
+// normalize) the group's q heads and, in the block holding the row's position, the new k head,
 // with rope.cu's and norm.cu's own functions (rotate_head, head_norm), so the bytes are those of
 // the two launches they replace; the rotated k is what the block reads and appends.
-// Defines: ACT_*, KV_BLOCK (256); for the rope entries ROPE_NEOX | ROPE_INTERLEAVED, and H_BLOCK
-// for the normalizing one.
+// Defines: ACT_*, KV_BLOCK (256), CHUNK (64); for the rope entries ROPE_NEOX |
+// ROPE_INTERLEAVED, and H_BLOCK for the normalizing one.
 #include "metrale.cuh"
+#include "phase.cuh"
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
 #include "rope.cuh"
 #if defined(H_BLOCK)
@@ -43,25 +48,111 @@
 #endif
 #endif
 
-#define AW 8             // warps per block
-#define NT (32 * AW)     // threads per block
-#define VAHEAD 16        // v chunks one thread loads before using them
-#define MAHEAD 8         // KV blocks whose partials the merge loads before combining them
+#ifndef CHUNK
+#error "define CHUNK (positions per thread block; KERNELS.toml's grid divides max_ctx by it)"
+#endif
+#define NT 256       // threads per block
+#define MAX_G 16     // q heads per kv head
+#define MAX_GD 2048  // q heads per kv head times head_dim: at most one p·v unit per thread
 
-static_assert(KV_BLOCK == NT, "one position per thread in the score phase");
+static_assert(KV_BLOCK % CHUNK == 0 && CHUNK % 32 == 0 && CHUNK <= NT,
+              "a chunk is whole warps of positions inside one KV block");
 
-// The scratch layout of one launch (nkv = KV blocks per row = gridDim.z).
+// The scratch layout of one launch (nch = chunks per row = gridDim.z): ticket counters, then one
+// record per (row, q head, chunk): the chunk's max m, sum l, two unused floats (16-byte
+// alignment), and its d p·v partials, so that the merge copies a window of them in one sweep.
 struct DecodeScratch {
-    unsigned* tickets;  // [rows, hq]
-    float* ml;          // [rows, hq, nkv, 2]
-    float* acc;         // [rows, hq, nkv, d]
-    __device__ DecodeScratch(void* work, int rows, int hq, int nkv) {
+    unsigned* tickets;  // [rows, hkv]
+    float* rec;         // [rows, hq, nch, d + 4]
+    __device__ DecodeScratch(void* work, int rows, int hkv) {
         tickets = (unsigned*)work;
-        const long counters = ((long)rows * hq * 4 + 255) / 256 * 256;  // bytes, 256-aligned
-        ml = (float*)((char*)work + counters);
-        acc = ml + (long)rows * hq * nkv * 2;
+        const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
+        rec = (float*)((char*)work + counters);
     }
 };
+
+// The block's shared memory, carved from the dynamic allocation in this order (each piece
+// 16-byte aligned), as KERNELS.toml's `launch.shared` sizes it; the kernel traps if it got
+// less. The tiles' regions are sized for 4-byte activations and the widest padding whatever
+// the act, so that together they can also hold the merge's window of p·v partials.
+struct DecodeSmem {
+    char* ktile;     // CHUNK k rows, ks bytes apart (16 T bytes of padding: no bank conflicts)
+    char* vtile;     // CHUNK v rows, vs bytes apart
+    int tiles;       // bytes of the two tiles' regions, from ktile
+    float* qs;       // [G][d] the q heads, f32
+    float* probs;    // [G][CHUNK] scores, then exp(s - m)
+    float* part;     // [NT][8] p·v partials: [sub][unit][8]
+    float* pre_in;   // [G + 1][d] q heads and the new k before the rotation
+    act_t* pre_out;  // [G][d] q heads after it
+    float* cs;       // [d/2] the rope table rows at the position
+    float* sn;
+    float* ml;       // [G][2] the chunk's max and sum per q head
+    int ks, vs, bytes;
+    __device__ DecodeSmem(char* base, int G, int d, int T) {
+        int at = 0;
+        auto take = [&](int n) {
+            char* p = base + at;
+            at += (n + 15) & ~15;
+            return p;
+        };
+        ks = d * (int)sizeof(act_t) + 16 * T;
+        vs = d * (int)sizeof(act_t) + 16;
+        ktile = take(CHUNK * (4 * d + 16 * (NT / CHUNK)));
+        vtile = take(CHUNK * (4 * d + 16));
+        tiles = at;
+        qs = (float*)take(G * d * 4);
+        probs = (float*)take(G * CHUNK * 4);
+        part = (float*)take(NT * 8 * 4);
+        pre_in = (float*)take((G + 1) * d * 4);
+        pre_out = (act_t*)take(G * d * (int)sizeof(act_t));
+        cs = (float*)take(d * 2);
+        sn = (float*)take(d * 2);
+        ml = (float*)take(G * 8);
+        bytes = at;
+    }
+};
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// 16 bytes global -> shared without a register (cp.async, sm_80+): the copies of a block are
+// all in flight together, and cp_async_wait_all then a barrier makes them visible.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
+}
+
+// A row of n bytes (a multiple of 16) copied by the block's threads, 16 at a time.
+__device__ __forceinline__ void copy_row(char* dst, const char* src, int n) {
+    for (int i = threadIdx.x * 16; i < n; i += NT * 16)
+        *(uint4*)(dst + i) = *(const uint4*)(src + i);
+}
+
+// acc + q[0..8) · the eight activations of raw, fma by fma in f32 (q in shared memory, 16-byte
+// aligned).
+__device__ __forceinline__ float dot8(const float* q, const act8_raw& raw, float acc) {
+    float kf[8];
+    act8_unpack(raw, kf);
+    const float4 a = *(const float4*)q, b = *(const float4*)(q + 4);
+    const float qf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc = fmaf(qf[i], kf[i], acc);
+    return acc;
+}
+
+// acc[i] += e * (the eight activations of raw)[i], in f32.
+__device__ __forceinline__ void axpy8(float e, const act8_raw& raw, float acc[8]) {
+    float vf[8];
+    act8_unpack(raw, vf);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(e, vf[i], acc[i]);
+}
 
 // What happens to q and the new k before they are used: nothing, rope, or qk_norm then rope.
 enum Prologue { PRE_NONE, PRE_ROPE, PRE_NORM_ROPE };
@@ -76,32 +167,36 @@ struct RopeArgs {
     float eps;
 };
 
-// q's head (and k's new head, when k is given) normalized (PRE_NORM_ROPE: warp 0 takes q,
-// warp 1 k, as norm.cu's one warp per head) or read, then rotated into pre_out[0] (and [1]) as
-// rope.cu rotates; ends with the block's barrier.
+// The group's G q heads (and the new k head when k_row is given) normalized (PRE_NORM_ROPE: one
+// warp per head, as norm.cu) or read into s.pre_in, then rotated as rope.cu rotates: q into
+// s.pre_out, k into k_out, with the table rows the block's asynchronous copies bring to s.cs /
+// s.sn (waited for here, after the q loads are issued). Ends with the block's barrier.
 template <int PRE>
-__device__ __forceinline__ void stage_rotated(const act_t* q, const act_t* k, int pos, int d,
-                                              const RopeArgs& ra, float (*pre_in)[256],
-                                              act_t (*pre_out)[256]) {
+__device__ __forceinline__ void stage_rotated(const act_t* q_rows, const act_t* k_row, int G,
+                                              int d, const RopeArgs& ra, const DecodeSmem& s,
+                                              act_t* k_out) {
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, items = G + (k_row ? 1 : 0);
     if constexpr (PRE == PRE_NORM_ROPE) {
 #if defined(H_BLOCK)
-        const int warp = tid >> 5;
-        if (warp == 0) head_norm(q, ra.wq, d, ra.eps, pre_in[0]);
-        if (warp == 1 && k) head_norm(k, ra.wk, d, ra.eps, pre_in[1]);
+        for (int j = tid >> 5; j < items; j += NT / 32) {
+            if (j < G) head_norm(q_rows + j * d, ra.wq, d, ra.eps, s.pre_in + j * d);
+            else head_norm(k_row, ra.wk, d, ra.eps, s.pre_in + j * d);
+        }
 #else
         __trap();
 #endif
     } else {
-        for (int c = tid; c < d; c += NT) {
-            pre_in[0][c] = act_load(q[c]);
-            if (k) pre_in[1][c] = act_load(k[c]);
-        }
+        for (int i = tid; i < items * d; i += NT)
+            s.pre_in[i] = act_load(i < G * d ? q_rows[i] : k_row[i - G * d]);
     }
+    cp_async_wait_all();  // the table rows (and the block's cache rows) have arrived
     __syncthreads();
-    rotate_head_at(pre_in[0], ra.cos_t, ra.sin_t, pos, ra.max_pos, d, pre_out[0], tid, NT);
-    if (k) rotate_head_at(pre_in[1], ra.cos_t, ra.sin_t, pos, ra.max_pos, d, pre_out[1], tid, NT);
+    const int half = d / 2, per = NT / half;  // heads rotated side by side
+    if (tid < per * half)
+        for (int j = tid / half; j < items; j += per)
+            rotate_head(s.pre_in + j * d, s.cs, s.sn, d, j < G ? s.pre_out + j * d : k_out,
+                        tid % half, half);
     __syncthreads();
 #else
     __trap();  // the rope entries are compiled with a ROPE_* style
@@ -116,152 +211,174 @@ __device__ __forceinline__ void decode_attend(
     void* work, int rows, int hq, int hkv, int d, int max_ctx, float scale, int window,
     RopeArgs ra) {
     static_assert(PRE == PRE_NONE || APPEND, "the rope entries append");
-    __shared__ float qs[256];            // the q head, f32
-    __shared__ float probs[KV_BLOCK];    // the block's probabilities
-    __shared__ float red[33];            // block_max / block_sum scratch
-    __shared__ float part[NT * 8];       // p·v partials: [sub][column]
+    extern __shared__ __align__(16) char smem_base[];
     __shared__ int merging;
-    // q and the new k before the rotation, and after it (read 16 bytes at a time: aligned)
-    __shared__ float pre_in[PRE == PRE_NONE ? 1 : 2][256];
-    __shared__ __align__(16) act_t pre_out[PRE == PRE_NONE ? 1 : 2][256];
-
-    const int qh = blockIdx.x, row = blockIdx.y, blk = blockIdx.z, nkv = gridDim.z;
+    phase_mark(0);
+    const int kvh = blockIdx.x, row = blockIdx.y, chunk = blockIdx.z, nch = gridDim.z;
     const int tid = threadIdx.x;
-    if (row >= rows || qh >= hq) return;
-    if (d > 256 || (d & 7) || hkv <= 0 || hq % hkv) __trap();
-    const int kvh = qh / (hq / hkv);
+    if (row >= rows || kvh >= hkv) return;
+    const int G = hq / hkv;
+    if (d > 256 || d <= 0 || (d & 7) || hq % hkv || G > MAX_G || G * d > MAX_GD ||
+        nch != (max_ctx + CHUNK - 1) / CHUNK)
+        __trap();
+    int T = 1;  // lanes per (q head, position) pair in the scores
+    while (2 * T * G * CHUNK <= NT) T *= 2;
+    const DecodeSmem s(smem_base, G, d, T);
+    if (dynamic_smem_bytes() < (unsigned)s.bytes) __trap();
     const int pos = positions[row], slot = slots[row];
+    if (pos < 0 || pos >= max_ctx) __trap();
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
-    const int first = start / KV_BLOCK, last = pos / KV_BLOCK;
-    if (pos < 0 || pos >= max_ctx || last >= nkv) __trap();
-    if (blk < first || blk > last) return;
+    const int first = start / CHUNK, last = pos / CHUNK;
+    if (chunk < first || chunk > last) return;
+    const int c0 = chunk * CHUNK;
+    const int lo = max(c0, start) - c0, hi = min(c0 + CHUNK, pos + 1) - c0;  // live [lo, hi)
     const long kv_row = (long)slot * max_ctx;  // position p of this slot: (kv_row + p) * hkv + kvh
     const long new_at = ((long)row * hkv + kvh) * d;
-
-    // this block's new k: the input, or its rotation (computed below, after the wait)
-    const act_t* k_new_row = PRE == PRE_NONE ? k_new + new_at : pre_out[PRE == PRE_NONE ? 0 : 1];
-    auto k_at = [&](int p) -> const act_t* {
-        if (APPEND && p == pos) return k_new_row;
-        return k_cache + ((kv_row + p) * hkv + kvh) * d;
+    const int row_bytes = d * (int)sizeof(act_t), pieces = row_bytes / 16;
+    const int pl_pos = chunk == last ? pos - c0 : -1;  // this step's row in the chunk, if any
+    auto cache_at = [&](const act_t* cache, int pl) {
+        return (const char*)(cache + ((kv_row + c0 + pl) * hkv + kvh) * d);
     };
-    auto v_at = [&](int p) -> const act_t* {
-        if (APPEND && p == pos) return v_new + new_at;
-        return v_cache + ((kv_row + p) * hkv + kvh) * d;
-    };
-
-    const int b0 = blk * KV_BLOCK;
-    const int lo = max(b0, start), hi = min(b0 + KV_BLOCK, pos + 1);  // [lo, hi), never empty
-    // ---- scores. Thread t's k row (its first 128 columns) is loaded, and its v row asked
-    // into L2, before q is read: the loads overlap instead of following one another.
-    const int p = b0 + tid;
-    const bool live = p >= lo && p < hi;
-    act8_raw kv[16];
-    if (live && p != pos) {  // rows of earlier steps: written by no launch of this one
-        const act_t* kr = k_at(p);
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
-        const char* vr = (const char*)v_at(p);
-        for (int off = 0; off < d * (int)sizeof(act_t); off += 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + off));
+    // ---- before the wait: the cache rows of earlier steps, and the rope table rows
+    for (int i = tid; i < (hi - lo) * pieces; i += NT) {
+        const int pl = lo + i / pieces, at = (i % pieces) * 16;
+        if (pl == pl_pos) continue;
+        cp_async16(s.ktile + pl * s.ks + at, cache_at(k_cache, pl) + at);
+        cp_async16(s.vtile + pl * s.vs + at, cache_at(v_cache, pl) + at);
     }
-    grid_dependency_sync();  // this step's row, q and every write: after the previous launch
-    const act_t* q_row = q + ((long)row * hq + qh) * d;
+    if constexpr (PRE != PRE_NONE) {
+        const long trow = (long)min(pos, ra.max_pos - 1) * (d / 2);
+        for (int i = tid; i < d / 8; i += NT) {  // d/2 floats: d/8 pieces of 16 bytes
+            cp_async16(s.cs + 4 * i, ra.cos_t + trow + 4 * i);
+            cp_async16(s.sn + 4 * i, ra.sin_t + trow + 4 * i);
+        }
+    }
+    phase_mark(1);
+    grid_dependency_sync();  // q, this step's k and v, and every write: after the previous launch
+    phase_mark(2);
+    const act_t* q_rows = q + ((long)row * hq + (long)kvh * G) * d;  // the group's q heads
+    char* k_pos = pl_pos >= 0 ? s.ktile + pl_pos * s.ks : nullptr;
+    char* v_pos = pl_pos >= 0 ? s.vtile + pl_pos * s.vs : nullptr;
+    if (pl_pos >= 0) {  // this step's row: from the inputs (appending) or the cache
+        if (APPEND) {
+            copy_row(v_pos, (const char*)(v_new + new_at), row_bytes);
+            if (PRE == PRE_NONE) copy_row(k_pos, (const char*)(k_new + new_at), row_bytes);
+        } else {
+            for (int at = tid * 16; at < row_bytes; at += NT * 16) {
+                cp_async16(k_pos + at, cache_at(k_cache, pl_pos) + at);
+                cp_async16(v_pos + at, cache_at(v_cache, pl_pos) + at);
+            }
+        }
+    }
     if constexpr (PRE == PRE_NONE) {
-        for (int c = tid; c < d; c += NT) qs[c] = act_load(q_row[c]);
+        for (int i = tid; i < G * d; i += NT) s.qs[i] = act_load(q_rows[i]);
+        cp_async_wait_all();
     } else {
-        stage_rotated<PRE>(q_row, APPEND && blk == last ? k_new + new_at : nullptr, pos, d, ra,
-                           pre_in, pre_out);
-        for (int c = tid; c < d; c += NT) qs[c] = act_load(pre_out[0][c]);
+        stage_rotated<PRE>(q_rows, pl_pos >= 0 ? k_new + new_at : nullptr, G, d, ra, s,
+                           (act_t*)k_pos);
+        for (int i = tid; i < G * d; i += NT) s.qs[i] = act_load(s.pre_out[i]);
     }
     __syncthreads();
-    if (live && p == pos) {  // this step's k (a rotated one: in shared memory, written above)
-        const act_t* kr = k_at(p);
+    phase_mark(3);
+    // ---- scores: T lanes per (q head g, position pl)
+    const int pairs = G * CHUNK, li = tid % T;
+    for (int pr = tid / T; pr < pairs; pr += NT / T) {
+        const int g = pr / CHUNK, pl = pr % CHUNK;
+        const bool live = pl >= lo && pl < hi;
+        float dot = 0.0f;
+        if (live) {  // four chains over the lane's chunks, their loads issued together
+            const act_t* kr = (const act_t*)(s.ktile + pl * s.ks);
+            const float* qg = s.qs + g * d;
+            float chain[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int ch = li;
+            for (; ch + 3 * T < d / 8; ch += 4 * T) {
+                act8_raw kv[4];
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
-            if (j * 8 < d) kv[j] = act8_load(kr, j * 8);
-    }
-    float s = 0.0f;
-    if (live) {
-        const act_t* kr = k_at(p);
-        for (int c0 = 0; c0 < d; c0 += 128) {
-            if (c0 > 0) {
+                for (int u = 0; u < 4; ++u) kv[u] = act8_load(kr, (ch + u * T) * 8);
 #pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (c0 + j * 8 < d) kv[j] = act8_load(kr, c0 + j * 8);
+                for (int u = 0; u < 4; ++u) chain[u] = dot8(qg + (ch + u * T) * 8, kv[u], chain[u]);
             }
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                if (c0 + j * 8 >= d) break;
-                float kf[8];
-                act8_unpack(kv[j], kf);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) s = fmaf(qs[c0 + j * 8 + i], kf[i], s);
-            }
+            for (; ch < d / 8; ch += T) chain[0] = dot8(qg + ch * 8, act8_load(kr, ch * 8), chain[0]);
+            dot = (chain[0] + chain[1]) + (chain[2] + chain[3]);
         }
-    }
-    // ---- softmax over the block's positions
-    s = live ? s * scale : -INFINITY;
-    const float m = block_max(s, red);
-    const float e = live ? expf(s - m) : 0.0f;
-    probs[tid] = e;
-    const float l = block_sum(e, red);  // its barriers publish probs too
-    // ---- p·v: thread t takes column chunk ch and positions b0 + sub + j nsub
-    const int nch = d / 8, nsub = NT / nch;
-    const int ch = tid % nch, sub = tid / nch;
-    float pv[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) pv[i] = 0.0f;
-    if (sub < nsub) {
-        for (int p0 = b0 + sub; p0 < hi; p0 += nsub * VAHEAD) {
-            act8_raw vv[VAHEAD];
-#pragma unroll
-            for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * nsub;
-                if (pp >= lo && pp < hi) vv[j] = act8_load(v_at(pp), ch * 8);
-            }
-#pragma unroll
-            for (int j = 0; j < VAHEAD; ++j) {
-                const int pp = p0 + j * nsub;
-                if (pp < lo || pp >= hi) continue;
-                float vf[8];
-                act8_unpack(vv[j], vf);
-                const float pr = probs[pp - b0];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) pv[i] = fmaf(pr, vf[i], pv[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) part[tid * 8 + i] = pv[i];
+        for (int off = 1; off < T; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (li == 0) s.probs[pr] = live ? dot * scale : -INFINITY;
     }
     __syncthreads();
-    // ---- the block's partial state to the scratch: the nsub partials of each column summed in
-    // sub order
-    DecodeScratch sc(work, rows, hq, nkv);
-    const long at = ((long)row * hq + qh) * nkv + blk;  // (row, q head, block)
-    for (int c = tid; c < d; c += NT) {
-        float a = 0.0f;
-        for (int u = 0; u < nsub; ++u) a += part[u * d + c];
-        sc.acc[at * d + c] = a;
+    phase_mark(4);
+    // ---- softmax over the chunk's positions: one warp per q head
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int g = warp; g < G; g += NT / 32) {
+        float* pg = s.probs + g * CHUNK;
+        float m = -INFINITY;
+        for (int p = lane; p < CHUNK; p += 32) m = fmaxf(m, pg[p]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int p = lane; p < CHUNK; p += 32) {
+            const float e = p >= lo && p < hi ? expf(pg[p] - m) : 0.0f;
+            pg[p] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            s.ml[2 * g] = m;
+            s.ml[2 * g + 1] = l;
+        }
     }
-    if (tid == 0) {
-        sc.ml[at * 2] = m;
-        sc.ml[at * 2 + 1] = l;
+    __syncthreads();
+    phase_mark(5);
+    // ---- p·v: unit (q head, 8 columns) = tid mod U, positions lo + sub + j S
+    const int nc = d / 8, U = G * nc, S = NT / U;
+    const int unit = tid % U, sub = tid / U;
+    if (sub < S) {
+        const int g = unit / nc, ch = unit % nc;
+        const float* pg = s.probs + g * CHUNK;
+        float pv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) pv[i] = 0.0f;
+        auto v_at = [&](int p) { return act8_load((const act_t*)(s.vtile + p * s.vs), ch * 8); };
+        int p = lo + sub;
+        for (; p + 3 * S < hi; p += 4 * S) {  // four positions' loads, then their fmas in order
+            act8_raw vv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) vv[u] = v_at(p + u * S);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) axpy8(pg[p + u * S], vv[u], pv);
+        }
+        for (; p < hi; p += S) axpy8(pg[p], v_at(p), pv);
+        float4* dst = (float4*)(s.part + (sub * U + unit) * 8);
+        dst[0] = make_float4(pv[0], pv[1], pv[2], pv[3]);
+        dst[1] = make_float4(pv[4], pv[5], pv[6], pv[7]);
     }
-    // the new entry, for later steps (this step read it from the inputs); stored after every
-    // cache load of the block so that those loads need not wait behind it
-    if (APPEND && blk == last && qh == kvh * (hq / hkv)) {
+    __syncthreads();
+    phase_mark(6);
+    // ---- the chunk's partial state to the scratch, the S partials of each column in sub order
+    DecodeScratch sc(work, rows, hkv);
+    const long head0 = (long)row * hq + (long)kvh * G;  // the group's first q head
+    const int rl = d + 4;                               // floats per record
+    for (int oi = tid; oi < G * d; oi += NT) {
+        float a = s.part[oi];
+        for (int u = 1; u < S; ++u) a += s.part[u * U * 8 + oi];
+        sc.rec[((head0 + oi / d) * nch + chunk) * rl + 4 + oi % d] = a;
+    }
+    if (tid < G) {
+        float* r = sc.rec + ((head0 + tid) * nch + chunk) * rl;
+        r[0] = s.ml[2 * tid];
+        r[1] = s.ml[2 * tid + 1];
+    }
+    // the new entry, for later steps (this step read it from the inputs), after the block's
+    // reads of the tile
+    if (APPEND && pl_pos >= 0) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
-        for (int i = tid; i < d; i += NT) {
-            k_cache[dst + i] = k_new_row[i];
-            v_cache[dst + i] = v_new[new_at + i];
-        }
+        copy_row((char*)(k_cache + dst), k_pos, row_bytes);
+        copy_row((char*)(v_cache + dst), v_pos, row_bytes);
     }
-    // ---- the last block of this (q head, row) merges every block, left to right
+    phase_mark(7);
+    // ---- the last block of this (kv head, row) merges every chunk
     __threadfence();
     __syncthreads();
     if (tid == 0) {
-        unsigned* ticket = sc.tickets + (long)row * hq + qh;
+        unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
         const unsigned t = atomicAdd(ticket, 1u);
         merging = t == (unsigned)(last - first);
         if (merging) {
@@ -270,36 +387,106 @@ __device__ __forceinline__ void decode_attend(
         }
     }
     __syncthreads();
+    phase_mark(8);
     if (!merging) return;
-    const long head = ((long)row * hq + qh) * nkv;  // (row, q head, block 0)
-    for (int c = tid; c < d; c += NT) {
-        float mm = -INFINITY, ll = 0.0f, a = 0.0f;
-        for (int bb = first; bb <= last; bb += MAHEAD) {
-            float bm[MAHEAD], bl[MAHEAD], bs[MAHEAD];
-#pragma unroll
-            for (int u = 0; u < MAHEAD; ++u) {
-                if (bb + u > last) break;
-                const long e = head + bb + u;
-                bm[u] = __ldcg(sc.ml + e * 2);
-                bl[u] = __ldcg(sc.ml + e * 2 + 1);
-                bs[u] = __ldcg(sc.acc + e * d + c);
-            }
-#pragma unroll
-            for (int u = 0; u < MAHEAD; ++u) {
-                if (bb + u > last) break;
-                const float mn = fmaxf(mm, bm[u]);
-                const float x = mm == -INFINITY ? 0.0f : expf(mm - mn);
-                const float y = expf(bm[u] - mn);
-                a = a * x + bs[u] * y;
-                ll = ll * x + bl[u] * y;
-                mm = mn;
-            }
+    // Merge. Within a KV block the chunks combine in closed form (block max bm, factors
+    // f = exp(m - bm) per chunk, l and p·v summed in chunk order); across blocks the
+    // log-sum-exp rule runs left to right. A window of W chunks' records (whole blocks) comes
+    // into shared memory by asynchronous copies, one round trip to L2; the factors, which depend
+    // on (q head, chunk) only, are computed once, and each output column is then a few fmas.
+    // Reused: the tiles hold the window's records, s.part the factors f and the blocks' (x, y),
+    // s.pre_in the outputs merged so far.
+    constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
+    const int W = max(PER_BLOCK, min(s.tiles / (4 * G * rl), NT * 8 / (3 * G)) / PER_BLOCK *
+                                     PER_BLOCK);
+    if (4 * G * rl * W > s.tiles || 3 * G * W > NT * 8) __trap();
+    float* st = (float*)s.ktile;      // [G][W][rl] the window's records
+    float* f = s.part;                // [G][W]
+    float* xy = s.part + G * W;       // [G][W][2]: per block (its first chunk's slot)
+    float* A = s.pre_in;              // [G][d] the blocks merged so far
+    const int fb = first / PER_BLOCK * PER_BLOCK;  // the first block's first chunk
+    for (int w0 = fb; w0 <= last; w0 += W) {
+        const int nw = min(W, last + 1 - w0), skip = max(0, first - w0);  // chunks < first
+        __syncthreads();  // the previous window is used
+        const int pieces = (nw - skip) * rl / 4;  // 16-byte pieces per q head
+        for (int i = tid; i < G * pieces; i += NT) {
+            const int g = i / pieces, at = (i % pieces) * 4;
+            cp_async16(st + (g * W + skip) * rl + at,
+                       sc.rec + ((head0 + g) * nch + w0 + skip) * rl + at);
         }
-        o[((long)row * hq + qh) * d + c] = act_store(a / ll);
+        phase_mark(10);
+        cp_async_wait_all();
+        __syncthreads();
+        phase_mark(11);
+        // each (q head, block): its chunks' factors, then its (bm, bl) in the block's x, y slot
+        const int nb = (nw + PER_BLOCK - 1) / PER_BLOCK;
+        for (int i = tid; i < G * nb; i += NT) {
+            const int g = i / nb, b0 = i % nb * PER_BLOCK, b1 = min(b0 + PER_BLOCK, nw);
+            const float* sg = st + g * W * rl;
+            float bm = -INFINITY, bl = 0.0f;
+#pragma unroll
+            for (int u = 0; u < PER_BLOCK; ++u)
+                if (b0 + u < b1 && b0 + u >= skip) bm = fmaxf(bm, sg[(b0 + u) * rl]);
+#pragma unroll
+            for (int u = 0; u < PER_BLOCK; ++u) {
+                if (b0 + u >= b1) break;
+                const bool live = b0 + u >= skip;
+                const float e = live ? expf(sg[(b0 + u) * rl] - bm) : 0.0f;
+                f[g * W + b0 + u] = e;
+                if (live) bl += sg[(b0 + u) * rl + 1] * e;
+            }
+            xy[(g * W + b0) * 2] = bm;
+            xy[(g * W + b0) * 2 + 1] = bl;
+        }
+        __syncthreads();
+        phase_mark(12);
+        if (tid < G) {  // the window's blocks, left to right, for q head tid: (bm, bl) -> (x, y)
+            float M = s.ml[2 * tid], L = s.ml[2 * tid + 1];  // the blocks merged so far
+            for (int b = 0; b < nw; b += PER_BLOCK) {
+                float* xyb = xy + (tid * W + b) * 2;
+                const float bm = xyb[0], bl = xyb[1];
+                if (w0 + b == fb) {  // the first block: x = 0, y = 1 make A its p·v exactly
+                    M = bm, L = bl, xyb[0] = 0.0f, xyb[1] = 1.0f;
+                } else {
+                    const float mn = fmaxf(M, bm), x = expf(M - mn), y = expf(bm - mn);
+                    L = L * x + bl * y;
+                    M = mn, xyb[0] = x, xyb[1] = y;
+                }
+            }
+            s.ml[2 * tid] = M, s.ml[2 * tid + 1] = L;
+        }
+        __syncthreads();
+        phase_mark(13);
+        for (int oi = tid; oi < G * d; oi += NT) {
+            const int g = oi / d;
+            const float* sg = st + g * W * rl + 4 + oi % d;
+            const float* fg = f + g * W;
+            float a = w0 == fb ? 0.0f : A[oi];
+            for (int b = 0; b < nw; b += PER_BLOCK) {  // a block's loads together, then fmas
+                float sv[PER_BLOCK], fv[PER_BLOCK];
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    const bool live = b + u < nw && b + u >= skip;
+                    sv[u] = live ? sg[(b + u) * rl] : 0.0f;
+                    fv[u] = live ? fg[b + u] : 0.0f;
+                }
+                float ba = 0.0f;
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u)
+                    if (b + u < nw && b + u >= skip) ba = fmaf(sv[u], fv[u], ba);
+                const float* xyb = xy + (g * W + b) * 2;
+                a = a * xyb[0] + ba * xyb[1];
+            }
+            A[oi] = a;
+        }
     }
+    __syncthreads();  // every column's A and every head's L are written
+    for (int oi = tid; oi < G * d; oi += NT)
+        o[(head0 + oi / d) * d + oi % d] = act_store(A[oi] / s.ml[2 * (oi / d) + 1]);
+    phase_mark(9);
 }
 
-// grid (hq, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+// grid (hkv, rows, ceil(max_ctx / CHUNK)), block 256, dynamic shared memory as KERNELS.toml.
 extern "C" __global__ void __launch_bounds__(NT, 2)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
@@ -311,7 +498,7 @@ metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ 
                                    hq, hkv, d, max_ctx, scale, window, RopeArgs{});
 }
 
-// kv_append then attention in one kernel. grid (hq, rows, ceil(max_ctx / KV_BLOCK)), block 256.
+// kv_append then attention in one kernel. grid, block and shared memory as above.
 extern "C" __global__ void __launch_bounds__(NT, 2)
 metrale_kv_append_attention_decode(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,

@@ -1,0 +1,125 @@
+"""Where the time of one decode-attention launch goes: phase marks inside the kernel.
+
+Builds ``cuda/common/attention_decode.cu`` with ``PHASE_TRACE`` (``phase.cuh``: thread 0 of
+every block writes the SM clock and the global timer at each ``phase_mark``), launches the rope
+entry at the decode shapes of Qwen3-0.6B and Llama-3.1-8B, and prints, per phase, the median
+over blocks of the time since the block started (global timer, ns) and the median of the SM
+cycles spent in the phase. The same launches, unmarked and timed in a CUDA graph as
+``bench_gpu_variants.py`` times them, give the per-launch figure the marks should explain.
+
+Run on the lent GPU: ``python benchmarks/trace_gpu_attention.py [--defines "VAR=1 ..."]``.
+Writes ``benchmarks/results/gpu_attention_trace.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _common import write_result  # noqa: E402
+from bench_gpu_variants import ROTATE_BYTES, bf16_bits, chunk_shape, decode_attention, time_graph  # noqa: E402
+
+from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
+
+MARKS = 16  # phase.cuh PHASE_MARKS
+MAX_BLOCKS = 4096
+PHASES = ["entry", "before wait", "after wait", "q staged", "scores", "softmax", "p·v",
+          "partials stored", "ticket", "merged", "merge: loads issued", "merge: loads landed",
+          "merge: factors", "merge: blocks"]
+# the merge's inner marks (10-13) come between the ticket (8) and its end (9); with several
+# windows a mark holds the last window's time
+PREVIOUS = {9: 13, 10: 8}
+# (model, hq, hkv, head_dim)
+SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
+CONTEXT = 1024
+
+
+def trace_shape(cp, traced, plain, trace, defines, model, hq, hkv, d, position) -> dict:
+    rows, max_ctx = 1, CONTEXT + 1
+    copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
+    caches = [(bf16_bits(cp, (rows * max_ctx * hkv * d,)), bf16_bits(cp, (rows * max_ctx * hkv * d,)))
+              for _ in range(copies)]
+    q, kn, vn = (bf16_bits(cp, (rows, h, d)) for h in (hq, hkv, hkv))
+    cos, sin = (cp.asarray(t) for t in rope_tables(max_ctx, d))
+    o = cp.empty((rows, hq, d), cp.uint16)
+    positions = cp.full(rows, position, cp.int32)
+    slots = cp.arange(rows, dtype=cp.int32)
+    work = cp.zeros(1 << 22, cp.uint8)
+    (_, fn_t, launch_for), (_, fn_p, _) = traced, plain
+    grid, block, shared = chunk_shape(
+        launch_for({"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx}), defines,
+        max_ctx)
+    nblocks = grid[0] * grid[1] * grid[2]
+    scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d), np.int32(max_ctx),
+               np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
+
+    def launcher(fn):
+        def launch(i: int) -> None:
+            kc, vc = caches[i]
+            fn(grid, block, (q, kn, vn, kc, vc, positions, slots, cos, sin, o, work, *scalars),
+               shared_mem=shared)
+        return launch
+
+    per_launch = time_graph(cp, launcher(fn_p), copies)
+    marked = time_graph(cp, launcher(fn_t), copies)
+    trace[...] = 0
+    launcher(fn_t)(0)
+    cp.cuda.Device().synchronize()
+    t = trace.get().reshape(MAX_BLOCKS, MARKS, 2)[:nblocks].astype(np.int64)
+    live = t[:, 0, 1] > 0
+    t = t[live]
+    g0 = t[:, 0, 1].min()
+    phases = []
+    for i, name in enumerate(PHASES):
+        have = t[:, i, 1] > 0
+        if not have.any():
+            continue
+        since_start = t[have, i, 1] - t[have, 0, 1]
+        before = PREVIOUS.get(i, i - 1)  # the mark this phase starts from
+        cycles = t[have, i, 0] - t[have, before, 0] if i > 0 else np.zeros(have.sum())
+        phases.append({"phase": name, "blocks": int(have.sum()),
+                       "ns_since_block_start": float(np.median(since_start)),
+                       "cycles_in_phase": float(np.median(cycles)),
+                       "ns_since_first_block": float(np.median(t[have, i, 1] - g0))})
+    ends = np.where(t[:, 9, 1] > 0, t[:, 9, 1], t[:, 8, 1])
+    out = {"model": model, "position": position, "blocks": int(live.sum()),
+           "launch_seconds_graph": per_launch, "launch_seconds_graph_marked": marked,
+           "block_start_spread_ns": float(t[:, 0, 1].max() - g0),
+           "first_start_to_last_end_ns": float(ends.max() - g0), "phases": phases}
+    print(f"{model} position={position}: {per_launch * 1e6:.2f} us per launch in a graph "
+          f"({marked * 1e6:.2f} marked); blocks start over {out['block_start_spread_ns']:.0f} ns, "
+          f"first start to last end {out['first_start_to_last_end_ns']:.0f} ns", flush=True)
+    for ph in phases:
+        print(f"   {ph['phase']:16} {ph['ns_since_block_start']:7.0f} ns  "
+              f"{ph['cycles_in_phase']:7.0f} cycles  ({ph['blocks']} blocks)", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--defines", default="", help="extra defines for both builds")
+    args = ap.parse_args()
+    import cupy as cp
+
+    cp.random.seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        traced = decode_attention(cp, "rope_kv_append_attention", f"{args.defines} "
+                                  f"PHASE_TRACE={MAX_BLOCKS}", Path(tmp) / "traced.cubin",
+                                  style="neox")
+        plain = decode_attention(cp, "rope_kv_append_attention", args.defines,
+                                 Path(tmp) / "plain.cubin", style="neox")
+    ptr = traced[0].get_global("metrale_phase_trace")
+    trace = cp.ndarray((MAX_BLOCKS * MARKS * 2,), cp.uint64, ptr)
+    results = [trace_shape(cp, traced, plain, trace, args.defines, m, hq, hkv, d, pos)
+               for m, hq, hkv, d in SHAPES for pos in (CONTEXT, 200)]
+    path = write_result("gpu_attention_trace", {"defines": args.defines, "rows": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
