@@ -29,11 +29,11 @@ from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
 MARKS = 16  # phase.cuh PHASE_MARKS
 MAX_BLOCKS = 4096
 PHASES = ["entry", "before wait", "after wait", "q staged", "scores", "softmax", "p·v",
-          "partials stored", "ticket", "merged", "merge: loads issued", "merge: loads landed",
-          "merge: factors", "merge: blocks"]
-# the merge's inner marks (10-13) come between the ticket (8) and its end (9); with several
+          "partials stored", "ticket", "merged", "merge: copies issued", "merge: records landed",
+          "merge: factors, blocks"]
+# the merge's inner marks (10-12) come between the ticket (8) and its end (9); with several
 # windows a mark holds the last window's time
-PREVIOUS = {9: 13, 10: 8}
+PREVIOUS = {9: 12, 10: 8}
 # (model, hq, hkv, head_dim)
 SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024

@@ -269,15 +269,15 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_decode_attention_machine_code_stays_small(tmp_path):
-    """Each decode attention entry stays under 80 KB of machine code (49-52 KB plain, 69-74 KB
-    with the rope prologues); version 7's per-group instantiations made 440 KB entries."""
+    """Each decode attention entry stays under 80 KB of machine code (54-72 KB, the rope and
+    qk_norm prologues the larger); version 7's per-group instantiations made 440 KB entries."""
     from metrale.realize.compute import cubin_code_bytes
 
     cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256", "CHUNK=64",
                             "ROPE_NEOX", "H_BLOCK=256")
     sizes = cubin_code_bytes(cubin)
     assert len(sizes) == 4, sizes  # attention, kv_append, rope and qk_norm_rope prologues
-    assert all(0 < n <= 96 * 1024 for n in sizes.values()), sizes
+    assert all(0 < n <= 80 * 1024 for n in sizes.values()), sizes
 
 
 def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str]:

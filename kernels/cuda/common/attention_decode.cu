@@ -2,27 +2,26 @@
 //
 // Decode rows are separate sequences (distinct cache slots). One thread block per (kv head, row,
 // chunk of CHUNK positions) computes every q head of that kv head's GQA group over its chunk, so
-// each k and v row is read from memory once per launch and by one multiprocessor: a block per q
-// head read the group's rows G times, and the phase marks (benchmarks/trace_gpu_attention.py)
-// showed that block spending 6 of its 11 µs waiting for 128 KB of rows through one
-// multiprocessor. Here a block stages 2 CHUNK rows (32 KB at head_dim 128, bf16) into shared
-// memory with asynchronous copies, and the launch spreads them over hkv x chunks blocks.
-// Inside a block, for its live positions (those of the row's window inside the chunk):
-//   scores: T lanes per (q head, position) pair (T = 256 / pairs, at most what fits; 1 from
-//           G = 4 up) dot q with the k row in f32, each lane over the 8-column chunks
-//           li, li + T, ..., then the T lanes meet in a butterfly tree;
+// each k and v row is read once per launch, by one multiprocessor. (A block per q head, the
+// previous design, read a group's rows G times; its phase marks showed a block waiting about
+// 6 of its 11 µs for its 128 KB of rows.) A block copies its 2 CHUNK rows (32 KB at head_dim
+// 128, bf16) into shared memory asynchronously, before the dependent-launch wait.
+// Inside a block, for its live positions (the row's window inside the chunk):
+//   scores: T lanes per (q head, position) pair (T a power of two, the most that fits 256
+//           threads; 1 from G = 4 up) dot q with the k row in f32, each lane over the 8-column
+//           chunks li, li + T, ... in four chains, then the T lanes meet in a butterfly tree;
 //   softmax: one warp per q head: the chunk's max, exp(s - max), and their warp-tree sum;
 //   p·v:    thread t takes 8 output columns of one q head (unit t mod U, U = G d / 8) and the
 //           positions lo + sub, lo + sub + S, ... (sub = t / U, S = 256 / U); the S partials
 //           of each column are summed in sub order.
-// The chunk's (max m, sum l, unnormalized p·v) per q head go to the launch's scratch, and the
-// last block of a (kv head, row) to finish (a ticket counter) merges them by the log-sum-exp
-// rule: the chunks of each KV_BLOCK of absolute positions left to right into that block's
-// partial, then the blocks left to right (the declared order: blocks of KV_BLOCK, combined
-// sequentially), and writes o.
+// Each chunk's record per q head (max m, sum l, unnormalized p·v) goes to the launch's scratch,
+// and the last block of a (kv head, row) to finish (a ticket counter) merges them: a window of
+// records copied into shared memory at once; within a KV_BLOCK of absolute positions the
+// chunks in closed form (block max, factors exp(m - max), sums in chunk order), then the blocks
+// left to right by the log-sum-exp rule (the declared order: blocks of KV_BLOCK, combined
+// sequentially); o = acc / l.
 // Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
-// launches (the merging block resets its own), then (m, l) and head_dim partials per
-// (row, q head, chunk).
+// launches (the merging block resets its own), then the records.
 // Dependent launch: positions, slots, the cache rows before this step's position and the rope
 // table rows are read (copied) before the wait for the previous launch (grid_dependency_sync):
 // the host writes the first two before the step, earlier steps the rows, and nothing the
@@ -37,8 +36,10 @@
 // normalize) the group's q heads and, in the block holding the row's position, the new k head,
 // with rope.cu's and norm.cu's own functions (rotate_head, head_norm), so the bytes are those of
 // the two launches they replace; the rotated k is what the block reads and appends.
+// Loops step without run-time divisions (HeadCol): on the H200 each one was a dependent chain
+// that, in loops, cost microseconds (benchmarks/trace_gpu_attention.py).
 // Defines: ACT_*, KV_BLOCK (256), CHUNK (64); for the rope entries ROPE_NEOX |
-// ROPE_INTERLEAVED, and H_BLOCK for the normalizing one.
+// ROPE_INTERLEAVED, and H_BLOCK for the normalizing one; PHASE_TRACE (phase.cuh) for profiling.
 #include "metrale.cuh"
 #include "phase.cuh"
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
@@ -154,6 +155,18 @@ __device__ __forceinline__ void axpy8(float e, const act8_raw& raw, float acc[8]
     for (int i = 0; i < 8; ++i) acc[i] = fmaf(e, vf[i], acc[i]);
 }
 
+// Output column oi = g d + c of the group's heads, walked by a thread in steps of NT: one
+// division when it starts, none per step (a run-time division is a long dependent chain).
+struct HeadCol {
+    int oi, g, c;
+    __device__ HeadCol(int start, int d) : oi(start), g(start / d), c(start - start / d * d) {}
+    __device__ void next(int d) {
+        oi += NT;
+        c += NT;
+        while (c >= d) c -= d, ++g;
+    }
+};
+
 // What happens to q and the new k before they are used: nothing, rope, or qk_norm then rope.
 enum Prologue { PRE_NONE, PRE_ROPE, PRE_NORM_ROPE };
 
@@ -221,8 +234,9 @@ __device__ __forceinline__ void decode_attend(
     if (d > 256 || d <= 0 || (d & 7) || hq % hkv || G > MAX_G || G * d > MAX_GD ||
         nch != (max_ctx + CHUNK - 1) / CHUNK)
         __trap();
-    int T = 1;  // lanes per (q head, position) pair in the scores
-    while (2 * T * G * CHUNK <= NT) T *= 2;
+    int lt = 0;  // log2 of T, the lanes per (q head, position) pair in the scores
+    while ((2 << lt) * G * CHUNK <= NT) ++lt;
+    const int T = 1 << lt;
     const DecodeSmem s(smem_base, G, d, T);
     if (dynamic_smem_bytes() < (unsigned)s.bytes) __trap();
     const int pos = positions[row], slot = slots[row];
@@ -240,12 +254,14 @@ __device__ __forceinline__ void decode_attend(
         return (const char*)(cache + ((kv_row + c0 + pl) * hkv + kvh) * d);
     };
     // ---- before the wait: the cache rows of earlier steps, and the rope table rows
-    for (int i = tid; i < (hi - lo) * pieces; i += NT) {
-        const int pl = lo + i / pieces, at = (i % pieces) * 16;
-        if (pl == pl_pos) continue;
-        cp_async16(s.ktile + pl * s.ks + at, cache_at(k_cache, pl) + at);
-        cp_async16(s.vtile + pl * s.vs + at, cache_at(v_cache, pl) + at);
-    }
+    // (thread t: piece t mod pieces of rows lo + t / pieces, + step, ...: no division per row)
+    const int step = NT / pieces, r0 = tid / pieces, at0 = (tid - r0 * pieces) * 16;
+    if (r0 < step)
+        for (int pl = lo + r0; pl < hi; pl += step) {
+            if (pl == pl_pos) continue;
+            cp_async16(s.ktile + pl * s.ks + at0, cache_at(k_cache, pl) + at0);
+            cp_async16(s.vtile + pl * s.vs + at0, cache_at(v_cache, pl) + at0);
+        }
     if constexpr (PRE != PRE_NONE) {
         const long trow = (long)min(pos, ra.max_pos - 1) * (d / 2);
         for (int i = tid; i < d / 8; i += NT) {  // d/2 floats: d/8 pieces of 16 bytes
@@ -281,8 +297,8 @@ __device__ __forceinline__ void decode_attend(
     __syncthreads();
     phase_mark(3);
     // ---- scores: T lanes per (q head g, position pl)
-    const int pairs = G * CHUNK, li = tid % T;
-    for (int pr = tid / T; pr < pairs; pr += NT / T) {
+    const int pairs = G * CHUNK, li = tid & (T - 1);
+    for (int pr = tid >> lt; pr < pairs; pr += NT >> lt) {
         const int g = pr / CHUNK, pl = pr % CHUNK;
         const bool live = pl >= lo && pl < hi;
         float dot = 0.0f;
@@ -356,10 +372,10 @@ __device__ __forceinline__ void decode_attend(
     DecodeScratch sc(work, rows, hkv);
     const long head0 = (long)row * hq + (long)kvh * G;  // the group's first q head
     const int rl = d + 4;                               // floats per record
-    for (int oi = tid; oi < G * d; oi += NT) {
-        float a = s.part[oi];
-        for (int u = 1; u < S; ++u) a += s.part[u * U * 8 + oi];
-        sc.rec[((head0 + oi / d) * nch + chunk) * rl + 4 + oi % d] = a;
+    for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d)) {
+        float a = s.part[hc.oi];
+        for (int u = 1; u < S; ++u) a += s.part[u * U * 8 + hc.oi];
+        sc.rec[((head0 + hc.g) * nch + chunk) * rl + 4 + hc.c] = a;
     }
     if (tid < G) {
         float* r = sc.rec + ((head0 + tid) * nch + chunk) * rl;
@@ -391,15 +407,16 @@ __device__ __forceinline__ void decode_attend(
     if (!merging) return;
     // Merge. Within a KV block the chunks combine in closed form (block max bm, factors
     // f = exp(m - bm) per chunk, l and p·v summed in chunk order); across blocks the
-    // log-sum-exp rule runs left to right. A window of W chunks' records (whole blocks) comes
-    // into shared memory by asynchronous copies, one round trip to L2; the factors, which depend
-    // on (q head, chunk) only, are computed once, and each output column is then a few fmas.
-    // Reused: the tiles hold the window's records, s.part the factors f and the blocks' (x, y),
-    // s.pre_in the outputs merged so far.
+    // log-sum-exp rule runs left to right. A window of W chunks' records (whole blocks, at most
+    // 32 of them) comes into shared memory by asynchronous copies, one round trip to L2; the
+    // factors and each block's (x, y) of the rule depend on (q head, chunk) only, so one warp
+    // per q head computes them once, and each output column is then a few fmas. Reused: the
+    // tiles hold the window's records, s.part the factors f and the blocks' (x, y), s.pre_in
+    // the outputs merged so far.
     constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
-    const int W = max(PER_BLOCK, min(s.tiles / (4 * G * rl), NT * 8 / (3 * G)) / PER_BLOCK *
-                                     PER_BLOCK);
-    if (4 * G * rl * W > s.tiles || 3 * G * W > NT * 8) __trap();
+    const int W = max(PER_BLOCK, min(min(s.tiles / (4 * G * rl), NT * 8 / (3 * G)),
+                                     32 * PER_BLOCK) / PER_BLOCK * PER_BLOCK);
+    if (4 * G * rl * W > s.tiles || 3 * G * W > NT * 8 || W > 32 * PER_BLOCK) __trap();
     float* st = (float*)s.ktile;      // [G][W][rl] the window's records
     float* f = s.part;                // [G][W]
     float* xy = s.part + G * W;       // [G][W][2]: per block (its first chunk's slot)
@@ -408,60 +425,66 @@ __device__ __forceinline__ void decode_attend(
     for (int w0 = fb; w0 <= last; w0 += W) {
         const int nw = min(W, last + 1 - w0), skip = max(0, first - w0);  // chunks < first
         __syncthreads();  // the previous window is used
-        const int pieces = (nw - skip) * rl / 4;  // 16-byte pieces per q head
-        for (int i = tid; i < G * pieces; i += NT) {
-            const int g = i / pieces, at = (i % pieces) * 4;
-            cp_async16(st + (g * W + skip) * rl + at,
-                       sc.rec + ((head0 + g) * nch + w0 + skip) * rl + at);
-        }
+        const int floats = (nw - skip) * rl;  // per q head, contiguous
+        for (int g = 0; g < G; ++g)
+            for (int at = tid * 4; at < floats; at += NT * 4)
+                cp_async16(st + (g * W + skip) * rl + at,
+                           sc.rec + ((head0 + g) * nch + w0 + skip) * rl + at);
         phase_mark(10);
         cp_async_wait_all();
         __syncthreads();
         phase_mark(11);
-        // each (q head, block): its chunks' factors, then its (bm, bl) in the block's x, y slot
-        const int nb = (nw + PER_BLOCK - 1) / PER_BLOCK;
-        for (int i = tid; i < G * nb; i += NT) {
-            const int g = i / nb, b0 = i % nb * PER_BLOCK, b1 = min(b0 + PER_BLOCK, nw);
+        // warp g, for q head g: lane j takes block j of the window (its chunks' factors f and
+        // its max and sum), then lane 0 runs the blocks left to right into their (x, y)
+        for (int g = warp; g < G; g += NT / 32) {
             const float* sg = st + g * W * rl;
+            const int b0 = lane * PER_BLOCK;
             float bm = -INFINITY, bl = 0.0f;
+            if (b0 < nw) {
+                float m[PER_BLOCK], l[PER_BLOCK];
 #pragma unroll
-            for (int u = 0; u < PER_BLOCK; ++u)
-                if (b0 + u < b1 && b0 + u >= skip) bm = fmaxf(bm, sg[(b0 + u) * rl]);
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    const bool live = b0 + u < nw && b0 + u >= skip;
+                    m[u] = live ? sg[(b0 + u) * rl] : -INFINITY;
+                    l[u] = live ? sg[(b0 + u) * rl + 1] : 0.0f;
+                    bm = fmaxf(bm, m[u]);
+                }
 #pragma unroll
-            for (int u = 0; u < PER_BLOCK; ++u) {
-                if (b0 + u >= b1) break;
-                const bool live = b0 + u >= skip;
-                const float e = live ? expf(sg[(b0 + u) * rl] - bm) : 0.0f;
-                f[g * W + b0 + u] = e;
-                if (live) bl += sg[(b0 + u) * rl + 1] * e;
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    if (b0 + u >= nw) break;
+                    const float e = b0 + u >= skip ? expf(m[u] - bm) : 0.0f;
+                    f[g * W + b0 + u] = e;
+                    bl += l[u] * e;
+                }
             }
-            xy[(g * W + b0) * 2] = bm;
-            xy[(g * W + b0) * 2 + 1] = bl;
+            float M = s.ml[2 * g], L = s.ml[2 * g + 1];  // the blocks merged so far
+            for (int b = 0; b * PER_BLOCK < nw; ++b) {
+                const float m_b = __shfl_sync(0xffffffffu, bm, b);
+                const float l_b = __shfl_sync(0xffffffffu, bl, b);
+                float x = 0.0f, y = 1.0f;  // the first block: A becomes its p·v exactly
+                if (w0 + b * PER_BLOCK == fb) {
+                    M = m_b, L = l_b;
+                } else {
+                    const float mn = fmaxf(M, m_b);
+                    x = expf(M - mn), y = expf(m_b - mn);
+                    L = L * x + l_b * y;
+                    M = mn;
+                }
+                if (lane == 0) {
+                    xy[(g * W + b * PER_BLOCK) * 2] = x;
+                    xy[(g * W + b * PER_BLOCK) * 2 + 1] = y;
+                }
+            }
+            if (lane == 0) s.ml[2 * g] = M, s.ml[2 * g + 1] = L;
         }
         __syncthreads();
         phase_mark(12);
-        if (tid < G) {  // the window's blocks, left to right, for q head tid: (bm, bl) -> (x, y)
-            float M = s.ml[2 * tid], L = s.ml[2 * tid + 1];  // the blocks merged so far
-            for (int b = 0; b < nw; b += PER_BLOCK) {
-                float* xyb = xy + (tid * W + b) * 2;
-                const float bm = xyb[0], bl = xyb[1];
-                if (w0 + b == fb) {  // the first block: x = 0, y = 1 make A its p·v exactly
-                    M = bm, L = bl, xyb[0] = 0.0f, xyb[1] = 1.0f;
-                } else {
-                    const float mn = fmaxf(M, bm), x = expf(M - mn), y = expf(bm - mn);
-                    L = L * x + bl * y;
-                    M = mn, xyb[0] = x, xyb[1] = y;
-                }
-            }
-            s.ml[2 * tid] = M, s.ml[2 * tid + 1] = L;
-        }
-        __syncthreads();
-        phase_mark(13);
-        for (int oi = tid; oi < G * d; oi += NT) {
-            const int g = oi / d;
-            const float* sg = st + g * W * rl + 4 + oi % d;
+        for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d)) {
+            const int g = hc.g;
+            const float* sg = st + g * W * rl + 4 + hc.c;
             const float* fg = f + g * W;
-            float a = w0 == fb ? 0.0f : A[oi];
+            float a = w0 == fb ? 0.0f : A[hc.oi];
+#pragma unroll 4
             for (int b = 0; b < nw; b += PER_BLOCK) {  // a block's loads together, then fmas
                 float sv[PER_BLOCK], fv[PER_BLOCK];
 #pragma unroll
@@ -477,12 +500,12 @@ __device__ __forceinline__ void decode_attend(
                 const float* xyb = xy + (g * W + b) * 2;
                 a = a * xyb[0] + ba * xyb[1];
             }
-            A[oi] = a;
+            A[hc.oi] = a;
         }
     }
     __syncthreads();  // every column's A and every head's L are written
-    for (int oi = tid; oi < G * d; oi += NT)
-        o[(head0 + oi / d) * d + oi % d] = act_store(A[oi] / s.ml[2 * (oi / d) + 1]);
+    for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d))
+        o[(head0 + hc.g) * d + hc.c] = act_store(A[hc.oi] / s.ml[2 * hc.g + 1]);
     phase_mark(9);
 }
 
