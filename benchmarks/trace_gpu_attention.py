@@ -17,19 +17,26 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _common import write_result  # noqa: E402
-from bench_gpu_variants import ROTATE_BYTES, bf16_bits, chunk_shape, decode_attention, time_graph  # noqa: E402
+from bench_gpu_variants import (  # noqa: E402
+    ROTATE_BYTES,
+    bf16_bits,
+    chunk_shape,
+    decode_attention,
+    time_graph,
+)
 
 from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
 
 MARKS = 16  # phase.cuh PHASE_MARKS
 MAX_BLOCKS = 4096
 PHASES = ["entry", "before wait", "after wait", "q staged", "scores", "softmax", "p·v",
-          "partials stored", "ticket", "merged", "merge: copies issued", "merge: records landed",
+          "records stored", "ticket", "merged", "merge: copies issued", "merge: records landed",
           "merge: factors, blocks"]
 # the merge's inner marks (10-12) come between the ticket (8) and its end (9); with several
 # windows a mark holds the last window's time
@@ -39,11 +46,14 @@ SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024
 
 
-def trace_shape(cp, traced, plain, trace, defines, model, hq, hkv, d, position) -> dict:
+def trace_shape(cp: Any, traced: tuple, plain: tuple, trace: Any, defines: str, model: str,
+                hq: int, hkv: int, d: int, position: int) -> dict:
+    """One row at ``position`` of a (hq, hkv, d) model: the unmarked and marked kernels timed in
+    a graph, then one marked launch read back, phase by phase."""
     rows, max_ctx = 1, CONTEXT + 1
     copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
-    caches = [(bf16_bits(cp, (rows * max_ctx * hkv * d,)), bf16_bits(cp, (rows * max_ctx * hkv * d,)))
-              for _ in range(copies)]
+    cache = (rows * max_ctx * hkv * d,)
+    caches = [(bf16_bits(cp, cache), bf16_bits(cp, cache)) for _ in range(copies)]
     q, kn, vn = (bf16_bits(cp, (rows, h, d)) for h in (hq, hkv, hkv))
     cos, sin = (cp.asarray(t) for t in rope_tables(max_ctx, d))
     o = cp.empty((rows, hq, d), cp.uint16)
