@@ -22,7 +22,9 @@ import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -83,18 +85,25 @@ def build(source: str, defines: str, out: Path) -> Path:
     return out
 
 
-def decode_attention(cp: Any, family: str, variant: str, out: Path, **point: Any) -> tuple:
-    """(module, function, launch) of ``family``'s decode kernel on sm_90, built with the defines the
-    build gives its point plus ``variant``'s; ``launch(numbers)`` is the kernel's (grid, block,
-    dynamic shared bytes) from KERNELS.toml, and the function may use that much shared memory."""
+@cache
+def decode_kernel(family: str, style: str = "neox") -> Any:
+    """The sm_90 realization of ``family``'s bf16 decode point (kv_block 256, ``style`` where the
+    family has one): its defines, entry and KERNELS.toml launch rule."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
 
     P = Presentation.load()
-    want = {"act": "bf16", "mode": "decode", "kv_block": 256, **point}
+    want = {"act": "bf16", "mode": "decode", "kv_block": 256, "style": style}
     pt = next(p for p in P.family(family).points
               if all(p.as_dict().get(k, v) == v for k, v in want.items()))
-    kernel = realization("sm_90", presentation=P).realize(pt)
+    return realization("sm_90", presentation=P).realize(pt)
+
+
+def decode_attention(cp: Any, family: str, variant: str, out: Path, style: str = "neox") -> tuple:
+    """(module, function, launch) of ``family``'s decode kernel on sm_90, built with the defines the
+    build gives its point plus ``variant``'s; ``launch(numbers)`` is the kernel's (grid, block,
+    dynamic shared bytes) from KERNELS.toml, and the function may use that much shared memory."""
+    kernel = decode_kernel(family, style)
     defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
     module = cp.RawModule(path=str(build("attention_decode.cu", f"{defines} {variant}", out)))
     fn = module.get_function(kernel.entry)  # loads the file
@@ -167,6 +176,24 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
     return launch
 
 
+def decode_inputs(cp: Any, hq: int, hkv: int, d: int, rows: int, position: int) -> Any:
+    """A decode attention launch's inputs at ``rows`` rows at ``position`` over a cache of
+    CONTEXT + 1 positions: as many cache copies as rotate past L2, random q, k and v, the output,
+    positions, slots, a zeroed workspace (each launch leaves its tickets zero), and the sizes
+    KERNELS.toml's formulas take."""
+    max_ctx = CONTEXT + 1
+    copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
+    cache_shape = (rows * max_ctx * hkv * d,)
+    return SimpleNamespace(
+        max_ctx=max_ctx, copies=copies,
+        caches=[(bf16_bits(cp, cache_shape), bf16_bits(cp, cache_shape)) for _ in range(copies)],
+        q=bf16_bits(cp, (rows, hq, d)), k=bf16_bits(cp, (rows, hkv, d)),
+        v=bf16_bits(cp, (rows, hkv, d)), o=cp.empty((rows, hq, d), cp.uint16),
+        positions=cp.full(rows, position, cp.int32), slots=cp.arange(rows, dtype=cp.int32),
+        work=cp.zeros(1 << 22, cp.uint8),
+        sizes={"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx})
+
+
 def chunk_shape(shape: tuple, variant: str, max_ctx: int) -> tuple:
     """The (grid, block, shared bytes) of a decode attention launch for ``variant``: a CHUNK
     override changes the grid's chunks and scales the shared memory (KERNELS.toml has 64)."""
@@ -237,28 +264,18 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
     out = []
     for model, hq, hkv, d in ATTENTION_SHAPES:
         for rows, position in ((1, CONTEXT), (8, CONTEXT), (1, 200)):
-            max_ctx = CONTEXT + 1
-            copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
-            caches = [(bf16_bits(cp, (rows * max_ctx * hkv * d,)),
-                       bf16_bits(cp, (rows * max_ctx * hkv * d,))) for _ in range(copies)]
-            q, kn, vn = bf16_bits(cp, (rows, hq, d)), bf16_bits(cp, (rows, hkv, d)), bf16_bits(
-                cp, (rows, hkv, d))
-            o = cp.empty((rows, hq, d), cp.uint16)
-            positions = cp.full(rows, position, cp.int32)
-            slots = cp.arange(rows, dtype=cp.int32)
-            work = cp.zeros(1 << 22, cp.uint8)  # tickets zero; each launch leaves them so
-            sizes = {"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx}
+            x = decode_inputs(cp, hq, hkv, d, rows, position)
             scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d),
-                       np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
+                       np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
             kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
             ref = None  # the default's output: a variant changes the speed, never a byte
             for v, (_, fn, launch_for) in kernels.items():
-                o.fill(0xFFFF)  # poisoned (a NaN): every output must be written
-                launch = attention_launcher(fn, chunk_shape(launch_for(sizes), v, max_ctx),
-                                            caches, (kn, vn, q),
-                                            (positions, slots, o, work), scalars)
-                sec = time_graph(cp, launch, copies)
-                got = o.copy()
+                x.o.fill(0xFFFF)  # poisoned (a NaN): every output must be written
+                launch = attention_launcher(fn, chunk_shape(launch_for(x.sizes), v, x.max_ctx),
+                                            x.caches, (x.k, x.v, x.q),
+                                            (x.positions, x.slots, x.o, x.work), scalars)
+                sec = time_graph(cp, launch, x.copies)
+                got = x.o.copy()
                 same = ref is None or bool((got == ref).all())
                 ref = got if ref is None else ref
                 # a chunk other than the default's merges a KV block's positions in other
@@ -274,7 +291,7 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
                 print(f"attention {v or 'default':10} {model:12} rows={rows} "
                       f"position={position} {sec * 1e6:7.2f} us{'' if same else differ}",
                       flush=True)
-            del caches
+            del x
     return out
 
 

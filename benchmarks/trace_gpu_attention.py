@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from _common import write_result  # noqa: E402
 from bench_gpu_variants import (  # noqa: E402
-    ROTATE_BYTES,
-    bf16_bits,
+    CONTEXT,
     chunk_shape,
     decode_attention,
+    decode_inputs,
     time_graph,
 )
 
@@ -43,40 +43,29 @@ PHASES = ["entry", "before wait", "after wait", "q staged", "scores", "softmax",
 PREVIOUS = {9: 12, 10: 8}
 # (model, hq, hkv, head_dim)
 SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
-CONTEXT = 1024
 
 
 def trace_shape(cp: Any, traced: tuple, plain: tuple, trace: Any, defines: str, model: str,
                 hq: int, hkv: int, d: int, position: int) -> dict:
     """One row at ``position`` of a (hq, hkv, d) model: the unmarked and marked kernels timed in
     a graph, then one marked launch read back, phase by phase."""
-    rows, max_ctx = 1, CONTEXT + 1
-    copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
-    cache = (rows * max_ctx * hkv * d,)
-    caches = [(bf16_bits(cp, cache), bf16_bits(cp, cache)) for _ in range(copies)]
-    q, kn, vn = (bf16_bits(cp, (rows, h, d)) for h in (hq, hkv, hkv))
-    cos, sin = (cp.asarray(t) for t in rope_tables(max_ctx, d))
-    o = cp.empty((rows, hq, d), cp.uint16)
-    positions = cp.full(rows, position, cp.int32)
-    slots = cp.arange(rows, dtype=cp.int32)
-    work = cp.zeros(1 << 22, cp.uint8)
+    x = decode_inputs(cp, hq, hkv, d, 1, position)
+    cos, sin = (cp.asarray(t) for t in rope_tables(x.max_ctx, d))
     (_, fn_t, launch_for), (_, fn_p, _) = traced, plain
-    grid, block, shared = chunk_shape(
-        launch_for({"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx}), defines,
-        max_ctx)
+    grid, block, shared = chunk_shape(launch_for(x.sizes), defines, x.max_ctx)
     nblocks = grid[0] * grid[1] * grid[2]
-    scalars = (np.int32(rows), np.int32(hq), np.int32(hkv), np.int32(d), np.int32(max_ctx),
-               np.int32(max_ctx), np.float32(d ** -0.5), np.int32(0))
+    scalars = (np.int32(1), np.int32(hq), np.int32(hkv), np.int32(d), np.int32(x.max_ctx),
+               np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
 
     def launcher(fn):
         def launch(i: int) -> None:
-            kc, vc = caches[i]
-            fn(grid, block, (q, kn, vn, kc, vc, positions, slots, cos, sin, o, work, *scalars),
-               shared_mem=shared)
+            kc, vc = x.caches[i]
+            fn(grid, block, (x.q, x.k, x.v, kc, vc, x.positions, x.slots, cos, sin, x.o, x.work,
+                             *scalars), shared_mem=shared)
         return launch
 
-    per_launch = time_graph(cp, launcher(fn_p), copies)
-    marked = time_graph(cp, launcher(fn_t), copies)
+    per_launch = time_graph(cp, launcher(fn_p), x.copies)
+    marked = time_graph(cp, launcher(fn_t), x.copies)
     trace[...] = 0
     launcher(fn_t)(0)
     cp.cuda.Device().synchronize()

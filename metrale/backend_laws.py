@@ -6,8 +6,8 @@ bytes that were written. After every step it checks that both backends hold the 
 bytes and, on every byte that was written, the same contents as the shadow. Each rule states
 one equation of ``metrale.runtime.backend``: round trips, memset, use after free, invalid
 launches refused identically and not sticky, idempotent synchronize, zero-byte allocations,
-grid-independent kernels, graph replay and dependent launches. Misuse must raise the same class with the same
-text in both backends.
+grid-independent kernels, graph replay and dependent launches. Misuse must raise the same class
+with the same text in both backends.
 
 Usage in a test module (bounded settings keep CI fast)::
 

@@ -32,7 +32,8 @@ FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "va
           "reduction", "row_invariant", "dependent_launch"}
 # PTX that writes global memory: stores, atomics, reductions, and asynchronous copies whose
 # destination is global (cp.async.cg.shared.global copies global into shared: a read)
-WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b|\bcp\.async(?:\.bulk)?(?:\.tensor\.\w+)?\.global\b")
+WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b"
+                      r"|\bcp\.async(?:\.bulk)?(?:\.tensor\.\w+)?\.global\b")
 ARG_TYPES = {"ptr", "i32", "i64", "f32", "scratch"}
 
 
@@ -273,8 +274,8 @@ def test_decode_attention_machine_code_stays_small(tmp_path):
     qk_norm prologues the larger); version 7's per-group instantiations made 440 KB entries."""
     from metrale.realize.compute import cubin_code_bytes
 
-    cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256", "CHUNK=64",
-                            "ROPE_NEOX", "H_BLOCK=256")
+    cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256",
+                            "CHUNK=64", "ROPE_NEOX", "H_BLOCK=256")
     sizes = cubin_code_bytes(cubin)
     assert len(sizes) == 4, sizes  # attention, kv_append, rope and qk_norm_rope prologues
     assert all(0 < n <= 80 * 1024 for n in sizes.values()), sizes
