@@ -52,18 +52,16 @@ ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024
 
 # "" is the source's own choice; the others override it. The first override of each list is the
-# choice the source replaced, for the comparison in the same run: for bf16, gate_up_swiglu at
-# eight blocks per SM (version 9 made it seven); for fp8 and mxfp4, the choice before eight
-# blocks per SM (version 8).
+# choice the source replaced or declined, for the comparison in the same run: for bf16 and fp8 a
+# warp's next loads issued only after the arithmetic of all those before (DOT_RING=0), for
+# mxfp4 the ring (DOT_RING=1); for fp8 and mxfp4 the second is version 10's one 8-wide chunk per
+# load (8 and 4 bytes; version 11 loads 16).
 GEMV_VARIANTS = {
-    "bf16": ["", "GATE_UP_MIN_BLOCKS=8", "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8",
-             "GEMV_MIN_BLOCKS=7 DOT_AHEAD=4", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
-             "GEMV_MIN_BLOCKS=8 DOT_AHEAD=4 ROWS_PER_WARP=1",
-             "WARPS=2 GEMV_MIN_BLOCKS=16 DOT_AHEAD=4"],
-    "fp8": ["", "GEMV_MIN_BLOCKS=4 DOT_AHEAD=16", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
-            "GEMV_MIN_BLOCKS=8 DOT_AHEAD=6"],
-    "mxfp4": ["", "GEMV_MIN_BLOCKS=3 DOT_AHEAD=16", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
-              "GEMV_MIN_BLOCKS=4 DOT_AHEAD=12"],
+    "bf16": ["", "DOT_RING=0", "GATE_UP_MIN_BLOCKS=8", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
+             "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8"],
+    "fp8": ["", "DOT_RING=0", "DOT_CHUNKS=1 DOT_RING=0", "DOT_AHEAD=2",
+            "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6"],
+    "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4", "DOT_AHEAD=2", "DOT_AHEAD=4"],
 }
 # decode attention: positions per thread block (the grid follows a CHUNK override)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
@@ -214,16 +212,17 @@ def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: 
     return launch
 
 
-def bench_gemv(cp: Any, tmp: Path, rate: float) -> list[dict]:
+def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
     base = "ACT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"
-    jobs = [(fmt, v) for fmt, vs in GEMV_VARIANTS.items() for v in vs]
+    variants_of = {fmt: GEMV_VARIANTS[fmt] for fmt in formats}
+    jobs = [(fmt, v) for fmt, vs in variants_of.items() for v in vs]
     with ThreadPoolExecutor(8) as pool:
         cubins = list(pool.map(
             lambda i: build("gemv.cu", f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][1]}",
                             tmp / f"gemv_{i}.cubin"), range(len(jobs))))
     modules = {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
     rows_out = []
-    for fmt, variants in GEMV_VARIANTS.items():
+    for fmt, variants in variants_of.items():
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8) if name in ("gate_up", "down") else (1,):
                 wn = 2 * n if name == "gate_up" else n
@@ -298,7 +297,12 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=["gemv", "attention"])
+    ap.add_argument("--weights", default=",".join(GEMV_VARIANTS),
+                    help="the GEMV weight formats to sweep, comma-separated")
     args = ap.parse_args()
+    formats = args.weights.split(",")
+    if unknown := set(formats) - set(GEMV_VARIANTS):
+        ap.error(f"--weights: unknown {sorted(unknown)}; known: {list(GEMV_VARIANTS)}")
     import cupy as cp
 
     cp.random.seed(0)
@@ -309,7 +313,7 @@ def main() -> None:
         if args.only in (None, "attention"):
             rows += bench_attention(cp, Path(t), rate)
         if args.only in (None, "gemv"):
-            rows += bench_gemv(cp, Path(t), rate)
+            rows += bench_gemv(cp, Path(t), rate, formats)
     name = f"gpu_variants_{args.only}" if args.only else "gpu_variants"  # a part: its own file
     path = write_result(name, {"copy_rate_bytes_per_s": rate, "launches_per_graph": LAUNCHES,
                                "rows": rows})

@@ -221,6 +221,40 @@ def test_decode_attention_at_model_shapes_matches_reference(gpu, family, hq, hkv
     _compare(point, fam, ref, got)
 
 
+# k of the decode GEMVs (Qwen3-MoE's experts, Qwen3-0.6B, Llama-3.1-8B), then two ragged ones:
+# 1056 ends in a k-block of 32 columns (fp4's wide loads cover four blocks, fp8's two), 1032
+# is a multiple of 8 but not of 16 (fp8 falls back to one chunk per load; fp4 cannot have it)
+QUANT_K = [768, 1024, 2048, 3072, 4096, 14336, 1056, 1032]
+QUANT_CASES = [(fmt, k) for fmt in ("fp8", "mxfp4", "nvfp4") for k in QUANT_K
+               if k % (QuantFormat.parse(fmt).block_size or 1) == 0]
+
+
+@pytest.mark.parametrize("fmt,k", QUANT_CASES)
+@pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
+def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt, k):
+    """A GEMV reading quantized weights gives, byte for byte, what linear gives on the same
+    weights dequantized to f32 (the dequant_linear relation; for gate_up_swiglu, one linear per
+    weight and then swiglu) at the model sizes of k, where the wide loads of fp8 and fp4 cover
+    several k-blocks (f32 weights take one chunk per load); and it agrees with the reference."""
+    def point(name: str, **params):
+        return next(p for p in P.family(name).points if p.as_dict() == params)
+
+    gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
+    fam, quant, plain = P.family(family), point(family, **gemv, weight=fmt), \
+        point("linear", **gemv, weight="f32")
+    sizes = {**_sizes(fam, 3), "k": k, "n": 72}
+    host, device = _inputs(fam, quant, sizes, seed=k)
+    got = _run_gpu(gpu, fam, quant, sizes, device)
+    x = device["x"]
+    dots = [_run_gpu(gpu, P.family("linear"), plain, sizes, {"x": x, "w": (h,)})[0]
+            for port, h in zip(fam.inputs, host) if port.name in fam.weights]
+    if family == "gate_up_swiglu":
+        dots = _run_gpu(gpu, P.family("swiglu"), point("swiglu", act="bf16"), sizes,
+                        {"g": (dots[0],), "u": (dots[1],)})
+    assert got[0].tobytes() == dots[0].tobytes(), f"{quant} k={k}"
+    _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
+
+
 def _row_invariant_points():
     return [(f, p) for f, p in _points() if f.row_invariant and F.realize(p).row_invariant
             and any(port.dims[:1] == ("rows",) for port in f.outputs)]

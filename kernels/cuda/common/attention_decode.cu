@@ -312,9 +312,11 @@ __device__ __forceinline__ void decode_attend(
 #pragma unroll
                 for (int u = 0; u < 4; ++u) kv[u] = act8_load(kr, (ch + u * T) * 8);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) chain[u] = dot8(qg + (ch + u * T) * 8, kv[u], chain[u]);
+                for (int u = 0; u < 4; ++u)
+                    chain[u] = dot8(qg + (ch + u * T) * 8, kv[u], chain[u]);
             }
-            for (; ch < d / 8; ch += T) chain[0] = dot8(qg + ch * 8, act8_load(kr, ch * 8), chain[0]);
+            for (; ch < d / 8; ch += T)
+                chain[0] = dot8(qg + ch * 8, act8_load(kr, ch * 8), chain[0]);
             dot = (chain[0] + chain[1]) + (chain[2] + chain[3]);
         }
         for (int off = 1; off < T; off <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -390,11 +392,14 @@ __device__ __forceinline__ void decode_attend(
         copy_row((char*)(v_cache + dst), v_pos, row_bytes);
     }
     phase_mark(7);
-    // ---- the last block of this (kv head, row) merges every chunk
-    __threadfence();
+    // ---- the last block of this (kv head, row) merges every chunk. The block's stores are
+    // ordered before thread 0's fence by the barrier, so one fence (cumulative) publishes them
+    // all before the ticket: a fence in every thread cost each a sequentially consistent
+    // fence and an L1 invalidation.
     __syncthreads();
     if (tid == 0) {
         unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
+        __threadfence();
         const unsigned t = atomicAdd(ticket, 1u);
         merging = t == (unsigned)(last - first);
         if (merging) {

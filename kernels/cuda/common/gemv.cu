@@ -3,8 +3,9 @@
 // One warp per (output column, ROWS_PER_WARP rows), WARPS warps per block: decode is bound by
 // streaming the weights, so a warp takes its rows one after another over the same weight rows
 // (warp_dots_rows), which the rows after the first find in cache; each row's result is the
-// one-row launch's, bit for bit. Weights of any storage format are dequantized on the fly in f32 (metrale.cuh). Defines:
-// ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*, OUT_F32 (lm_head: f32 logits instead of act).
+// one-row launch's, bit for bit. Weights of any storage format are dequantized on the fly in
+// f32 (metrale.cuh). Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*, OUT_F32 (lm_head: f32 logits
+// instead of act).
 #include "gemv.cuh"
 
 #ifndef WARPS
@@ -101,9 +102,12 @@ metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
 // q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v.
 extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
 metrale_qkv(const act_t* __restrict__ x,
-            const void* __restrict__ wq, const void* __restrict__ wq_scale, const float* __restrict__ wq_global,
-            const void* __restrict__ wk, const void* __restrict__ wk_scale, const float* __restrict__ wk_global,
-            const void* __restrict__ wv, const void* __restrict__ wv_scale, const float* __restrict__ wv_global,
+            const void* __restrict__ wq, const void* __restrict__ wq_scale,
+            const float* __restrict__ wq_global,
+            const void* __restrict__ wk, const void* __restrict__ wk_scale,
+            const float* __restrict__ wk_global,
+            const void* __restrict__ wv, const void* __restrict__ wv_scale,
+            const float* __restrict__ wv_global,
             act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
             int rows, int k, int nq, int nk, int nv) {
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
@@ -128,8 +132,10 @@ metrale_qkv(const act_t* __restrict__ x,
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
 extern "C" __global__ void __launch_bounds__(32 * WARPS, GATE_UP_MIN_BLOCKS)
 metrale_gate_up_swiglu(const act_t* __restrict__ x,
-                       const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
-                       const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
+                       const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                       const float* __restrict__ wg_global,
+                       const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                       const float* __restrict__ wu_global,
                        act_t* __restrict__ h, int rows, int k, int n) {
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;

@@ -1,8 +1,8 @@
 // Metrale CUDA: the one dot product every matmul-like kernel reduces through.
 //
 // Order (declared in KERNELS.toml): k in blocks of K_BLOCK, the last possibly shorter; inside a
-// block lane l multiplies-and-adds (fma, f32) the 8-wide chunks l, l+32, ... left to right, then
-// the 32 lane sums meet in a butterfly tree; the block partials combine as ACROSS_* says. The
+// block, chunk sum l multiplies-and-adds (fma, f32) the 8-wide chunks l, l+32, ... left to right,
+// then the 32 chunk sums meet in a butterfly tree; the block partials combine as ACROSS_* says. The
 // result depends only on the x row and the weight row: row-invariant. warp_dots_rows serves
 // several x rows, each through warp_dots.
 #pragma once
@@ -17,11 +17,28 @@
 static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte chunk per lane)");
 
 
-// k-blocks whose loads one lane issues before their arithmetic (a define overrides it). With
-// bf16 activations four, which fits the eight blocks per SM gemv.cu asks for; more registers per
-// warp (8 for bf16 weights, 16 for fp8 and fp4, at three to five blocks per SM) measured slower
-// at batch 1 on the H200 (gemv.cu has the figures). f32 activations (tests): 8.
+// Weight loads (of DOT_CHUNKS chunks each, metrale.cuh) one lane keeps in flight, over all of a
+// warp's N rows (a define overrides it). With bf16 activations four: 2 KiB of weights per warp,
+// which fits the eight blocks per SM gemv.cu asks for; deeper settings at fewer blocks per SM
+// measured slower at batch 1 on the H200 (gemv.cu has version 8's figures; version 11's sweep:
+// fp8 at six loads and six blocks, Llama-3.1-8B down_proj 23.9 -> 33.0 us). fp4 in four-chunk
+// loads: three (1.5 KiB), as four measured slower for mxfp4 (down_proj 26.0 -> 26.7 us, qkv
+// 14.1 -> 14.7). f32 activations (tests): 8.
+// DOT_RING 1: a slot's next load is issued as soon as its arithmetic has read it; 0: a warp
+// issues its next AHEAD loads after the arithmetic of all those before. The variant sweep on the
+// H200 (batch 1, Llama-3.1-8B) measured the ring faster for bf16 (down_proj 30.8 -> 30.0 us,
+// o_proj 11.0 -> 10.7) and fp8 (down_proj 27.5 -> 23.9), and slower for mxfp4, whose arithmetic
+// rather than its loads bounds it (gate_up 42.1 -> 44.7; the layer's four GEMVs 92.3 -> 94.1).
+// nvfp4 keeps the ring: without it gate_up_swiglu spills past 64 registers.
+#if defined(DOT_RING)
+#elif defined(WEIGHT_MXFP4) && DOT_CHUNKS == 4
+#define DOT_RING 0
+#else
+#define DOT_RING 1
+#endif
 #if defined(DOT_AHEAD)
+#elif defined(ACT_BF16) && (defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)) && DOT_CHUNKS == 4
+#define DOT_AHEAD 3
 #elif defined(ACT_BF16)
 #define DOT_AHEAD 4
 #else
@@ -30,46 +47,89 @@ static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte ch
 
 // x · w[j] for one x row (k activations) and N weight rows, by one full warp; every lane gets
 // them. Each dot's order is warp_dot's whatever N is (the x chunk is shared, not the sums).
-// `vec` is true when k is a multiple of 8 so that rows stay 16-byte aligned for vector loads.
+//
+// A k-block's 32 chunks meet in one butterfly tree whatever DOT_CHUNKS (C) is: with C chunks
+// per load, lane l holds chunks C (l % (32 / C)) + i of block l / (32 / C) in slots i, so the
+// tree's first levels (chunk bits 4 and down) are shuffles across the 32 / C lanes of a block
+// and its last levels (the chunk's low bits) add slots, pairing the same sums as C = 1 does.
+// The bytes are therefore the same for every C, which the dequant_linear relation checks on
+// the device (f32 weights take one chunk per load).
 template <int N>
 __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N], int k,
                                           float (&out)[N]) {
+    constexpr int C = DOT_CHUNKS, LANES = 32 / C;  // chunks per load; lanes per k-block
     const int lane = threadIdx.x & 31;
-    const bool vec = (k & 7) == 0;
+    const bool vec = (k & 7) == 0;  // rows 16-byte aligned for the vector loads below
     Combine acc[N];
-    if (vec && K_BLOCK == 256) {
-        // One chunk per lane per block: the loads of AHEAD blocks (raw) before any of their
-        // arithmetic, so that many bytes are in flight; the sums are the loop's below, in order.
+    if (K_BLOCK == 256 && k % (8 * C) == 0) {
+        // AHEAD loads of C k-blocks (raw) in flight per weight row: each slot's next load is
+        // issued as soon as its arithmetic has read it (DOT_RING), so that the bytes in flight
+        // never drain while the warp computes; the sums are the loop's below, in order. With one
+        // chunk per load the activations ride along (16 bytes); with more, they come from L1
+        // when used.
         constexpr int AHEAD = DOT_AHEAD / N > 2 ? DOT_AHEAD / N : 2;
-        const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
-        for (int b = 0; b < nkb; b += AHEAD) {
-            WeightRaw8 wr[N][AHEAD];
-            act8_raw xr[AHEAD];
+        const int nkb = (k + K_BLOCK - 1) / K_BLOCK, ng = (nkb + C - 1) / C;  // blocks, loads
+        const int at = lane * 8 * C;  // this lane's first column in a load's C k-blocks
+        WeightChunks<C> wr[N][AHEAD];
+        act8_raw xr[AHEAD];
+        auto load = [&](int u, int g) {  // load g of every row into slot u
+            const int c = g * C * K_BLOCK + at;
+            if (g < ng && c < k) {
 #pragma unroll
-            for (int u = 0; u < AHEAD; ++u) {
-                const int c = (b + u) * K_BLOCK + lane * 8;
-                if (b + u < nkb && c < k) {
-#pragma unroll
-                    for (int j = 0; j < N; ++j) wr[j][u] = weight8_load(w[j], c);
-                    xr[u] = act8_load(x, c);
-                }
+                for (int j = 0; j < N; ++j) wr[j][u] = weight_chunks_load<C>(w[j], c);
+                if constexpr (C == 1) xr[u] = act8_load(x, c);
             }
+        };
+        if (DOT_RING)
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u) load(u, u);
+        for (int g0 = 0; g0 < ng; g0 += AHEAD) {
+            if (!DOT_RING)
+#pragma unroll
+                for (int u = 0; u < AHEAD; ++u) load(u, g0 + u);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
-                if (b + u >= nkb) break;
-                const int c = (b + u) * K_BLOCK + lane * 8;
-                float xv[8];
-                if (c < k) act8_unpack(xr[u], xv);
+                const int b0 = (g0 + u) * C;  // the first k-block of this load
+                if (b0 >= nkb) break;
+                const int c = b0 * K_BLOCK + at;
+                float s[N][C];
+#pragma unroll
+                for (int j = 0; j < N; ++j)
+#pragma unroll
+                    for (int i = 0; i < C; ++i) s[j][i] = 0.0f;
+                if (c < k) {
+#pragma unroll
+                    for (int i = 0; i < C; ++i) {
+                        float xv[8];
+                        if constexpr (C == 1) act8_unpack(xr[u], xv);
+                        else act8(x, c + 8 * i, xv);
+#pragma unroll
+                        for (int j = 0; j < N; ++j) {
+                            float wv[8];
+                            weight8_unpack(w[j], wr[j][u].part(i), wv);
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) s[j][i] = fmaf(xv[e], wv[e], s[j][i]);
+                        }
+                    }
+                }
+                if (DOT_RING) load(u, g0 + u + AHEAD);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
-                    float s = 0.0f;
-                    if (c < k) {
-                        float wv[8];
-                        weight8_unpack(w[j], wr[j][u], wv);
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) s = fmaf(xv[i], wv[i], s);
-                    }
-                    acc[j].add(warp_sum(s));
+                    for (int o = LANES / 2; o > 0; o >>= 1)
+#pragma unroll
+                        for (int i = 0; i < C; ++i)
+                            s[j][i] += __shfl_xor_sync(0xffffffffu, s[j][i], o);
+#pragma unroll
+                    for (int h = C / 2; h > 0; h >>= 1)
+#pragma unroll
+                        for (int i = 0; i < h; ++i) s[j][i] = s[j][i] + s[j][i + h];
+                    // block b0 + q's sum is in lanes q LANES ..; every lane adds them in order
+#pragma unroll
+                    for (int q = 0; q < C; ++q)
+                        if (b0 + q < nkb)
+                            acc[j].add(C == 1 ? s[j][0]
+                                              : __shfl_sync(0xffffffffu, s[j][0], q * LANES));
                 }
             }
         }

@@ -350,6 +350,72 @@ __device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r,
 #endif
 }
 
+// DOT_CHUNKS: the 8-wide chunks a lane takes from one weight row per load, so that every format
+// loads 16 bytes at a time: bf16 1, fp8 2, fp4 4 (f32, 32 bytes a chunk, 1). A define of 1
+// overrides it (one chunk per load: 8 bytes for fp8, 4 for fp4, the layout before version 11).
+#if !defined(DOT_CHUNKS)
+#if defined(WEIGHT_FP8)
+#define DOT_CHUNKS 2
+#elif defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#define DOT_CHUNKS 4
+#else
+#define DOT_CHUNKS 1
+#endif
+#endif
+
+// C consecutive chunks of one weight row, raw: the one chunk itself where C = 1, else 16 bytes
+// of data and the scale bytes those columns use (fp4: mxfp4 one, nvfp4 two); part(i) is chunk i.
+template <int C>
+struct WeightChunks {
+    WeightRaw8 one;  // C = 1
+    uint4 v;         // C > 1
+    uint32_t s;
+    __device__ __forceinline__ WeightRaw8 part(int i) const {
+        if constexpr (C == 1) {
+            return one;
+        } else {
+            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+            WeightRaw8 r;
+#if defined(WEIGHT_FP8)
+            r.v = make_uint2(words[2 * i], words[2 * i + 1]);
+#elif defined(WEIGHT_MXFP4)
+            r.v = words[i];
+            r.s = (uint8_t)s;
+#elif defined(WEIGHT_NVFP4)
+            r.v = words[i];
+            r.s = (uint8_t)(s >> (8 * (i / 2)));  // 16 columns a scale: two chunks each
+#endif
+            return r;
+        }
+    }
+};
+
+// C consecutive chunks of one weight row from column c (c a multiple of 8 C, the row's bytes
+// 16-byte aligned): one 16-byte load of data where C > 1, and the scales those columns use.
+template <int C>
+__device__ __forceinline__ WeightChunks<C> weight_chunks_load(WeightRef w, int c) {
+    WeightChunks<C> r;
+    if constexpr (C == 1) {
+        r.one = weight8_load(w, c);
+    } else {
+#if defined(WEIGHT_FP8)
+        static_assert(C == 2, "fp8 weights: one or two chunks per load");
+        r.v = *(const uint4*)((const uint8_t*)w.data + c);
+#elif defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+        static_assert(C == 4, "fp4 weights: one or four chunks per load");
+        r.v = *(const uint4*)((const uint8_t*)w.data + c / 2);
+#if defined(WEIGHT_MXFP4)
+        r.s = ((const uint8_t*)w.scale)[c / 32];  // the 32 columns share one scale
+#else
+        r.s = *(const uint16_t*)((const uint8_t*)w.scale + c / 16);
+#endif
+#else
+        static_assert(C == 1, "bf16 and f32 weights: one chunk per load");
+#endif
+    }
+    return r;
+}
+
 __device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
     weight8_unpack(w, weight8_load(w, c), out);
 }
