@@ -61,7 +61,8 @@ GEMV_VARIANTS = {
              "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8"],
     "fp8": ["", "DOT_RING=0", "DOT_CHUNKS=1 DOT_RING=0", "DOT_AHEAD=2",
             "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6"],
-    "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4", "DOT_AHEAD=2", "DOT_AHEAD=4"],
+    "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
+              "DOT_AHEAD=4"],
 }
 # decode attention: positions per thread block (the grid follows a CHUNK override)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]

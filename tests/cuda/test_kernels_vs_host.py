@@ -240,18 +240,18 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
         return next(p for p in P.family(name).points if p.as_dict() == params)
 
     gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
-    fam, quant, plain = P.family(family), point(family, **gemv, weight=fmt), \
-        point("linear", **gemv, weight="f32")
+    fam = P.family(family)
+    quant = point(family, **gemv, weight=fmt)
+    plain = point("linear", **gemv, weight="f32")
     sizes = {**_sizes(fam, 3), "k": k, "n": 72}
     host, device = _inputs(fam, quant, sizes, seed=k)
     got = _run_gpu(gpu, fam, quant, sizes, device)
-    x = device["x"]
-    dots = [_run_gpu(gpu, P.family("linear"), plain, sizes, {"x": x, "w": (h,)})[0]
+    dots = [_run_gpu(gpu, P.family("linear"), plain, sizes, {"x": device["x"], "w": (h,)})[0]
             for port, h in zip(fam.inputs, host) if port.name in fam.weights]
-    if family == "gate_up_swiglu":
-        dots = _run_gpu(gpu, P.family("swiglu"), point("swiglu", act="bf16"), sizes,
-                        {"g": (dots[0],), "u": (dots[1],)})
-    assert got[0].tobytes() == dots[0].tobytes(), f"{quant} k={k}"
+    want = dots if family == "linear" else _run_gpu(
+        gpu, P.family("swiglu"), point("swiglu", act="bf16"), sizes,
+        {"g": (dots[0],), "u": (dots[1],)})
+    assert got[0].tobytes() == want[0].tobytes(), f"{quant} k={k}"
     _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
 
 

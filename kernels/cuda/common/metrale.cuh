@@ -363,31 +363,32 @@ __device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r,
 #endif
 #endif
 
-// C consecutive chunks of one weight row, raw: the one chunk itself where C = 1, else 16 bytes
-// of data and the scale bytes those columns use (fp4: mxfp4 one, nvfp4 two); part(i) is chunk i.
+// C consecutive chunks of one weight row, raw: 16 bytes of data and the scale bytes those
+// columns use (fp4: mxfp4 one, nvfp4 two); part(i) is chunk i. One chunk is WeightRaw8 itself.
 template <int C>
 struct WeightChunks {
-    WeightRaw8 one;  // C = 1
-    uint4 v;         // C > 1
+    uint4 v;
     uint32_t s;
     __device__ __forceinline__ WeightRaw8 part(int i) const {
-        if constexpr (C == 1) {
-            return one;
-        } else {
-            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-            WeightRaw8 r;
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        WeightRaw8 r;
 #if defined(WEIGHT_FP8)
-            r.v = make_uint2(words[2 * i], words[2 * i + 1]);
+        r.v = make_uint2(words[2 * i], words[2 * i + 1]);
 #elif defined(WEIGHT_MXFP4)
-            r.v = words[i];
-            r.s = (uint8_t)s;
+        r.v = words[i];
+        r.s = (uint8_t)s;
 #elif defined(WEIGHT_NVFP4)
-            r.v = words[i];
-            r.s = (uint8_t)(s >> (8 * (i / 2)));  // 16 columns a scale: two chunks each
+        r.v = words[i];
+        r.s = (uint8_t)(s >> (8 * (i / 2)));  // 16 columns a scale: two chunks each
 #endif
-            return r;
-        }
+        return r;
     }
+};
+
+template <>
+struct WeightChunks<1> {
+    WeightRaw8 one;
+    __device__ __forceinline__ WeightRaw8 part(int) const { return one; }
 };
 
 // C consecutive chunks of one weight row from column c (c a multiple of 8 C, the row's bytes
