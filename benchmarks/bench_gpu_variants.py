@@ -1,18 +1,18 @@
 """Compile-time variants of the decode kernels, timed side by side on the GPU.
 
 The GEMV and decode-attention sources take their tuning constants as defines (``WARPS``,
-``DOT_AHEAD``, ``GEMV_MIN_BLOCKS``, ``ROWS_PER_WARP``, ``CHUNK``); this script builds each
-variant for sm_90a as the build compiles kernels (``realize.compute.NvidiaTarget``, headers
-resolved by ``realize.kernel.source_identity``), times it at the decode shapes of Qwen3-0.6B
-and Llama-3.1-8B, and compares with the device-to-device copy rate measured in the same run.
-Weights and KV caches rotate through enough copies (more than 200 MB) that L2 holds none of them
-between launches, and every variant of a format runs on the same ones; each figure is the
-median over several replays of a CUDA graph of back-to-back launches, so it includes the launch
-gaps a decode step pays.
+``DOT_AHEAD``, ``DOT_CHUNKS``, ``DOT_RING``, ``GEMV_MIN_BLOCKS``, ``ROWS_PER_WARP``, ``CHUNK``);
+this script builds each variant for sm_90a as the build compiles kernels
+(``realize.compute.NvidiaTarget``, headers resolved by ``realize.kernel.source_identity``),
+times it at the decode shapes of Qwen3-0.6B and Llama-3.1-8B, and compares with the
+device-to-device copy rate measured in the same run. Weights and KV caches rotate through
+enough copies (more than 200 MB) that L2 holds none of them between launches, and every variant
+of a format runs on the same ones; each figure is the median over several replays of a CUDA
+graph of back-to-back launches, so it includes the launch gaps a decode step pays.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_variants.py`` (``--only gemv`` or
-``--only attention``). Writes ``benchmarks/results/gpu_variants.json`` (with ``--only``:
-``gpu_variants_<part>.json``).
+``--only attention``; ``--weights fp8,mxfp4`` sweeps only those GEMV formats). Writes
+``benchmarks/results/gpu_variants.json`` (with ``--only``: ``gpu_variants_<part>.json``).
 """
 
 from __future__ import annotations
