@@ -236,21 +236,17 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
     weights dequantized to f32 (the dequant_linear relation; for gate_up_swiglu, one linear per
     weight and then swiglu) at the model sizes of k, where the wide loads of fp8 and fp4 cover
     several k-blocks (f32 weights take one chunk per load); and it agrees with the reference."""
-    def point(name: str, **params):
-        return next(p for p in P.family(name).points if p.as_dict() == params)
-
     gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
-    fam = P.family(family)
-    quant = point(family, **gemv, weight=fmt)
-    plain = point("linear", **gemv, weight="f32")
+    fam, linear, swiglu = P.family(family), P.family("linear"), P.family("swiglu")
+    quant = fam.point(**gemv, weight=fmt)
+    plain = linear.point(**gemv, weight="f32")
     sizes = {**_sizes(fam, 3), "k": k, "n": 72}
     host, device = _inputs(fam, quant, sizes, seed=k)
     got = _run_gpu(gpu, fam, quant, sizes, device)
-    dots = [_run_gpu(gpu, P.family("linear"), plain, sizes, {"x": device["x"], "w": (h,)})[0]
+    dots = [_run_gpu(gpu, linear, plain, sizes, {"x": device["x"], "w": (h,)})[0]
             for port, h in zip(fam.inputs, host) if port.name in fam.weights]
     want = dots if family == "linear" else _run_gpu(
-        gpu, P.family("swiglu"), point("swiglu", act="bf16"), sizes,
-        {"g": (dots[0],), "u": (dots[1],)})
+        gpu, swiglu, swiglu.point(act="bf16"), sizes, {"g": (dots[0],), "u": (dots[1],)})
     assert got[0].tobytes() == want[0].tobytes(), f"{quant} k={k}"
     _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
 
