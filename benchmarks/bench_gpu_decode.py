@@ -74,20 +74,17 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
     return out
 
 
-def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
-                 kernels: bool = False, records: list | None = None,
-                 dependent: bool = True) -> dict:
-    """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
-    timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
-    listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
-    the class's floor) is appended there."""
+def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
+                  dependent: bool = True, graphs: bool = True) -> tuple[Any, Any]:
+    """An sm_90 engine for ``batch`` decode rows at position ``CONTEXT`` with random weights and
+    a full cache of random values (never time on zeros); with it, the backend the caller owns
+    (None: the engine's own, with dependent launches where the class has them)."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
-    from metrale.runtime.bench import kernel_times, time_decode
     from metrale.runtime.engine import Engine
 
-    backend = loader = None  # the class's own: dependent launches where it has them
+    backend = loader = None
     if not dependent:
         from metrale.realize.hardware import load_hardware
         from metrale.runtime.cuda_loader import CudaPlanLoader
@@ -97,13 +94,25 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
         backend, loader = CupyBackend(), CudaPlanLoader(arch, dependent_launch=False)
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
-                 max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=True,
+                 max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
                  fuse=True, policy="exact")
-    # a full cache of random values (never time on zeros); every row at position CONTEXT
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
             vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
             eng.backend.copy_h2d(ptr, vals.astype(ml_dtypes.bfloat16).view(np.uint8))
+    return eng, backend
+
+
+def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
+                 kernels: bool = False, records: list | None = None,
+                 dependent: bool = True) -> dict:
+    """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
+    timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
+    listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
+    the class's floor) is appended there."""
+    from metrale.runtime.bench import kernel_times, time_decode
+
+    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent)
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,

@@ -178,8 +178,8 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
 def decode_inputs(cp: Any, hq: int, hkv: int, d: int, rows: int, position: int) -> Any:
     """A decode attention launch's inputs at ``rows`` rows at ``position`` over a cache of
     CONTEXT + 1 positions: as many cache copies as rotate past L2, random q, k and v, the output,
-    positions, slots, a zeroed workspace (each launch leaves its tickets zero), and the sizes
-    KERNELS.toml's formulas take."""
+    positions, slots, a zeroed workspace (each launch leaves its tickets zero; room for the
+    records of chunks down to 16 positions), and the sizes KERNELS.toml's formulas take."""
     max_ctx = CONTEXT + 1
     copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
     cache_shape = (rows * max_ctx * hkv * d,)
@@ -189,7 +189,7 @@ def decode_inputs(cp: Any, hq: int, hkv: int, d: int, rows: int, position: int) 
         q=bf16_bits(cp, (rows, hq, d)), k=bf16_bits(cp, (rows, hkv, d)),
         v=bf16_bits(cp, (rows, hkv, d)), o=cp.empty((rows, hq, d), cp.uint16),
         positions=cp.full(rows, position, cp.int32), slots=cp.arange(rows, dtype=cp.int32),
-        work=cp.zeros(1 << 22, cp.uint8),
+        work=cp.zeros(rows * hq * -(-max_ctx // 16) * (d + 4) * 4 + (1 << 16), cp.uint8),
         sizes={"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx})
 
 

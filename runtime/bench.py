@@ -84,7 +84,8 @@ def median_wall(fn: Any, n: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def _prepare(engine: Any, rows: int) -> Any:
+def decode_program(engine: Any, rows: int) -> Any:
+    """The decode program of ``rows`` sequences, each at the engine's last cache position."""
     prog = engine.program("decode", rows)
     context = engine.max_ctx - 1
     prog.write("tokens", np.arange(rows) % engine.config.vocab_size)
@@ -95,7 +96,7 @@ def _prepare(engine: Any, rows: int) -> Any:
 
 def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -> StepTiming:
     """The decode step of ``rows`` sequences at the last cached position, timed."""
-    prog = _prepare(engine, rows)
+    prog = decode_program(engine, rows)
     plan = engine.plan("decode", rows)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
@@ -105,7 +106,7 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
 
 def kernel_times(engine: Any, rows: int, *, repeats: int = 20) -> tuple[KernelTiming, ...]:
     """Each distinct launch of the decode step timed alone, its inputs rotated across copies."""
-    prog = _prepare(engine, rows)
+    prog = decode_program(engine, rows)
     be = engine.backend
     groups: dict[tuple, list[int]] = {}
     for i, ln in enumerate(prog.launches):

@@ -1,0 +1,162 @@
+"""One layer of the decode step under Nsight Compute: where each kernel's warps wait.
+
+The step timings (``bench_gpu_decode.py``) say how long each kernel takes; this says why. For
+each model and quant it builds the same sm_90 engine (random weights, full cache, every row at
+position 1024), runs the step once to load its modules, then launches the step again with the
+profiler on for the launches of its second layer only, under
+``ncu --set full --clock-control none``. From the report it keeps, per kernel: the duration,
+DRAM throughput, achieved occupancy, issued instructions per cycle, registers, and the warp
+stall reasons (cycles a warp spends stalled per issued instruction, by reason), which name the
+limit: ``long_scoreboard`` (waiting on global memory), ``no_instruction`` (the instruction
+cache), ``barrier``, ``membar``, ``math_pipe_throttle`` and so on.
+
+Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
+``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``. Writes
+``benchmarks/results/gpu_profile.json`` (the summary), and per target ``DIR/<model>_<quant>.csv``
+(ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
+of the kernels ``--source`` names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import write_result  # noqa: E402
+
+KEEP = {
+    "gpu__time_duration.sum": "duration",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "dram__bytes_read.sum": "dram_read",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
+    "smsp__inst_executed.sum": "instructions",
+    "sm__inst_executed.avg.per_cycle_active": "ipc",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_active_pct",
+    "launch__registers_per_thread": "registers",
+    "launch__grid_size": "grid",
+    "launch__occupancy_limit_registers": "blocks_limit_registers",
+}
+STALL = "smsp__average_warps_issue_stalled_"
+STALL_END = "_per_issue_active.ratio"
+
+
+def child(model: str, quant: str, batch: int) -> None:
+    """Run inside ncu: the step once, then its second layer with the profiler on."""
+    import cupy
+    import numpy as np
+    from bench_gpu_decode import decode_engine
+
+    from metrale.runtime.bench import decode_program
+
+    eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False)
+    prog = decode_program(eng, batch)
+    prog.run()
+    families = [ln.kernel.family for ln in prog.launches]
+    firsts = [i for i, f in enumerate(families) if f == families[2]]
+    lo = firsts[1] - 1  # the second layer, from its input norm on
+    hi = lo + firsts[1] - firsts[0]
+    be = eng.backend
+    stream = be.stream()
+    for i, (ln, args) in enumerate(zip(prog.launches, prog.arguments)):
+        if i == lo:
+            be.synchronize(stream)
+            cupy.cuda.runtime.profilerStart()
+        be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, args, stream,
+                  dependent=ln.dependent)
+        if i == hi - 1:
+            be.synchronize(stream)
+            cupy.cuda.runtime.profilerStop()
+    be.synchronize(stream)
+    print("profiled launches", lo, "to", hi - 1, ":", " ".join(families[lo:hi]))
+    eng.close()
+
+
+def ncu_csv(report: Path, *args: str) -> str:
+    return subprocess.run(["ncu", "--import", str(report), "--csv", *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def summarize(report: Path) -> list[dict]:
+    """The kept metrics and the stall reasons of every kernel in the report, in launch order."""
+    rows = list(csv.DictReader(io.StringIO(ncu_csv(report, "--page", "raw"))))
+    kernels = []
+    for row in rows[1:] if rows and not rows[0].get("ID", "").strip().isdigit() else rows:
+        k: dict = {"name": row.get("Kernel Name", "")}
+        for metric, key in KEEP.items():
+            k[key] = _number(row.get(metric))
+        stalls = {m[len(STALL):-len(STALL_END)]: _number(v) for m, v in row.items()
+                  if m and m.startswith(STALL) and m.endswith(STALL_END)}
+        k["stalls"] = dict(sorted(((r, v) for r, v in stalls.items() if v), key=lambda kv: -kv[1]))
+        kernels.append(k)
+    return kernels
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("targets", nargs="*", default=["qwen3-0.6b:bf16", "llama-3.1-8b:bf16"],
+                    help="MODEL:QUANT pairs")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    ap.add_argument("--source", default="attention",
+                    help="regex of kernel names whose per-instruction samples are exported")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        model, quant = a.child.split(":")
+        child(model, quant, a.batch)
+        return
+    if shutil.which("ncu") is None:
+        sys.exit("profile_gpu_step: ncu is not on the PATH (Nsight Compute's folder)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for target in a.targets:
+        model, quant = target.split(":")
+        stem = f"{model}_{quant}".replace(".", "_").replace("-", "_")
+        report = a.out / f"{stem}.ncu-rep"
+        cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
+               "--import-source", "no", "-f", "-o", str(report.with_suffix("")),
+               sys.executable, __file__, "--child", target, "--batch", str(a.batch)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
+        if run.returncode or not report.exists():
+            results.append({"model": model, "quant": quant, "error": run.stderr[-2000:]})
+            continue
+        (a.out / f"{stem}.csv").write_text(ncu_csv(report, "--page", "details"))
+        try:
+            sass = ncu_csv(report, "--page", "source", "--print-source", "sass",
+                           "--kernel-name", f"regex:{a.source}")
+            tag = re.sub(r"[^A-Za-z0-9]+", "_", a.source).strip("_")
+            (a.out / f"{stem}_{tag}.sass.csv").write_text(sass)
+        except subprocess.CalledProcessError as e:
+            print("source page:", e.stderr[-1000:])
+        kernels = summarize(report)
+        results.append({"model": model, "quant": quant, "batch": a.batch, "kernels": kernels})
+        for k in kernels:
+            top = ", ".join(f"{r} {v:.2f}" for r, v in list(k["stalls"].items())[:5])
+            print(f"{model} {quant} {k['name'][:44]:<44} {(k['duration'] or 0) / 1e3:7.2f} us "
+                  f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
+                  f"ipc {k['ipc'] or 0:4.2f} | {top}")
+        report.unlink()
+    print("wrote", write_result("gpu_profile", {"targets": results}))
+
+
+if __name__ == "__main__":
+    main()
