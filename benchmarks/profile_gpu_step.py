@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_result  # noqa: E402
 
 KEEP = {
-    "gpu__time_duration.sum": "duration",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
-    "dram__bytes_read.sum": "dram_read",
+    "gpu__time_duration.sum": "seconds",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "dram__bytes_read.sum": "dram_read_bytes",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_pct",
     "smsp__inst_executed.sum": "instructions",
     "sm__inst_executed.avg.per_cycle_active": "ipc",
@@ -45,6 +45,9 @@ KEEP = {
     "launch__grid_size": "grid",
     "launch__occupancy_limit_registers": "blocks_limit_registers",
 }
+UNITS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "byte": 1.0,
+         "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+"""ncu's units (the raw page's second row) to seconds and bytes."""
 STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
 
@@ -85,17 +88,30 @@ def ncu_csv(report: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def summarize(report: Path) -> list[dict]:
-    """The kept metrics and the stall reasons of every kernel in the report, in launch order."""
-    rows = list(csv.DictReader(io.StringIO(ncu_csv(report, "--page", "raw"))))
+def summarize(raw_csv: str) -> list[dict]:
+    r"""Per kernel of ncu's raw page (``--page raw --csv``: a header row, a units row, then one
+    row per kernel), in launch order: the KEEP metrics (times in seconds, bytes in bytes) and
+    the stall reasons as ``[reason, cycles per issued instruction]``, largest first.
+
+    >>> text = ('"ID","Kernel Name","gpu__time_duration.sum","{s}barrier{e}","{s}wait{e}"\n'
+    ...         '"","","usecond","",""\n"0","k","14.5","1.1","2.25"\n'
+    ...        ).format(s=STALL, e=STALL_END)
+    >>> k = summarize(text)[0]
+    >>> k["name"], round(k["seconds"] * 1e6, 3), k["stalls"]
+    ('k', 14.5, [['wait', 2.25], ['barrier', 1.1]])
+    """
+    rows = list(csv.DictReader(io.StringIO(raw_csv)))
+    units = rows[0] if rows and not rows[0].get("ID", "").strip().isdigit() else {}
     kernels = []
-    for row in rows[1:] if rows and not rows[0].get("ID", "").strip().isdigit() else rows:
+    for row in rows[1:] if units else rows:
         k: dict = {"name": row.get("Kernel Name", "")}
         for metric, key in KEEP.items():
-            k[key] = _number(row.get(metric))
-        stalls = {m[len(STALL):-len(STALL_END)]: _number(v) for m, v in row.items()
-                  if m and m.startswith(STALL) and m.endswith(STALL_END)}
-        k["stalls"] = dict(sorted(((r, v) for r, v in stalls.items() if v), key=lambda kv: -kv[1]))
+            value = _number(row.get(metric))
+            scale = UNITS.get((units.get(metric) or "").strip(), 1.0)
+            k[key] = None if value is None else value * scale
+        stalls = [[m[len(STALL):-len(STALL_END)], _number(v)] for m, v in row.items()
+                  if m and m.startswith(STALL) and m.endswith(STALL_END)]
+        k["stalls"] = sorted((s for s in stalls if s[1]), key=lambda s: -s[1])
         kernels.append(k)
     return kernels
 
@@ -147,11 +163,11 @@ def main() -> None:
             (a.out / f"{stem}_{tag}.sass.csv").write_text(sass)
         except subprocess.CalledProcessError as e:
             print("source page:", e.stderr[-1000:])
-        kernels = summarize(report)
+        kernels = summarize(ncu_csv(report, "--page", "raw"))
         results.append({"model": model, "quant": quant, "batch": a.batch, "kernels": kernels})
         for k in kernels:
-            top = ", ".join(f"{r} {v:.2f}" for r, v in list(k["stalls"].items())[:5])
-            print(f"{model} {quant} {k['name'][:44]:<44} {(k['duration'] or 0) / 1e3:7.2f} us "
+            top = ", ".join(f"{r} {v:.2f}" for r, v in k["stalls"][:5])
+            print(f"{model} {quant} {k['name'][:44]:<44} {(k['seconds'] or 0) * 1e6:7.2f} us "
                   f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
                   f"ipc {k['ipc'] or 0:4.2f} | {top}")
         report.unlink()

@@ -1,0 +1,46 @@
+"""The Nsight Compute summary of benchmarks/profile_gpu_step.py reads ncu's raw page right:
+units to seconds and bytes, stall reasons largest first, a page with no units row."""
+
+from __future__ import annotations
+
+import doctest
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import profile_gpu_step  # noqa: E402
+from profile_gpu_step import STALL, STALL_END, summarize  # noqa: E402
+
+HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
+          "launch__registers_per_thread", f"{STALL}long_scoreboard{STALL_END}",
+          f"{STALL}barrier{STALL_END}", f"{STALL}membar{STALL_END}"]
+
+
+def _csv(*rows: list[str]) -> str:
+    return "\n".join(",".join(f'"{c}"' for c in row) for row in (HEADER, *rows)) + "\n"
+
+
+def test_the_module_examples_hold():
+    assert doctest.testmod(profile_gpu_step).failed == 0
+
+
+def test_units_become_seconds_and_bytes_and_stalls_sort_largest_first():
+    text = _csv(["", "", "msecond", "Mbyte", "register/thread", "", "", ""],
+                ["0", "metrale_qkv", "0.0171", "50.3", "63", "6.23", "0.5", "0"],
+                ["1", "metrale_linear", "13.4", "33.5", "64", "8", "", "1.5"])
+    first, second = summarize(text)
+    assert first["name"] == "metrale_qkv"
+    assert first["seconds"] == pytest.approx(17.1e-6)
+    assert first["dram_read_bytes"] == pytest.approx(50.3e6)
+    assert first["registers"] == 63
+    assert first["stalls"] == [["long_scoreboard", 6.23], ["barrier", 0.5]]  # zero dropped
+    assert second["seconds"] == pytest.approx(13.4e-3)
+    assert second["stalls"] == [["long_scoreboard", 8.0], ["membar", 1.5]]  # empty dropped
+    assert second["dram_pct"] is None  # a metric the page lacks
+
+
+def test_a_page_without_a_units_row_keeps_the_numbers():
+    (k,) = summarize(_csv(["3", "metrale_rmsnorm", "1,250", "2", "84", "1", "2", "3"]))
+    assert k["seconds"] == 1250.0 and k["stalls"][0] == ["membar", 3.0]
