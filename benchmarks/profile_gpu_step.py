@@ -45,9 +45,10 @@ KEEP = {
     "launch__grid_size": "grid",
     "launch__occupancy_limit_registers": "blocks_limit_registers",
 }
-UNITS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "byte": 1.0,
-         "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
-"""ncu's units (the raw page's second row) to seconds and bytes."""
+UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond": 1e-6,
+         "msecond": 1e-3, "second": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+"""ncu's units (the raw page's second row) to seconds and bytes; its raw page spells times
+``us`` (2025.3), its metric docs ``usecond``."""
 STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
 

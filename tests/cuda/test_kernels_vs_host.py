@@ -251,6 +251,48 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
     _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
 
 
+@pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
+def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
+    """mxfp4 scale bytes above 240 (factors 2^114 and up) overflow the one-product
+    dequantization, and a warp with such a scale in a load takes the general path for that load:
+    rows with them in some blocks, one row with them in every block, the rest ordinary; the
+    activations are tiny so that every product stays finite. Byte-equal to linear on the f32
+    dequantized weights."""
+    import ml_dtypes
+
+    from metrale.lkb.quant import QuantTensor
+
+    gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
+    fam, linear, swiglu = P.family(family), P.family("linear"), P.family("swiglu")
+    quant = fam.point(**gemv, weight="mxfp4")
+    plain = linear.point(**gemv, weight="f32")
+    k, n = 4096, 72
+    sizes = {**_sizes(fam, 3), "k": k, "n": n}
+    fmt = QuantFormat.parse("mxfp4")
+    rng = np.random.default_rng(240)
+    x = (rng.standard_normal((3, k)) * 2.0 ** -118).astype(ml_dtypes.bfloat16)
+    device, weights = {"x": (x,)}, []
+    for port in fam.inputs:
+        if port.name not in fam.weights:
+            continue
+        specs = fmt.array_specs((n, k))
+        data = rng.integers(0, 256, specs["data"][0], dtype=np.uint8)
+        scale = rng.integers(118, 125, specs["scale"][0], dtype=np.uint8)
+        scale[5, 3] = scale[40, 100] = 245  # one load of a row, another row's last load
+        scale[17, :] = rng.integers(241, 251, k // 32)  # every block of one row
+        scale[60, ::7] = 250
+        qt = QuantTensor(fmt, (n, k), data, scale.view(specs["scale"][1].numpy))
+        weights.append(np.asarray(qt.dequantize(), np.float32))
+        device[port.name] = (qt.data, qt.scale, qt.global_scale)
+    got = _run_gpu(gpu, fam, quant, sizes, device)
+    dots = [_run_gpu(gpu, linear, plain, sizes, {"x": (x,), "w": (w,)})[0] for w in weights]
+    want = dots if family == "linear" else _run_gpu(
+        gpu, swiglu, swiglu.point(act="bf16"), sizes, {"g": (dots[0],), "u": (dots[1],)})
+    assert np.isfinite(want[0].astype(np.float32)).all()
+    assert (np.abs(dots[0].astype(np.float32)[:, 17]) > 1.0).all()  # the large scales count
+    assert got[0].tobytes() == want[0].tobytes(), quant
+
+
 def _row_invariant_points():
     return [(f, p) for f, p in _points() if f.row_invariant and F.realize(p).row_invariant
             and any(port.dims[:1] == ("rows",) for port in f.outputs)]

@@ -97,7 +97,8 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
                 for (int j = 0; j < N; ++j)
 #pragma unroll
                     for (int i = 0; i < C; ++i) s[j][i] = 0.0f;
-                if (c < k) {
+                // chunk i of every row, dequantized by unpack(j, i, wv), times the activations
+                auto dot_load = [&](auto unpack) {
 #pragma unroll
                     for (int i = 0; i < C; ++i) {
                         float xv[8];
@@ -106,12 +107,45 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
 #pragma unroll
                         for (int j = 0; j < N; ++j) {
                             float wv[8];
-                            weight8_unpack(w[j], wr[j][u].part(i), wv);
+                            unpack(j, i, wv);
 #pragma unroll
                             for (int e = 0; e < 8; ++e) s[j][i] = fmaf(xv[e], wv[e], s[j][i]);
                         }
                     }
+                };
+                auto general = [&](int j, int i, float (&wv)[8]) {
+                    weight8_unpack(w[j], wr[j][u].part(i), wv);
+                };
+#if defined(WEIGHT_MXFP4)
+                if constexpr (C == 4) {
+                    // a load's 32 columns share one scale byte: its factors are made once, not
+                    // per chunk, and one vote per load sends a warp with a scale past one
+                    // product (mxfp4_unpack) down the two-product path (the same bytes)
+                    bool rare = false;
+#pragma unroll
+                    for (int j = 0; j < N; ++j)
+                        rare |= c < k && !mxfp4_one_product(wr[j][u].s & 0xffu);
+                    if (__any_sync(0xffffffffu, rare)) {
+                        float g[N];
+#pragma unroll
+                        for (int j = 0; j < N; ++j) g[j] = e8m0_load(wr[j][u].s & 0xffu);
+                        if (c < k) dot_load([&](int j, int i, float (&wv)[8]) {
+                            mxfp4_unpack<false>(wr[j][u].word(i), 16384.0f, g[j], wv);
+                        });
+                    } else if (c < k) {
+                        float f[N];
+#pragma unroll
+                        for (int j = 0; j < N; ++j) f[j] = mxfp4_factor(wr[j][u].s & 0xffu);
+                        dot_load([&](int j, int i, float (&wv)[8]) {
+                            mxfp4_unpack<true>(wr[j][u].word(i), f[j], 1.0f, wv);
+                        });
+                    }
+                } else if (c < k) {
+                    dot_load(general);
                 }
+#else
+                if (c < k) dot_load(general);
+#endif
                 if (DOT_RING) load(u, g0 + u + AHEAD);
 #pragma unroll
                 for (int j = 0; j < N; ++j) {

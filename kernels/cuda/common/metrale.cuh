@@ -234,10 +234,34 @@ __device__ __forceinline__ float e4m3_load(uint8_t b) {
     return float(v);
 }
 
-// e8m0: 2^(byte - 127); 255 is NaN.
-__device__ __forceinline__ float e8m0_load(uint8_t b) {
-    return b == 255 ? __int_as_float(0x7fffffff) : ldexpf(1.0f, int(b) - 127);
+// e8m0: 2^(byte - 127), built as bits (0 is the subnormal 2^-127); 255 is NaN.
+__device__ __forceinline__ float e8m0_load(uint32_t b) {
+    return __uint_as_float(b == 255u ? 0x7fffffffu : b == 0u ? 0x00400000u : b << 23);
 }
+
+#if defined(WEIGHT_MXFP4)
+// e2m1x8_scaled's values (v 2^-14) times mxfp4_factor(b) = 2^(b - 127 + 14) is v * 2^(b - 127) in
+// one exact product, the v * s of the reference (a value of two significant bits times a power
+// of two), for every scale byte b with mxfp4_one_product(b); a larger b overflows the factor
+// and takes weight8_unpack's two products.
+__device__ __forceinline__ bool mxfp4_one_product(uint32_t b) { return b <= 240u; }
+__device__ __forceinline__ float mxfp4_factor(uint32_t b) {
+    return __uint_as_float((b + 14) << 23);
+}
+
+// Eight e2m1 weights (one data word) dequantized with factors the caller computed once for
+// every chunk its scale covers: v 2^-14 times f, then times g unless g is 1 (ONE_PRODUCT). With
+// (f, g) = (mxfp4_factor(b), 1) these are weight8_unpack's bytes for b <= 240; with
+// (2^14, e8m0_load(b)) they are for every b, since both round the same exact v * 2^(b - 127)
+// once (the first product is exact).
+template <bool ONE_PRODUCT>
+__device__ __forceinline__ void mxfp4_unpack(uint32_t word, float f, float g, float out[8]) {
+    float v[8];
+    e2m1x8_scaled(word, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = ONE_PRODUCT ? __fmul_rn(v[i], f) : __fmul_rn(v[i] * f, g);
+}
+#endif
 
 // A weight port as the kernel receives it: data, scale (null where the format has none) and
 // the global scale (nvfp4 only, else null).
@@ -328,12 +352,10 @@ __device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r,
     float v[8];  // the e2m1 values times 2^-14
     e2m1x8_scaled(r.v, v);
 #if defined(WEIGHT_MXFP4)
-    // v 2^-14 times 2^(b - 127 + 14): one exact product, the v * s of the reference (a value of
-    // two significant bits times a power of two), unless 2^(b - 113) would overflow
-    if (r.s <= 240) {
-        const float s14 = __uint_as_float((uint32_t)(r.s + 14) << 23);
+    if (mxfp4_one_product(r.s)) {
+        const float f = mxfp4_factor(r.s);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i], s14);
+        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i], f);
     } else {
         const float s = e8m0_load(r.s);
 #pragma unroll
@@ -369,6 +391,9 @@ template <int C>
 struct WeightChunks {
     uint4 v;
     uint32_t s;
+    __device__ __forceinline__ uint32_t word(int i) const {
+        return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+    }
     __device__ __forceinline__ WeightRaw8 part(int i) const {
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};
         WeightRaw8 r;
