@@ -76,8 +76,8 @@ __device__ __forceinline__ void attend(const act_t* q, const act_t* k_cache,
         float mloc = -INFINITY;
         for (int j = threadIdx.x; j < nb; j += blockDim.x) {
             const int r = k_new ? src[j] : -1;
-            const act_t* kj = r >= 0 ? k_new + ((long)r * hkv + kvh) * d
-                                     : k_cache + (((long)slot * max_ctx + start + j) * hkv + kvh) * d;
+            const long at = ((long)slot * max_ctx + start + j) * hkv + kvh;
+            const act_t* kj = r >= 0 ? k_new + ((long)r * hkv + kvh) * d : k_cache + at * d;
             float s = 0.0f;
             for (int c = 0; c < d; ++c) s = fmaf(sq[c], act_load(kj[c]), s);
             s *= scale;
@@ -110,8 +110,8 @@ __device__ __forceinline__ void attend(const act_t* q, const act_t* k_cache,
             float ab = 0.0f;
             for (int j = 0; j < nb; ++j) {
                 const int r = k_new ? src[j] : -1;
-                const act_t* vj = r >= 0 ? v_new + ((long)r * hkv + kvh) * d
-                                         : v_cache + (((long)slot * max_ctx + start + j) * hkv + kvh) * d;
+                const long at = ((long)slot * max_ctx + start + j) * hkv + kvh;
+                const act_t* vj = r >= 0 ? v_new + ((long)r * hkv + kvh) * d : v_cache + at * d;
                 ab = fmaf(sp[j], act_load(vj[c]), ab);
             }
             acc[i] = first ? ab : acc[i] * a + ab * b;

@@ -74,7 +74,7 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
         act8_raw xr[AHEAD];
         auto load = [&](int u, int g) {  // load g of every row into slot u
             const int c = g * C * K_BLOCK + at;
-            if (g < ng && c < k) {
+            if (g < ng && c < k) {  // c < k implies g < ng; ptxas makes bf16 shorter with both
 #pragma unroll
                 for (int j = 0; j < N; ++j) wr[j][u] = weight_chunks_load<C>(w[j], c);
                 if constexpr (C == 1) xr[u] = act8_load(x, c);

@@ -118,7 +118,8 @@ metrale_moe_combine(const act_t* __restrict__ y, const float* __restrict__ weigh
     const float* w = weights + (long)row * top_k;
     const act_t* yr = y + (long)row * top_k * h + c;
     float acc = __fmul_rn(w[0], act_load(yr[0]));
-    for (int s = 1; s < top_k; ++s) acc = __fadd_rn(acc, __fmul_rn(w[s], act_load(yr[(long)s * h])));
+    for (int s = 1; s < top_k; ++s)
+        acc = __fadd_rn(acc, __fmul_rn(w[s], act_load(yr[(long)s * h])));
     out[(long)row * h + c] = act_store(acc);
 }
 
@@ -127,8 +128,10 @@ metrale_moe_combine(const act_t* __restrict__ y, const float* __restrict__ weigh
 // grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ ids,
-                           const void* __restrict__ wg, const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
-                           const void* __restrict__ wu, const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
+                           const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                           const float* __restrict__ wg_global,
+                           const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                           const float* __restrict__ wu_global,
                            act_t* __restrict__ h, int rows, int top_k, int e, int n, int k) {
     grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
@@ -150,7 +153,8 @@ metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ 
 // the reduction runs over n. grid (ceil(k / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_moe_down(const act_t* __restrict__ h, const int* __restrict__ ids,
-                 const void* __restrict__ wd, const void* __restrict__ wd_scale, const float* __restrict__ wd_global,
+                 const void* __restrict__ wd, const void* __restrict__ wd_scale,
+                 const float* __restrict__ wd_global,
                  act_t* __restrict__ y, int rows, int top_k, int e, int n, int k) {
     grid_dependency_sync();
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
@@ -158,8 +162,8 @@ metrale_moe_down(const act_t* __restrict__ h, const int* __restrict__ ids,
     if (col >= k || rs >= rows * top_k) return;
     const int ex = ids[rs];
     if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
-    const float d = warp_dot(h + (long)rs * n,
-                             weight_rows(weight_ref(wd, wd_scale, wd_global), (long)ex * k + col, n), n);
+    const WeightRef wr = weight_rows(weight_ref(wd, wd_scale, wd_global), (long)ex * k + col, n);
+    const float d = warp_dot(h + (long)rs * n, wr, n);
     if ((threadIdx.x & 31) == 0) y[(long)rs * k + col] = act_store(d);
 }
 #endif

@@ -20,8 +20,10 @@ __device__ __forceinline__ void rotate_head(const float* x, const float* c_row,
 #endif
         const float xa = x[a], xb = x[b];
         // __fmul_rn/__fadd_rn: never contracted into an fma, so f32 matches the reference
-        const float ya = act_round(__fadd_rn(act_round(__fmul_rn(xa, c)), act_round(__fmul_rn(-xb, s))));
-        const float yb = act_round(__fadd_rn(act_round(__fmul_rn(xb, c)), act_round(__fmul_rn(xa, s))));
+        const float ya =
+            act_round(__fadd_rn(act_round(__fmul_rn(xa, c)), act_round(__fmul_rn(-xb, s))));
+        const float yb =
+            act_round(__fadd_rn(act_round(__fmul_rn(xb, c)), act_round(__fmul_rn(xa, s))));
         out[a] = act_store(ya);
         out[b] = act_store(yb);
     }
