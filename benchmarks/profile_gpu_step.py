@@ -84,6 +84,15 @@ def child(model: str, quant: str, batch: int) -> None:
     eng.close()
 
 
+def target(text: str) -> tuple[str, str]:
+    """``MODEL:QUANT`` as a pair; anything else is a usage error naming the argument."""
+    model, sep, quant = text.partition(":")
+    if not (model and sep and quant) or ":" in quant:
+        raise argparse.ArgumentTypeError(f"expected MODEL:QUANT (e.g. llama-3.1-8b:mxfp4), "
+                                         f"got {text!r}")
+    return model, quant
+
+
 def ncu_csv(report: Path, *args: str) -> str:
     return subprocess.run(["ncu", "--import", str(report), "--csv", *args], check=True,
                           capture_output=True, text=True).stdout
@@ -128,29 +137,28 @@ def _number(text: str | None) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("targets", nargs="*", default=["qwen3-0.6b:bf16", "llama-3.1-8b:bf16"],
+    ap.add_argument("targets", nargs="*", type=target,
+                    default=[("qwen3-0.6b", "bf16"), ("llama-3.1-8b", "bf16")],
                     help="MODEL:QUANT pairs")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--source", default="attention",
                     help="regex of kernel names whose per-instruction samples are exported")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child", type=target, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        model, quant = a.child.split(":")
-        child(model, quant, a.batch)
+        child(*a.child, a.batch)
         return
     if shutil.which("ncu") is None:
         sys.exit("profile_gpu_step: ncu is not on the PATH (Nsight Compute's folder)")
     a.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for target in a.targets:
-        model, quant = target.split(":")
+    for model, quant in a.targets:
         stem = f"{model}_{quant}".replace(".", "_").replace("-", "_")
         report = a.out / f"{stem}.ncu-rep"
         cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
                "--import-source", "no", "-f", "-o", str(report.with_suffix("")),
-               sys.executable, __file__, "--child", target, "--batch", str(a.batch)]
+               sys.executable, __file__, "--child", f"{model}:{quant}", "--batch", str(a.batch)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
         if run.returncode or not report.exists():

@@ -3,6 +3,7 @@ units to seconds and bytes, stall reasons largest first, a page with no units ro
 
 from __future__ import annotations
 
+import argparse
 import doctest
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import profile_gpu_step  # noqa: E402
-from profile_gpu_step import STALL, STALL_END, summarize  # noqa: E402
+from profile_gpu_step import STALL, STALL_END, summarize, target  # noqa: E402
 
 HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
           "launch__registers_per_thread", f"{STALL}long_scoreboard{STALL_END}",
@@ -47,3 +48,10 @@ def test_units_become_seconds_and_bytes_and_stalls_sort_largest_first():
 def test_a_page_without_a_units_row_keeps_the_numbers():
     (k,) = summarize(_csv(["3", "metrale_rmsnorm", "1,250", "2", "84", "1", "2", "3"]))
     assert k["seconds"] == 1250.0 and k["stalls"][0] == ["membar", 3.0]
+
+
+def test_targets_are_model_quant_pairs():
+    assert target("llama-3.1-8b:mxfp4") == ("llama-3.1-8b", "mxfp4")
+    for bad in ("llama-3.1-8b", ":bf16", "qwen3-0.6b:", "a:b:c"):
+        with pytest.raises(argparse.ArgumentTypeError, match="MODEL:QUANT"):
+            target(bad)
