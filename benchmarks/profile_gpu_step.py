@@ -4,11 +4,12 @@ The step timings (``bench_gpu_decode.py``) say how long each kernel takes; this 
 each model and quant it builds the same sm_90 engine (random weights, full cache, every row at
 position 1024), runs the step once to load its modules, then launches the step again with the
 profiler on for the launches of its second layer only, under
-``ncu --set full --clock-control none``. From the report it keeps, per kernel: the duration,
-DRAM throughput, achieved occupancy, issued instructions per cycle, registers, and the warp
-stall reasons (cycles a warp spends stalled per issued instruction, by reason), which name the
-limit: ``long_scoreboard`` (waiting on global memory), ``no_instruction`` (the instruction
-cache), ``barrier``, ``membar``, ``math_pipe_throttle`` and so on.
+``ncu --set full --clock-control none``. From the report it keeps, per kernel (with the plan's
+label and point of its launch): the duration, DRAM throughput, achieved occupancy, issued
+instructions per cycle, registers, and the warp stall reasons (cycles a warp spends stalled per
+issued instruction, by reason), which name the limit: ``long_scoreboard`` (waiting on global
+memory), ``no_instruction`` (the instruction cache), ``barrier``, ``membar``,
+``math_pipe_throttle`` and so on.
 
 Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
 ``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``. Writes
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import re
 import shutil
@@ -53,8 +55,9 @@ STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
 
 
-def child(model: str, quant: str, batch: int) -> None:
-    """Run inside ncu: the step once, then its second layer with the profiler on."""
+def child(model: str, quant: str, batch: int, launches: Path) -> None:
+    """Run inside ncu: the step once, then its second layer with the profiler on; the plan's
+    label and point of each profiled launch, in order, go to ``launches`` (JSON)."""
     import cupy
     import numpy as np
     from bench_gpu_decode import decode_engine
@@ -81,6 +84,9 @@ def child(model: str, quant: str, batch: int) -> None:
             cupy.cuda.runtime.profilerStop()
     be.synchronize(stream)
     print("profiled launches", lo, "to", hi - 1, ":", " ".join(families[lo:hi]))
+    launches.write_text(json.dumps([{"kernel": f"#{ln.kernel.index} {ln.kernel.family}",
+                                     "point": str(ln.kernel.point)}
+                                    for ln in prog.launches[lo:hi]]))
     eng.close()
 
 
@@ -126,6 +132,20 @@ def summarize(raw_csv: str) -> list[dict]:
     return kernels
 
 
+def labelled(kernels: list[dict], launches: list[dict]) -> list[dict]:
+    """Each profiled kernel with the plan's label and point of its launch (they come in the same
+    order); unchanged when the counts differ, which would mean ncu profiled other launches.
+
+    >>> labelled([{"name": "metrale_linear"}], [{"kernel": "#8 linear", "point": "linear[..]"}])
+    [{'name': 'metrale_linear', 'kernel': '#8 linear', 'point': 'linear[..]'}]
+    >>> labelled([{"name": "metrale_linear"}], [])
+    [{'name': 'metrale_linear'}]
+    """
+    if len(kernels) != len(launches):
+        return kernels
+    return [{**k, **ln} for k, ln in zip(kernels, launches)]
+
+
 def _number(text: str | None) -> float | None:
     if text is None:
         return None
@@ -145,9 +165,10 @@ def main() -> None:
     ap.add_argument("--source", default="attention",
                     help="regex of kernel names whose per-instruction samples are exported")
     ap.add_argument("--child", type=target, help=argparse.SUPPRESS)
+    ap.add_argument("--launches", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(*a.child, a.batch)
+        child(*a.child, a.batch, a.launches)
         return
     if shutil.which("ncu") is None:
         sys.exit("profile_gpu_step: ncu is not on the PATH (Nsight Compute's folder)")
@@ -156,9 +177,11 @@ def main() -> None:
     for model, quant in a.targets:
         stem = f"{model}_{quant}".replace(".", "_").replace("-", "_")
         report = a.out / f"{stem}.ncu-rep"
+        launches = a.out / f"{stem}.launches.json"
         cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
                "--import-source", "no", "-f", "-o", str(report.with_suffix("")),
-               sys.executable, __file__, "--child", f"{model}:{quant}", "--batch", str(a.batch)]
+               sys.executable, __file__, "--child", f"{model}:{quant}", "--batch", str(a.batch),
+               "--launches", str(launches)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
         if run.returncode or not report.exists():
@@ -173,10 +196,14 @@ def main() -> None:
         except subprocess.CalledProcessError as e:
             print("source page:", e.stderr[-1000:])
         kernels = summarize(ncu_csv(report, "--page", "raw"))
+        if launches.exists():
+            kernels = labelled(kernels, json.loads(launches.read_text()))
+            launches.unlink()
         results.append({"model": model, "quant": quant, "batch": a.batch, "kernels": kernels})
         for k in kernels:
             top = ", ".join(f"{r} {v:.2f}" for r, v in k["stalls"][:5])
-            print(f"{model} {quant} {k['name'][:44]:<44} {(k['seconds'] or 0) * 1e6:7.2f} us "
+            print(f"{model} {quant} {k.get('kernel', k['name'])[:44]:<44} "
+                  f"{(k['seconds'] or 0) * 1e6:7.2f} us "
                   f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
                   f"ipc {k['ipc'] or 0:4.2f} | {top}")
         report.unlink()

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import profile_gpu_step  # noqa: E402
-from profile_gpu_step import STALL, STALL_END, summarize, target  # noqa: E402
+from profile_gpu_step import STALL, STALL_END, labelled, summarize, target  # noqa: E402
 
 HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
           "launch__registers_per_thread", f"{STALL}long_scoreboard{STALL_END}",
@@ -55,3 +55,10 @@ def test_targets_are_model_quant_pairs():
     for bad in ("llama-3.1-8b", ":bf16", "qwen3-0.6b:", "a:b:c"):
         with pytest.raises(argparse.ArgumentTypeError, match="MODEL:QUANT"):
             target(bad)
+
+
+def test_kernels_take_their_launch_labels_only_when_the_counts_agree():
+    kernels = [{"name": "metrale_linear"}, {"name": "metrale_linear"}]
+    launches = [{"kernel": "#8 linear", "point": "p8"}, {"kernel": "#11 linear", "point": "p11"}]
+    assert [k["kernel"] for k in labelled(kernels, launches)] == ["#8 linear", "#11 linear"]
+    assert labelled(kernels, launches[:1]) == kernels
