@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # A device round: install, the CUDA tests, then the decode benchmark (KERNELS_BENCH=1: with
-# each kernel timed alone). The evidence file comes back under $OUT (a `--record` run appends
-# to it there).
+# each kernel timed alone), then, with PROFILE="MODEL:QUANT ...", one decode layer of each under
+# Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under $OUT
+# come the result files this round wrote and the evidence file (a `--record` run appends to it
+# there), and nothing older: a device call returns at most eight files.
 # Usage: bash benchmarks/device_round.sh "<pytest -k expr or empty>" "<bench_gpu_decode args>"
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+started=$(mktemp)
 bash benchmarks/device_checks.sh --timeout=300 ${1:+-k "$1"} | tail -25
 export PYTHONPATH=/tmp/site METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
 python3 benchmarks/bench_gpu_decode.py $2 ${KERNELS_BENCH:+--kernels} 2>&1 \
   | tee "$OUT/bench_decode.log" | grep -v "^    [a-z_]*\[" | tail -60
-cp benchmarks/results/gpu_*.json kernels/sm_90/EVIDENCE.toml "$OUT/" 2>/dev/null || true
+if [ -n "${PROFILE:-}" ]; then
+  # shellcheck disable=SC2086  # the targets are separate arguments
+  python3 benchmarks/profile_gpu_step.py $PROFILE --out /tmp/profile 2>&1 \
+    | grep -E "^[a-z0-9.-]+ [a-z0-9]+ |wrote" | tail -40
+fi
+find benchmarks/results -name 'gpu_*.json' -newer "$started" -exec cp {} "$OUT/" \;
+cp kernels/sm_90/EVIDENCE.toml "$OUT/" 2>/dev/null || true
