@@ -68,9 +68,7 @@ def child(model: str, quant: str, batch: int, launches: Path) -> None:
     prog = decode_program(eng, batch)
     prog.run()
     families = [ln.kernel.family for ln in prog.launches]
-    firsts = [i for i, f in enumerate(families) if f == families[2]]
-    lo = firsts[1] - 1  # the second layer, from its input norm on
-    hi = lo + firsts[1] - firsts[0]
+    lo, hi = second_layer(families)
     be = eng.backend
     stream = be.stream()
     for i, (ln, args) in enumerate(zip(prog.launches, prog.arguments)):
@@ -88,6 +86,23 @@ def child(model: str, quant: str, batch: int, launches: Path) -> None:
                                      "point": str(ln.kernel.point)}
                                     for ln in prog.launches[lo:hi]]))
     eng.close()
+
+
+def second_layer(families: list[str]) -> tuple[int, int]:
+    """The launches ``[lo, hi)`` of a decode step's second layer, from its input norm on: the
+    layers repeat from the launch after the step's first norm (launch 2, the first layer's first
+    projection), so the second layer starts one launch before that family's second launch.
+
+    >>> second_layer(["embedding", "rmsnorm", "qkv", "attention", "linear", "add_rmsnorm",
+    ...               "gate_up_swiglu", "linear", "add_rmsnorm", "qkv", "attention", "linear",
+    ...               "add_rmsnorm", "gate_up_swiglu", "linear", "add_rmsnorm", "lm_head"])
+    (8, 15)
+    """
+    firsts = [i for i, f in enumerate(families) if f == families[2]]
+    if len(firsts) < 2:
+        raise ValueError(f"one layer only: {families[2]!r} launches once")
+    lo = firsts[1] - 1
+    return lo, lo + firsts[1] - firsts[0]
 
 
 def target(text: str) -> tuple[str, str]:

@@ -12,7 +12,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import profile_gpu_step  # noqa: E402
-from profile_gpu_step import STALL, STALL_END, labelled, summarize, target  # noqa: E402
+from profile_gpu_step import (  # noqa: E402
+    STALL,
+    STALL_END,
+    labelled,
+    second_layer,
+    summarize,
+    target,
+)
 
 HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
           "launch__registers_per_thread", f"{STALL}long_scoreboard{STALL_END}",
@@ -62,3 +69,18 @@ def test_kernels_take_their_launch_labels_only_when_the_counts_agree():
     launches = [{"kernel": "#8 linear", "point": "p8"}, {"kernel": "#11 linear", "point": "p11"}]
     assert [k["kernel"] for k in labelled(kernels, launches)] == ["#8 linear", "#11 linear"]
     assert labelled(kernels, launches[:1]) == kernels
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe"])
+def test_the_profiled_window_is_one_whole_layer(model):
+    """On the host plans of the built-in tiny models: the window starts at the second layer's
+    input norm and holds exactly the launches one layer repeats."""
+    from metrale.runtime.bench import decode_program
+    from metrale.runtime.engine import Engine
+
+    with Engine.load(model, max_ctx=40) as eng:
+        families = [ln.kernel.family for ln in decode_program(eng, 1).launches]
+    lo, hi = second_layer(families)
+    assert families[lo] == "add_rmsnorm"  # the second layer's input norm
+    assert families[lo + 1:hi] == families[2:2 + hi - lo - 1]  # the first layer, norm aside
+    assert families[lo:hi].count(families[2]) == 1
