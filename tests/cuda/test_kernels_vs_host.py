@@ -254,8 +254,8 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
 @pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
 def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     """mxfp4 scale bytes above 240 (factors 2^114 and up) overflow the one-product
-    dequantization, and a warp with such a scale in a load takes the general path for that load:
-    rows with them in some blocks, one row with them in every block, the rest ordinary; the
+    dequantization, and a warp with such a scale in a load takes the two-product path for that
+    load: rows with them in some blocks, one row with them in every block, the rest ordinary; the
     activations are tiny so that every product stays finite. Byte-equal to linear on the f32
     dequantized weights."""
     import ml_dtypes
