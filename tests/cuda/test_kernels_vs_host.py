@@ -221,6 +221,23 @@ def test_decode_attention_at_model_shapes_matches_reference(gpu, family, hq, hkv
     _compare(point, fam, ref, got)
 
 
+GEMV = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
+"""The decode GEMV point's parameters other than the weight format."""
+
+
+def _dequantized_gemv(gpu, family: str, sizes: dict[str, int], x: tuple, weights: list):
+    """What a quantized ``family`` GEMV must give, byte for byte, by the dequant_linear relation:
+    linear with f32 weights on each dequantized weight (the dots), then, for gate_up_swiglu,
+    swiglu of the two. Returns (dots, wanted outputs)."""
+    linear, swiglu = P.family("linear"), P.family("swiglu")
+    plain = linear.point(**GEMV, weight="f32")
+    dots = [_run_gpu(gpu, linear, plain, sizes, {"x": x, "w": (w,)})[0] for w in weights]
+    if family == "linear":
+        return dots, dots
+    return dots, _run_gpu(gpu, swiglu, swiglu.point(act="bf16"), sizes,
+                          {"g": (dots[0],), "u": (dots[1],)})
+
+
 # k of the decode GEMVs (Qwen3-MoE's experts, Qwen3-0.6B, Llama-3.1-8B), then two ragged ones:
 # 1056 ends in a k-block of 32 columns (fp4's wide loads cover four blocks, fp8's two), 1032
 # is a multiple of 8 but not of 16 (fp8 falls back to one chunk per load; fp4 cannot have it)
@@ -236,17 +253,13 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
     weights dequantized to f32 (the dequant_linear relation; for gate_up_swiglu, one linear per
     weight and then swiglu) at the model sizes of k, where the wide loads of fp8 and fp4 cover
     several k-blocks (f32 weights take one chunk per load); and it agrees with the reference."""
-    gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
-    fam, linear, swiglu = P.family(family), P.family("linear"), P.family("swiglu")
-    quant = fam.point(**gemv, weight=fmt)
-    plain = linear.point(**gemv, weight="f32")
+    fam = P.family(family)
+    quant = fam.point(**GEMV, weight=fmt)
     sizes = {**_sizes(fam, 3), "k": k, "n": 72}
     host, device = _inputs(fam, quant, sizes, seed=k)
     got = _run_gpu(gpu, fam, quant, sizes, device)
-    dots = [_run_gpu(gpu, linear, plain, sizes, {"x": device["x"], "w": (h,)})[0]
-            for port, h in zip(fam.inputs, host) if port.name in fam.weights]
-    want = dots if family == "linear" else _run_gpu(
-        gpu, swiglu, swiglu.point(act="bf16"), sizes, {"g": (dots[0],), "u": (dots[1],)})
+    weights = [h for port, h in zip(fam.inputs, host) if port.name in fam.weights]
+    _, want = _dequantized_gemv(gpu, family, sizes, device["x"], weights)
     assert got[0].tobytes() == want[0].tobytes(), f"{quant} k={k}"
     _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
 
@@ -262,10 +275,8 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
 
     from metrale.lkb.quant import QuantTensor
 
-    gemv = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
-    fam, linear, swiglu = P.family(family), P.family("linear"), P.family("swiglu")
-    quant = fam.point(**gemv, weight="mxfp4")
-    plain = linear.point(**gemv, weight="f32")
+    fam = P.family(family)
+    quant = fam.point(**GEMV, weight="mxfp4")
     k, n = 4096, 72
     sizes = {**_sizes(fam, 3), "k": k, "n": n}
     fmt = QuantFormat.parse("mxfp4")
@@ -285,9 +296,7 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
         weights.append(np.asarray(qt.dequantize(), np.float32))
         device[port.name] = (qt.data, qt.scale, qt.global_scale)
     got = _run_gpu(gpu, fam, quant, sizes, device)
-    dots = [_run_gpu(gpu, linear, plain, sizes, {"x": (x,), "w": (w,)})[0] for w in weights]
-    want = dots if family == "linear" else _run_gpu(
-        gpu, swiglu, swiglu.point(act="bf16"), sizes, {"g": (dots[0],), "u": (dots[1],)})
+    dots, want = _dequantized_gemv(gpu, family, sizes, (x,), weights)
     assert np.isfinite(want[0].astype(np.float32)).all()
     assert (np.abs(dots[0].astype(np.float32)[:, 17]) > 1.0).all()  # the large scales count
     assert got[0].tobytes() == want[0].tobytes(), quant
