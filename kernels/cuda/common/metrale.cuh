@@ -243,23 +243,27 @@ __device__ __forceinline__ float e8m0_load(uint32_t b) {
 // e2m1x8_scaled's values (v 2^-14) times mxfp4_factor(b) = 2^(b - 127 + 14) is v * 2^(b - 127) in
 // one exact product, the v * s of the reference (a value of two significant bits times a power
 // of two), for every scale byte b with mxfp4_one_product(b); a larger b overflows the factor
-// and takes weight8_unpack's two products.
+// and takes mxfp4_unpack's two products.
 __device__ __forceinline__ bool mxfp4_one_product(uint32_t b) { return b <= 240u; }
 __device__ __forceinline__ float mxfp4_factor(uint32_t b) {
     return __uint_as_float((b + 14) << 23);
 }
 
 // Eight e2m1 weights (one data word) dequantized with factors the caller computed once for
-// every chunk its scale covers: v 2^-14 times f, then times g unless g is 1 (ONE_PRODUCT). With
-// (f, g) = (mxfp4_factor(b), 1) these are weight8_unpack's bytes for b <= 240; with
-// (2^14, e8m0_load(b)) they are for every b, since both round the same exact v * 2^(b - 127)
-// once (the first product is exact).
+// every chunk its scale covers: v 2^-14 times f, then times g unless g is 1 (ONE_PRODUCT).
+// (f, g) = (mxfp4_factor(b), 1) for b <= 240 and (2^14, e8m0_load(b)) for every b give the same
+// bytes, the reference's v * s: both round the same exact v * 2^(b - 127) once (the first
+// product is exact).
+template <bool ONE_PRODUCT>
+__device__ __forceinline__ void mxfp4_scale(const float v[8], float f, float g, float out[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = ONE_PRODUCT ? __fmul_rn(v[i], f) : __fmul_rn(v[i] * f, g);
+}
 template <bool ONE_PRODUCT>
 __device__ __forceinline__ void mxfp4_unpack(uint32_t word, float f, float g, float out[8]) {
     float v[8];
     e2m1x8_scaled(word, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = ONE_PRODUCT ? __fmul_rn(v[i], f) : __fmul_rn(v[i] * f, g);
+    mxfp4_scale<ONE_PRODUCT>(v, f, g, out);
 }
 #endif
 
@@ -352,15 +356,8 @@ __device__ __forceinline__ void weight8_unpack(WeightRef w, const WeightRaw8& r,
     float v[8];  // the e2m1 values times 2^-14
     e2m1x8_scaled(r.v, v);
 #if defined(WEIGHT_MXFP4)
-    if (mxfp4_one_product(r.s)) {
-        const float f = mxfp4_factor(r.s);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i], f);
-    } else {
-        const float s = e8m0_load(r.s);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = __fmul_rn(v[i] * 16384.0f, s);
-    }
+    if (mxfp4_one_product(r.s)) mxfp4_scale<true>(v, mxfp4_factor(r.s), 1.0f, out);
+    else mxfp4_scale<false>(v, 16384.0f, e8m0_load(r.s), out);
 #else
     // (v 2^-14)(s 2^14) is v * s exactly (at most 6 significant bits), then times g as the
     // reference rounds it
@@ -395,15 +392,14 @@ struct WeightChunks {
         return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
     }
     __device__ __forceinline__ WeightRaw8 part(int i) const {
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
         WeightRaw8 r;
 #if defined(WEIGHT_FP8)
-        r.v = make_uint2(words[2 * i], words[2 * i + 1]);
+        r.v = make_uint2(word(2 * i), word(2 * i + 1));
 #elif defined(WEIGHT_MXFP4)
-        r.v = words[i];
+        r.v = word(i);
         r.s = (uint8_t)s;
 #elif defined(WEIGHT_NVFP4)
-        r.v = words[i];
+        r.v = word(i);
         r.s = (uint8_t)(s >> (8 * (i / 2)));  // 16 columns a scale: two chunks each
 #endif
         return r;
