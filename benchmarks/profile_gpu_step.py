@@ -212,7 +212,11 @@ def main() -> None:
             print("source page:", e.stderr[-1000:])
         kernels = summarize(ncu_csv(report, "--page", "raw"))
         if launches.exists():
-            kernels = labelled(kernels, json.loads(launches.read_text()))
+            plan = json.loads(launches.read_text())
+            if len(plan) != len(kernels):  # said, not silent: the rows keep ncu's names only
+                print(f"{model} {quant}: ncu profiled {len(kernels)} kernels and the plan "
+                      f"launched {len(plan)}; the rows are left without the plan's labels")
+            kernels = labelled(kernels, plan)
             launches.unlink()
         results.append({"model": model, "quant": quant, "batch": a.batch, "kernels": kernels})
         for k in kernels:
