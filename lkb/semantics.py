@@ -68,6 +68,7 @@ WITHIN: Mapping[str, str] = {
     "gemm": "BLAS sgemm order",
     "pairwise": "NumPy pairwise summation",
     "sequential": "left to right",
+    "mma": "tensor-core MMA order",
 }
 """Within-block orders, by code, with the words :func:`describe` uses for them."""
 

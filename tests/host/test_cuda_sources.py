@@ -29,7 +29,7 @@ KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
 TABLES = KERNELS_TOML["kernel"]
 DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
-          "reduction", "row_invariant", "dependent_launch"}
+          "reduction", "row_invariant", "dependent_launch", "requires"}
 # PTX that writes global memory: stores, atomics, reductions, and asynchronous copies whose
 # destination is global (cp.async.cg.shared.global copies global into shared: a read)
 WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b"
@@ -111,13 +111,20 @@ def claimed() -> list[tuple[str, dict]]:
 
 
 def test_every_family_has_a_kernel_and_every_point_exactly_one():
+    """... without requirements (what a class with none of the optional capabilities runs), and
+    at most one more per set of requirements (a class that has them runs that one instead)."""
     for family in FAMILIES:
         if FAMILIES[family].get("view"):  # a reinterpretation aliases its buffer: no kernel
             assert not [n for n in TABLES if family_of(n) == family], family
             continue
         for p in points(family):
             owners = [n for n in TABLES if family_of(n) == family and claims(n, p)]
-            assert len(owners) == 1, (family, p, owners)
+            plain = [n for n in owners if "requires" not in TABLES[n]]
+            assert len(plain) == 1, (family, p, owners)
+            needs = [repr(sorted(TABLES[n]["requires"].items())) for n in owners if n not in plain]
+            assert len(needs) == len(set(needs)), (family, p, owners)
+            # the first claiming table whose requirements hold wins: the plain one comes last
+            assert owners[-1] == plain[0], (family, p, owners)
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
@@ -266,6 +273,22 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     assert set(usage) >= entries, usage
     limit = {"metrale_gate_up_swiglu": 72} if weight == "BF16" else {}
     assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()), usage
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("weight", ["BF16", "FP8", "MXFP4", "NVFP4"])
+def test_gemm_entries_run_on_tensor_cores_without_spilling(tmp_path, weight):
+    """The prefill GEMM entries issue bf16 MMAs and keep their two sets of accumulators (the
+    k-block's partial, the sum) in registers: a spill would sit in the main loop."""
+    cubin, log = _sm90a_cubin(tmp_path, "gemm.cu", "ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256")
+    usage = _resource_usage(log)
+    entries = {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
+               "metrale_gate_up_swiglu_mma"}
+    assert set(usage) >= entries, usage
+    assert all(spills == 0 for regs, spills in usage.values()), usage
+    ptx = nvcc_ptx(tmp_path, "gemm.cu", ("ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256"), "sm_90a")
+    for e in entries:
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in entry_body(ptx, e), e
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

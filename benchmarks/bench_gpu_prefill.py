@@ -1,0 +1,289 @@
+"""The prefill GEMMs on tensor cores against cuBLAS (through torch) and the floors, on the GPU.
+
+For the four matmul launches of a layer of Qwen3-0.6B and Llama-3.1-8B (qkv, o_proj with the
+residual add, gate_up with SwiGLU, down_proj with the residual add) at several prompt lengths,
+this script builds the sm_90 realization of each `gemm` point (bf16 activations; bf16, fp8 and
+mxfp4 weights) as the build compiles it, checks its output against torch's on the same inputs,
+and times it. The peer is the same work in torch: one cuBLAS matmul over the concatenated
+weights (``addmm`` where the residual is added, ``silu(g) * u`` after it for gate_up), bf16.
+Floors, from the same run: the tensor-core peak (dense bf16, the H200's datasheet figure) and
+the bytes moved at the device-to-device copy rate measured here; a launch's floor is the larger.
+Each figure is the median over several replays of a CUDA graph of back-to-back launches.
+
+Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 128,512,2048``,
+``--weights bf16,fp8,mxfp4``; ``--record`` appends each kernel's throughput at the largest rows
+to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _common import device_copy_rate, write_result  # noqa: E402
+from bench_gpu_variants import bf16_bits, build  # noqa: E402
+
+TENSOR_PEAK = 989.4e12
+"""Dense bf16 tensor-core FLOP/s of the H200 SXM (NVIDIA's datasheet: 1979 TFLOPS with
+2:4 sparsity), the compute floor of a launch."""
+LAUNCHES = 10  # launches per captured graph
+REPEATS = 7
+
+# (model, launch, family, sizes other than rows)
+SHAPES = [
+    ("qwen3-0.6b", "qkv", "qkv", {"k": 1024, "nq": 2048, "nk": 1024, "nv": 1024}),
+    ("qwen3-0.6b", "o_proj", "linear_add", {"k": 2048, "n": 1024}),
+    ("qwen3-0.6b", "gate_up", "gate_up_swiglu", {"k": 1024, "n": 3072}),
+    ("qwen3-0.6b", "down", "linear_add", {"k": 3072, "n": 1024}),
+    ("llama-3.1-8b", "qkv", "qkv", {"k": 4096, "nq": 4096, "nk": 1024, "nv": 1024}),
+    ("llama-3.1-8b", "o_proj", "linear_add", {"k": 4096, "n": 4096}),
+    ("llama-3.1-8b", "gate_up", "gate_up_swiglu", {"k": 4096, "n": 14336}),
+    ("llama-3.1-8b", "down", "linear_add", {"k": 14336, "n": 4096}),
+]
+WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear_add": ("w",), "gate_up_swiglu": ("wg", "wu")}
+OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear_add": ("y",), "gate_up_swiglu": ("h",)}
+
+
+def realized(family: str, weight: str) -> Any:
+    """The sm_90 kernel of ``family``'s gemm point with bf16 activations and ``weight``."""
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+
+    P = Presentation.load()
+    point = P.family(family).point(act="bf16", weight=weight, shape="gemm", k_block=256,
+                                   across="sequential")
+    return realization("sm_90", presentation=P).realize(point)
+
+
+def widths(family: str, sizes: dict[str, int]) -> list[int]:
+    """The output rows of each weight port of ``family``."""
+    if family == "qkv":
+        return [sizes["nq"], sizes["nk"], sizes["nv"]]
+    return [sizes["n"]] * len(WEIGHT_PORTS[family])
+
+
+def make_weight(cp: Any, fmt: str, n: int, k: int, rng: np.random.Generator) -> dict:
+    """A weight of ``n`` x ``k`` in ``fmt`` (data, scale, global on the device) and its values as a
+    bf16 torch-ready f32 array on the device (the dequantized weights, for the check)."""
+    from metrale.lkb.quant import QuantFormat
+
+    w = (rng.standard_normal((n, k)).astype(np.float32) / np.float32(np.sqrt(k)))
+    if fmt == "bf16":
+        import ml_dtypes
+
+        data = w.astype(ml_dtypes.bfloat16)
+        return {"data": cp.asarray(data.view(np.uint16)), "scale": None, "global": None,
+                "values": cp.asarray(data.astype(np.float32)), "bytes": data.nbytes}
+    qt = QuantFormat.parse(fmt).quantize(w)
+    scale = None if qt.scale is None else cp.asarray(np.ascontiguousarray(qt.scale).view(np.uint8))
+    glob = None if qt.global_scale is None else cp.asarray(np.asarray(qt.global_scale,
+                                                                      np.float32).reshape(1))
+    nbytes = qt.data.nbytes + (0 if qt.scale is None else qt.scale.nbytes)
+    return {"data": cp.asarray(np.ascontiguousarray(qt.data).view(np.uint8)), "scale": scale,
+            "global": glob,
+            "values": cp.asarray(np.asarray(qt.dequantize(), np.float32)), "bytes": nbytes}
+
+
+def time_graph(cp: Any, launch: Any) -> float:
+    """Median seconds per launch over REPEATS replays of a graph of LAUNCHES launches."""
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch()  # module load, first touch
+        stream.begin_capture()
+        for _ in range(LAUNCHES):
+            launch()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(REPEATS):
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record(stream)
+            graph.launch(stream)
+            e.record(stream)
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3 / LAUNCHES)
+    return statistics.median(times)
+
+
+def time_torch(torch: Any, fn: Any) -> float:
+    """The same for a torch callable, captured with torch's own graph API."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(LAUNCHES):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPEATS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / LAUNCHES)
+    return statistics.median(times)
+
+
+class Launch:
+    """One launch's kernel and weights, built once: its module (the sm_90 realization of the
+    family's gemm point in ``fmt``), the weights on the device and, for the peer, their
+    dequantized values as one bf16 torch tensor (the weights concatenated)."""
+
+    def __init__(self, cp: Any, torch: Any, tmp: Path, family: str, dims: dict[str, int],
+                 fmt: str) -> None:
+        self.family, self.dims, self.fmt = family, dims, fmt
+        self.kernel = realized(family, fmt)
+        defines = " ".join(d.removeprefix("-D") for d in self.kernel.defines)
+        self.module = cp.RawModule(path=str(build(Path(self.kernel.source).name, defines,
+                                                  tmp / f"{family}_{fmt}.cubin")))
+        self.fn = self.module.get_function(self.kernel.entry)
+        rng = np.random.default_rng(dims["k"])
+        self.widths = widths(family, dims)
+        self.ws = [make_weight(cp, fmt, n, dims["k"], rng) for n in self.widths]
+        self.tw = torch.cat([torch.as_tensor(w["values"], device="cuda")
+                             for w in self.ws]).to(torch.bfloat16)
+        for w in self.ws:
+            del w["values"]
+
+
+def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int,
+               rate: float) -> dict:
+    """``lc`` at ``rows`` rows: Metrale's kernel checked against torch on the same (dequantized)
+    weights, both timed, with the floors."""
+    family, dims, k = lc.family, lc.dims, lc.dims["k"]
+    sizes = {"rows": rows, **dims}
+    grid, block, shared = lc.kernel.launch_for(sizes)
+    lc.fn.max_dynamic_shared_size_bytes = shared
+    x = bf16_bits(cp, (rows, k))
+    r = bf16_bits(cp, (rows, dims["n"])) if family == "linear_add" else None
+    outs = [cp.empty((rows, n), cp.uint16) for n in
+            (lc.widths if family == "qkv" else [dims["n"]])]
+    ptrs = {"x": x, "r": r}
+    for port, w in zip(WEIGHT_PORTS[family], lc.ws):
+        ptrs.update({port: w["data"], f"{port}_scale": w["scale"], f"{port}_global": w["global"]})
+    ptrs.update(zip(OUT_PORTS[family], outs))
+    null = np.uint64(0)
+    args = tuple((null if ptrs.get(arg) is None else ptrs[arg]) if ty == "ptr"
+                 else np.int32(sizes[arg])
+                 for arg, _, ty in (a.partition(":") for a in lc.kernel.args))
+
+    def launch() -> None:
+        lc.fn(grid, block, args, shared_mem=shared)
+
+    for o in outs:
+        o.fill(0xFFFF)  # poison: NaN
+    launch()
+    cp.cuda.Device().synchronize()
+
+    # the peer on the same values: torch bf16 (cuBLAS), weights as bf16 of the dequantized values
+    tx = torch.as_tensor(x.view(cp.int16), device="cuda").view(torch.bfloat16)
+    tr = None if r is None else torch.as_tensor(r.view(cp.int16), device="cuda").view(torch.bfloat16)
+
+    def peer() -> Any:
+        if family == "linear_add":
+            return torch.addmm(tr, tx, lc.tw.t())
+        y = tx @ lc.tw.t()
+        if family == "gate_up_swiglu":
+            return torch.nn.functional.silu(y[:, :dims["n"]]) * y[:, dims["n"]:]
+        return y
+
+    want = peer().float()
+    got = torch.cat([torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
+                     for o in outs], dim=1).float()
+    finite = bool(torch.isfinite(got).all())
+    rel = float((got - want).abs().max() / want.abs().max())
+
+    t = time_graph(cp, launch)
+    t_peer = time_torch(torch, peer)
+    n_total = sum(lc.widths)
+    flops = 2.0 * rows * n_total * k
+    nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * (k + n_total)
+    floor = max(flops / TENSOR_PEAK, nbytes / rate)
+    return {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
+            "point": str(lc.kernel.point), "source_hash": lc.kernel.source_hash,
+            "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
+            "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
+            "of_floor": floor / t, "finite": finite, "max_rel_err_vs_peer": rel}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="128,512,2048")
+    ap.add_argument("--weights", default="bf16,fp8,mxfp4")
+    ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
+    ap.add_argument("--record", action="store_true",
+                    help="append evidence records (throughput at the largest rows) to sm_90")
+    args = ap.parse_args()
+    import cupy as cp
+    import torch
+
+    rows_list = [int(r) for r in args.rows.split(",")]
+    rate = device_copy_rate()
+    print(f"device copy rate {rate / 1e12:.2f} TB/s; tensor peak {TENSOR_PEAK / 1e12:.0f} TFLOP/s")
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, name, family, dims in SHAPES:
+            if model not in args.models.split(","):
+                continue
+            for fmt in args.weights.split(","):
+                lc = Launch(cp, torch, Path(tmp), family, dims, fmt)
+                for rows in rows_list:
+                    c = bench_case(cp, torch, lc, model, name, rows, rate)
+                    cases.append(c)
+                    print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5}: "
+                          f"{c['seconds'] * 1e6:9.1f} us {c['tflops']:6.0f} TFLOP/s "
+                          f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "
+                          f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}",
+                          flush=True)
+    path = write_result("gpu_prefill", {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
+                                        .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
+                                        "launches": LAUNCHES, "repeats": REPEATS,
+                                        "cases": cases})
+    print(f"wrote {path}")
+    if args.record:
+        record(cases, max(rows_list))
+
+
+def record(cases: list[dict], rows: int) -> None:
+    """Append each measured gemm point's throughput at ``rows`` (its best launch shape) to the
+    sm_90 evidence, against the tensor-core peak."""
+    import cupy as cp
+
+    from metrale.realize.compute import NvidiaTarget
+    from metrale.realize.evidence import EVIDENCE_FILE, EvidenceRecord, append_records
+    from metrale.realize.hardware import default_kernels_dir
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    today = datetime.date.today().isoformat()
+    best: dict[str, dict] = {}
+    for c in cases:
+        if c["rows"] == rows and c["finite"] and (c["point"] not in best
+                                                  or c["tflops"] > best[c["point"]]["tflops"]):
+            best[c["point"]] = c
+    records = [EvidenceRecord("sm_90", device, c["family"], c["point"], "tensor_throughput",
+                              c["tflops"], TENSOR_PEAK / 1e12, "TFLOP/s", today,
+                              NvidiaTarget("ptx").version(), c["source_hash"])
+               for c in best.values()]
+    where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
+    append_records(where, records)
+    print(f"appended {len(records)} evidence records to {where}")
+
+
+if __name__ == "__main__":
+    main()

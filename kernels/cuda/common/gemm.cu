@@ -1,0 +1,449 @@
+// Metrale CUDA: GEMM-shaped matmul families on tensor cores (mma.sync, sm_80 and newer): linear,
+// linear_add, qkv, gate_up_swiglu and lm_head at their `gemm` points with bf16 activations.
+//
+// A block computes a BM x BN tile of y = x · wᵀ with eight warps (2 along m, 4 along n), each a
+// 32 x 32 sub-tile in m16n8k16 bf16 MMAs with f32 accumulators: 32 registers for the k-block's
+// partial and 32 for the sum (a 64 x 32 sub-tile needs 255 registers and spills). Tiles of BK
+// columns stream through STAGES shared-memory buffers: the activations, and bf16 weights, by cp.async; weights
+// of a quantized format through registers, made bf16 on the way.
+//
+// Order (declared in KERNELS.toml): k in blocks of K_BLOCK; a block's partial sum starts from
+// zero in the accumulators and takes the block's MMAs in k order (the order inside one MMA is the
+// hardware's); the block partials then combine sequentially in f32. The weights reach the MMA
+// exactly: fp8's e4m3 values, mxfp4's e2m1 times its power-of-two scale and nvfp4's e2m1 times
+// its e4m3 scale all fit bf16; the f32 factor left (fp8's row scale, nvfp4's global scale)
+// multiplies the finished sum, where the reference multiplies each weight. Row-invariant: an
+// output row is made of its own activation row only, by the same instructions whatever the rows.
+//
+// Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
+#include "gemv.cuh"
+
+#if !defined(ACT_BF16)
+#error "the tensor-core kernels take bf16 activations (KERNELS.toml's `when`)"
+#endif
+#if defined(WEIGHT_F32)
+#error "f32 weights do not fit bf16 MMAs (KERNELS.toml's `when`)"
+#endif
+
+#define BM 64
+#define BN 128
+#define BK 32
+#define LDS (BK + 8)  // row pitch in shared memory (bf16): 80 bytes, so ldmatrix's 8 rows of 16
+                      // bytes fall in 8 distinct bank groups
+#define THREADS 256
+#define MI 2  // m16 tiles per warp: 32 rows
+#define NI 4  // n8 tiles per warp: 32 columns
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef GEMM_MIN_BLOCKS
+#define GEMM_MIN_BLOCKS 1  // 147-164 registers; at two blocks an SM (128) ptxas spills 40-88 bytes
+#endif
+static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k (32)");
+static_assert(BM * BK / 8 == THREADS && BN * BK / 8 == 2 * THREADS,
+              "one 8-column chunk of an activation tile per thread, two of a weight tile");
+
+typedef __nv_bfloat16 bf16;
+
+// Dynamic shared memory: STAGES x (activation tile of BM rows, weight tile of BN rows), rows of
+// LDS bf16: KERNELS.toml's launch.shared is STAGES (BM + BN) LDS 2 bytes.
+constexpr int A_TILE = BM * LDS, STAGE = (BM + BN) * LDS;
+
+#if defined(OUT_F32)
+typedef float out_t;
+__device__ __forceinline__ out_t out_store(float v) { return v; }
+#else
+typedef act_t out_t;
+__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
+#endif
+
+// ------------------------------------------------------------------ PTX wrappers
+// (tests/host/simt/simt.hpp emulates these five on the host, as the PTX ISA defines them)
+#if !defined(METRALE_PTX_EMULATED)
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes from global to shared, asynchronously; `bytes` 0 writes 16 zero bytes instead.
+__device__ __forceinline__ void cp_async16(bf16* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// d += a · b for one m16n8k16 tile (a row-major 16 x 16, b column-major 16 x 8), f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ------------------------------------------------------------------ tile loads
+
+// Eight activations or bf16 weights of one row from column c, through registers: the path for
+// rows that are not 16-byte aligned (k % 8 != 0); columns at or past k read as zero.
+__device__ __forceinline__ uint4 bf16x8_any(const bf16* row, int c, int k) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = c + i < k ? __bfloat162float(row[c + i]) : 0.0f;
+    return make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]),
+                      bf16x2(v[6], v[7]));
+}
+
+// This thread's i-th 8-column chunk of a tile: row threadIdx.x / 4 + 64 i, column 8 (threadIdx.x % 4).
+struct TileChunk {
+    int r, c;
+    __device__ __forceinline__ TileChunk(int i)
+        : r((threadIdx.x >> 2) + (THREADS / 4) * i), c((threadIdx.x & 3) * 8) {}
+};
+
+// A bf16 tile of ROWS rows (activations, or bf16 weights) into `dst`: rows given by row(r) (a
+// pointer to a row of k values, already clamped to a real row), columns k0 + [0, BK), zeros past k.
+template <int ROWS, class Row>
+__device__ __forceinline__ void load_bf16_tile(bf16* dst, Row row, int k, int k0) {
+    const bool aligned = (k & 7) == 0;
+#pragma unroll
+    for (int i = 0; i < ROWS * BK / 8 / THREADS; ++i) {
+        const TileChunk t(i);
+        const bf16* src = row(t.r);
+        const int c = k0 + t.c;
+        if (aligned) cp_async16(dst + t.r * LDS + t.c, src + (c < k ? c : 0), c < k ? 16 : 0);
+        else *(uint4*)(dst + t.r * LDS + t.c) = bf16x8_any(src, c, k);
+    }
+}
+
+#if !defined(WEIGHT_BF16)
+// Eight weights of a quantized row as bf16, exactly: the format's value times its block scale
+// (fp8 has none here; nvfp4's global scale and fp8's row scale come in the epilogue).
+__device__ __forceinline__ uint4 weight8_exact_bf16(const WeightRaw8& r) {
+    float v[8];
+#if defined(WEIGHT_FP8)
+    const uint32_t words[2] = {r.v.x, r.v.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)(words[i / 2] >> (16 * (i & 1)));
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+#else
+    e2m1x8_scaled(r.v, v);  // the values times 2^-14
+#if defined(WEIGHT_MXFP4)
+    const float s = e8m0_load(r.s);  // (v 2^-14) 2^14 is exact; times 2^(b - 127) exact in range
+#else
+    const float s = e4m3_load(r.s);  // v * s has at most 6 significant bits
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i] * 16384.0f, s);
+#endif
+    return make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]),
+                      bf16x2(v[6], v[7]));
+}
+
+// A quantized weight tile in flight: this thread's two raw chunks, loaded before the MMAs of the
+// tile in use and stored (as bf16) after them.
+struct QuantTile {
+    static constexpr int CHUNKS = BN * BK / 8 / THREADS;
+    WeightRaw8 raw[CHUNKS];
+    bool live[CHUNKS];
+    template <class Row>
+    __device__ __forceinline__ void fetch(Row row, int k, int k0) {
+#pragma unroll
+        for (int i = 0; i < CHUNKS; ++i) {
+            const TileChunk t(i);
+            const int c = k0 + t.c;
+            live[i] = c < k;
+            if (!live[i]) continue;
+#if defined(WEIGHT_FP8)
+            if (k & 7) {  // rows not 8-byte aligned: byte by byte, zeros past k
+                const uint8_t* p = (const uint8_t*)row(t.r).data;
+                uint32_t word[2] = {0u, 0u};
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    if (c + j < k) word[j / 4] |= (uint32_t)p[c + j] << (8 * (j % 4));
+                raw[i].v = make_uint2(word[0], word[1]);
+                continue;
+            }
+#endif
+            raw[i] = weight8_load(row(t.r), c);  // fp4 formats have k a multiple of 16
+        }
+    }
+    __device__ __forceinline__ void store(bf16* dst) const {
+#pragma unroll
+        for (int i = 0; i < CHUNKS; ++i) {
+            const TileChunk t(i);
+            *(uint4*)(dst + t.r * LDS + t.c) =
+                live[i] ? weight8_exact_bf16(raw[i]) : make_uint4(0, 0, 0, 0);
+        }
+    }
+};
+#endif
+
+// ------------------------------------------------------------------ the main loop
+
+// The block's tile: tot[mi][ni][e] is the f32 sum for row m0 + 32 wm + 16 mi + g + 8 (e / 2) and
+// tile column 32 wn + 8 ni + 2 t + (e % 2), where g = lane / 4, t = lane % 4 (the MMA's layout).
+struct Tile {
+    float tot[MI][NI][4];
+    int wm, wn, g, t;
+};
+
+// x rows m0 + [0, BM) (clamped to rows) against weight rows wrow(b) for tile rows b in [0, BN),
+// where wrow gives the WeightRef of a row already clamped to a real one.
+template <class WRow>
+__device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m0, WRow wrow,
+                                          Tile& out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+    auto a_tile = [&](int s) { return smem + s * STAGE; };
+    auto b_tile = [&](int s) { return smem + s * STAGE + A_TILE; };
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    out.wm = warp >> 2;
+    out.wn = warp & 3;
+    out.g = lane >> 2;
+    out.t = lane & 3;
+    auto xrow = [&](int r) { return x + (long)min(m0 + r, rows - 1) * k; };
+#if defined(WEIGHT_BF16)
+    auto brow = [&](int b) { return (const bf16*)wrow(b).data; };
+    auto load_b = [&](int s, int k0) { load_bf16_tile<BN>(b_tile(s), brow, k, k0); };
+#else
+    auto load_b = [&](int s, int k0) {
+        QuantTile q;
+        q.fetch(wrow, k, k0);
+        q.store(b_tile(s));
+    };
+#endif
+    const int ktiles = (k + BK - 1) / BK;
+    constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) {
+            load_bf16_tile<BM>(a_tile(s), xrow, k, s * BK);
+            load_b(s, s * BK);
+        }
+        cp_async_commit();
+    }
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = out.tot[mi][ni][e] = 0.0f;
+
+    for (int kt = 0; kt < ktiles; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt is in; every warp is done with the buffer refilled below
+        const int next = kt + STAGES - 1, ns = next % STAGES;
+#if !defined(WEIGHT_BF16)
+        QuantTile q;
+#endif
+        if (next < ktiles) {
+            load_bf16_tile<BM>(a_tile(ns), xrow, k, next * BK);
+#if defined(WEIGHT_BF16)
+            load_b(ns, next * BK);
+#else
+            q.fetch(wrow, k, next * BK);
+#endif
+        }
+        cp_async_commit();
+
+        const bf16* as = a_tile(kt % STAGES);
+        const bf16* bs = b_tile(kt % STAGES);
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t a[MI][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                ldmatrix_x4(a[mi], as + (out.wm * 32 + mi * 16 + (lane & 15)) * LDS + kk +
+                                       (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j) {
+                uint32_t r[4];
+                ldmatrix_x4(r, bs + (out.wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS +
+                                   kk + ((lane >> 3) & 1) * 8);
+                b[2 * j][0] = r[0];
+                b[2 * j][1] = r[1];
+                b[2 * j + 1][0] = r[2];
+                b[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        }
+#if !defined(WEIGHT_BF16)
+        if (next < ktiles) q.store(b_tile(ns));
+#endif
+        // the end of a k-block: its partial joins the sum, sequentially
+        if ((kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles) {
+            const bool first = kt < TILES_PER_BLOCK;
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        out.tot[mi][ni][e] =
+                            first ? acc[mi][ni][e] : out.tot[mi][ni][e] + acc[mi][ni][e];
+                        acc[mi][ni][e] = 0.0f;
+                    }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
+__device__ __forceinline__ float row_factor(WeightRef w) {
+#if defined(WEIGHT_FP8)
+    return *(const float*)w.scale;
+#elif defined(WEIGHT_NVFP4)
+    return *w.global;
+#else
+    return 1.0f;
+#endif
+}
+
+__device__ __forceinline__ float scaled(float d, float f) {
+#if defined(WEIGHT_FP8) || defined(WEIGHT_NVFP4)
+    return __fmul_rn(d, f);
+#else
+    return d;
+#endif
+}
+
+// Every output of a plain tile (linear, lm_head, linear_add, qkv): store(i, d) for row-major
+// index i of an n-column output and the finished, scaled dot d, inside rows x n.
+template <class Store>
+__device__ __forceinline__ void store_tile(const Tile& tl, int m0, int n0, int rows, int n,
+                                           WeightRef w, Store store) {
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int col = n0 + tl.wn * 32 + ni * 8 + 2 * tl.t + e2;
+            if (col >= n) continue;
+            const float f = row_factor(weight_rows(w, col, 0));
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + tl.wm * 32 + mi * 16 + tl.g + 8 * h;
+                    if (row < rows) store((long)row * n + col, scaled(tl.tot[mi][ni][2 * h + e2], f));
+                }
+        }
+}
+
+// One plain tile: grid (ceil(rows / BM), ceil(n / BN)).
+template <class Store>
+__device__ __forceinline__ void linear_tile(const act_t* x, WeightRef w, int rows, int k, int n,
+                                            int n0, Store store) {
+    grid_dependency_sync();
+    const int m0 = blockIdx.x * BM;
+    Tile tl;
+    gemm_tile(x, rows, k, m0, [&](int b) { return weight_rows(w, min(n0 + b, n - 1), k); }, tl);
+    store_tile(tl, m0, n0, rows, n, w, store);
+}
+
+// grid (ceil(rows / 64), ceil(n / 128)), block 256. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(THREADS, GEMM_MIN_BLOCKS)
+metrale_linear_mma(const act_t* __restrict__ x, const void* __restrict__ w,
+                   const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                   out_t* __restrict__ y, int rows, int k, int n) {
+    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
+                [&](long i, float d) { y[i] = out_store(d); });
+}
+
+// y = round(round(x · wᵀ) + r), as linear then add.
+extern "C" __global__ void __launch_bounds__(THREADS, GEMM_MIN_BLOCKS)
+metrale_linear_add_mma(const act_t* __restrict__ x, const void* __restrict__ w,
+                       const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                       const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
+                       int n) {
+    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
+                [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+}
+
+// q, k_, v in one launch: grid y counts q's column tiles, then k_'s, then v's.
+extern "C" __global__ void __launch_bounds__(THREADS, GEMM_MIN_BLOCKS)
+metrale_qkv_mma(const act_t* __restrict__ x,
+                const void* __restrict__ wq, const void* __restrict__ wq_scale,
+                const float* __restrict__ wq_global,
+                const void* __restrict__ wk, const void* __restrict__ wk_scale,
+                const float* __restrict__ wk_global,
+                const void* __restrict__ wv, const void* __restrict__ wv_scale,
+                const float* __restrict__ wv_global,
+                act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
+                int rows, int k, int nq, int nk, int nv) {
+    const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tile = blockIdx.y;
+    const int part = tile < tq ? 0 : tile < tq + tk ? 1 : 2;
+    const int n0 = (tile - (part == 0 ? 0 : part == 1 ? tq : tq + tk)) * BN;
+    const WeightRef w = part == 0   ? weight_ref(wq, wq_scale, wq_global)
+                        : part == 1 ? weight_ref(wk, wk_scale, wk_global)
+                                    : weight_ref(wv, wv_scale, wv_global);
+    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
+    linear_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
+                [&](long i, float d) { out[i] = act_store(d); });
+}
+
+// h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: a warp's 32 weight rows
+// are 16 gate rows and the same 16 columns' up rows, so its n8 tiles 0, 1 (gate) and 2, 3 (up)
+// hold the two dots of the same outputs. grid (ceil(rows / 64), ceil(n / 64)).
+extern "C" __global__ void __launch_bounds__(THREADS, GEMM_MIN_BLOCKS)
+metrale_gate_up_swiglu_mma(const act_t* __restrict__ x,
+                           const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                           const float* __restrict__ wg_global,
+                           const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                           const float* __restrict__ wu_global,
+                           act_t* __restrict__ h, int rows, int k, int n) {
+    grid_dependency_sync();
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global), u = weight_ref(wu, wu_scale, wu_global);
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (BN / 2);
+    auto col_of = [&](int b) { return n0 + (b >> 5) * 16 + (b & 15); };  // tile row b's column
+    Tile tl;
+    gemm_tile(x, rows, k, m0,
+              [&](int b) { return weight_rows(b & 16 ? u : g, min(col_of(b), n - 1), k); }, tl);
+#pragma unroll
+    for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+            const int col = col_of(tl.wn * 32 + ni * 8 + 2 * tl.t + e2);
+            if (col >= n) continue;
+            const float fg = row_factor(weight_rows(g, col, 0));
+            const float fu = row_factor(weight_rows(u, col, 0));
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int row = m0 + tl.wm * 32 + mi * 16 + tl.g + 8 * hh;
+                    if (row >= rows) continue;
+                    const float gd = scaled(tl.tot[mi][ni][2 * hh + e2], fg);
+                    const float ud = scaled(tl.tot[mi][ni + 2][2 * hh + e2], fu);
+                    h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
+                }
+        }
+}
