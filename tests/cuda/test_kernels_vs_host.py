@@ -9,8 +9,6 @@ every row-invariant kernel gives row r the same bytes alone as in a batch of 8.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
@@ -23,6 +21,10 @@ from metrale.lkb.semantics import SEMANTICS  # noqa: E402
 from metrale.realize.functor import realization  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
+from tests.kernel_cases import compare as _compare  # noqa: E402
+from tests.kernel_cases import inputs as _inputs  # noqa: E402
+from tests.kernel_cases import kwargs as _kwargs  # noqa: E402
+from tests.kernel_cases import sizes_for as _sizes  # noqa: E402
 
 ok, why = CupyBackend.available()
 if not ok:
@@ -30,12 +32,6 @@ if not ok:
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)
-TOL = {"bf16": (1.6e-2, 1e-5), "f32": (1e-4, 1e-5)}
-"""rtol, atol by output dtype. f32 is looser than 1.3e-6 because the GPU sums in a fixed
-tree and the host in BLAS order: the difference of two orders is bounded by ~k·u·Σ|x·w|,
-about 1e-4 relative for the example sizes (k ≤ 1280)."""
-
-
 @pytest.fixture(scope="module")
 def gpu():
     backend = CupyBackend()
@@ -53,61 +49,6 @@ def _points() -> list[tuple[Family, Point]]:
             if F.realize(point) is not None:
                 out.append((fam, point))
     return out
-
-
-def _sizes(fam: Family, rows: int) -> dict[str, int]:
-    sizes = {**dict(fam.example), "rows": rows}
-    if any(p.name == "slots" for p in fam.inputs):
-        sizes["slots"] = max(sizes.get("slots", 1), rows)
-    return sizes
-
-
-def _inputs(fam: Family, point: Point, sizes: dict[str, int], seed: int):
-    """(host arrays for the semantics, device parts per port name) for one call."""
-    rng = np.random.default_rng(seed)
-    params = point.as_dict()
-    ranges = dict(fam.ranges)
-    host, device = [], {}
-    for port in fam.inputs:
-        t = port.type(params)
-        shape = tuple(sizes[d] if isinstance(d, str) else d for d in port.dims)
-        if port.name == "slots":
-            v = rng.permutation(sizes["slots"])[: shape[0]].astype(np.int32)
-            host.append(v)
-            device[port.name] = (v,)
-            continue
-        if port.name == "positions" and "slots" in [p.name for p in fam.inputs]:
-            v = rng.integers(1, sizes[ranges["positions"]], size=shape).astype(np.int32)
-            host.append(v)
-            device[port.name] = (v,)
-            continue
-        if t.dtype.numpy.kind in "iu":
-            v = rng.integers(0, sizes[ranges[port.name]], size=shape).astype(t.dtype.numpy)
-            host.append(v)
-            device[port.name] = (v,)
-            continue
-        x = rng.standard_normal(shape).astype(np.float32)
-        if port.name in fam.weights:
-            x = x / np.float32(np.sqrt(shape[-1]))
-            if t.fmt:
-                qt = QuantFormat.parse(t.fmt).quantize(x)
-                host.append(np.asarray(qt.dequantize(), np.float32))
-                device[port.name] = (qt.data, qt.scale, qt.global_scale)
-            else:
-                stored = x.astype(t.dtype.numpy)
-                host.append(stored.astype(np.float32))
-                device[port.name] = (stored,)
-        else:
-            stored = x.astype(t.dtype.numpy)
-            host.append(stored)
-            device[port.name] = (stored,)
-    return host, device
-
-
-def _kwargs(fam: Family, point: Point) -> dict:
-    accepted = inspect.signature(SEMANTICS[fam.semantics]).parameters
-    merged = {**dict(fam.attr_examples), **point.as_dict()}
-    return {k: v for k, v in merged.items() if k in accepted}
 
 
 def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict,
@@ -179,21 +120,6 @@ def test_kernel_matches_reference(gpu, fam, point):
     ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **_kwargs(fam, point))
     got = _run_gpu(gpu, fam, point, sizes, device)
     _compare(point, fam, ref, got)
-
-
-def _compare(point: Point, fam: Family, ref, got) -> None:
-    """Each output of ``got`` written and within the dtype tolerance of ``ref``'s."""
-    for port, r, g in zip(fam.outputs, ref, got):
-        assert g.shape == r.shape, port.name
-        if g.dtype.kind in "iu":
-            np.testing.assert_array_equal(g, r, err_msg=f"{point} {port.name}")
-            continue
-        g32, r32 = g.astype(np.float32), r.astype(np.float32)
-        assert not np.isnan(g32).any() or np.isnan(r32).any(), f"{point}: {port.name} unwritten"
-        rtol, atol = TOL["f32" if g.dtype == np.float32 else "bf16"]
-        scale = float(np.abs(r32).max()) or 1.0
-        np.testing.assert_allclose(g32, r32, rtol=rtol, atol=atol + rtol * scale * 0.1,
-                                   err_msg=f"{point} output {port.name}")
 
 
 # (hq, hkv, d): Llama-3.1-8B and Qwen3-0.6B, one q head per kv head, Qwen3-MoE's eight, and

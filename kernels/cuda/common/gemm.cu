@@ -58,8 +58,6 @@ __device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 #endif
 
 // ------------------------------------------------------------------ PTX wrappers
-// (tests/host/simt/simt.hpp emulates these five on the host, as the PTX ISA defines them)
-#if !defined(METRALE_PTX_EMULATED)
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -93,7 +91,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#endif
 
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -1,0 +1,238 @@
+"""CUDA kernels of the common layer run on the host: their own source, an emulated machine.
+
+``simt.hpp`` emulates the CUDA execution model (a thread per CUDA thread, block barriers, warp
+collectives, shared memory, atomics) and the PTX the kernels write inline. This module prepares
+a kernel source for it and runs its entries:
+
+- the source and the headers it includes are rewritten in three ways, none specific to one
+  kernel: a static ``__shared__`` variable becomes a function-local ``static`` (shared by the
+  block's threads; blocks run one after another), an ``extern __shared__`` array becomes a
+  pointer to the launch's dynamic shared memory, and every ``asm`` statement becomes a call of
+  ``simt::asm_stmt`` with its template, its output operands by reference and its inputs by
+  value; the emulator dispatches on the template and refuses one it does not know;
+- a trampoline per entry, written from the KERNELS.toml argument types, unpacks the argument
+  array as the driver would;
+- the result is built with the host compiler against the CUDA headers nvcc uses, once per
+  source and define set (cached by content).
+
+>>> transform('__shared__ float buf[4];')
+'static float buf[4];'
+>>> transform('extern __shared__ __align__(16) char smem_base[];')
+'char* smem_base = (char*)simt::dynamic_smem();'
+>>> transform('asm volatile("prefetch.global.L2 [%0];" ::"l"(at));')
+'simt::asm_stmt("prefetch.global.L2 [%0];", {}, {simt::in(at)});'
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+KERNELS = Path(__file__).resolve().parents[3] / "kernels"
+CXX = shutil.which("g++")
+NVCC = shutil.which("nvcc")
+ARG_C = {"ptr": "simt::AnyPtr", "i32": "int", "i64": "long long", "f32": "float",
+         "scratch": "simt::AnyPtr"}
+
+_EXTERN_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
+_SHARED = re.compile(r"\b__shared__\s+")
+
+
+def available() -> tuple[bool, str]:
+    """Whether the host compiler and the CUDA headers are here (and why not)."""
+    if CXX is None:
+        return False, "no g++"
+    if not cuda_includes():
+        return False, "no CUDA headers (neither nvcc's nor an NVRTC wheel's)"
+    return True, ""
+
+
+def cuda_includes() -> list[Path]:
+    """Where the CUDA headers are: nvcc's include path (its ``--dryrun`` names it), else the
+    NVRTC distribution's; the first that holds cuda_bf16.h."""
+    from metrale.realize.compute import find_nvrtc
+
+    found: list[Path] = []
+    if NVCC:
+        r = subprocess.run([NVCC, "--dryrun", "-c", "-x", "cu", "/dev/null", "-o", "/dev/null"],
+                           capture_output=True, text=True, timeout=60)
+        lines = " ".join(x for x in (r.stdout + r.stderr).splitlines() if "INCLUDES=" in x)
+        found += [Path(m) for m in re.findall(r'-I"?([^"\s]+)', lines)]
+    nvrtc = find_nvrtc()
+    found += list(nvrtc.include_dirs) if nvrtc else []
+    return [d for d in found if (d / "cuda_bf16.h").is_file()][:1]
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the parenthesis that closes the one at ``start``."""
+    depth, i, quote = 0, start, None
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError(f"unbalanced parentheses from {text[start:start + 60]!r}")
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside strings and parentheses."""
+    parts, depth, quote, cur, i = [], 0, None, [], 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            cur.append(c)
+            if c == "\\":
+                cur.append(text[i + 1])
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+            cur.append(c)
+        elif c in "([{":
+            depth += 1
+            cur.append(c)
+        elif c in ")]}":
+            depth -= 1
+            cur.append(c)
+        elif c == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def _operands(text: str) -> list[str]:
+    """The C++ expressions of ``"constraint"(expr), ...``."""
+    out = []
+    for op in _split_top(text, ","):
+        op = op.strip()
+        if not op:
+            continue
+        m = re.fullmatch(r'"[^"]*"\s*\((.*)\)', op, re.S)
+        if not m:
+            raise ValueError(f"not an asm operand: {op!r}")
+        out.append(m.group(1).strip())
+    return out
+
+
+def _asm(stmt: str) -> str:
+    """``asm [volatile] ("...": outs: ins: clobbers)`` as a call of ``simt::asm_stmt``."""
+    inner = stmt[stmt.index("(") + 1:-1]
+    sections = _split_top(inner, ":")
+    template = " ".join(re.findall(r'"(?:[^"\\]|\\.)*"', sections[0]))
+    outs = _operands(sections[1]) if len(sections) > 1 else []
+    ins = _operands(sections[2]) if len(sections) > 2 else []
+    return (f"simt::asm_stmt({template}, {{{', '.join(f'simt::out({o})' for o in outs)}}}, "
+            f"{{{', '.join(f'simt::in({i})' for i in ins)}}})")
+
+
+def transform(text: str) -> str:
+    """A CUDA source made ready for the host emulation (the module docstring says how)."""
+    text = _EXTERN_SHARED.sub(lambda m: f"{m.group(1)}* {m.group(2)} = "
+                              f"({m.group(1)}*)simt::dynamic_smem();", text)
+    text = _SHARED.sub("static ", text)
+    out, pos = [], 0
+    for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", text):
+        if m.start() < pos:
+            continue
+        end = _balanced(text, m.end() - 1)
+        out.append(text[pos:m.start()])
+        out.append(_asm(text[m.start():end]))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _trampolines(entries: Mapping[str, tuple[str, ...]]) -> str:
+    """``simt_call_<entry>(void** args)`` for each entry, from its KERNELS.toml argument types."""
+    out = []
+    for entry, types in sorted(entries.items()):
+        args = ", ".join(f"simt::arg<{ARG_C[t]}>(a, {i})" for i, t in enumerate(types))
+        out.append(f'extern "C" void simt_call_{entry}(void** a) {{ {entry}({args}); }}')
+    return "\n".join(out)
+
+
+class Library:
+    """One kernel source built for the emulation with one define set: launch(entry, ...) runs an
+    entry over a grid, its arguments given as Python values in KERNELS.toml order."""
+
+    def __init__(self, path: Path, types: Mapping[str, tuple[str, ...]]) -> None:
+        self.dll = ctypes.CDLL(str(path))
+        self.types = dict(types)
+        self.dll.simt_run.restype = ctypes.c_int
+        self.dll.simt_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_int, ctypes.c_int]
+
+    def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared: int, args: list[Any]) -> None:
+        types = self.types[entry]
+        assert len(args) == len(types), (entry, len(args), len(types))
+        values = []
+        for v, t in zip(args, types):
+            if t in ("ptr", "scratch"):
+                ptr = None if v is None else (v.ctypes.data if isinstance(v, np.ndarray) else v)
+                values.append(ctypes.c_void_p(ptr))
+            elif t == "i32":
+                values.append(ctypes.c_int(int(v)))
+            elif t == "i64":
+                values.append(ctypes.c_longlong(int(v)))
+            else:
+                values.append(ctypes.c_float(float(v)))
+        argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        fn = getattr(self.dll, f"simt_call_{entry}")
+        rc = self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared)
+        assert rc == 0, f"{entry}: the emulation refused the launch ({rc})"
+
+
+def build(build_dir: Path, source: str, defines: tuple[str, ...],
+          entries: Mapping[str, tuple[str, ...]]) -> Library:
+    """``kernels/<source>`` (and every header of its folder) transformed, with the trampolines
+    of ``entries`` (entry -> argument types), compiled for the host with ``defines``."""
+    folder = KERNELS / Path(source).parent
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".cu", ".cuh"))
+    runtime = [HERE / "simt.hpp", HERE / "simt.cpp"]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in (*files, *runtime, Path(__file__)))
+                         + repr((source, defines, sorted(entries.items()))).encode()
+                         ).hexdigest()[:20]
+    out = build_dir / f"{Path(source).stem}_{key}.so"
+    if out.is_file():
+        return Library(out, entries)
+    work = build_dir / f"src_{key}"
+    work.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        (work / p.name).write_text(transform(p.read_text()))
+    main = work / "simt_main.cpp"
+    main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
+                    + _trampolines(entries) + "\n")
+    cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-I{cuda_includes()[0]}",
+           f"-I{HERE}", f"-I{work}", *(f"-D{d}" for d in defines), str(main),
+           str(HERE / "simt.cpp"), "-o", str(out), "-lpthread"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return Library(out, entries)

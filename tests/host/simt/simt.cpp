@@ -1,0 +1,158 @@
+// The emulation's launch and its inline PTX (simt.hpp says what is emulated and how).
+#include "simt.hpp"
+
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace simt {
+
+alignas(16) static unsigned char arena[SMEM_BYTES];
+
+unsigned char* dynamic_smem() { return arena; }
+
+static float bf16_at(uint32_t word, int half) {
+    const uint16_t bits = (uint16_t)(word >> (16 * half));
+    __nv_bfloat16 v;
+    std::memcpy(&v, &bits, 2);
+    return __bfloat162float(v);
+}
+
+static void land(const std::vector<Copy>& group) {
+    for (const Copy& c : group) {
+        std::memset(arena + c.dst, 0, 16);
+        if (c.bytes) std::memcpy(arena + c.dst, c.src, c.bytes);
+    }
+}
+
+static void wait_groups(size_t pending) {
+    while (committed.size() > pending) {
+        land(committed.front());
+        committed.erase(committed.begin());
+    }
+}
+
+static void commit() {
+    committed.push_back(std::move(open_group));
+    open_group.clear();
+}
+
+template <class T>
+static T as(uint64_t bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane i gives the address of row i % 8 of matrix i / 8;
+// lane l receives, from each matrix j, the two 16-bit values of row l / 4 at columns 2 (l % 4).
+static void ldmatrix_x4(const std::initializer_list<Out>& outs, size_t addr) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l] = addr;
+    w.meet.arrive_and_wait();
+    for (int j = 0; j < 4; ++j)
+        std::memcpy(outs.begin()[j].p, arena + w.slot[8 * j + l / 4] + 4 * (l % 4), 4);
+    w.meet.arrive_and_wait();
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d = a b + c, with the PTX ISA's fragment
+// layouts (groupID g = lane / 4, threadID_in_group t = lane % 4): A's register i holds row
+// g + 8 (i % 2), columns 2 t + 8 (i / 2) + {0, 1}; B's register i holds k rows 2 t + 8 i + {0, 1}
+// of column g; C and D hold row g + 8 (e / 2), column 2 t + e % 2 in element e.
+static void mma_bf16(const std::initializer_list<Out>& outs, const uint64_t* in) {
+    Warp& w = warp();
+    const int l = lane();
+    for (int i = 0; i < 4; ++i) w.a[l][i] = (uint32_t)in[i];
+    w.b[l][0] = (uint32_t)in[4];
+    w.b[l][1] = (uint32_t)in[5];
+    w.meet.arrive_and_wait();
+    auto A = [&](int row, int k) {
+        return bf16_at(w.a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
+    };
+    auto B = [&](int k, int col) { return bf16_at(w.b[4 * col + (k % 8) / 2][k / 8], k % 2); };
+    const int g = l / 4, t = l % 4;
+    float d[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k) s += (double)A(row, k) * (double)B(k, col);
+        float c;
+        std::memcpy(&c, outs.begin()[e].p, 4);  // "+f": the accumulator in, the result out
+        d[e] = (float)(s + (double)c);
+    }
+    w.meet.arrive_and_wait();
+    for (int e = 0; e < 4; ++e) std::memcpy(outs.begin()[e].p, &d[e], 4);
+}
+
+static int trapped;
+
+}  // namespace simt
+
+void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
+                    std::initializer_list<uint64_t> ins) {
+    const std::string t(tmpl);
+    const uint64_t* in = ins.begin();
+    if (t == "prefetch.global.L2 [%0];" || t.rfind("griddepcontrol.", 0) == 0) return;
+    if (t == "mov.u32 %0, %%dynamic_smem_size;") {
+        std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
+    } else if (t == "cp.async.cg.shared.global [%0], [%1], 16;") {
+        open_group.push_back({(size_t)(uint32_t)in[0], as<const void*>(in[1]), 16});
+    } else if (t == "cp.async.cg.shared.global [%0], [%1], 16, %2;") {
+        open_group.push_back({(size_t)(uint32_t)in[0], as<const void*>(in[1]), (int)in[2]});
+    } else if (t == "cp.async.commit_group;") {
+        commit();
+    } else if (t == "cp.async.wait_group %0;") {
+        wait_groups((size_t)in[0] + METRALE_SIMT_WAIT_SLACK);
+    } else if (t == "cp.async.commit_group;\n\tcp.async.wait_all;") {
+        commit();
+        wait_groups(0);
+    } else if (t == "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];") {
+        ldmatrix_x4(outs, (size_t)(uint32_t)in[0]);
+    } else if (t.rfind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ", 0) == 0) {
+        mma_bf16(outs, in);
+    } else {
+        std::fprintf(stderr, "simt: no emulation of the PTX \"%s\"\n", tmpl);
+        throw Trap{};
+    }
+}
+
+// Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
+// shared memory. 0: done; 1: a launch the GPU would refuse; 2: a thread trapped.
+extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
+                        int bz, int shared) {
+    const int threads = bx * by * bz;
+    if (by != 1 || bz != 1 || threads > simt::MAX_THREADS || threads % 32 ||
+        shared > simt::SMEM_BYTES || gx < 1 || gy < 1 || gz < 1)
+        return 1;
+    simt::trapped = 0;
+    for (int z = 0; z < gz; ++z)
+        for (int y = 0; y < gy; ++y)
+            for (int x = 0; x < gx; ++x) {
+                std::memset(simt::arena, 0xFF, simt::SMEM_BYTES);
+                simt::Block blk(threads);
+                std::vector<std::thread> pool;
+                pool.reserve(threads);
+                for (int t = 0; t < threads; ++t)
+                    pool.emplace_back([&, t] {
+                        simt::thread_idx = {(unsigned)t, 0, 0};
+                        simt::block_idx = {(unsigned)x, (unsigned)y, (unsigned)z};
+                        simt::block_dim = {(unsigned)threads, 1, 1};
+                        simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
+                        simt::dynamic_bytes = (unsigned)shared;
+                        simt::block = &blk;
+                        simt::committed.clear();
+                        simt::open_group.clear();
+                        try {
+                            fn(args);
+                        } catch (const simt::Trap&) {
+                            __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
+                        }
+                        blk.warps[t / 32].meet.arrive_and_drop();
+                        blk.sync.arrive_and_drop();
+                    });
+                for (auto& th : pool) th.join();
+                if (simt::trapped) return 2;
+            }
+    return 0;
+}

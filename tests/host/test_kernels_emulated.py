@@ -1,0 +1,186 @@
+"""Every CUDA kernel of the sm_90 plans, run from its own source on the host (tests/host/simt).
+
+The emulation runs each kernel as the GPU would be asked to: the realization's defines, launch
+rule, argument order and scratch workspace; inputs from ``tests.kernel_cases`` (never zeros),
+outputs poisoned before the launch; then the reference's tolerance, as tests/cuda applies on the
+device. The points are those with bf16 activations (each weight format, each mode and style);
+f32 activations take the same code with another type. Beyond that, the tensor-core GEMM at
+shapes with ragged tiles, exactly where every sum is exact, and the emulation's own check: a
+pipeline that waits one cp.async group short reads poison.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from metrale.lkb.family import Family, Point
+from metrale.lkb.presentation import Presentation
+from metrale.lkb.quant import QuantFormat
+from metrale.lkb.semantics import SEMANTICS
+from metrale.realize.functor import realization
+from tests.host import simt
+from tests.kernel_cases import compare, inputs, kwargs, sizes_for
+
+ok, why = simt.available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
+
+P = Presentation.load()
+F = realization("sm_90", presentation=P)
+GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
+
+
+def _entries() -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """(source, defines) -> {entry: argument types} over every realized point, so that one build
+    serves every entry compiled with those defines."""
+    out: dict = {}
+    for fam in P.generators:
+        for point in fam.points:
+            k = None if fam.view else F.realize(point)
+            if k is not None and k.source is not None:
+                out.setdefault((k.source, k.defines), {})[k.entry] = tuple(
+                    a.partition(":")[2] for a in k.args)
+    return out
+
+
+ENTRIES = _entries()
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("simt")
+
+
+def library(build_dir, point: Point, extra: tuple[str, ...] = ()) -> simt.Library:
+    k = F.realize(point)
+    return simt.build(build_dir, k.source, tuple(d.removeprefix("-D") for d in k.defines) + extra,
+                      ENTRIES[(k.source, k.defines)])
+
+
+def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dict,
+        attrs: dict | None = None, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
+    """``point``'s kernel on the emulation: inputs from ``device`` (port -> data, scale, global),
+    outputs poisoned, scratch zeroed; returns the outputs."""
+    kernel = F.realize(point)
+    lib = library(build_dir, point, extra)
+    params = point.as_dict()
+    arrays: dict[str, np.ndarray | None] = {}
+    for name, parts in device.items():
+        arrays[name] = np.ascontiguousarray(parts[0]).copy()
+        if len(parts) > 1:
+            arrays[f"{name}_scale"] = None if parts[1] is None else np.ascontiguousarray(parts[1])
+            arrays[f"{name}_global"] = (None if parts[2] is None else
+                                        np.asarray(parts[2], np.float32).reshape(1))
+    inplace = dict(fam.inplace)
+    outs = []
+    for port in fam.outputs:
+        if port.name in inplace:
+            arrays[port.name] = arrays[inplace[port.name]]
+        else:
+            shape = tuple(sizes[d] if isinstance(d, str) else d for d in port.dims)
+            out = np.empty(shape, port.type(params).dtype.numpy)
+            out.reshape(-1).view(np.uint8)[:] = 0xFF  # poison: NaN for floats, -1 for ints
+            arrays[port.name] = out
+        outs.append(arrays[port.name])
+    numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
+    env = kernel.sizes(numbers)
+    values = []
+    for a in kernel.args:
+        name, _, ty = a.partition(":")
+        if ty == "scratch":
+            values.append(np.zeros(int(env[name]), np.uint8))
+        elif ty == "ptr":
+            values.append(arrays.get(name))
+        else:
+            values.append(env[name])
+    lib.launch(kernel.entry, *kernel.launch_for(numbers), values)
+    return outs
+
+
+def _cases() -> list[tuple[Family, Point]]:
+    out = []
+    for fam in P.generators:
+        if fam.view:
+            continue
+        for point in fam.points:
+            k = F.realize(point)
+            if k is not None and k.source is not None and point.as_dict().get("act") != "f32":
+                out.append((fam, point))
+    return out
+
+
+@pytest.mark.parametrize("fam,point", _cases(),
+                         ids=lambda x: str(x) if isinstance(x, Point) else "")
+def test_kernel_matches_reference_on_the_emulation(build_dir, fam, point):
+    sizes = sizes_for(fam, 3)
+    host, device = inputs(fam, point, sizes, seed=hash(str(point)) % 2**31)
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
+    compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
+
+
+# (family, sizes): two row tiles, the last ragged (70 = 64 + 6); column tiles with ragged ends;
+# k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300)
+GEMM_CASES = [
+    ("linear", {"rows": 70, "k": 544, "n": 136}),
+    ("linear", {"rows": 9, "k": 300, "n": 40}),
+    ("lm_head", {"rows": 20, "k": 288, "n": 130}),
+    ("linear_add", {"rows": 70, "k": 288, "n": 136}),
+    ("qkv", {"rows": 33, "k": 288, "nq": 136, "nk": 24, "nv": 40}),
+    ("gate_up_swiglu", {"rows": 70, "k": 544, "n": 72}),
+]
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMM_CASES, ids=lambda x: x if isinstance(x, str) else
+                         "-".join(f"{k}{v}" for k, v in x.items()))
+def test_gemm_over_ragged_tiles_matches_reference(build_dir, family, dims, weight):
+    fam = P.family(family)
+    point = fam.point(**GEMM, weight=weight, **({"out": "f32"} if family == "lm_head" else {}))
+    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
+        pytest.skip(f"{weight} needs k a multiple of its block")  # fp8 takes any k
+    assert F.realize(point).entry.endswith("_mma")
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    host, device = inputs(fam, point, sizes, seed=dims["rows"] + dims["k"])
+    ref = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))
+    compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
+
+
+@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
+def test_gemm_is_exact_where_every_sum_is(build_dir, weight):
+    """Small integers in x and weights on the grid make every product and partial sum exact in
+    f32: the kernel must give the reference's bytes, which pins each output to its row and
+    column (a wrong fragment layout or tile index moves values)."""
+    fam = P.family("linear")
+    point = fam.point(**GEMM, weight=weight)
+    rows, k, n = 70, 544, 136
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
+    x[x == 0] = 5  # every product counts
+    w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
+    if weight == "mxfp4":
+        qt = QuantFormat.parse("mxfp4").quantize(w)
+        assert np.array_equal(np.asarray(qt.dequantize(), np.float32), w)  # scale 2^0, on grid
+        parts = (qt.data, qt.scale, qt.global_scale)
+    else:
+        parts = (w.astype(ml_dtypes.bfloat16), None, None)
+    xb = x.astype(ml_dtypes.bfloat16)
+    (y,) = run(build_dir, fam, point, {"rows": rows, "k": k, "n": n}, {"x": (xb,), "w": parts})
+    (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
+    assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
+    assert y.tobytes() == ref.tobytes()
+
+
+def test_a_pipeline_one_wait_short_reads_poison(build_dir):
+    """The emulation's cp.async copies land only at the wait that completes their group: built
+    to leave one group more in flight than the kernel asks (METRALE_SIMT_WAIT_SLACK=1), the GEMM
+    reads tiles still in flight, which hold the poison shared memory starts with, so none of its
+    outputs is finite. A wait missing from a kernel would fail the tests above the same way."""
+    fam = P.family("linear")
+    point = fam.point(**GEMM, weight="bf16")
+    sizes = {"rows": 16, "k": 544, "n": 128}
+    _, device = inputs(fam, point, sizes, seed=1)
+    (good,) = run(build_dir, fam, point, sizes, device)
+    (short,) = run(build_dir, fam, point, sizes, device, extra=("METRALE_SIMT_WAIT_SLACK=1",))
+    assert np.isfinite(good.astype(np.float32)).all()
+    assert not np.isfinite(short.astype(np.float32)).any()
