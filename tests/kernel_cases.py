@@ -9,6 +9,8 @@ and the reference is given the dequantized values.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -92,3 +94,95 @@ def compare(point: Point, fam: Family, ref, got) -> None:
         scale = float(np.abs(r32).max()) or 1.0
         np.testing.assert_allclose(g32, r32, rtol=rtol, atol=atol + rtol * scale * 0.1,
                                    err_msg=f"{point} output {port.name}")
+
+
+Runner = Callable[[Family, Point, dict, dict], list]
+"""runner(fam, point, sizes, device) -> the outputs of one launch of point's kernel, as host
+arrays: ``device`` maps each input port to (data,) or (data, scale, global)."""
+
+
+def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
+    """The points whose family and kernel declare row invariance and whose outputs have rows."""
+    return [(f, p) for f, p in points if f.row_invariant and F.realize(p).row_invariant
+            and any(port.dims[:1] == ("rows",) for port in f.outputs)]
+
+
+def check_row_invariance(fam: Family, point: Point, runner: Runner) -> None:
+    """Row 5 of an 8-row launch has the bytes of the same row launched alone."""
+    rows, row = 8, 5
+    sizes = sizes_for(fam, rows)
+    _, device = inputs(fam, point, sizes, seed=11)
+    whole = runner(fam, point, sizes, {k: tuple(np.copy(x) if x is not None else None
+                                                for x in v) for k, v in device.items()})
+    one_device = {}
+    for port in fam.inputs:
+        parts = device[port.name]
+        one_device[port.name] = (parts[0][row:row + 1],) if port.dims[:1] == ("rows",) \
+            else parts
+    alone = runner(fam, point, {**sizes, "rows": 1}, one_device)
+    for port, w, a in zip(fam.outputs, whole, alone):
+        if port.dims[:1] == ("rows",):
+            assert w[row:row + 1].tobytes() == a.tobytes(), f"{point} {port.name}"
+
+
+def relation_cases(F: Any) -> list:
+    """(relation, rhs point) for every point where the class of ``F`` declares a relation
+    bit-identical."""
+    from metrale.realize.relations import relations_on
+
+    return [(r.relation, v.rhs) for r in relations_on(F) for v in r.points
+            if v.status == "bit_identical"]
+
+
+def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner) -> None:
+    """Both sides of ``rel`` at ``rhs``, run call by call through ``runner`` on the same inputs
+    (the rhs call's ports generated as it wants them), give equal bytes."""
+    from metrale.lkb.check import _sizes as relation_sizes
+
+    sizes, u = relation_sizes(rel, P)
+    params = rhs.as_dict()
+
+    def call_sizes(which: str, idx: int, fam: Family) -> dict[str, int]:
+        out = {}
+        for port in (*fam.inputs, *fam.outputs):
+            for d in port.dims:
+                if isinstance(d, str):
+                    out[d] = sizes[u.find((which, idx, d))]
+        return out
+
+    rhs_call = rel.rhs.calls[0]
+    rhs_fam = P.family(rhs_call.family)
+    rs = call_sizes("rhs", 0, rhs_fam)
+    if "slots" in rs:
+        rs["slots"] = max(rs["slots"], rs["rows"])
+    _, device = inputs(rhs_fam, rhs, rs, seed=5)
+    env = {arg: device[port.name] for arg, port in zip(rhs_call.args, rhs_fam.inputs)}
+
+    def run(side: str) -> dict[str, np.ndarray]:
+        calls = rel.lhs.calls if side == "lhs" else rel.rhs.calls
+        values = {k: tuple(None if x is None else np.copy(x) for x in v) for k, v in env.items()}
+        for idx, c in enumerate(calls):
+            fam = P.family(c.family)
+            point_params = {k: dict(c.pins).get(k, params.get(k)) for k, _ in fam.params}
+            if side == "lhs" and fam.name != rhs_fam.name:
+                # a parameter the rhs does not have takes the lhs family's only compiled value
+                for k, dom in fam.params:
+                    if point_params[k] is None:
+                        point_params[k] = dom[0]
+            point = fam.point(**point_params)
+            cs = call_sizes(side, idx, fam)
+            if "slots" in cs:
+                cs["slots"] = rs["slots"]
+            args = {port.name: values[a] for a, port in zip(c.args, fam.inputs)}
+            outs = runner(fam, point, cs, args)
+            inplace = dict(fam.inplace)
+            for name, port, o in zip(c.outs, fam.outputs, outs):
+                values[name] = (o,)
+                if port.name in inplace:  # the cache written in place: later calls read it
+                    src = c.args[[p.name for p in fam.inputs].index(inplace[port.name])]
+                    values[src] = (o,)
+        return {name: values[name][0] for name in rel.outputs}
+
+    lhs, rhs_out = run("lhs"), run("rhs")
+    for name in rel.outputs:
+        assert lhs[name].tobytes() == rhs_out[name].tobytes(), f"{rel.name} at {rhs}: {name}"

@@ -21,10 +21,16 @@ from metrale.lkb.semantics import SEMANTICS  # noqa: E402
 from metrale.realize.functor import realization  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
-from tests.kernel_cases import compare as _compare  # noqa: E402
-from tests.kernel_cases import inputs as _inputs  # noqa: E402
-from tests.kernel_cases import kwargs as _kwargs  # noqa: E402
-from tests.kernel_cases import sizes_for as _sizes  # noqa: E402
+from tests.kernel_cases import (  # noqa: E402
+    check_relation,
+    check_row_invariance,
+    compare,
+    inputs,
+    kwargs,
+    relation_cases,
+    row_invariant_points,
+    sizes_for,
+)
 
 ok, why = CupyBackend.available()
 if not ok:
@@ -115,11 +121,11 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
 @pytest.mark.parametrize("fam,point", _points(), ids=lambda x: str(x) if isinstance(x, Point)
                          else "")
 def test_kernel_matches_reference(gpu, fam, point):
-    sizes = _sizes(fam, 3)
-    host, device = _inputs(fam, point, sizes, seed=hash(str(point)) % 2**31)
-    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **_kwargs(fam, point))
+    sizes = sizes_for(fam, 3)
+    host, device = inputs(fam, point, sizes, seed=hash(str(point)) % 2**31)
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
     got = _run_gpu(gpu, fam, point, sizes, device)
-    _compare(point, fam, ref, got)
+    compare(point, fam, ref, got)
 
 
 # (hq, hkv, d): Llama-3.1-8B and Qwen3-0.6B, one q head per kv head, Qwen3-MoE's eight, and
@@ -137,14 +143,14 @@ def test_decode_attention_at_model_shapes_matches_reference(gpu, family, hq, hkv
     fam = P.family(family)
     point = next(p for p in fam.points if p.as_dict()["act"] == "bf16"
                  and p.as_dict()["mode"] == "decode" and p.as_dict().get("style", "neox") == "neox")
-    sizes = {**_sizes(fam, 4), "hq": hq, "hkv": hkv, "d": d, "max_ctx": 1100, "slots": 5}
+    sizes = {**sizes_for(fam, 4), "hq": hq, "hkv": hkv, "d": d, "max_ctx": 1100, "slots": 5}
     sizes.update({k: v for k, v in (("half", d // 2), ("max_pos", 1100)) if k in sizes})
-    host, device = _inputs(fam, point, sizes, seed=hq * 1000 + d + window)
-    kwargs = {**_kwargs(fam, point), "window": window, "scale": d ** -0.5}
-    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs)
+    host, device = inputs(fam, point, sizes, seed=hq * 1000 + d + window)
+    call = {**kwargs(fam, point), "window": window, "scale": d ** -0.5}
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **call)
     got = _run_gpu(gpu, fam, point, sizes, device,
                    attrs={"window": window, "scale": d ** -0.5})
-    _compare(point, fam, ref, got)
+    compare(point, fam, ref, got)
 
 
 GEMV = {"act": "bf16", "shape": "gemv", "k_block": 256, "across": "sequential"}
@@ -181,13 +187,13 @@ def test_quantized_gemv_gives_the_dequantized_bytes_at_model_k(gpu, family, fmt,
     several k-blocks (f32 weights take one chunk per load); and it agrees with the reference."""
     fam = P.family(family)
     quant = fam.point(**GEMV, weight=fmt)
-    sizes = {**_sizes(fam, 3), "k": k, "n": 72}
-    host, device = _inputs(fam, quant, sizes, seed=k)
+    sizes = {**sizes_for(fam, 3), "k": k, "n": 72}
+    host, device = inputs(fam, quant, sizes, seed=k)
     got = _run_gpu(gpu, fam, quant, sizes, device)
     weights = [h for port, h in zip(fam.inputs, host) if port.name in fam.weights]
     _, want = _dequantized_gemv(gpu, family, sizes, device["x"], weights)
     assert got[0].tobytes() == want[0].tobytes(), f"{quant} k={k}"
-    _compare(quant, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, quant)), got)
+    compare(quant, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, quant)), got)
 
 
 @pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
@@ -204,7 +210,7 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     fam = P.family(family)
     quant = fam.point(**GEMV, weight="mxfp4")
     k, n = 4096, 72
-    sizes = {**_sizes(fam, 3), "k": k, "n": n}
+    sizes = {**sizes_for(fam, 3), "k": k, "n": n}
     fmt = QuantFormat.parse("mxfp4")
     rng = np.random.default_rng(240)
     x = (rng.standard_normal((3, k)) * 2.0 ** -118).astype(ml_dtypes.bfloat16)
@@ -229,97 +235,20 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
 
 
 def _row_invariant_points():
-    return [(f, p) for f, p in _points() if f.row_invariant and F.realize(p).row_invariant
-            and any(port.dims[:1] == ("rows",) for port in f.outputs)]
+    return row_invariant_points(_points(), F)
 
 
 @pytest.mark.parametrize("fam,point", _row_invariant_points(),
                          ids=lambda x: str(x) if isinstance(x, Point) else "")
 def test_row_invariance_on_device(gpu, fam, point):
-    rows, row = 8, 5
-    sizes = _sizes(fam, rows)
-    host, device = _inputs(fam, point, sizes, seed=11)
-    whole = _run_gpu(gpu, fam, point, sizes, {k: tuple(np.copy(x) if x is not None else None
-                                                       for x in v) for k, v in device.items()})
-    one_sizes = {**sizes, "rows": 1}
-    one_device = {}
-    for port in fam.inputs:
-        parts = device[port.name]
-        if port.dims[:1] == ("rows",):
-            one_device[port.name] = (parts[0][row:row + 1],)
-        else:
-            one_device[port.name] = parts
-    alone = _run_gpu(gpu, fam, point, one_sizes, one_device)
-    for port, w, a in zip(fam.outputs, whole, alone):
-        if port.dims[:1] == ("rows",):
-            assert w[row:row + 1].tobytes() == a.tobytes(), f"{point} {port.name}"
+    check_row_invariance(fam, point, lambda *a: _run_gpu(gpu, *a))
 
 
-def _relation_cases():
-    from metrale.realize.relations import relations_on
-
-    cases = []
-    for r in relations_on(F):
-        for v in r.points:
-            if v.status == "bit_identical":
-                cases.append((r.relation, v.rhs))
-    return cases
-
-
-@pytest.mark.parametrize("rel,rhs", _relation_cases(),
+@pytest.mark.parametrize("rel,rhs", relation_cases(F),
                          ids=lambda x: str(x) if isinstance(x, Point) else x.name)
 def test_bit_identical_relations_hold_on_device(gpu, rel, rhs):
     """Both sides of a relation sm_90 declares bit-identical give equal bytes on the device."""
-    from metrale.lkb.check import _sizes as relation_sizes
-
-    sizes, u = relation_sizes(rel, P)
-    params = rhs.as_dict()
-
-    def call_sizes(which: str, idx: int, fam: Family) -> dict[str, int]:
-        out = {}
-        for port in (*fam.inputs, *fam.outputs):
-            for d in port.dims:
-                if isinstance(d, str):
-                    out[d] = sizes[u.find((which, idx, d))]
-        return out
-
-    # the interface inputs, generated as the rhs call's ports want them
-    rhs_call = rel.rhs.calls[0]
-    rhs_fam = P.family(rhs_call.family)
-    rs = call_sizes("rhs", 0, rhs_fam)
-    if "slots" in rs:
-        rs["slots"] = max(rs["slots"], rs["rows"])
-    _, device = _inputs(rhs_fam, rhs, rs, seed=5)
-    env = {arg: device[port.name] for arg, port in zip(rhs_call.args, rhs_fam.inputs)}
-
-    def run(side: str) -> dict[str, np.ndarray]:
-        calls = rel.lhs.calls if side == "lhs" else rel.rhs.calls
-        values = {k: tuple(None if x is None else np.copy(x) for x in v) for k, v in env.items()}
-        for idx, c in enumerate(calls):
-            fam = P.family(c.family)
-            point_params = {k: dict(c.pins).get(k, params.get(k)) for k, _ in fam.params}
-            if side == "lhs" and fam.name != rhs_fam.name:
-                # a parameter the rhs does not have takes the lhs family's only compiled value
-                for k, dom in fam.params:
-                    if point_params[k] is None:
-                        point_params[k] = dom[0]
-            point = fam.point(**point_params)
-            cs = call_sizes(side, idx, fam)
-            if "slots" in cs:
-                cs["slots"] = rs["slots"]
-            args = {port.name: values[a] for a, port in zip(c.args, fam.inputs)}
-            outs = _run_gpu(gpu, fam, point, cs, args)
-            inplace = dict(fam.inplace)
-            for name, port, o in zip(c.outs, fam.outputs, outs):
-                values[name] = (o,)
-                if port.name in inplace:  # the cache written in place: later calls read it
-                    src = c.args[[p.name for p in fam.inputs].index(inplace[port.name])]
-                    values[src] = (o,)
-        return {name: values[name][0] for name in rel.outputs}
-
-    lhs, rhs_out = run("lhs"), run("rhs")
-    for name in rel.outputs:
-        assert lhs[name].tobytes() == rhs_out[name].tobytes(), f"{rel.name} at {rhs}: {name}"
+    check_relation(rel, rhs, P, lambda *a: _run_gpu(gpu, *a))
 
 
 def _scratch_points():
@@ -332,8 +261,8 @@ def _scratch_points():
 def test_a_kernel_leaves_its_workspace_ready_for_the_next_launch(gpu, fam, point):
     """A kernel with scratch keeps its zero bytes zero (ticket counters): a second launch on the
     same workspace writes every output again, to the same bytes."""
-    sizes = _sizes(fam, 3)
-    _, device = _inputs(fam, point, sizes, seed=5)
+    sizes = sizes_for(fam, 3)
+    _, device = inputs(fam, point, sizes, seed=5)
     once = _run_gpu(gpu, fam, point, sizes, device)
     twice = _run_gpu(gpu, fam, point, sizes, device, launches=2)
     for port, a, b in zip(fam.outputs, once, twice):
@@ -368,10 +297,10 @@ def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
     if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
         pytest.skip(f"{weight} needs k a multiple of its block")  # fp8 takes any k
     assert F.realize(point).entry.endswith("_mma"), F.realize(point)
-    sizes = {**_sizes(fam, dims["rows"]), **dims}
-    host, device = _inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
     got = _run_gpu(gpu, fam, point, sizes, device)
-    _compare(point, fam, SEMANTICS[fam.semantics](*host, **_kwargs(fam, point)), got)
+    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), got)
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
@@ -397,6 +326,6 @@ def test_gemm_is_exact_where_every_sum_is(gpu, weight):
         parts = (w.astype(ml_dtypes.bfloat16),)
     xb = x.astype(ml_dtypes.bfloat16)
     (got,) = _run_gpu(gpu, fam, point, {"rows": rows, "k": k, "n": n}, {"x": (xb,), "w": parts})
-    (ref,) = SEMANTICS["linear"](xb, w, **_kwargs(fam, point))
+    (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
     assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
     assert got.tobytes() == ref.tobytes()

@@ -21,7 +21,16 @@ from metrale.lkb.quant import QuantFormat
 from metrale.lkb.semantics import SEMANTICS
 from metrale.realize.functor import realization
 from tests.host import simt
-from tests.kernel_cases import compare, inputs, kwargs, sizes_for
+from tests.kernel_cases import (
+    check_relation,
+    check_row_invariance,
+    compare,
+    inputs,
+    kwargs,
+    relation_cases,
+    row_invariant_points,
+    sizes_for,
+)
 
 ok, why = simt.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
@@ -184,3 +193,23 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     (short,) = run(build_dir, fam, point, sizes, device, extra=("METRALE_SIMT_WAIT_SLACK=1",))
     assert np.isfinite(good.astype(np.float32)).all()
     assert not np.isfinite(short.astype(np.float32)).any()
+
+
+def _runner(build_dir):
+    return lambda fam, point, sizes, device: run(build_dir, fam, point, sizes, device)
+
+
+@pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),
+                         ids=lambda x: str(x) if isinstance(x, Point) else "")
+def test_row_invariance_on_the_emulation(build_dir, fam, point):
+    check_row_invariance(fam, point, _runner(build_dir))
+
+
+@pytest.mark.parametrize("rel,rhs", [(r, p) for r, p in relation_cases(F)
+                                     if p.as_dict().get("act") != "f32"],
+                         ids=lambda x: str(x) if isinstance(x, Point) else x.name)
+def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
+    """Both sides of a relation sm_90 declares bit-identical give equal bytes on the emulation
+    too (the device tests are the authority: the host compiler contracts no products into fused
+    multiply-adds, nvcc may)."""
+    check_relation(rel, rhs, P, _runner(build_dir))

@@ -2,6 +2,7 @@
 #include "simt.hpp"
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -118,7 +119,9 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
 }
 
 // Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
-// shared memory. 0: done; 1: a launch the GPU would refuse; 2: a thread trapped.
+// shared memory: one OS thread per thread of a block, the same threads for every block, which
+// meet between blocks while thread 0 poisons shared memory and sets up the next block's
+// barriers. 0: done; 1: a launch the GPU would refuse; 2: a thread trapped.
 extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
                         int bz, int shared) {
     const int threads = bx * by * bz;
@@ -126,33 +129,39 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
         shared > simt::SMEM_BYTES || gx < 1 || gy < 1 || gz < 1)
         return 1;
     simt::trapped = 0;
-    for (int z = 0; z < gz; ++z)
-        for (int y = 0; y < gy; ++y)
-            for (int x = 0; x < gx; ++x) {
-                std::memset(simt::arena, 0xFF, simt::SMEM_BYTES);
-                simt::Block blk(threads);
-                std::vector<std::thread> pool;
-                pool.reserve(threads);
-                for (int t = 0; t < threads; ++t)
-                    pool.emplace_back([&, t] {
-                        simt::thread_idx = {(unsigned)t, 0, 0};
-                        simt::block_idx = {(unsigned)x, (unsigned)y, (unsigned)z};
-                        simt::block_dim = {(unsigned)threads, 1, 1};
-                        simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
-                        simt::dynamic_bytes = (unsigned)shared;
-                        simt::block = &blk;
-                        simt::committed.clear();
-                        simt::open_group.clear();
-                        try {
-                            fn(args);
-                        } catch (const simt::Trap&) {
-                            __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
-                        }
-                        blk.warps[t / 32].meet.arrive_and_drop();
-                        blk.sync.arrive_and_drop();
-                    });
-                for (auto& th : pool) th.join();
-                if (simt::trapped) return 2;
+    std::barrier<> between(threads);
+    std::unique_ptr<simt::Block> current;
+    const long blocks = (long)gx * gy * gz;
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+            simt::thread_idx = {(unsigned)t, 0, 0};
+            simt::block_dim = {(unsigned)threads, 1, 1};
+            simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
+            simt::dynamic_bytes = (unsigned)shared;
+            for (long b = 0; b < blocks; ++b) {
+                between.arrive_and_wait();  // every thread is done with the previous block
+                if (t == 0) {
+                    std::memset(simt::arena, 0xFF, simt::SMEM_BYTES);
+                    current = std::make_unique<simt::Block>(threads);
+                }
+                between.arrive_and_wait();
+                if (__atomic_load_n(&simt::trapped, __ATOMIC_SEQ_CST)) return;
+                simt::block_idx = {(unsigned)(b % gx), (unsigned)(b / gx % gy),
+                                   (unsigned)(b / ((long)gx * gy))};
+                simt::block = current.get();
+                simt::committed.clear();
+                simt::open_group.clear();
+                try {
+                    fn(args);
+                } catch (const simt::Trap&) {
+                    __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
+                }
+                current->warps[t / 32].meet.arrive_and_drop();
+                current->sync.arrive_and_drop();
             }
-    return 0;
+        });
+    for (auto& th : pool) th.join();
+    return simt::trapped ? 2 : 0;
 }
