@@ -8,11 +8,13 @@ and times it. The peer is the same work in torch: one cuBLAS matmul over the con
 weights (``addmm`` where the residual is added, ``silu(g) * u`` after it for gate_up), bf16.
 Floors, from the same run: the tensor-core peak (dense bf16, the H200's datasheet figure) and
 the bytes moved at the device-to-device copy rate measured here; a launch's floor is the larger.
-Each figure is the median over several replays of a CUDA graph of back-to-back launches.
+Up to ``--gemv-rows`` rows the decode GEMV of the same family runs too, on the same buffers, so
+the run shows where the tensor cores start to pay (the planner's GEMV_MAX_ROWS). Each figure is
+the median over several replays of a CUDA graph of back-to-back launches.
 
-Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 128,512,2048``,
-``--weights bf16,fp8,mxfp4``; ``--record`` appends each kernel's throughput at the largest rows
-to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
+Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
+``--weights bf16,fp8,mxfp4``; ``--record`` appends each gemm kernel's throughput at the largest
+rows to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear_add": ("w",), "gate_up_swiglu
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear_add": ("y",), "gate_up_swiglu": ("h",)}
 
 
-def realized(family: str, weight: str) -> Any:
-    """The sm_90 kernel of ``family``'s gemm point with bf16 activations and ``weight``."""
+def realized(family: str, weight: str, shape: str = "gemm") -> Any:
+    """The sm_90 kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
 
     P = Presentation.load()
-    point = P.family(family).point(act="bf16", weight=weight, shape="gemm", k_block=256,
+    point = P.family(family).point(act="bf16", weight=weight, shape=shape, k_block=256,
                                    across="sequential")
     return realization("sm_90", presentation=P).realize(point)
 
@@ -140,19 +142,38 @@ def time_torch(torch: Any, fn: Any) -> float:
     return statistics.median(times)
 
 
+class Built:
+    """A realized kernel compiled and loaded, with its KERNELS.toml launch rule."""
+
+    def __init__(self, cp: Any, tmp: Path, kernel: Any) -> None:
+        self.kernel = kernel
+        defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
+        name = f"{kernel.entry}_{abs(hash(kernel.defines))}.cubin"
+        self.module = cp.RawModule(path=str(build(Path(kernel.source).name, defines, tmp / name)))
+        self.fn = self.module.get_function(kernel.entry)
+
+    def launcher(self, sizes: dict[str, int], ptrs: dict[str, Any]) -> Any:
+        """launch(): one launch at ``sizes`` on the buffers ``ptrs`` (by argument name)."""
+        grid, block, shared = self.kernel.launch_for(sizes)
+        self.fn.max_dynamic_shared_size_bytes = max(shared, 1)
+        null = np.uint64(0)
+        args = tuple((null if ptrs.get(arg) is None else ptrs[arg]) if ty == "ptr"
+                     else np.int32(sizes[arg])
+                     for arg, _, ty in (a.partition(":") for a in self.kernel.args))
+        return lambda: self.fn(grid, block, args, shared_mem=shared)
+
+
 class Launch:
-    """One launch's kernel and weights, built once: its module (the sm_90 realization of the
-    family's gemm point in ``fmt``), the weights on the device and, for the peer, their
-    dequantized values as one bf16 torch tensor (the weights concatenated)."""
+    """One launch's kernels and weights, built once: the sm_90 realizations of the family's gemm
+    point in ``fmt`` (tensor cores) and of its gemv point (the decode kernel, for the rows where
+    both apply), the weights on the device and, for the peer, their dequantized values as one
+    bf16 torch tensor (the weights concatenated)."""
 
     def __init__(self, cp: Any, torch: Any, tmp: Path, family: str, dims: dict[str, int],
                  fmt: str) -> None:
         self.family, self.dims, self.fmt = family, dims, fmt
-        self.kernel = realized(family, fmt)
-        defines = " ".join(d.removeprefix("-D") for d in self.kernel.defines)
-        self.module = cp.RawModule(path=str(build(Path(self.kernel.source).name, defines,
-                                                  tmp / f"{family}_{fmt}.cubin")))
-        self.fn = self.module.get_function(self.kernel.entry)
+        self.gemm = Built(cp, tmp, realized(family, fmt, "gemm"))
+        self.gemv = Built(cp, tmp, realized(family, fmt, "gemv"))
         rng = np.random.default_rng(dims["k"])
         self.widths = widths(family, dims)
         self.ws = [make_weight(cp, fmt, n, dims["k"], rng) for n in self.widths]
@@ -163,13 +184,11 @@ class Launch:
 
 
 def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int,
-               rate: float) -> dict:
-    """``lc`` at ``rows`` rows: Metrale's kernel checked against torch on the same (dequantized)
-    weights, both timed, with the floors."""
+               rate: float, gemv_rows: int) -> dict:
+    """``lc`` at ``rows`` rows: Metrale's tensor-core kernel (and, up to ``gemv_rows`` rows, its
+    GEMV) checked against torch on the same (dequantized) weights, all timed, with the floors."""
     family, dims, k = lc.family, lc.dims, lc.dims["k"]
     sizes = {"rows": rows, **dims}
-    grid, block, shared = lc.kernel.launch_for(sizes)
-    lc.fn.max_dynamic_shared_size_bytes = shared
     x = bf16_bits(cp, (rows, k))
     r = bf16_bits(cp, (rows, dims["n"])) if family == "linear_add" else None
     outs = [cp.empty((rows, n), cp.uint16) for n in
@@ -178,18 +197,6 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     for port, w in zip(WEIGHT_PORTS[family], lc.ws):
         ptrs.update({port: w["data"], f"{port}_scale": w["scale"], f"{port}_global": w["global"]})
     ptrs.update(zip(OUT_PORTS[family], outs))
-    null = np.uint64(0)
-    args = tuple((null if ptrs.get(arg) is None else ptrs[arg]) if ty == "ptr"
-                 else np.int32(sizes[arg])
-                 for arg, _, ty in (a.partition(":") for a in lc.kernel.args))
-
-    def launch() -> None:
-        lc.fn(grid, block, args, shared_mem=shared)
-
-    for o in outs:
-        o.fill(0xFFFF)  # poison: NaN
-    launch()
-    cp.cuda.Device().synchronize()
 
     # the peer on the same values: torch bf16 (cuBLAS), weights as bf16 of the dequantized values
     tx = torch.as_tensor(x.view(cp.int16), device="cuda").view(torch.bfloat16)
@@ -204,29 +211,44 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
         return y
 
     want = peer().float()
-    got = torch.cat([torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
-                     for o in outs], dim=1).float()
-    finite = bool(torch.isfinite(got).all())
-    rel = float((got - want).abs().max() / want.abs().max())
 
-    t = time_graph(cp, launch)
+    def checked(built: Built) -> tuple[float, bool, float]:
+        """(median seconds, outputs finite, max relative difference from the peer)."""
+        launch = built.launcher(sizes, ptrs)
+        for o in outs:
+            o.fill(0xFFFF)  # poison: NaN
+        launch()
+        cp.cuda.Device().synchronize()
+        got = torch.cat([torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
+                         for o in outs], dim=1).float()
+        rel = float((got - want).abs().max() / want.abs().max())
+        return time_graph(cp, launch), bool(torch.isfinite(got).all()), rel
+
+    t, finite, rel = checked(lc.gemm)
+    t_gemv = checked(lc.gemv) if rows <= gemv_rows else None
     t_peer = time_torch(torch, peer)
     n_total = sum(lc.widths)
     flops = 2.0 * rows * n_total * k
     nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * (k + n_total)
     floor = max(flops / TENSOR_PEAK, nbytes / rate)
-    return {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
-            "point": str(lc.kernel.point), "source_hash": lc.kernel.source_hash,
-            "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
-            "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
-            "of_floor": floor / t, "finite": finite, "max_rel_err_vs_peer": rel}
+    out = {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
+           "point": str(lc.gemm.kernel.point), "source_hash": lc.gemm.kernel.source_hash,
+           "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
+           "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
+           "of_floor": floor / t, "finite": finite, "max_rel_err_vs_peer": rel}
+    if t_gemv is not None:
+        out.update(gemv_seconds=t_gemv[0], gemv_finite=t_gemv[1],
+                   gemv_max_rel_err_vs_peer=t_gemv[2], gemv_vs_gemm=t_gemv[0] / t)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="128,512,2048")
+    ap.add_argument("--rows", default="8,64,512,2048")
     ap.add_argument("--weights", default="bf16,fp8,mxfp4")
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
+    ap.add_argument("--gemv-rows", type=int, default=64,
+                    help="also time the GEMV (decode) kernel at rows up to this many")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (throughput at the largest rows) to sm_90")
     args = ap.parse_args()
@@ -244,13 +266,15 @@ def main() -> None:
             for fmt in args.weights.split(","):
                 lc = Launch(cp, torch, Path(tmp), family, dims, fmt)
                 for rows in rows_list:
-                    c = bench_case(cp, torch, lc, model, name, rows, rate)
+                    c = bench_case(cp, torch, lc, model, name, rows, rate, args.gemv_rows)
                     cases.append(c)
+                    gemv = (f"; GEMV {c['gemv_seconds'] * 1e6:.1f} us (x{c['gemv_vs_gemm']:.2f})"
+                            if "gemv_seconds" in c else "")
                     print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5}: "
                           f"{c['seconds'] * 1e6:9.1f} us {c['tflops']:6.0f} TFLOP/s "
                           f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "
-                          f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}",
-                          flush=True)
+                          f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}"
+                          + gemv, flush=True)
     path = write_result("gpu_prefill", {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                         .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
                                         "launches": LAUNCHES, "repeats": REPEATS,
