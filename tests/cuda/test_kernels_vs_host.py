@@ -22,6 +22,8 @@ from metrale.realize.functor import realization  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
+    PREFILL_SHAPES,
+    check_prefill_attention,
     check_relation,
     check_row_invariance,
     compare,
@@ -329,3 +331,11 @@ def test_gemm_is_exact_where_every_sum_is(gpu, weight):
     (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
     assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
     assert got.tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
+def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):
+    check_prefill_attention(P.family(family), hq, hkv, d, window,
+                            lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
+                                                                       attrs=attrs), F)

@@ -275,18 +275,28 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()), usage
 
 
+# the tensor-core sources, each with its define sets, and the entries each set exposes
+TENSOR_CORE_BUILDS = [
+    *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
+       {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
+        "metrale_gate_up_swiglu_mma"}) for w in ("BF16", "FP8", "MXFP4", "NVFP4")),
+    ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
+     {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}),
+]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("weight", ["BF16", "FP8", "MXFP4", "NVFP4"])
-def test_gemm_entries_run_on_tensor_cores_without_spilling(tmp_path, weight):
-    """The prefill GEMM entries issue bf16 MMAs and keep their two sets of accumulators (the
-    k-block's partial, the sum) in registers: a spill would sit in the main loop."""
-    cubin, log = _sm90a_cubin(tmp_path, "gemm.cu", "ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256")
+@pytest.mark.parametrize("source,defs,entries", TENSOR_CORE_BUILDS,
+                         ids=[f"{s}-{d[1]}" for s, d, _ in TENSOR_CORE_BUILDS])
+def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, source, defs, entries):
+    """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in
+    registers (no spill, no local arrays): a spill would sit in the main loop."""
+    cubin, log = _sm90a_cubin(tmp_path, source, *defs)
     usage = _resource_usage(log)
-    entries = {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
-               "metrale_gate_up_swiglu_mma"}
     assert set(usage) >= entries, usage
     assert all(spills == 0 for regs, spills in usage.values()), usage
-    ptx = nvcc_ptx(tmp_path, "gemm.cu", ("ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256"), "sm_90a")
+    assert "bytes stack frame" in log and not re.search(r"[1-9]\d* bytes stack frame", log), log
+    ptx = nvcc_ptx(tmp_path, source, defs, "sm_90a")
     for e in entries:
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in entry_body(ptx, e), e
 

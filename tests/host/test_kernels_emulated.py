@@ -22,6 +22,8 @@ from metrale.lkb.semantics import SEMANTICS
 from metrale.realize.functor import realization
 from tests.host import simt
 from tests.kernel_cases import (
+    PREFILL_SHAPES,
+    check_prefill_attention,
     check_relation,
     check_row_invariance,
     compare,
@@ -196,7 +198,8 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
 
 
 def _runner(build_dir):
-    return lambda fam, point, sizes, device: run(build_dir, fam, point, sizes, device)
+    return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
+                                                             device, attrs)
 
 
 @pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),
@@ -213,3 +216,9 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
     too (the device tests are the authority: the host compiler contracts no products into fused
     multiply-adds, nvcc may)."""
     check_relation(rel, rhs, P, _runner(build_dir))
+
+
+@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
+def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hkv, d, window):
+    check_prefill_attention(P.family(family), hq, hkv, d, window, _runner(build_dir), F)

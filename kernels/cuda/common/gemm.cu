@@ -17,6 +17,7 @@
 //
 // Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
 #include "gemv.cuh"
+#include "mma.cuh"
 
 #if !defined(ACT_BF16)
 #error "the tensor-core kernels take bf16 activations (KERNELS.toml's `when`)"
@@ -43,8 +44,6 @@ static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k (32
 static_assert(BM * BK / 8 == THREADS && BN * BK / 8 == 2 * THREADS,
               "one 8-column chunk of an activation tile per thread, two of a weight tile");
 
-typedef __nv_bfloat16 bf16;
-
 // Dynamic shared memory: STAGES x (activation tile of BM rows, weight tile of BN rows), rows of
 // LDS bf16: KERNELS.toml's launch.shared is STAGES (BM + BN) LDS 2 bytes.
 constexpr int A_TILE = BM * LDS, STAGE = (BM + BN) * LDS;
@@ -56,46 +55,6 @@ __device__ __forceinline__ out_t out_store(float v) { return v; }
 typedef act_t out_t;
 __device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 #endif
-
-// ------------------------------------------------------------------ PTX wrappers
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes from global to shared, asynchronously; `bytes` 0 writes 16 zero bytes instead.
-__device__ __forceinline__ void cp_async16(bf16* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-// d += a · b for one m16n8k16 tile (a row-major 16 x 16, b column-major 16 x 8), f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // ------------------------------------------------------------------ tile loads
 

@@ -57,6 +57,22 @@ static void ldmatrix_x4(const std::initializer_list<Out>& outs, size_t addr) {
     w.meet.arrive_and_wait();
 }
 
+// The same with .trans: lane l receives, from each matrix j, the 16-bit values at rows 2 (l % 4)
+// and 2 (l % 4) + 1 of column l / 4.
+static void ldmatrix_x4_trans(const std::initializer_list<Out>& outs, size_t addr) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l] = addr;
+    w.meet.arrive_and_wait();
+    for (int j = 0; j < 4; ++j) {
+        uint16_t half[2];
+        for (int h = 0; h < 2; ++h)
+            std::memcpy(&half[h], arena + w.slot[8 * j + 2 * (l % 4) + h] + 2 * (l / 4), 2);
+        std::memcpy(outs.begin()[j].p, half, 4);
+    }
+    w.meet.arrive_and_wait();
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d = a b + c, with the PTX ISA's fragment
 // layouts (groupID g = lane / 4, threadID_in_group t = lane % 4): A's register i holds row
 // g + 8 (i % 2), columns 2 t + 8 (i / 2) + {0, 1}; B's register i holds k rows 2 t + 8 i + {0, 1}
@@ -110,6 +126,8 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         wait_groups(0);
     } else if (t == "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];") {
         ldmatrix_x4(outs, (size_t)(uint32_t)in[0]);
+    } else if (t == "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];") {
+        ldmatrix_x4_trans(outs, (size_t)(uint32_t)in[0]);
     } else if (t.rfind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ", 0) == 0) {
         mma_bf16(outs, in);
     } else {

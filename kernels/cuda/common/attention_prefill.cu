@@ -1,0 +1,352 @@
+// Metrale CUDA: prefill attention on tensor cores (attention, kv_append_attention at their
+// prefill points with bf16 activations; mma.sync, sm_80 and newer).
+//
+// A block takes 16 rows of the launch and one kv head: warp w computes q head kv_head * G + w
+// (G = hq / hkv) for those rows, so the block's warps share every key and value tile they load.
+// Grid z cuts head_dim into slices of 128 output columns (one slice up to head_dim 128); every
+// slice computes the same scores.
+//
+// Order (declared in KERNELS.toml), the reference's split-KV: a row's positions are cut at
+// absolute multiples of KV_BLOCK, and for each block with positions of the row
+//   pass 1: s_j = (q · k_j) * scale by MMAs over head_dim (tensor-core order), m_b = max s_j;
+//   pass 2: the same s_j again, e_j = exp(s_j - m_b), l_b = sum e_j (lane partials, then the four
+//           lanes of the row), acc_b = sum e_j v_j by MMAs, e_j entering them as three bf16
+//           parts whose sum is e_j exactly (8 + 8 + 8 significant bits), so the products are
+//           exact and only the order of the sum is the hardware's;
+// then the blocks merge left to right by the log-sum-exp rule, o = acc / l rounded to act.
+// Keys and values come through shared memory in tiles of 64 positions. Rows of one tile in
+// different slots are served slot after slot. kv_append_attention writes the tile's rows into
+// the cache (slice 0's blocks) and reads every position some row of the launch appends from
+// k, v instead of the cache, so no block reads what another writes. Defines: ACT_BF16, KV_BLOCK.
+#include "metrale.cuh"
+#include "mma.cuh"
+
+#if !defined(ACT_BF16)
+#error "the tensor-core attention takes bf16 activations (KERNELS.toml's `when`)"
+#endif
+#ifndef KV_BLOCK
+#error "define KV_BLOCK"
+#endif
+#define TILE_ROWS 16    // rows of the launch a block takes: one m16 tile per warp
+#define TILE_POS 64     // positions of a key / value tile
+#define SLICE 128       // output columns a block computes (grid z)
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 8   // q heads per kv head: a warp each, and registers for 8 warps a block
+#define KPITCH(d) ((d) + 8)   // bf16 per key row in shared memory: ldmatrix's rows in 8 banks
+#define VPITCH (SLICE + 8)
+static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
+
+struct PrefillSmem {
+    bf16* k;   // [TILE_POS][KPITCH(d)]
+    bf16* v;   // [TILE_POS][VPITCH], the block's slice of columns
+    int* src;  // [TILE_POS]: the launch row appending that position, or -1
+    __device__ __forceinline__ PrefillSmem(int d) {
+        extern __shared__ __align__(16) unsigned char smem_base[];
+        k = (bf16*)smem_base;
+        v = k + TILE_POS * KPITCH(d);
+        src = (int*)(v + TILE_POS * VPITCH);
+    }
+};
+
+// One row of the tile as a lane sees it: the launch row, its slot, and the positions it
+// attends to, [lo, p]; live is false past the launch's rows.
+struct RowInfo {
+    int row, slot, lo, p;
+    bool live;
+};
+
+__device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positions,
+                                            const int* slots, int window) {
+    RowInfo r;
+    r.row = row;
+    r.live = row < rows;
+    r.slot = r.live ? slots[row] : -1;
+    r.p = r.live ? positions[row] : -1;
+    r.lo = window > 0 ? max(0, r.p - window + 1) : 0;
+    return r;
+}
+
+// Keys (and, with `with_v`, the slice's values) of positions [start, start + 64) of `slot` into
+// shared memory: from k_new / v_new where a row of the launch appends the position (src[]), else
+// from the cache; zeros past max_ctx.
+__device__ __forceinline__ void load_kv_tile(const PrefillSmem& s, const act_t* k_cache,
+                                             const act_t* v_cache, const act_t* k_new,
+                                             const act_t* v_new, const int* positions,
+                                             const int* slots, int rows, int slot, int start,
+                                             int kvh, int hkv, int d, int max_ctx, int col0,
+                                             int ncols, bool with_v) {
+    const int nt = blockDim.x;
+    if (k_new) {
+        for (int j = threadIdx.x; j < TILE_POS; j += nt) s.src[j] = -1;
+        __syncthreads();
+        for (int r = threadIdx.x; r < rows; r += nt)
+            if (slots[r] == slot && positions[r] >= start && positions[r] < start + TILE_POS)
+                s.src[positions[r] - start] = r;
+        __syncthreads();
+    }
+    const int kchunks = d / 8, vchunks = ncols / 8;
+    for (int i = threadIdx.x; i < TILE_POS * (kchunks + (with_v ? vchunks : 0)); i += nt) {
+        const bool is_k = i < TILE_POS * kchunks;
+        const int ii = is_k ? i : i - TILE_POS * kchunks, ch = is_k ? kchunks : vchunks;
+        const int j = ii / ch, c = (ii % ch) * 8 + (is_k ? 0 : col0);
+        const int pos = start + j;
+        const int r = k_new ? s.src[j] : -1;
+        const act_t* base = r >= 0 ? (is_k ? k_new : v_new) + ((long)r * hkv + kvh) * d
+                                   : (is_k ? k_cache : v_cache) +
+                                         (((long)slot * max_ctx + min(pos, max_ctx - 1)) * hkv +
+                                          kvh) * d;
+        bf16* dst = is_k ? s.k + j * KPITCH(d) + c : s.v + j * VPITCH + (c - col0);
+        cp_async16(dst, base + c, pos < max_ctx ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// s[ni][e] = (q · k) * scale for the warp's 16 rows and the tile's 64 positions (n8 tile ni,
+// the MMA's accumulator layout: row g + 8 (e / 2), position 8 ni + 2 t + e % 2), q's fragments
+// read from global memory (each lane its own two rows), keys from shared memory.
+__device__ __forceinline__ void tile_scores(const PrefillSmem& s, const act_t* q0,
+                                            const act_t* q8, int d, float scale,
+                                            float (&sc)[8][4]) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[ni][e] = 0.0f;
+    for (int kk = 0; kk < d; kk += 16) {
+        uint32_t a[4];
+        a[0] = *(const uint32_t*)(q0 + kk + 2 * t);
+        a[1] = *(const uint32_t*)(q8 + kk + 2 * t);
+        a[2] = *(const uint32_t*)(q0 + kk + 8 + 2 * t);
+        a[3] = *(const uint32_t*)(q8 + kk + 8 + 2 * t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // positions 16 j .. 16 j + 15: two n8 tiles
+            uint32_t b[4];
+            ldmatrix_x4(b, s.k + (16 * j + (lane & 7) + ((lane >> 4) << 3)) * KPITCH(d) + kk +
+                               ((lane >> 3) & 1) * 8);
+            mma_bf16(sc[2 * j], a, b[0], b[1]);
+            mma_bf16(sc[2 * j + 1], a, b[2], b[3]);
+        }
+    }
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[ni][e] *= scale;
+}
+
+// Whether the row attends to position pos within KV block [b0, b0 + KV_BLOCK).
+__device__ __forceinline__ bool attends(const RowInfo& r, int slot, int pos, int b0) {
+    return r.live && r.slot == slot && pos >= max(r.lo, b0) && pos <= r.p &&
+           pos < b0 + KV_BLOCK;
+}
+
+// The max over the four lanes of a row (lanes 4 g .. 4 g + 3), the same in each.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Three bf16 parts of x whose sum is x (f32 has 24 significant bits; each part takes the next 8,
+// rounded, so the remainders fit), as the hi, mid and lo halves of the A operand words.
+__device__ __forceinline__ void split3(float x0, float x1, uint32_t& hi, uint32_t& mid,
+                                       uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float r0 = x0 - __low2float(h), r1 = x1 - __high2float(h);
+    const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - __low2float(m), r1 - __high2float(m));
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    mid = *reinterpret_cast<const uint32_t*>(&m);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache,
+                                            const act_t* v_cache, const int* positions,
+                                            const int* slots, const act_t* k_new,
+                                            const act_t* v_new, act_t* o, int rows, int hq,
+                                            int hkv, int d, int max_ctx, float scale,
+                                            int window) {
+    const PrefillSmem s(d);
+    const int kvh = blockIdx.x, row0 = blockIdx.y * TILE_ROWS, col0 = blockIdx.z * SLICE;
+    const int ncols = min(SLICE, d - col0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int head = kvh * (hq / hkv) + warp;
+    const RowInfo rw[2] = {row_info(row0 + g, rows, positions, slots, window),
+                           row_info(row0 + g + 8, rows, positions, slots, window)};
+    const act_t* qrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        qrow[h] = q + ((long)min(rw[h].row, rows - 1) * hq + head) * d;
+
+    // the running state of the lane's two rows and its columns 8 ni + 2 t + {0, 1} of the slice
+    float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f}, acc[16][4];
+    bool first[2] = {true, true};
+#pragma unroll
+    for (int ni = 0; ni < 16; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
+
+    // the tile's rows, slot after slot (every thread walks the same sequence)
+    unsigned done = 0;
+    for (int i = 0; i < TILE_ROWS; ++i) {
+        if (done >> i & 1u) continue;
+        const RowInfo ri = row_info(row0 + i, rows, positions, slots, window);
+        if (!ri.live) break;
+        const int slot = ri.slot;
+        int lo = ri.lo, hi = ri.p;
+        for (int j = i; j < TILE_ROWS; ++j) {
+            const RowInfo rj = row_info(row0 + j, rows, positions, slots, window);
+            if (rj.live && rj.slot == slot) {
+                done |= 1u << j;
+                lo = min(lo, rj.lo);
+                hi = max(hi, rj.p);
+            }
+        }
+        for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
+            const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
+            // pass 1: the block's max score of each row
+            float mb[2] = {-INFINITY, -INFINITY};
+            for (int st = t0; st < t1; st += TILE_POS) {
+                load_kv_tile(s, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
+                             st, kvh, hkv, d, max_ctx, col0, ncols, false);
+                float sc[8][4];
+                tile_scores(s, qrow[0], qrow[1], d, scale, sc);
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
+                        if (attends(rw[h], slot, pos, b0)) mb[h] = fmaxf(mb[h], sc[ni][e]);
+                    }
+                __syncthreads();  // the tile is read by every warp before the next load
+            }
+            mb[0] = quad_max(mb[0]);
+            mb[1] = quad_max(mb[1]);
+            // pass 2: exponentials, their sum and the values they weigh
+            float lb[2] = {0.0f, 0.0f}, ab[16][4];
+#pragma unroll
+            for (int ni = 0; ni < 16; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) ab[ni][e] = 0.0f;
+            for (int st = t0; st < t1; st += TILE_POS) {
+                load_kv_tile(s, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
+                             st, kvh, hkv, d, max_ctx, col0, ncols, true);
+                float sc[8][4];
+                tile_scores(s, qrow[0], qrow[1], d, scale, sc);
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
+                        const float x = attends(rw[h], slot, pos, b0) ? expf(sc[ni][e] - mb[h])
+                                                                      : 0.0f;
+                        sc[ni][e] = x;
+                        lb[h] += x;
+                    }
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {  // positions 16 kk .. 16 kk + 15
+                    uint32_t a[3][4];  // e's parts as the A operand: n8 tiles 2 kk, 2 kk + 1
+                    split3(sc[2 * kk][0], sc[2 * kk][1], a[0][0], a[1][0], a[2][0]);
+                    split3(sc[2 * kk][2], sc[2 * kk][3], a[0][1], a[1][1], a[2][1]);
+                    split3(sc[2 * kk + 1][0], sc[2 * kk + 1][1], a[0][2], a[1][2], a[2][2]);
+                    split3(sc[2 * kk + 1][2], sc[2 * kk + 1][3], a[0][3], a[1][3], a[2][3]);
+#pragma unroll
+                    for (int nj = 0; nj < SLICE / 16; ++nj) {  // columns 16 nj .. 16 nj + 15
+                        if (16 * nj >= ncols) break;
+                        uint32_t b[4];
+                        ldmatrix_x4_trans(b, s.v + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) *
+                                                       VPITCH + 16 * nj + (lane >> 4) * 8);
+#pragma unroll
+                        for (int part = 0; part < 3; ++part) {
+                            mma_bf16(ab[2 * nj], a[part], b[0], b[1]);
+                            mma_bf16(ab[2 * nj + 1], a[part], b[2], b[3]);
+                        }
+                    }
+                }
+                __syncthreads();
+            }
+            // the block merges into the running state, left to right, for the rows it has
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float lsum = quad_sum(lb[h]);
+                if (mb[h] == -INFINITY) continue;  // no position of this row in the block
+                float a = 1.0f, bw = 1.0f;
+                if (first[h]) {
+                    m[h] = mb[h];
+                    l[h] = lsum;
+                } else {
+                    const float mn = fmaxf(m[h], mb[h]);
+                    a = expf(m[h] - mn);
+                    bw = expf(mb[h] - mn);
+                    l[h] = l[h] * a + lsum * bw;
+                    m[h] = mn;
+                }
+#pragma unroll
+                for (int ni = 0; ni < 16; ++ni)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e)
+                        acc[ni][e] = first[h] ? ab[ni][e] : acc[ni][e] * a + ab[ni][e] * bw;
+                first[h] = false;
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!rw[h].live) continue;
+        act_t* orow = o + ((long)rw[h].row * hq + head) * d + col0;
+#pragma unroll
+        for (int ni = 0; ni < 16; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = 8 * ni + 2 * t + e;
+                if (c < ncols) orow[c] = act_store(acc[ni][2 * h + e] / l[h]);
+            }
+    }
+}
+
+__device__ __forceinline__ bool prefill_shape_ok(int d, int hq, int hkv) {
+    return d % 16 == 0 && d <= MAX_HEAD_DIM && hq % hkv == 0 && hq / hkv <= MAX_GROUP &&
+           (hq / hkv) * 32 == (int)blockDim.x;
+}
+
+// grid (hkv, ceil(rows / 16), ceil(d / 128)), block 32 * (hq / hkv).
+extern "C" __global__ void __launch_bounds__(MAX_GROUP * 32)
+metrale_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
+                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
+                          const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq,
+                          int hkv, int d, int max_ctx, float scale, int window) {
+    grid_dependency_sync();
+    if (!prefill_shape_ok(d, hq, hkv)) __trap();  // a shape the kernel cannot serve: loud
+    attend_tile(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
+                max_ctx, scale, window);
+}
+
+// kv_append then attention: slice 0's blocks write their rows' k, v of their kv head into the
+// cache; every block reads the positions the launch appends from k, v (load_kv_tile).
+extern "C" __global__ void __launch_bounds__(MAX_GROUP * 32)
+metrale_kv_append_attention_prefill(const act_t* __restrict__ k, const act_t* __restrict__ v,
+                                    const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
+                                    const int* __restrict__ positions,
+                                    const int* __restrict__ slots, act_t* __restrict__ o,
+                                    int rows, int hq, int hkv, int d, int max_ctx, float scale,
+                                    int window) {
+    grid_dependency_sync();
+    if (!prefill_shape_ok(d, hq, hkv)) __trap();
+    const int kvh = blockIdx.x, row0 = blockIdx.y * TILE_ROWS;
+    if (blockIdx.z == 0) {
+        for (int i = threadIdx.x; i < TILE_ROWS * d; i += blockDim.x) {
+            const int row = row0 + i / d, c = i % d;
+            if (row >= rows) break;
+            const long src = ((long)row * hkv + kvh) * d + c;
+            const long dst = (((long)slots[row] * max_ctx + positions[row]) * hkv + kvh) * d + c;
+            k_cache[dst] = k[src];
+            v_cache[dst] = v[src];
+        }
+    }
+    attend_tile(q, k_cache, v_cache, positions, slots, k, v, o, rows, hq, hkv, d, max_ctx, scale,
+                window);
+}
