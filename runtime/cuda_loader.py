@@ -210,18 +210,18 @@ class CudaPlanLoader:
         from metrale.runtime.executor import Launch
 
         P = Presentation.load(self.kernels_dir)
-        loader = self._loader(backend)
         sizes = dict(plan.sizes)
         out = []
         for k in plan.launches:
             fam = P.family(k.family)
-            bound = loader.bind(k.kernel)
             numbers = _numbers(k.box, fam, sizes)
             env = k.kernel.sizes(numbers)
+            grid, block, shared = k.kernel.launch_for(numbers)
+            handle, args = self.bind(backend, k, grid, block, shared)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))
             names: list[Any] = []
-            for a in bound.args:
+            for a in args:
                 if a.kind == "ptr":
                     if a.name in port_buffer:
                         names.append(port_buffer[a.name])
@@ -232,7 +232,13 @@ class CudaPlanLoader:
                     names.append(("scratch", int(env[a.name])))
                 else:
                     names.append(_SCALARS[a.kind](env[a.name]))
-            grid, block, shared = k.kernel.launch_for(numbers)
-            out.append(Launch(k, bound.handle, grid, block, shared, tuple(names),
+            out.append(Launch(k, handle, grid, block, shared, tuple(names),
                               self.dependent_launch and k.kernel.dependent_launch))
         return tuple(out)
+
+    def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
+             block: tuple[int, int, int], shared: int) -> tuple[Any, tuple[Any, ...]]:
+        """The handle of planned kernel ``k`` on ``backend`` (compiled and loaded once per source
+        and defines) and its parsed arguments; the launch shape is the planned one."""
+        bound = self._loader(backend).bind(k.kernel)
+        return bound.handle, bound.args

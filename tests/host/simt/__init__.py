@@ -196,7 +196,8 @@ class Library:
         values = []
         for v, t in zip(args, types):
             if t in ("ptr", "scratch"):
-                ptr = None if v is None else (v.ctypes.data if isinstance(v, np.ndarray) else v)
+                ptr = None if v is None or (isinstance(v, int) and v == 0) else (
+                    v.ctypes.data if isinstance(v, np.ndarray) else v)
                 values.append(ctypes.c_void_p(ptr))
             elif t == "i32":
                 values.append(ctypes.c_int(int(v)))
@@ -236,3 +237,37 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return Library(out, entries)
+
+
+def plan_loader(build_dir: Path) -> Any:
+    """The executor's loader for an NVIDIA class's plans on a ``HostBackend``: every launch runs
+    its kernel's own source on the emulation, with the launch shape the plan gives it (the CUDA
+    loader's buffers, weights in their storage format, arguments bound the same way).
+
+    Usage: ``Engine.load(model, hardware="sm_90", backend=HostBackend(),
+    loader=plan_loader(build_dir))``.
+    """
+    from metrale.runtime.backend import HostKernel
+    from metrale.runtime.cuda_loader import CudaPlanLoader, parse_args
+
+    class PlanLoader(CudaPlanLoader):
+        def __init__(self) -> None:
+            super().__init__("emulated")
+            self.types: dict[tuple, dict[str, tuple[str, ...]]] = {}
+
+        def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], shared: int) -> tuple[Any, tuple[Any, ...]]:
+            kernel = k.kernel
+            types = self.types.setdefault((kernel.source, kernel.defines), {})
+            types[kernel.entry] = tuple(a.partition(":")[2] for a in kernel.args)
+            lib = build(build_dir, kernel.source,
+                        tuple(d.removeprefix("-D") for d in kernel.defines), types)
+
+            def run(*args: Any) -> None:
+                lib.launch(kernel.entry, grid, block, shared, list(args))
+
+            label = f"#{k.index} {kernel.entry}"
+            module = backend.module({label: HostKernel(run, len(kernel.args))}, label)
+            return backend.kernel(module, label), parse_args(kernel.args)
+
+    return PlanLoader()
