@@ -62,6 +62,25 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype, i
     return rounded.astype(dtype) if dtype != np.float32 else rounded
 
 
+def _distinct_entries(rng: np.random.Generator, positions: np.ndarray, slots: np.ndarray,
+                      bound: int) -> np.ndarray:
+    """``positions`` with every repeated (slot, position) pair given a fresh position below
+    ``bound``: rows that write a KV cache must write distinct entries (kv_append refuses two
+    rows at one entry), and random draws repeat a pair now and then.
+
+    >>> _distinct_entries(np.random.default_rng(0), np.array([3, 3, 3]), np.array([0, 1, 0]), 8)
+    array([3, 3, 6])
+    """
+    if bound < len(positions):
+        return positions
+    out, seen = positions.copy(), set()
+    for r in range(len(out)):
+        while (int(slots[r]), int(out[r])) in seen:
+            out[r] = rng.integers(0, bound)
+        seen.add((int(slots[r]), int(out[r])))
+    return out
+
+
 def _point_params(rel: Relation, P: Presentation) -> Iterator[dict[str, Any]]:
     rhs_call = rel.rhs.calls[0]
     fam = P.family(rhs_call.family)
@@ -124,6 +143,7 @@ def check_relation(P: Presentation, rel: Relation, seed: int = 0) -> list[Findin
     for params in _point_params(rel, P):
         rng = np.random.default_rng(seed)
         env: dict[str, np.ndarray] = {}
+        position_bound: dict[str, int] = {}
         for idx, c in enumerate(rel.lhs.calls):
             fam = P.family(c.family)
             call_params = {**{k: params[k] for k in fam.domains if k in params}, **dict(c.pins)}
@@ -138,6 +158,14 @@ def check_relation(P: Presentation, rel: Relation, seed: int = 0) -> list[Findin
                     bound = sizes.get(u.find(("lhs", idx, ranges[port.name])))
                 dtype = _resolve_dtype(port, call_params)
                 env[arg] = _random(rng, shape, dtype, port.name in fam.weights, bound)
+                if port.name == "positions":
+                    position_bound[arg] = bound or 1
+        for c in rel.lhs.calls:  # rows that append to a cache need distinct entries
+            ports = dict(zip((p.name for p in P.family(c.family).inputs), c.args))
+            if "positions" in ports and "slots" in ports:
+                pos = ports["positions"]
+                env[pos] = _distinct_entries(rng, env[pos], env[ports["slots"]],
+                                             position_bound.get(pos, 1))
         point = ",".join(f"{k}={v}" for k, v in params.items())
         try:
             lhs = _run_side(rel, "lhs", P, env, params)
