@@ -12,6 +12,9 @@ Up to ``--gemv-rows`` rows the decode GEMV of the same family runs too, on the s
 the run shows where the tensor cores start to pay (the planner's GEMV_MAX_ROWS). Each figure is
 the median over several replays of a CUDA graph of back-to-back launches.
 
+Then whole prefill steps (``--steps 512,2048``): the sm_90 plan's prefill of one prompt, against
+the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt.
+
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
 ``--weights bf16,fp8,mxfp4``; ``--record`` appends each gemm kernel's throughput at the largest
 rows to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
@@ -242,6 +245,85 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     return out
 
 
+def prefill_flops(config: Any, rows: int) -> float:
+    """The tensor-core work of a dense model's prefill of ``rows`` tokens: the layers' matmuls,
+    causal attention (q·k and p·v over the positions each row sees) and the logits of every row."""
+    c = config
+    qkv = c.hidden_size * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    o = c.num_attention_heads * c.head_dim * c.hidden_size
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    seen = rows * (rows + 1) / 2  # positions summed over the rows
+    attention = 4 * seen * c.num_attention_heads * c.head_dim
+    return c.num_hidden_layers * (2 * rows * (qkv + o + mlp) + attention) + \
+        2 * rows * c.hidden_size * c.vocab_size
+
+
+def hf_prefill(torch: Any, model: str, rows: int) -> float:
+    """transformers' forward over a ``rows``-token prompt (bf16, random weights, its cache made
+    on the way, every row's logits as Metrale's prefill gives them): median seconds of 5 after
+    2, CUDA events."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from metrale.plan.config import ModelConfig
+
+    cfg = AutoConfig.for_model(**ModelConfig.load(model).to_hf_dict())
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, rows), device="cuda")
+    times = []
+    with torch.no_grad():
+        for i in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            m(ids, use_cache=True)
+            b.record()
+            b.synchronize()
+            if i >= 2:
+                times.append(a.elapsed_time(b) / 1e3)
+    del m
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
+                  hf: bool) -> list[dict]:
+    """Whole prefill steps on the sm_90 plans (random weights, one sequence from position 0),
+    against the tensor-core floor of their FLOPs and, in bf16, transformers' forward."""
+    from bench_gpu_decode import fast_weights
+
+    from metrale.plan.config import ModelConfig
+    from metrale.runtime.bench import time_prefill
+    from metrale.runtime.engine import Engine
+
+    out = []
+    for model in models:
+        config = ModelConfig.load(model)
+        for quant in quants:
+            eng = Engine(config, quant, fast_weights(model, quant, np.random.default_rng(0)),
+                         hardware="sm_90", backend=None, loader=None, act="bf16",
+                         max_ctx=max(lengths), slots=1,
+                         blocking=False, debug=False, graphs=False, fuse=True, policy="exact")
+            for rows in lengths:
+                t = time_prefill(eng, rows, steps=5, warmup=2)
+                flops = prefill_flops(config, rows)
+                row = {"model": model, "quant": quant, "rows": rows, "step_s": t.step_s,
+                       "launches": t.launches, "flops": flops,
+                       "tflops": flops / t.step_s / 1e12,
+                       "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
+                if hf and quant == "bf16":
+                    row["hf_eager_s"] = hf_prefill(torch, model, rows)
+                    row["vs_hf_eager"] = row["hf_eager_s"] / t.step_s
+                out.append(row)
+                peer = (f", HF eager {row['hf_eager_s'] * 1e3:.2f} ms (x{row['vs_hf_eager']:.2f})"
+                        if "hf_eager_s" in row else "")
+                print(f"prefill {model:<13} {quant:<6} {rows:>5} tokens: "
+                      f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
+                      f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}", flush=True)
+            eng.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="8,64,512,2048")
@@ -249,6 +331,10 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--gemv-rows", type=int, default=64,
                     help="also time the GEMV (decode) kernel at rows up to this many")
+    ap.add_argument("--steps", default="512,2048",
+                    help="prompt lengths of whole prefill steps (empty: none)")
+    ap.add_argument("--step-quants", default="bf16,mxfp4")
+    ap.add_argument("--no-hf", action="store_true", help="no transformers peer for the steps")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (throughput at the largest rows) to sm_90")
     args = ap.parse_args()
@@ -275,10 +361,13 @@ def main() -> None:
                           f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "
                           f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}"
                           + gemv, flush=True)
+    steps = prefill_steps(torch, args.models.split(","),
+                          [int(r) for r in args.steps.split(",") if r],
+                          args.step_quants.split(","), not args.no_hf) if args.steps else []
     path = write_result("gpu_prefill", {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                         .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
                                         "launches": LAUNCHES, "repeats": REPEATS,
-                                        "cases": cases})
+                                        "cases": cases, "steps": steps})
     print(f"wrote {path}")
     if args.record:
         record(cases, max(rows_list))

@@ -33,7 +33,8 @@ across copies totalling four times it."""
 
 @attrs.frozen
 class StepTiming:
-    """The decode step: median seconds, the plan's floor and bytes, launches, graph or not."""
+    """A decode or prefill step: median seconds, the plan's floor and bytes, launches, graph or
+    not."""
 
     model: str
     quant: str
@@ -102,6 +103,19 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
                       step, plan.floor_s, plan.bytes_moved, plan.kernel_count,
                       prog._graph is not None)
+
+
+def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2) -> StepTiming:
+    """The prefill step of a ``rows``-token prompt into slot 0, timed (its logits left on the
+    device: the step, not the copy home)."""
+    prog = engine.prefill_program(rows)
+    prog.write("tokens", np.arange(rows) % engine.config.vocab_size)
+    prog.write("positions", np.arange(rows, dtype=np.int32))
+    prog.write("slots", np.zeros(rows, np.int32))
+    plan = engine.plan("prefill", rows)
+    step = median_wall(prog.run, steps, warmup)
+    return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
+                      plan.floor_s, plan.bytes_moved, plan.kernel_count, prog._graph is not None)
 
 
 def kernel_times(engine: Any, rows: int, *, repeats: int = 20) -> tuple[KernelTiming, ...]:

@@ -431,14 +431,19 @@ class Engine:
         if ids.size > self.max_ctx:
             raise ConfigError("prompt longer than the context", key="token_ids",
                               expected=f"at most {self.max_ctx} tokens", found=ids.size)
-        prog = self.program("prefill", int(ids.size))
-        for name in self._slot_bytes:
-            prog.bind(name, self._cache_ptr(name, slot, 1))
+        prog = self.prefill_program(int(ids.size), slot)
         logits = self._run(prog, {"tokens": ids,
                                   "positions": np.arange(ids.size, dtype=np.int32),
                                   "slots": np.zeros(ids.size, np.int32)})
         self.lengths[slot] = int(ids.size)
         return logits
+
+    def prefill_program(self, rows: int, slot: int = 0) -> Program:
+        """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s."""
+        prog = self.program("prefill", rows)
+        for name in self._slot_bytes:
+            prog.bind(name, self._cache_ptr(name, slot, 1))
+        return prog
 
     def decode(self, token_ids: Sequence[int]) -> np.ndarray:
         """One token for each of the first ``len(token_ids)`` slots, at each slot's next

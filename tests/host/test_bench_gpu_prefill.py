@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -30,3 +31,27 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
             grid, block, shared = kernel.launch_for(sizes)
             assert min(grid) >= 1 and block[0] % 32 == 0 and shared >= 0
         assert len(bench.widths(family, dims)) == len(bench.WEIGHT_PORTS[family])
+
+
+def test_prefill_flops_count_the_matmuls_attention_and_logits():
+    from metrale.plan.config import ModelConfig
+
+    c = ModelConfig.load("llama-3.1-8b")
+    one = bench.prefill_flops(c, 1)
+    # one token: twice the matmul weights (7.0e9 in the layers, 0.5e9 in lm_head), plus its
+    # own position in every head of every layer
+    assert 2 * 7.4e9 < one < 2 * 7.6e9
+    # the attention term grows with the square of the prompt
+    attention = lambda r: bench.prefill_flops(c, r) - r * (one - 4 * c.num_hidden_layers *  # noqa: E731
+                                                             c.num_attention_heads * c.head_dim)
+    assert attention(2048) == pytest.approx(4 * 2048 * 2049 / 2 * 32 * 32 * 128, rel=1e-9)
+
+
+def test_time_prefill_runs_the_prompt_into_the_cache():
+    from metrale.runtime.bench import time_prefill
+    from metrale.runtime.engine import Engine
+
+    with Engine.load("tiny-llama", max_ctx=64) as eng:
+        t = time_prefill(eng, 40, steps=2, warmup=1)
+        assert t.step_s > 0 and t.rows == 40 and t.launches == eng.plan("prefill", 40).kernel_count
+        assert np.isfinite(eng.prefill_program(40).read("logits")).all()
