@@ -411,18 +411,22 @@ class Engine:
                               found=int(ids[bad[0]]))
         return ids.astype(np.int32)
 
-    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray],
+             rows: slice | None = None) -> np.ndarray:
         self.latch.check()
         try:
             for name, values in inputs.items():
                 prog.write(name, values)
             prog.run(blocking=self.blocking)
-            return np.array(prog.read("logits"), np.float32)
+            return np.array(prog.read("logits", rows), np.float32)
         except DeviceFault as e:
             raise self.latch.latch(e) from None
 
-    def prefill(self, token_ids: Sequence[int], *, slot: int = 0) -> np.ndarray:
-        """Run the prompt through the model into cache ``slot`` (from position 0): f32[T, vocab]."""
+    def prefill(self, token_ids: Sequence[int], *, slot: int = 0, last: bool = False
+                ) -> np.ndarray:
+        """Run the prompt through the model into cache ``slot`` (from position 0): f32[T, vocab],
+        or with ``last`` only the last token's row, f32[1, vocab] (all that generation needs:
+        a 2048-token prompt's logits over a 152k vocabulary are 1.2 GB to copy home)."""
         self.latch.check()
         ids = self._check_ids(token_ids)
         if not 0 <= slot < self.slots:
@@ -434,7 +438,8 @@ class Engine:
         prog = self.prefill_program(int(ids.size), slot)
         logits = self._run(prog, {"tokens": ids,
                                   "positions": np.arange(ids.size, dtype=np.int32),
-                                  "slots": np.zeros(ids.size, np.int32)})
+                                  "slots": np.zeros(ids.size, np.int32)},
+                           slice(-1, None) if last else None)
         self.lengths[slot] = int(ids.size)
         return logits
 
@@ -473,7 +478,7 @@ class Engine:
                               found=repr(steps))
         if steps == 0:
             return []
-        token = int(self.prefill(prompt_ids)[-1].argmax())
+        token = int(self.prefill(prompt_ids, last=True)[-1].argmax())
         out = [token]
         for _ in range(steps - 1):
             token = int(self.decode([token])[0].argmax())

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metrale.lkb.errors import PlanError
 from metrale.plan.plan import plan_for
 from metrale.runtime.engine import Engine
 from metrale.runtime.executor import place
@@ -114,6 +115,19 @@ def test_generate_is_greedy_over_prefill_and_decode():
         for _ in range(4):
             expect.append(int(b.decode([expect[-1]])[0].argmax()))
         assert tokens == expect
+
+
+def test_prefill_of_the_last_row_reads_only_that_row():
+    """``prefill(last=True)`` gives the last row's bytes of the full logits, and only that row
+    crosses to the host; a program reads any run of rows, and refuses a stride."""
+    with Engine.load("tiny-llama", max_ctx=32) as eng:
+        full = eng.prefill(PROMPT)
+        last = eng.prefill(PROMPT, last=True)
+        assert last.shape == (1, full.shape[1]) and last.tobytes() == full[-1:].tobytes()
+        prog = eng.program("prefill", len(PROMPT))
+        assert prog.read("logits", slice(1, 3)).tobytes() == full[1:3].tobytes()
+        with pytest.raises(PlanError, match="bad row slice"):
+            prog.read("logits", slice(0, None, 2))
 
 
 def test_prefill_programs_are_bounded_and_results_unchanged():
