@@ -197,6 +197,23 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     assert not np.isfinite(short.astype(np.float32)).any()
 
 
+def test_shared_memory_past_the_launch_size_faults(build_dir):
+    """The emulation faults where the GPU would: the GEMM launched with 1 KiB less dynamic shared
+    memory than its table gives writes past it once k fills all four stages, and the launch
+    reports a fault."""
+    fam = P.family("linear")
+    point = fam.point(**GEMM, weight="bf16")
+    kernel = F.realize(point)
+    sizes = {"rows": 16, "k": 544, "n": 128}
+    _, device = inputs(fam, point, sizes, seed=2)
+    grid, block, shared = kernel.launch_for(sizes)
+    args = [device["x"][0], device["w"][0], None, None, np.empty((16, 128), ml_dtypes.bfloat16),
+            16, 544, 128]
+    lib = library(build_dir, point)
+    assert lib.run(kernel.entry, grid, block, shared, args) == 0
+    assert lib.run(kernel.entry, grid, block, shared - 1024, args) == 2
+
+
 def _runner(build_dir):
     return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
                                                              device, attrs)

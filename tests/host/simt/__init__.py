@@ -191,6 +191,13 @@ class Library:
 
     def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared: int, args: list[Any]) -> None:
+        rc = self.run(entry, grid, block, shared, args)
+        assert rc == 0, f"{entry}: the emulation refused the launch ({rc}; stderr says why)"
+
+    def run(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
+            shared: int, args: list[Any]) -> int:
+        """Launch ``entry``: 0 done, 1 a launch shape the GPU would refuse, 2 a thread trapped or
+        faulted (a misaligned or out-of-range shared access, an unknown PTX template)."""
         types = self.types[entry]
         assert len(args) == len(types), (entry, len(args), len(types))
         values = []
@@ -207,8 +214,7 @@ class Library:
                 values.append(ctypes.c_float(float(v)))
         argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
         fn = getattr(self.dll, f"simt_call_{entry}")
-        rc = self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared)
-        assert rc == 0, f"{entry}: the emulation refused the launch ({rc})"
+        return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared)
 
 
 def build(build_dir: Path, source: str, defines: tuple[str, ...],

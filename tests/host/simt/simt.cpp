@@ -51,10 +51,10 @@ static void ldmatrix_x4(const std::initializer_list<Out>& outs, size_t addr) {
     Warp& w = warp();
     const int l = lane();
     w.slot[l] = addr;
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     for (int j = 0; j < 4; ++j)
         std::memcpy(outs.begin()[j].p, arena + w.slot[8 * j + l / 4] + 4 * (l % 4), 4);
-    w.meet.arrive_and_wait();
+    meet(w.meet);
 }
 
 // The same with .trans: lane l receives, from each matrix j, the 16-bit values at rows 2 (l % 4)
@@ -63,14 +63,14 @@ static void ldmatrix_x4_trans(const std::initializer_list<Out>& outs, size_t add
     Warp& w = warp();
     const int l = lane();
     w.slot[l] = addr;
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     for (int j = 0; j < 4; ++j) {
         uint16_t half[2];
         for (int h = 0; h < 2; ++h)
             std::memcpy(&half[h], arena + w.slot[8 * j + 2 * (l % 4) + h] + 2 * (l / 4), 2);
         std::memcpy(outs.begin()[j].p, half, 4);
     }
-    w.meet.arrive_and_wait();
+    meet(w.meet);
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d = a b + c, with the PTX ISA's fragment
@@ -83,7 +83,7 @@ static void mma_bf16(const std::initializer_list<Out>& outs, const uint64_t* in)
     for (int i = 0; i < 4; ++i) w.a[l][i] = (uint32_t)in[i];
     w.b[l][0] = (uint32_t)in[4];
     w.b[l][1] = (uint32_t)in[5];
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     auto A = [&](int row, int k) {
         return bf16_at(w.a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
     };
@@ -98,11 +98,24 @@ static void mma_bf16(const std::initializer_list<Out>& outs, const uint64_t* in)
         std::memcpy(&c, outs.begin()[e].p, 4);  // "+f": the accumulator in, the result out
         d[e] = (float)(s + (double)c);
     }
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     for (int e = 0; e < 4; ++e) std::memcpy(outs.begin()[e].p, &d[e], 4);
 }
 
-static int trapped;
+// What the hardware faults on, checked: a cp.async or ldmatrix address that is not 16-byte
+// aligned (global source or shared row), or shared bytes past the launch's dynamic size.
+static void fault(const char* what, const char* tmpl) {
+    std::fprintf(stderr, "simt: %s in \"%s\" (thread %u of block %u,%u,%u)\n", what, tmpl,
+                 thread_idx.x, block_idx.x, block_idx.y, block_idx.z);
+    throw Trap{};
+}
+static void shared_row(size_t at, const char* tmpl) {
+    if (at % 16) fault("shared address not 16-byte aligned", tmpl);
+    if (at + 16 > dynamic_bytes) fault("shared address past the launch's dynamic size", tmpl);
+}
+static void global_row(const void* p, const char* tmpl) {
+    if ((uintptr_t)p % 16) fault("global address not 16-byte aligned", tmpl);
+}
 
 }  // namespace simt
 
@@ -113,10 +126,13 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     if (t == "prefetch.global.L2 [%0];" || t.rfind("griddepcontrol.", 0) == 0) return;
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
-    } else if (t == "cp.async.cg.shared.global [%0], [%1], 16;") {
-        open_group.push_back({(size_t)(uint32_t)in[0], as<const void*>(in[1]), 16});
-    } else if (t == "cp.async.cg.shared.global [%0], [%1], 16, %2;") {
-        open_group.push_back({(size_t)(uint32_t)in[0], as<const void*>(in[1]), (int)in[2]});
+    } else if (t == "cp.async.cg.shared.global [%0], [%1], 16;" ||
+               t == "cp.async.cg.shared.global [%0], [%1], 16, %2;") {
+        const size_t dst = (uint32_t)in[0];
+        const int bytes = ins.size() > 2 ? (int)in[2] : 16;
+        shared_row(dst, tmpl);
+        if (bytes) global_row(as<const void*>(in[1]), tmpl);
+        open_group.push_back({dst, as<const void*>(in[1]), bytes});
     } else if (t == "cp.async.commit_group;") {
         commit();
     } else if (t == "cp.async.wait_group %0;") {
@@ -125,8 +141,10 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         commit();
         wait_groups(0);
     } else if (t == "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];") {
+        shared_row((uint32_t)in[0], tmpl);
         ldmatrix_x4(outs, (size_t)(uint32_t)in[0]);
     } else if (t == "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];") {
+        shared_row((uint32_t)in[0], tmpl);
         ldmatrix_x4_trans(outs, (size_t)(uint32_t)in[0]);
     } else if (t.rfind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ", 0) == 0) {
         mma_bf16(outs, in);

@@ -65,6 +65,7 @@ struct Copy {
 
 struct Trap {};  // thrown by __trap, caught where the thread started
 
+inline int trapped;  // a thread of the launch trapped or faulted: every thread stops
 inline thread_local uint3 thread_idx, block_idx, block_dim, grid_dim;
 inline thread_local Block* block;
 inline thread_local std::vector<Copy> open_group;
@@ -72,6 +73,12 @@ inline thread_local std::vector<std::vector<Copy>> committed;
 inline thread_local unsigned dynamic_bytes;
 
 unsigned char* dynamic_smem();
+
+// A barrier, after which a thread stops if another trapped (its operands may never come).
+inline void meet(std::barrier<>& b) {
+    b.arrive_and_wait();
+    if (__atomic_load_n(&trapped, __ATOMIC_SEQ_CST)) throw Trap{};
+}
 inline Warp& warp() { return block->warps[thread_idx.x / 32]; }
 inline int lane() { return (int)thread_idx.x % 32; }
 
@@ -112,11 +119,11 @@ inline T exchange(T v, int src) {
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     w.slot[lane()] = bits;
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     T r;
     const uint64_t got = w.slot[src];
     std::memcpy(&r, &got, sizeof(T));
-    w.meet.arrive_and_wait();
+    meet(w.meet);
     return r;
 }
 
@@ -131,8 +138,8 @@ inline T exchange(T v, int src) {
 #define blockDim (simt::block_dim)
 #define gridDim (simt::grid_dim)
 
-inline void __syncthreads() { simt::block->sync.arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { simt::warp().meet.arrive_and_wait(); }
+inline void __syncthreads() { simt::meet(simt::block->sync); }
+inline void __syncwarp(unsigned = 0xffffffffu) { simt::meet(simt::warp().meet); }
 [[noreturn]] inline void __trap() { throw simt::Trap{}; }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
@@ -148,10 +155,10 @@ inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
 inline int __any_sync(unsigned, int pred) {
     simt::Warp& w = simt::warp();
     w.slot[simt::lane()] = pred != 0;
-    w.meet.arrive_and_wait();
+    simt::meet(w.meet);
     int any = 0;
     for (int i = 0; i < 32; ++i) any |= (int)w.slot[i];
-    w.meet.arrive_and_wait();
+    simt::meet(w.meet);
     return any;
 }
 
