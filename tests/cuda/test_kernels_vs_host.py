@@ -40,6 +40,8 @@ if not ok:
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)
+
+
 @pytest.fixture(scope="module")
 def gpu():
     backend = CupyBackend()

@@ -4,8 +4,8 @@
 // A block computes a BM x BN tile of y = x · wᵀ with eight warps (2 along m, 4 along n), each a
 // 32 x 32 sub-tile in m16n8k16 bf16 MMAs with f32 accumulators: 32 registers for the k-block's
 // partial and 32 for the sum (a 64 x 32 sub-tile needs 255 registers and spills). Tiles of BK
-// columns stream through STAGES shared-memory buffers: the activations, and bf16 weights, by cp.async; weights
-// of a quantized format through registers, made bf16 on the way.
+// columns stream through STAGES shared-memory buffers: the activations, and bf16 weights, by
+// cp.async; weights of a quantized format through registers, made bf16 on the way.
 //
 // Order (declared in KERNELS.toml): k in blocks of K_BLOCK; a block's partial sum starts from
 // zero in the accumulators and takes the block's MMAs in k order (the order inside one MMA is the
@@ -68,7 +68,8 @@ __device__ __forceinline__ uint4 bf16x8_any(const bf16* row, int c, int k) {
                       bf16x2(v[6], v[7]));
 }
 
-// This thread's i-th 8-column chunk of a tile: row threadIdx.x / 4 + 64 i, column 8 (threadIdx.x % 4).
+// This thread's i-th 8-column chunk of a tile: row threadIdx.x / 4 + 64 i, column
+// 8 (threadIdx.x % 4).
 struct TileChunk {
     int r, c;
     __device__ __forceinline__ TileChunk(int i)
@@ -309,7 +310,8 @@ __device__ __forceinline__ void store_tile(const Tile& tl, int m0, int n0, int r
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = m0 + tl.wm * 32 + mi * 16 + tl.g + 8 * h;
-                    if (row < rows) store((long)row * n + col, scaled(tl.tot[mi][ni][2 * h + e2], f));
+                    if (row < rows)
+                        store((long)row * n + col, scaled(tl.tot[mi][ni][2 * h + e2], f));
                 }
         }
 }
@@ -366,9 +368,9 @@ metrale_qkv_mma(const act_t* __restrict__ x,
                 [&](long i, float d) { out[i] = act_store(d); });
 }
 
-// h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: a warp's 32 weight rows
-// are 16 gate rows and the same 16 columns' up rows, so its n8 tiles 0, 1 (gate) and 2, 3 (up)
-// hold the two dots of the same outputs. grid (ceil(rows / 64), ceil(n / 64)).
+// h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: a warp's 32 weight
+// rows are 16 gate rows and the same 16 columns' up rows, so its n8 tiles 0, 1 (gate) and 2, 3
+// (up) hold the two dots of the same outputs. grid (ceil(rows / 64), ceil(n / 64)).
 extern "C" __global__ void __launch_bounds__(THREADS, GEMM_MIN_BLOCKS)
 metrale_gate_up_swiglu_mma(const act_t* __restrict__ x,
                            const void* __restrict__ wg, const void* __restrict__ wg_scale,
@@ -377,7 +379,8 @@ metrale_gate_up_swiglu_mma(const act_t* __restrict__ x,
                            const float* __restrict__ wu_global,
                            act_t* __restrict__ h, int rows, int k, int n) {
     grid_dependency_sync();
-    const WeightRef g = weight_ref(wg, wg_scale, wg_global), u = weight_ref(wu, wu_scale, wu_global);
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global);
+    const WeightRef u = weight_ref(wu, wu_scale, wu_global);
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (BN / 2);
     auto col_of = [&](int b) { return n0 + (b >> 5) * 16 + (b & 15); };  // tile row b's column
     Tile tl;

@@ -237,11 +237,13 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     main = work / "simt_main.cpp"
     main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
                     + _trampolines(entries) + "\n")
+    partial = out.with_suffix(".partial")  # renamed into place once whole
     cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-I{cuda_includes()[0]}",
            f"-I{HERE}", f"-I{work}", *(f"-D{d}" for d in defines), str(main),
-           str(HERE / "simt.cpp"), "-o", str(out), "-lpthread"]
+           str(HERE / "simt.cpp"), "-o", str(partial), "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    partial.replace(out)
     return Library(out, entries)
 
 
