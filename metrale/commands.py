@@ -368,7 +368,10 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a built-in name or a checkpoint directory")
     p.add_argument("--quant", default=None, help="bf16, fp8, mxfp4 or nvfp4")
     p.add_argument("--hardware", default="host", help="the class to run (e.g. sm_90)")
-    p.add_argument("--rows", type=int, default=1, help="decode rows (sequences)")
+    p.add_argument("--mode", choices=("decode", "prefill"), default="decode",
+                   help="the step to time (prefill: the whole step only, no per-kernel table)")
+    p.add_argument("--rows", type=int, default=1,
+                   help="decode: rows (sequences); prefill: the prompt's tokens")
     p.add_argument("--context", type=int, default=1024, help="cached positions per row")
     p.add_argument("--steps", type=int, default=100, help="timed steps (median)")
     p.add_argument("--record", action="store_true",
@@ -378,7 +381,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 
 @command("bench", "time the decode step and each kernel against the memory floor "
-                  "(--record writes evidence)")(_bench_args)
+                  "(--record writes evidence), or a prefill step (--mode prefill)")(_bench_args)
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -388,6 +391,8 @@ def bench(args: argparse.Namespace) -> int:
     from metrale.runtime.bench import evidence, kernel_times, time_decode
     from metrale.runtime.engine import Engine
 
+    if args.mode == "prefill":
+        return _bench_prefill(args)
     hw = load_hardware(args.kernels).get(args.hardware)
     with Engine.load(args.model, hardware=args.hardware, quant=args.quant,
                      max_ctx=args.context + 1, slots=args.rows) as eng:
@@ -431,6 +436,34 @@ def bench(args: argparse.Namespace) -> int:
                   f"{step.floor_s * 1e3:.3f} ms: {step.fraction_of_floor:.0%} of the floor; "
                   f"{step.launches} launches" + (f"; {len(records)} evidence records written"
                                                  if records else ""), markup=False)
+    return 0
+
+
+def _bench_prefill(args: argparse.Namespace) -> int:
+    """``met bench --mode prefill``: one prompt of ``--rows`` tokens into a fresh cache, timed
+    whole (the plan's memory floor beside it; a prefill is bound by arithmetic, not bytes)."""
+    from metrale.lkb.errors import ConfigError
+    from metrale.runtime.bench import time_prefill
+    from metrale.runtime.engine import Engine
+
+    if args.record:
+        raise ConfigError("evidence comes from the decode step's kernels, timed one by one",
+                          key="--record", expected="--mode decode", found="--mode prefill")
+    with Engine.load(args.model, hardware=args.hardware, quant=args.quant,
+                     max_ctx=max(args.rows, 1)) as eng:
+        step = time_prefill(eng, args.rows, steps=args.steps)
+        device = eng.backend.limits.name
+    if args.format == "json":
+        print(json.dumps({
+            "model": step.model, "quant": step.quant, "hardware": step.hardware,
+            "device": device, "mode": "prefill", "rows": step.rows, "step_s": step.step_s,
+            "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
+            "launches": step.launches}, indent=2))
+        return 0
+    _console().print(f"{step.model} {step.quant} on {step.hardware} ({device}): prefill of "
+                     f"{step.rows} tokens {step.step_s * 1e3:.3f} ms (median of {args.steps}), "
+                     f"{step.launches} launches; memory floor {step.floor_s * 1e3:.3f} ms",
+                     markup=False)
     return 0
 
 

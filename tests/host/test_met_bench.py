@@ -23,6 +23,16 @@ def test_met_bench_on_the_host(capsys):
     assert doc["recorded"] == 0
 
 
+def test_met_bench_times_a_prefill_step(capsys):
+    assert main(["bench", "tiny-qwen3", "--mode", "prefill", "--rows", "20", "--steps", "2",
+                 "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mode"] == "prefill" and doc["rows"] == 20
+    assert doc["step_s"] > 0 and doc["floor_s"] > 0 and doc["launches"] > 0
+    assert main(["bench", "tiny-qwen3", "--mode", "prefill", "--rows", "20", "--record"]) == 3
+    assert "--record" in capsys.readouterr().err
+
+
 def test_record_is_refused_where_kernels_have_no_source(capsys):
     assert main(["bench", "tiny-qwen3", "--steps", "2", "--context", "16", "--record"]) == 3
     assert "nothing to record" in capsys.readouterr().err
