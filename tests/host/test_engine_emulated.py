@@ -32,7 +32,8 @@ def build_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("shape", sorted(PROMPTS))
-@pytest.mark.parametrize("model,quant", [("tiny-llama", "bf16"), ("tiny-qwen3", "mxfp4")])
+@pytest.mark.parametrize("model,quant", [("tiny-llama", "bf16"), ("tiny-qwen3", "mxfp4"),
+                                         ("tiny-qwen3-moe", "fp8")])
 def test_sm90_plans_on_the_emulation_match_the_host(build_dir, model, quant, shape):
     prompt = PROMPTS[shape]
     with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64, backend=HostBackend(),
