@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,7 @@ WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear_add": ("w",), "gate_up_swiglu
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear_add": ("y",), "gate_up_swiglu": ("h",)}
 
 
+@cache
 def realized(family: str, weight: str, shape: str = "gemm") -> Any:
     """The sm_90 kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``."""
     from metrale.lkb.presentation import Presentation
@@ -145,14 +149,30 @@ def time_torch(torch: Any, fn: Any) -> float:
     return statistics.median(times)
 
 
+def cubin(tmp: Path, kernel: Any) -> Path:
+    """``kernel``'s source compiled for sm_90a with its defines, once per (source, defines) in
+    ``tmp``."""
+    defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
+    key = hashlib.sha256(f"{kernel.source} {defines}".encode()).hexdigest()[:16]
+    out = tmp / f"{Path(kernel.source).stem}_{key}.cubin"
+    return out if out.is_file() else build(Path(kernel.source).name, defines, out)
+
+
+def prebuild(tmp: Path, models: list[str], formats: list[str]) -> None:
+    """Every cubin the launches of ``models`` in ``formats`` use, compiled in parallel."""
+    kernels = {(k.source, k.defines): k for _m, _n, family, _d in SHAPES if _m in models
+               for fmt in formats for shape in ("gemm", "gemv")
+               for k in [realized(family, fmt, shape)]}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
+
+
 class Built:
     """A realized kernel compiled and loaded, with its KERNELS.toml launch rule."""
 
     def __init__(self, cp: Any, tmp: Path, kernel: Any) -> None:
         self.kernel = kernel
-        defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
-        name = f"{kernel.entry}_{abs(hash(kernel.defines))}.cubin"
-        self.module = cp.RawModule(path=str(build(Path(kernel.source).name, defines, tmp / name)))
+        self.module = cp.RawModule(path=str(cubin(tmp, kernel)))
         self.fn = self.module.get_function(kernel.entry)
 
     def launcher(self, sizes: dict[str, int], ptrs: dict[str, Any]) -> Any:
@@ -346,6 +366,7 @@ def main() -> None:
     print(f"device copy rate {rate / 1e12:.2f} TB/s; tensor peak {TENSOR_PEAK / 1e12:.0f} TFLOP/s")
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
+        prebuild(Path(tmp), args.models.split(","), args.weights.split(","))
         for model, name, family, dims in SHAPES:
             if model not in args.models.split(","):
                 continue

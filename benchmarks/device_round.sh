@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A device round: install, the CUDA tests, then the decode benchmark (KERNELS_BENCH=1: with
-# each kernel timed alone), then, with PROFILE="MODEL:QUANT ...", one decode layer of each under
+# each kernel timed alone; an empty second argument skips it), then, with PREFILL="<args>", the
+# prefill benchmark (benchmarks/bench_gpu_prefill.py; PREFILL="--record" with its defaults and
+# evidence), then, with PROFILE="MODEL:QUANT ...", one decode layer of each under
 # Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under $OUT
 # come the result files this round wrote and the evidence file (a `--record` run appends to it
 # there), and nothing older: a device call returns at most eight files.
@@ -11,8 +13,15 @@ mkdir -p "$OUT"
 started=$(mktemp)
 bash benchmarks/device_checks.sh --timeout=300 ${1:+-k "$1"} | tail -25
 export PYTHONPATH=/tmp/site METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
-python3 benchmarks/bench_gpu_decode.py $2 ${KERNELS_BENCH:+--kernels} 2>&1 \
-  | tee "$OUT/bench_decode.log" | grep -v "^    [a-z_]*\[" | tail -60
+if [ -n "${2:-}" ]; then
+  # shellcheck disable=SC2086  # the benchmark's arguments are separate words
+  python3 benchmarks/bench_gpu_decode.py $2 ${KERNELS_BENCH:+--kernels} 2>&1 \
+    | tee "$OUT/bench_decode.log" | grep -v "^    [a-z_]*\[" | tail -60
+fi
+if [ -n "${PREFILL+set}" ]; then
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_gpu_prefill.py $PREFILL 2>&1 | tee "$OUT/bench_prefill.log" | tail -90
+fi
 if [ -n "${PROFILE:-}" ]; then
   # shellcheck disable=SC2086  # the targets are separate arguments
   python3 benchmarks/profile_gpu_step.py $PROFILE --out /tmp/profile 2>&1 \
