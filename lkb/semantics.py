@@ -148,7 +148,8 @@ Family = Callable[..., tuple[np.ndarray, ...]]
 SEMANTICS: dict[str, Family] = {}
 """Every family's reference semantics, by family name."""
 ROW_INVARIANT: dict[str, bool] = {}
-"""Whether a family's row ``r`` output bytes are independent of the other rows (all are)."""
+"""Whether a family's row ``r`` output bytes are independent of the other rows (all but
+``last_row``, which keeps the last row)."""
 ROW_ARGS: dict[str, tuple[int, ...]] = {}
 """Positions of the inputs that carry a leading ``rows`` axis, by family."""
 ROW_OUTPUTS: dict[str, tuple[int, ...]] = {}

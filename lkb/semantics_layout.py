@@ -1,4 +1,5 @@
-"""Reference semantics of the layout families: ``dequant``, ``split_heads``, ``merge_heads``.
+"""Reference semantics of the layout families: ``dequant``, ``split_heads``, ``merge_heads``,
+``last_row``.
 
 ``dequant`` gives storage-format weights as the f32 values they stand for.
 
@@ -19,13 +20,15 @@ True
 (1, 2, 4)
 >>> merge_heads(np.zeros((3, 2, 4), np.float32))[0].shape
 (3, 8)
+>>> last_row(np.arange(6, dtype=np.float32).reshape(3, 2), act="f32")[0]
+array([[4., 5.]], dtype=float32)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .semantics import F32, SemanticsError, semantics
+from .semantics import F32, SemanticsError, _rand, act_dtype, semantics
 
 
 def _ex_dequant(rng: np.random.Generator, rows: int, act: str) -> tuple[tuple, dict]:
@@ -65,3 +68,19 @@ def merge_heads(x: np.ndarray) -> tuple[np.ndarray]:
         raise SemanticsError("cannot merge heads", key="merge_heads.x",
                              expected="[rows, heads, d]", found=str(x.shape))
     return (x.reshape(x.shape[0], -1),)
+
+
+def _ex_last_row(rng: np.random.Generator, rows: int, act: str) -> tuple[tuple, dict]:
+    return (_rand(rng, (rows, 64), act_dtype("last_row", act)),), {"act": act}
+
+
+@semantics("last_row", row_outputs=(), row_invariant=False, example=_ex_last_row)
+def last_row(x: np.ndarray, *, act: str) -> tuple[np.ndarray]:
+    """Row ``rows - 1`` of ``x`` [rows, h], as [1, h] (a copy): a prefill's only row that
+    generation needs past the last layer. Not row-invariant: the row it keeps is the last."""
+    dt = act_dtype("last_row", act)
+    if x.ndim != 2 or x.shape[0] < 1 or x.dtype != dt:
+        raise SemanticsError("bad input", key="last_row.x", expected=f"{dt}[rows >= 1, h]",
+                             found=f"{x.dtype}{list(x.shape)}")
+    return (x[-1:].copy(),)
+

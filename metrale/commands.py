@@ -160,6 +160,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="host", help="a hardware class (met plan ... sm_90)")
     p.add_argument("--mode", choices=("decode", "prefill"), default="decode")
     p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--logits", choices=("all", "last"), default="all",
+                   help="prefill: logits for every row, or for the last row only")
     p.add_argument("--context", type=int, default=1024, help="cached positions per row")
     p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
     p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
@@ -181,7 +183,7 @@ def plan(args: argparse.Namespace) -> int:
     def make(hardware: str, quant: str):
         return plan_for(args.model, quant, hardware, mode=args.mode, rows=args.rows,
                         policy=args.policy, act=args.act, context=args.context,
-                        kernels_dir=args.kernels)
+                        kernels_dir=args.kernels, logits=args.logits)
 
     p = make(args.hardware, args.quant)
     if args.diff:

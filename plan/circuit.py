@@ -1,7 +1,8 @@
 """Model circuits: one forward step of a model as a Circ string diagram over tensor types.
 
 ``circuit_for(config, quant, mode, rows)`` wires the ops ``embed``, ``rmsnorm``, ``linear``,
-``view``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe`` and ``lm_head``.
+``view``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe``, ``last_row`` and
+``lm_head``.
 
 Conventions, fixed once:
 
@@ -60,8 +61,11 @@ ACTS = {"bf16": BF16, "f32": F32}
 """Activation dtypes a circuit may carry."""
 
 OPS = ("embed", "rmsnorm", "linear", "view", "qk_norm", "rope", "attention", "add", "swiglu",
-       "moe", "lm_head")
+       "moe", "last_row", "lm_head")
 """The Circ generators, by name."""
+
+LOGITS = ("all", "last")
+"""Which rows a step gives logits for: every row, or (prefill) the last one only."""
 
 ROPE_STYLE = "neox"
 """Llama and Qwen3 rotate halves (pair ``(j, j + head_dim/2)``)."""
@@ -93,6 +97,7 @@ class Circuit:
     mode: str
     rows: int
     act: str = "bf16"
+    logits: str = "all"
     _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
     _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
@@ -144,17 +149,19 @@ class Circuit:
                             key="max_ctx", expected="an integer > 0", found=repr(max_ctx))
         out = self.config.sizes()
         out.update(rows=self.rows, slots=self.rows if self.mode == "decode" else 1,
-                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2)
+                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1)
         return out
 
     def __str__(self) -> str:
-        return (f"{self.config.name} {self.mode} rows={self.rows} quant={self.quant}"
+        last = " logits=last" if self.logits == "last" else ""
+        return (f"{self.config.name} {self.mode} rows={self.rows}{last} quant={self.quant}"
                 f" act={self.act}: {self.layers} layers, {len(self.diagram)} boxes,"
                 f" {len(self.input_names)} inputs, {len(self.output_names)} outputs")
 
     def __repr__(self) -> str:
+        last = ", logits='last'" if self.logits == "last" else ""
         return (f"circuit_for({self.config.name!r}, {self.quant!r}, {self.mode!r}, {self.rows},"
-                f" act={self.act!r})")
+                f" act={self.act!r}{last})")
 
     def _repr_svg_(self) -> str:
         return self.diagram._repr_svg_()
@@ -187,8 +194,8 @@ class _Ops:
     def a(self) -> DType:
         return ACTS[self.act]
 
-    def x(self, *dims: Dim) -> TensorType:
-        return _t(("rows", *dims), self.a)
+    def x(self, *dims: Dim, lead: str = "rows") -> TensorType:
+        return _t((lead, *dims), self.a)
 
     def weight(self, *dims: Dim) -> TensorType:
         dtype, fmt = WEIGHT_FORMATS[self.quant]
@@ -205,9 +212,12 @@ class _Ops:
         return self.box("embed", (_t(("rows",), I32), _t(("vocab", "hidden"), BF16)),
                         (self.x("hidden"),))
 
-    def rmsnorm(self) -> Box:
-        return self.box("rmsnorm", (self.x("hidden"), _t(("hidden",), BF16)),
-                        (self.x("hidden"),), eps=self.config.rms_norm_eps)
+    def rmsnorm(self, lead: str = "rows") -> Box:
+        return self.box("rmsnorm", (self.x("hidden", lead=lead), _t(("hidden",), BF16)),
+                        (self.x("hidden", lead=lead),), eps=self.config.rms_norm_eps)
+
+    def last_row(self) -> Box:
+        return self.box("last_row", (self.x("hidden"),), (self.x("hidden", lead="last"),))
 
     def linear(self, role: str, n_in: str, n_out: str) -> Box:
         return self.box("linear", (self.x(n_in), self.weight(n_out, n_in)), (self.x(n_out),),
@@ -257,9 +267,9 @@ class _Ops:
             experts=c.num_experts, top_k=c.num_experts_per_tok,
             renormalize=c.norm_topk_prob, moe_inter=c.moe_intermediate_size, weight=self.quant)
 
-    def lm_head(self) -> Box:
-        return self.box("lm_head", (self.x("hidden"), _t(("vocab", "hidden"), BF16)),
-                        (_t(("rows", "vocab"), F32),), weight="bf16")
+    def lm_head(self, lead: str = "rows") -> Box:
+        return self.box("lm_head", (self.x("hidden", lead=lead), _t(("vocab", "hidden"), BF16)),
+                        (_t((lead, "vocab"), F32),), weight="bf16")
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -308,10 +318,10 @@ def _inputs(ops: _Ops) -> list[tuple[str, TensorType]]:
 
 # -- the circuit ----------------------------------------------------------------------------
 
-def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str) -> None:
+def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str, logits: str) -> None:
     where = f"{config.name} (circuit)"
     for key, value, valid in (("quant", quant, tuple(WEIGHT_FORMATS)), ("mode", mode, MODES),
-                              ("act", act, tuple(ACTS))):
+                              ("act", act, tuple(ACTS)), ("logits", logits, LOGITS)):
         if value not in valid:
             raise ConfigError(f"unknown {key}", file=where, key=key,
                               expected="one of " + ", ".join(valid), found=repr(value),
@@ -322,25 +332,32 @@ def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str) -> N
     if config.attention_bias:
         raise ConfigError("attention projections with bias are not supported", file=config.name,
                           key="attention_bias", expected="false", found="true")
+    if logits == "last" and mode == "decode":
+        raise ConfigError("decode rows are sequences, each needs its logits", file=where,
+                          key="logits", expected="'all' in decode", found="'last'")
 
 
 def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "decode",
-                rows: int = 1, *, act: str = "bf16") -> Circuit:
+                rows: int = 1, *, act: str = "bf16", logits: str = "all") -> Circuit:
     """The circuit of one forward step of ``config`` (a :class:`ModelConfig` or built-in name).
 
     ``quant`` types the linear and expert weights (``bf16``, ``fp8``, ``mxfp4``, ``nvfp4``),
-    ``act`` the activations and KV cache (``bf16`` or ``f32``); logits are f32.
+    ``act`` the activations and KV cache (``bf16`` or ``f32``); logits are f32, for every row
+    or (``logits="last"``, prefill) for the last row only: the final norm and lm_head then run
+    on that row, ``[last, hidden]`` with ``last`` = 1.
 
     >>> c = circuit_for("tiny-qwen3-moe", "nvfp4", "prefill", 16)
     >>> c.op_counts()["moe"], str(c.input_type("model.layers.0.mlp.experts.down_proj.weight"))
     (2, 'nvfp4[experts,hidden,moe_inter]')
+    >>> str(circuit_for("tiny-llama", mode="prefill", rows=8, logits="last").output_type("logits"))
+    'f32[last,vocab]'
     >>> circuit_for("tiny-llama", quant="nvfp")
     Traceback (most recent call last):
     ...
     metrale.lkb.errors.ConfigError: tiny-llama (circuit): quant: unknown quant (expected one of bf16, fp8, mxfp4, nvfp4, found 'nvfp'); did you mean 'nvfp4'?
     """
     config = ModelConfig.load(config)
-    _check(config, quant, mode, rows, act)
+    _check(config, quant, mode, rows, act, logits)
     ops = _Ops(config, quant, act)
     inputs = _inputs(ops)
     names = tuple(n for n, _ in inputs)
@@ -393,10 +410,15 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
             (s,) = b.add(swiglu, g, u)
             (d,) = b.add(down, s, w[p + "mlp.down_proj.weight"])
         (h,) = b.add(add, h, d)
-    (n,) = b.add(rmsnorm, h, w["model.norm.weight"])
+    lead = "rows"
+    if logits == "last":
+        (h,) = b.add(ops.last_row(), h)
+        lead = "last"
+    (n,) = b.add(ops.rmsnorm(lead), h, w["model.norm.weight"])
     head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    (logits,) = b.add(ops.lm_head(), n, w[head])
+    (out,) = b.add(ops.lm_head(lead), n, w[head])
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
                            for kv in ("k", "v")))
-    return Circuit(b.build(logits, *caches), names, outputs, config, quant, mode, rows, act)
+    return Circuit(b.build(out, *caches), names, outputs, config, quant, mode, rows, act,
+                   logits)

@@ -118,6 +118,8 @@ class Lowering:
             outs = b.add(self._box("swiglu", dom, cod, {"act": act}), *ins)
         elif name == "moe":
             outs = self._moe(b, ins, cod, act, p)
+        elif name == "last_row":
+            outs = b.add(self._box("last_row", dom, cod, {"act": act}), *ins)
         elif name == "lm_head":
             outs = b.add(self._box("lm_head", dom, cod, self._matmul_point(act, p["weight"])
                                    | {"out": "f32"}), *ins)

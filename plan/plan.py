@@ -225,8 +225,11 @@ def plan_diff(a: Plan, b: Plan) -> PlanDiff:
 def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "host", *,
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
-             presentation: Presentation | None = None, fuse: bool = True) -> Plan:
+             presentation: Presentation | None = None, fuse: bool = True,
+             logits: str = "all") -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
+
+    ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS).
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
@@ -250,7 +253,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
     P = presentation or Presentation.load(kernels_dir)
     step("config")
-    circuit = circuit_for(config, quant, mode, rows, act=act)
+    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits)
     step("circuit")
     lowered = lowering(circuit, P, max_ctx=context).functor(circuit.diagram)
     step("lower")

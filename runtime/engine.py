@@ -357,26 +357,26 @@ class Engine:
 
     # -- plans and programs ---------------------------------------------------------------------
 
-    def plan(self, mode: str, rows: int) -> Plan:
-        """The plan of one step (cached per ``(mode, rows)``)."""
-        key = (mode, rows)
+    def plan(self, mode: str, rows: int, logits: str = "all") -> Plan:
+        """The plan of one step (cached per ``(mode, rows, logits)``)."""
+        key = (mode, rows, logits)
         if key not in self._plans:
             self._plans[key] = plan_for(self.config, self.quant, self.hardware, mode=mode,
                                         rows=rows, act=self.act, context=self.max_ctx,
-                                        fuse=self.fuse, policy=self.policy)
+                                        fuse=self.fuse, policy=self.policy, logits=logits)
         return self._plans[key]
 
     def _cache_ptr(self, name: str, first_slot: int, count: int) -> DevicePtr:
         step = self._slot_bytes[name]
         return (self.externals[name] + first_slot * step).take(count * step)
 
-    def program(self, mode: str, rows: int) -> Program:
-        """The program of one step (built on first use, cached per ``(mode, rows)``).
+    def program(self, mode: str, rows: int, logits: str = "all") -> Program:
+        """The program of one step (built on first use, cached per ``(mode, rows, logits)``).
 
-        Prefill programs (one per prompt length) are kept for the ``MAX_PREFILL_PROGRAMS``
-        lengths used last; an older one is closed, freeing its activation arena.
+        Prefill programs (one per prompt length and logits choice) are kept for the
+        ``MAX_PREFILL_PROGRAMS`` used last; an older one is closed, freeing its activation arena.
         """
-        key = (mode, rows)
+        key = (mode, rows, logits)
         if key in self._programs:
             self._programs[key] = self._programs.pop(key)  # most recently used last
         else:
@@ -385,7 +385,7 @@ class Engine:
                 for old in prefills[:max(0, len(prefills) - MAX_PREFILL_PROGRAMS + 1)]:
                     self._programs.pop(old).close()
                     self._plans.pop(old, None)
-            plan = self.plan(mode, rows)
+            plan = self.plan(mode, rows, logits)
             bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
             for name in self._slot_bytes:
                 bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else 1)
@@ -411,22 +411,22 @@ class Engine:
                               found=int(ids[bad[0]]))
         return ids.astype(np.int32)
 
-    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray],
-             rows: slice | None = None) -> np.ndarray:
+    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
         self.latch.check()
         try:
             for name, values in inputs.items():
                 prog.write(name, values)
             prog.run(blocking=self.blocking)
-            return np.array(prog.read("logits", rows), np.float32)
+            return np.array(prog.read("logits"), np.float32)
         except DeviceFault as e:
             raise self.latch.latch(e) from None
 
     def prefill(self, token_ids: Sequence[int], *, slot: int = 0, last: bool = False
                 ) -> np.ndarray:
         """Run the prompt through the model into cache ``slot`` (from position 0): f32[T, vocab],
-        or with ``last`` only the last token's row, f32[1, vocab] (all that generation needs:
-        a 2048-token prompt's logits over a 152k vocabulary are 1.2 GB to copy home)."""
+        or with ``last`` only the last token's row, f32[1, vocab], all that generation needs: its
+        plan runs the final norm and lm_head on that row alone (a 2048-token prompt's logits over
+        a 152k vocabulary are 1.2 GB, and a quarter of Qwen3-0.6B's prefill arithmetic)."""
         self.latch.check()
         ids = self._check_ids(token_ids)
         if not 0 <= slot < self.slots:
@@ -435,17 +435,16 @@ class Engine:
         if ids.size > self.max_ctx:
             raise ConfigError("prompt longer than the context", key="token_ids",
                               expected=f"at most {self.max_ctx} tokens", found=ids.size)
-        prog = self.prefill_program(int(ids.size), slot)
+        prog = self.prefill_program(int(ids.size), slot, "last" if last else "all")
         logits = self._run(prog, {"tokens": ids,
                                   "positions": np.arange(ids.size, dtype=np.int32),
-                                  "slots": np.zeros(ids.size, np.int32)},
-                           slice(-1, None) if last else None)
+                                  "slots": np.zeros(ids.size, np.int32)})
         self.lengths[slot] = int(ids.size)
         return logits
 
-    def prefill_program(self, rows: int, slot: int = 0) -> Program:
+    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all") -> Program:
         """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s."""
-        prog = self.program("prefill", rows)
+        prog = self.program("prefill", rows, logits)
         for name in self._slot_bytes:
             prog.bind(name, self._cache_ptr(name, slot, 1))
         return prog

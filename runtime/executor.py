@@ -438,22 +438,11 @@ class Program:
         arr = np.ascontiguousarray(np.asarray(values).astype(spec.dtype).reshape(spec.shape))
         self.backend.copy_h2d(self.ptrs[name], arr.reshape(-1).view(np.uint8), self._stream)
 
-    def read(self, name: str, rows: slice | None = None) -> np.ndarray:
-        """Buffer ``name`` copied to the host, typed and shaped; with ``rows`` (a slice of its
-        first axis, step 1), only those rows cross to the host."""
+    def read(self, name: str) -> np.ndarray:
+        """Buffer ``name`` copied to the host, typed and shaped."""
         spec = self.specs[name]
-        if rows is None:
-            raw = self.backend.copy_d2h(self.ptrs[name], spec.nbytes, self._stream)
-            return raw.view(spec.dtype).reshape(spec.shape)
-        start, stop, step = rows.indices(spec.shape[0])
-        if step != 1:
-            raise PlanError("bad row slice", key=f"read.{name}", expected="a slice of step 1",
-                            found=repr(rows))
-        row_bytes = spec.nbytes // spec.shape[0]
-        n = max(stop - start, 0)
-        raw = self.backend.copy_d2h(self.ptrs[name] + start * row_bytes, n * row_bytes,
-                                    self._stream)
-        return raw.view(spec.dtype).reshape((n, *spec.shape[1:]))
+        raw = self.backend.copy_d2h(self.ptrs[name], spec.nbytes, self._stream)
+        return raw.view(spec.dtype).reshape(spec.shape)
 
     # -- running ------------------------------------------------------------------------------
 

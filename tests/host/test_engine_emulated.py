@@ -39,7 +39,11 @@ def test_sm90_plans_on_the_emulation_match_the_host(build_dir, model, quant, sha
     with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64, backend=HostBackend(),
                      loader=simt.plan_loader(build_dir)) as emu, \
             Engine.load(model, hardware="host", quant=quant, max_ctx=64) as host:
-        _close(emu.prefill(prompt), host.prefill(prompt), f"{model} {quant} prefill")
+        full = emu.prefill(prompt)
+        _close(full, host.prefill(prompt), f"{model} {quant} prefill")
+        # the last-row plan (last_row, then the norm and lm_head on one row) gives that row's
+        # bytes: every kernel after the layers is row-invariant
+        assert emu.prefill(prompt, last=True).tobytes() == full[-1:].tobytes()
         token = 11
         for step in range(2):
             e, h = emu.decode([token]), host.decode([token])

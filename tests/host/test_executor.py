@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metrale.lkb.errors import PlanError
+from metrale.lkb.errors import ConfigError
 from metrale.plan.plan import plan_for
 from metrale.runtime.engine import Engine
 from metrale.runtime.executor import place
@@ -117,17 +117,19 @@ def test_generate_is_greedy_over_prefill_and_decode():
         assert tokens == expect
 
 
-def test_prefill_of_the_last_row_reads_only_that_row():
-    """``prefill(last=True)`` gives the last row's bytes of the full logits, and only that row
-    crosses to the host; a program reads any run of rows, and refuses a stride."""
+def test_prefill_of_the_last_row_runs_the_head_on_that_row_alone():
+    """``prefill(last=True)`` plans the final norm and lm_head on the last row only (last_row
+    first), and gives the bytes of the full prefill's last row: those kernels are row-invariant."""
     with Engine.load("tiny-llama", max_ctx=32) as eng:
         full = eng.prefill(PROMPT)
         last = eng.prefill(PROMPT, last=True)
         assert last.shape == (1, full.shape[1]) and last.tobytes() == full[-1:].tobytes()
-        prog = eng.program("prefill", len(PROMPT))
-        assert prog.read("logits", slice(1, 3)).tobytes() == full[1:3].tobytes()
-        with pytest.raises(PlanError, match="bad row slice"):
-            prog.read("logits", slice(0, None, 2))
+        plan = eng.plan("prefill", len(PROMPT), "last")
+        families = [k.family for k in plan.launches]
+        assert families[-3:] == ["last_row", "rmsnorm", "lm_head"], families[-4:]
+        assert eng.program("prefill", len(PROMPT), "last").specs["logits"].shape == (1, full.shape[1])
+    with pytest.raises(ConfigError, match="decode rows are sequences"):
+        plan_for("tiny-llama", mode="decode", logits="last")
 
 
 def test_prefill_programs_are_bounded_and_results_unchanged():
@@ -140,6 +142,6 @@ def test_prefill_programs_are_bounded_and_results_unchanged():
         for n in range(4, 4 + MAX_PREFILL_PROGRAMS + 2):
             eng.prefill(list(range(1, n + 1)))
         kept = [k for k in eng._programs if k[0] == "prefill"]
-        assert len(kept) == MAX_PREFILL_PROGRAMS and ("prefill", 3) not in kept
+        assert len(kept) == MAX_PREFILL_PROGRAMS and ("prefill", 3, "all") not in kept
         again = eng.prefill([1, 2, 3])
         assert again.tobytes() == first.tobytes()

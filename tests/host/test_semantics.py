@@ -82,7 +82,7 @@ def nonzero_finite(*arrays):
 # Registry, examples, orders.
 
 
-def test_every_family_is_registered_row_invariant_with_example_and_orders():
+def test_every_family_is_registered_with_example_and_orders():
     expected = {
         "embedding", "add", "rmsnorm", "add_rmsnorm", "linear", "linear_add", "qkv", "swiglu",
         "gate_up_swiglu", "qk_norm", "rope", "qk_norm_rope", "kv_append", "attention",
@@ -91,7 +91,8 @@ def test_every_family_is_registered_row_invariant_with_example_and_orders():
         "argmax",
     }
     assert expected <= set(SEMANTICS)
-    assert all(S.ROW_INVARIANT[name] for name in SEMANTICS)
+    # every family but the row selection is row-invariant
+    assert {name for name in SEMANTICS if not S.ROW_INVARIANT[name]} == {"last_row"}
     for name in SEMANTICS:
         _, params = S.example(name)
         for r in reduction_orders(name, **params):
