@@ -309,7 +309,8 @@ def hf_prefill(torch: Any, model: str, rows: int) -> float:
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
                   hf: bool) -> list[dict]:
     """Whole prefill steps on the sm_90 plans (random weights, one sequence from position 0),
-    against the tensor-core floor of their FLOPs and, in bf16, transformers' forward."""
+    against the tensor-core floor of their FLOPs and, in bf16, transformers' forward (which,
+    like the first timing, gives every row's logits); then the plan with the last row's only."""
     from bench_gpu_decode import fast_weights
 
     from metrale.plan.config import ModelConfig
@@ -326,9 +327,10 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                          blocking=False, debug=False, graphs=False, fuse=True, policy="exact")
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
+                last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")
                 flops = prefill_flops(config, rows)
                 row = {"model": model, "quant": quant, "rows": rows, "step_s": t.step_s,
-                       "launches": t.launches, "flops": flops,
+                       "last_logits_step_s": last.step_s, "launches": t.launches, "flops": flops,
                        "tflops": flops / t.step_s / 1e12,
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
                 if hf and quant == "bf16":
@@ -339,7 +341,8 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                         if "hf_eager_s" in row else "")
                 print(f"prefill {model:<13} {quant:<6} {rows:>5} tokens: "
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
-                      f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}", flush=True)
+                      f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
+                      f"last row's logits only {last.step_s * 1e3:.2f} ms", flush=True)
             eng.close()
     return out
 

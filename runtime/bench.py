@@ -105,14 +105,15 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
                       prog._graph is not None)
 
 
-def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2) -> StepTiming:
+def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
+                 logits: str = "all") -> StepTiming:
     """The prefill step of a ``rows``-token prompt into slot 0, timed (its logits left on the
-    device: the step, not the copy home)."""
-    prog = engine.prefill_program(rows)
+    device: the step, not the copy home); ``logits="last"``: the last row's only."""
+    prog = engine.prefill_program(rows, logits=logits)
     prog.write("tokens", np.arange(rows) % engine.config.vocab_size)
     prog.write("positions", np.arange(rows, dtype=np.int32))
     prog.write("slots", np.zeros(rows, np.int32))
-    plan = engine.plan("prefill", rows)
+    plan = engine.plan("prefill", rows, logits)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
                       plan.floor_s, plan.bytes_moved, plan.kernel_count, prog._graph is not None)

@@ -55,3 +55,5 @@ def test_time_prefill_runs_the_prompt_into_the_cache():
         t = time_prefill(eng, 40, steps=2, warmup=1)
         assert t.step_s > 0 and t.rows == 40 and t.launches == eng.plan("prefill", 40).kernel_count
         assert np.isfinite(eng.prefill_program(40).read("logits")).all()
+        last = time_prefill(eng, 40, steps=2, warmup=1, logits="last")
+        assert last.launches == t.launches + 1  # last_row; the norm stays unfused from the add
