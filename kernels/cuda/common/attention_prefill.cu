@@ -14,7 +14,8 @@
 //           parts whose sum is e_j exactly (8 + 8 + 8 significant bits), so the products are
 //           exact and only the order of the sum is the hardware's;
 // then the blocks merge left to right by the log-sum-exp rule, o = acc / l rounded to act.
-// Keys and values come through shared memory in tiles of 64 positions. Rows of one tile in
+// Keys and values come through shared memory in tiles of 64 positions, the next tile's loads in
+// flight during this one's MMAs where two buffers fit (head_dim up to 128). Rows of one tile in
 // different slots are served slot after slot. kv_append_attention writes the tile's rows into
 // the cache (slice 0's blocks) and reads every position some row of the launch appends from
 // k, v instead of the cache, so no block reads what another writes. Defines: ACT_BF16, KV_BLOCK.
@@ -36,29 +37,45 @@
 #define VPITCH (SLICE + 8)
 static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
 
+// One buffer of key and value tiles: keys [TILE_POS][KPITCH(d)], the slice's values
+// [TILE_POS][VPITCH], and [TILE_POS] launch rows appending those positions (or -1).
+struct KvTile {
+    bf16* k;
+    bf16* v;
+    int* src;
+};
+
+// Two buffers up to head_dim 128 (the next tile's loads in flight during this one's MMAs), one
+// above it: KERNELS.toml's launch.shared is (2 - d // 129) buffers of 128 (d + 8) + 128 136 + 256
+// bytes, within the 99 KiB every class allows.
 struct PrefillSmem {
-    bf16* k;   // [TILE_POS][KPITCH(d)]
-    bf16* v;   // [TILE_POS][VPITCH], the block's slice of columns
-    int* src;  // [TILE_POS]: the launch row appending that position, or -1
-    __device__ __forceinline__ PrefillSmem(int d) {
+    unsigned char* base;
+    int d, bufs, bytes;
+    __device__ __forceinline__ PrefillSmem(int d_)
+        : d(d_), bufs(2 - d_ / 129),
+          bytes(128 * KPITCH(d_) + 2 * TILE_POS * VPITCH + 4 * TILE_POS) {
         extern __shared__ __align__(16) unsigned char smem_base[];
-        k = (bf16*)smem_base;
-        v = k + TILE_POS * KPITCH(d);
-        src = (int*)(v + TILE_POS * VPITCH);
+        base = smem_base;
+    }
+    __device__ __forceinline__ KvTile tile(int b) const {  // b in [0, bufs)
+        KvTile t;
+        t.k = (bf16*)(base + b * bytes);
+        t.v = t.k + TILE_POS * KPITCH(d);
+        t.src = (int*)(t.v + TILE_POS * VPITCH);
+        return t;
     }
 };
 
-// One row of the tile as a lane sees it: the launch row, its slot, and the positions it
-// attends to, [lo, p]; live is false past the launch's rows.
+// One row of the tile as a lane sees it: its slot and the positions it attends to, [lo, p];
+// live is false past the launch's rows.
 struct RowInfo {
-    int row, slot, lo, p;
+    int slot, lo, p;
     bool live;
 };
 
 __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positions,
                                             const int* slots, int window) {
     RowInfo r;
-    r.row = row;
     r.live = row < rows;
     r.slot = r.live ? slots[row] : -1;
     r.p = r.live ? positions[row] : -1;
@@ -67,14 +84,14 @@ __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positi
 }
 
 // Keys (and, with `with_v`, the slice's values) of positions [start, start + 64) of `slot` into
-// shared memory: from k_new / v_new where a row of the launch appends the position (src[]), else
-// from the cache; zeros past max_ctx.
-__device__ __forceinline__ void load_kv_tile(const PrefillSmem& s, const act_t* k_cache,
-                                             const act_t* v_cache, const act_t* k_new,
-                                             const act_t* v_new, const int* positions,
-                                             const int* slots, int rows, int slot, int start,
-                                             int kvh, int hkv, int d, int max_ctx, int col0,
-                                             int ncols, bool with_v) {
+// the buffer `s`, asynchronously (one cp.async group; the caller waits): from k_new / v_new where
+// a row of the launch appends the position (src[]), else from the cache; zeros past max_ctx.
+__device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_cache,
+                                              const act_t* v_cache, const act_t* k_new,
+                                              const act_t* v_new, const int* positions,
+                                              const int* slots, int rows, int slot, int start,
+                                              int kvh, int hkv, int d, int max_ctx, int col0,
+                                              int ncols, bool with_v) {
     const int nt = blockDim.x;
     if (k_new) {
         for (int j = threadIdx.x; j < TILE_POS; j += nt) s.src[j] = -1;
@@ -99,14 +116,34 @@ __device__ __forceinline__ void load_kv_tile(const PrefillSmem& s, const act_t* 
         cp_async16(dst, base + c, pos < max_ctx ? 16 : 0);
     }
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+}
+
+// body(tile, start) for the tiles of positions [t0, t1) in steps of 64, every thread of the
+// block together: with two buffers the next tile's loads are issued before this one's body
+// runs, and the block meets before a buffer is refilled.
+template <class Issue, class Body>
+__device__ __forceinline__ void over_tiles(const PrefillSmem& s, int t0, int t1, Issue issue,
+                                           Body body) {
+    issue(s.tile(0), t0);
+    for (int st = t0, i = 0; st < t1; st += TILE_POS, ++i) {
+        const bool more = st + TILE_POS < t1;
+        if (more && s.bufs == 2) {
+            issue(s.tile((i + 1) & 1), st + TILE_POS);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this tile is in, for every warp
+        body(s.tile(s.bufs == 2 ? i & 1 : 0), st);
+        __syncthreads();  // every warp is done with it before its buffer is refilled
+        if (more && s.bufs == 1) issue(s.tile(0), st + TILE_POS);
+    }
 }
 
 // s[ni][e] = (q · k) * scale for the warp's 16 rows and the tile's 64 positions (n8 tile ni,
 // the MMA's accumulator layout: row g + 8 (e / 2), position 8 ni + 2 t + e % 2), q's fragments
 // read from global memory (each lane its own two rows), keys from shared memory.
-__device__ __forceinline__ void tile_scores(const PrefillSmem& s, const act_t* q0,
+__device__ __forceinline__ void tile_scores(const bf16* keys, const act_t* q0,
                                             const act_t* q8, int d, float scale,
                                             float (&sc)[8][4]) {
     const int lane = threadIdx.x & 31, t = lane & 3;
@@ -123,7 +160,7 @@ __device__ __forceinline__ void tile_scores(const PrefillSmem& s, const act_t* q
 #pragma unroll
         for (int j = 0; j < 4; ++j) {  // positions 16 j .. 16 j + 15: two n8 tiles
             uint32_t b[4];
-            ldmatrix_x4(b, s.k + (16 * j + (lane & 7) + ((lane >> 4) << 3)) * KPITCH(d) + kk +
+            ldmatrix_x4(b, keys + (16 * j + (lane & 7) + ((lane >> 4) << 3)) * KPITCH(d) + kk +
                                ((lane >> 3) & 1) * 8);
             mma_bf16(sc[2 * j], a, b[0], b[1]);
             mma_bf16(sc[2 * j + 1], a, b[2], b[3]);
@@ -180,11 +217,10 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
     const act_t* qrow[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-        qrow[h] = q + ((long)min(rw[h].row, rows - 1) * hq + head) * d;
+        qrow[h] = q + ((long)min(row0 + g + 8 * h, rows - 1) * hq + head) * d;
 
     // the running state of the lane's two rows and its columns 8 ni + 2 t + {0, 1} of the slice
     float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f}, acc[16][4];
-    bool first[2] = {true, true};
 #pragma unroll
     for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
@@ -210,11 +246,13 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
             // pass 1: the block's max score of each row
             float mb[2] = {-INFINITY, -INFINITY};
-            for (int st = t0; st < t1; st += TILE_POS) {
-                load_kv_tile(s, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                             st, kvh, hkv, d, max_ctx, col0, ncols, false);
+            auto keys_of = [&](const KvTile& tile, int st) {
+                issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
+                              st, kvh, hkv, d, max_ctx, col0, ncols, false);
+            };
+            over_tiles(s, t0, t1, keys_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
-                tile_scores(s, qrow[0], qrow[1], d, scale, sc);
+                tile_scores(tile.k, qrow[0], qrow[1], d, scale, sc);
 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
@@ -222,8 +260,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                         const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
                         if (attends(rw[h], slot, pos, b0)) mb[h] = fmaxf(mb[h], sc[ni][e]);
                     }
-                __syncthreads();  // the tile is read by every warp before the next load
-            }
+            });
             mb[0] = quad_max(mb[0]);
             mb[1] = quad_max(mb[1]);
             // pass 2: exponentials, their sum and the values they weigh
@@ -232,11 +269,13 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) ab[ni][e] = 0.0f;
-            for (int st = t0; st < t1; st += TILE_POS) {
-                load_kv_tile(s, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                             st, kvh, hkv, d, max_ctx, col0, ncols, true);
+            auto keys_values_of = [&](const KvTile& tile, int st) {
+                issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
+                              st, kvh, hkv, d, max_ctx, col0, ncols, true);
+            };
+            over_tiles(s, t0, t1, keys_values_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
-                tile_scores(s, qrow[0], qrow[1], d, scale, sc);
+                tile_scores(tile.k, qrow[0], qrow[1], d, scale, sc);
 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
@@ -258,8 +297,8 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                     for (int nj = 0; nj < SLICE / 16; ++nj) {  // columns 16 nj .. 16 nj + 15
                         if (16 * nj >= ncols) break;
                         uint32_t b[4];
-                        ldmatrix_x4_trans(b, s.v + (16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                                       VPITCH + 16 * nj + (lane >> 4) * 8);
+                        const int pos = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+                        ldmatrix_x4_trans(b, tile.v + pos * VPITCH + 16 * nj + (lane >> 4) * 8);
 #pragma unroll
                         for (int part = 0; part < 3; ++part) {
                             mma_bf16(ab[2 * nj], a[part], b[0], b[1]);
@@ -267,15 +306,16 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                         }
                     }
                 }
-                __syncthreads();
-            }
+            });
             // the block merges into the running state, left to right, for the rows it has
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const float lsum = quad_sum(lb[h]);
                 if (mb[h] == -INFINITY) continue;  // no position of this row in the block
+                // the row's first block: l is 0 until then, and at least 1 after (exp(0) counts)
+                const bool first = l[h] == 0.0f;
                 float a = 1.0f, bw = 1.0f;
-                if (first[h]) {
+                if (first) {
                     m[h] = mb[h];
                     l[h] = lsum;
                 } else {
@@ -289,15 +329,14 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                 for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
                     for (int e = 2 * h; e < 2 * h + 2; ++e)
-                        acc[ni][e] = first[h] ? ab[ni][e] : acc[ni][e] * a + ab[ni][e] * bw;
-                first[h] = false;
+                        acc[ni][e] = first ? ab[ni][e] : acc[ni][e] * a + ab[ni][e] * bw;
             }
         }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (!rw[h].live) continue;
-        act_t* orow = o + ((long)rw[h].row * hq + head) * d + col0;
+        act_t* orow = o + ((long)(row0 + g + 8 * h) * hq + head) * d + col0;
 #pragma unroll
         for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
