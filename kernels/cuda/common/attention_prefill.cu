@@ -85,13 +85,15 @@ __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positi
 
 // Keys (and, with `with_v`, the slice's values) of positions [start, start + 64) of `slot` into
 // the buffer `s`, asynchronously (one cp.async group; the caller waits): from k_new / v_new where
-// a row of the launch appends the position (src[]), else from the cache; zeros past max_ctx.
+// a row of the launch appends the position (src[]), else from the cache; zeros outside
+// [lo, hi], the positions some row of the slot attends to, so that no entry the cache never had
+// written (NaN bits, say) meets the MMAs, even with a weight of 0.
 __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_cache,
                                               const act_t* v_cache, const act_t* k_new,
                                               const act_t* v_new, const int* positions,
                                               const int* slots, int rows, int slot, int start,
-                                              int kvh, int hkv, int d, int max_ctx, int col0,
-                                              int ncols, bool with_v) {
+                                              int lo, int hi, int kvh, int hkv, int d,
+                                              int max_ctx, int col0, int ncols, bool with_v) {
     const int nt = blockDim.x;
     if (k_new) {
         for (int j = threadIdx.x; j < TILE_POS; j += nt) s.src[j] = -1;
@@ -113,7 +115,7 @@ __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_ca
                                          (((long)slot * max_ctx + min(pos, max_ctx - 1)) * hkv +
                                           kvh) * d;
         bf16* dst = is_k ? s.k + j * KPITCH(d) + c : s.v + j * VPITCH + (c - col0);
-        cp_async16(dst, base + c, pos < max_ctx ? 16 : 0);
+        cp_async16(dst, base + c, pos >= lo && pos <= hi ? 16 : 0);
     }
     cp_async_commit();
 }
@@ -248,7 +250,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             float mb[2] = {-INFINITY, -INFINITY};
             auto keys_of = [&](const KvTile& tile, int st) {
                 issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                              st, kvh, hkv, d, max_ctx, col0, ncols, false);
+                              st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, false);
             };
             over_tiles(s, t0, t1, keys_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
@@ -271,7 +273,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                 for (int e = 0; e < 4; ++e) ab[ni][e] = 0.0f;
             auto keys_values_of = [&](const KvTile& tile, int st) {
                 issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                              st, kvh, hkv, d, max_ctx, col0, ncols, true);
+                              st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, true);
             };
             over_tiles(s, t0, t1, keys_values_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
