@@ -37,13 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _common import device_copy_rate, write_result  # noqa: E402
-from bench_gpu_variants import bf16_bits, build  # noqa: E402
+from bench_gpu_variants import LAUNCHES, REPEATS, bf16_bits, build, time_graph  # noqa: E402
 
 TENSOR_PEAK = 989.4e12
 """Dense bf16 tensor-core FLOP/s of the H200 SXM (NVIDIA's datasheet: 1979 TFLOPS with
 2:4 sparsity), the compute floor of a launch."""
-LAUNCHES = 10  # launches per captured graph
-REPEATS = 7
 
 # (model, launch, family, sizes other than rows)
 SHAPES = [
@@ -101,31 +99,9 @@ def make_weight(cp: Any, fmt: str, n: int, k: int, rng: np.random.Generator) -> 
             "values": cp.asarray(np.asarray(qt.dequantize(), np.float32)), "bytes": nbytes}
 
 
-def time_graph(cp: Any, launch: Any) -> float:
-    """Median seconds per launch over REPEATS replays of a graph of LAUNCHES launches."""
-    cp.cuda.Device().synchronize()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        launch()  # module load, first touch
-        stream.begin_capture()
-        for _ in range(LAUNCHES):
-            launch()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(REPEATS):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record(stream)
-            graph.launch(stream)
-            e.record(stream)
-            e.synchronize()
-            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3 / LAUNCHES)
-    return statistics.median(times)
-
-
 def time_torch(torch: Any, fn: Any) -> float:
-    """The same for a torch callable, captured with torch's own graph API."""
+    """Median seconds per call of a torch callable over REPEATS replays of a graph of LAUNCHES
+    calls (as bench_gpu_variants.time_graph times a kernel), captured with torch's graph API."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -245,7 +221,7 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
         got = torch.cat([torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
                          for o in outs], dim=1).float()
         rel = float((got - want).abs().max() / want.abs().max())
-        return time_graph(cp, launch), bool(torch.isfinite(got).all()), rel
+        return time_graph(cp, lambda _: launch(), 1), bool(torch.isfinite(got).all()), rel
 
     t, finite, rel = checked(lc.gemm)
     t_gemv = checked(lc.gemv) if rows <= gemv_rows else None

@@ -228,3 +228,52 @@ def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
     compare(point, fam, ref, got)
     moved = float(np.mean(got[0].view(np.uint16) != ref[0].view(np.uint16)))
     assert moved < 0.01, f"{point}: {moved:.1%} of the outputs differ from the reference's bits"
+
+
+GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
+"""The prefill GEMM point's parameters other than the weight format."""
+
+
+def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
+               runner: Runner) -> None:
+    """``family``'s tensor-core gemm point in ``weight`` at ``dims`` (rows and the family's own
+    sizes) against the reference on the dequantized weights, in the bf16 tolerance; a format
+    whose block does not divide k is skipped (fp8 takes any k)."""
+    import pytest
+
+    fam = P.family(family)
+    point = fam.point(**GEMM, weight=weight, **({"out": "f32"} if family == "lm_head" else {}))
+    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
+        pytest.skip(f"{weight} needs k a multiple of its block")
+    assert F.realize(point).entry.endswith("_mma"), F.realize(point)
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
+    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)),
+            runner(fam, point, sizes, device))
+
+
+def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Runner) -> None:
+    """Small integers in x and weights on the e2m1 grid make every product and partial sum exact
+    in f32, whatever the order: linear's tensor-core kernel must give the reference's bytes,
+    which pins each output to its row and column (a wrong fragment layout or tile index moves
+    values)."""
+    import ml_dtypes
+
+    fam = P.family("linear")
+    point = fam.point(**GEMM, weight=weight)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
+    x[x == 0] = 5  # every product counts
+    w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
+    if weight == "mxfp4":
+        qt = QuantFormat.parse("mxfp4").quantize(w)
+        assert np.array_equal(np.asarray(qt.dequantize(), np.float32), w)  # scale 2^0, on grid
+        parts = (qt.data, qt.scale, qt.global_scale)
+    else:
+        parts = (w.astype(ml_dtypes.bfloat16), None, None)
+    xb = x.astype(ml_dtypes.bfloat16)
+    (y,) = runner(fam, point, {"rows": rows, "k": k, "n": n}, {"x": (xb,), "w": parts})
+    (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
+    assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
+    assert y.tobytes() == ref.tobytes()
+

@@ -23,6 +23,8 @@ from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
     PREFILL_SHAPES,
+    check_gemm,
+    check_gemm_exact,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -273,9 +275,6 @@ def test_a_kernel_leaves_its_workspace_ready_for_the_next_launch(gpu, fam, point
         assert a.tobytes() == b.tobytes(), f"{point}: {port.name} differs on the second launch"
 
 
-GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
-"""The prefill GEMM point's parameters other than the weight format."""
-
 # (family, sizes): several row tiles with a ragged last one (200 = 3 x 64 + 8), column tiles
 # with ragged ends (qkv's parts each end mid-tile), k with a short last k-block (1056) or rows
 # that are not 16-byte aligned (1036: the tile loads take the element path)
@@ -293,46 +292,13 @@ GEMM_SHAPES = [
 @pytest.mark.parametrize("family,dims", GEMM_SHAPES, ids=lambda x: x if isinstance(x, str) else
                          "-".join(f"{k}{v}" for k, v in x.items()))
 def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
-    """The tensor-core GEMM points against the reference on the dequantized weights, over many
-    tiles with ragged edges in rows, columns and k (the reference's tolerance for bf16)."""
-    fam = P.family(family)
-    params = {**GEMM, "weight": weight, **({"out": "f32"} if family == "lm_head" else {})}
-    point = fam.point(**params)
-    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
-        pytest.skip(f"{weight} needs k a multiple of its block")  # fp8 takes any k
-    assert F.realize(point).entry.endswith("_mma"), F.realize(point)
-    sizes = {**sizes_for(fam, dims["rows"]), **dims}
-    host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
-    got = _run_gpu(gpu, fam, point, sizes, device)
-    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), got)
+    """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
+    check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
 def test_gemm_is_exact_where_every_sum_is(gpu, weight):
-    """Small integers in x and on the weights' grid make every product and partial sum exact in
-    f32, whatever the order: the tensor-core GEMM must then give the reference's bytes, which
-    pins each output to its row and column (a wrong fragment layout moves values)."""
-    import ml_dtypes
-
-    fam = P.family("linear")
-    point = fam.point(**GEMM, weight=weight)
-    rows, k, n = 150, 1280, 200
-    rng = np.random.default_rng(3)
-    x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
-    x[x == 0] = 5  # no zeros: every product counts
-    w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
-    if weight == "mxfp4":
-        qt = QuantFormat.parse("mxfp4").quantize(w)
-        wq = np.asarray(qt.dequantize(), np.float32)
-        assert np.array_equal(wq, w)  # the values are on the grid with scale 2^0
-        parts = (qt.data, qt.scale, qt.global_scale)
-    else:
-        parts = (w.astype(ml_dtypes.bfloat16),)
-    xb = x.astype(ml_dtypes.bfloat16)
-    (got,) = _run_gpu(gpu, fam, point, {"rows": rows, "k": k, "n": n}, {"x": (xb,), "w": parts})
-    (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
-    assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
-    assert got.tobytes() == ref.tobytes()
+    check_gemm_exact(weight, 150, 1280, 200, P, lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("family", ["attention", "kv_append_attention"])

@@ -17,12 +17,14 @@ import pytest
 
 from metrale.lkb.family import Family, Point
 from metrale.lkb.presentation import Presentation
-from metrale.lkb.quant import QuantFormat
 from metrale.lkb.semantics import SEMANTICS
 from metrale.realize.functor import realization
 from tests.host import simt
 from tests.kernel_cases import (
+    GEMM,
     PREFILL_SHAPES,
+    check_gemm,
+    check_gemm_exact,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -39,7 +41,6 @@ pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)
-GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
 
 
 def _entries() -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
@@ -130,6 +131,11 @@ def test_kernel_matches_reference_on_the_emulation(build_dir, fam, point):
     compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
 
 
+def _runner(build_dir):
+    return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
+                                                             device, attrs)
+
+
 # (family, sizes): two row tiles, the last ragged (70 = 64 + 6); column tiles with ragged ends;
 # k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300)
 GEMM_CASES = [
@@ -146,40 +152,13 @@ GEMM_CASES = [
 @pytest.mark.parametrize("family,dims", GEMM_CASES, ids=lambda x: x if isinstance(x, str) else
                          "-".join(f"{k}{v}" for k, v in x.items()))
 def test_gemm_over_ragged_tiles_matches_reference(build_dir, family, dims, weight):
-    fam = P.family(family)
-    point = fam.point(**GEMM, weight=weight, **({"out": "f32"} if family == "lm_head" else {}))
-    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
-        pytest.skip(f"{weight} needs k a multiple of its block")  # fp8 takes any k
-    assert F.realize(point).entry.endswith("_mma")
-    sizes = {**sizes_for(fam, dims["rows"]), **dims}
-    host, device = inputs(fam, point, sizes, seed=dims["rows"] + dims["k"])
-    ref = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))
-    compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
+    """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
+    check_gemm(family, dims, weight, P, F, _runner(build_dir))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
 def test_gemm_is_exact_where_every_sum_is(build_dir, weight):
-    """Small integers in x and weights on the grid make every product and partial sum exact in
-    f32: the kernel must give the reference's bytes, which pins each output to its row and
-    column (a wrong fragment layout or tile index moves values)."""
-    fam = P.family("linear")
-    point = fam.point(**GEMM, weight=weight)
-    rows, k, n = 70, 544, 136
-    rng = np.random.default_rng(3)
-    x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
-    x[x == 0] = 5  # every product counts
-    w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
-    if weight == "mxfp4":
-        qt = QuantFormat.parse("mxfp4").quantize(w)
-        assert np.array_equal(np.asarray(qt.dequantize(), np.float32), w)  # scale 2^0, on grid
-        parts = (qt.data, qt.scale, qt.global_scale)
-    else:
-        parts = (w.astype(ml_dtypes.bfloat16), None, None)
-    xb = x.astype(ml_dtypes.bfloat16)
-    (y,) = run(build_dir, fam, point, {"rows": rows, "k": k, "n": n}, {"x": (xb,), "w": parts})
-    (ref,) = SEMANTICS["linear"](xb, w, **kwargs(fam, point))
-    assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
-    assert y.tobytes() == ref.tobytes()
+    check_gemm_exact(weight, 70, 544, 136, P, _runner(build_dir))
 
 
 def test_a_pipeline_one_wait_short_reads_poison(build_dir):
@@ -212,11 +191,6 @@ def test_shared_memory_past_the_launch_size_faults(build_dir):
     lib = library(build_dir, point)
     assert lib.run(kernel.entry, grid, block, shared, args) == 0
     assert lib.run(kernel.entry, grid, block, shared - 1024, args) == 2
-
-
-def _runner(build_dir):
-    return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
-                                                             device, attrs)
 
 
 @pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),
