@@ -15,6 +15,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -427,7 +429,9 @@ def _compose_bound(applied: tuple[Applied, ...], P: Presentation, sizes: Mapping
 
     Each fused kernel's outputs are within its relation's bound of the unfused kernels' on the
     same inputs; how those per-kernel differences grow through the model is not a formula of
-    this plan, so the plan reports the per-kernel worst case.
+    this plan, so the plan reports the per-kernel worst case. A relation declared bit-identical
+    that holds here only up to a bound (its two sides' realizations declare different orders)
+    states no bound: then the plan's is infinite, printed as not stated.
     """
     from metrale.lkb.relation import UNIT_ROUNDOFF
 
@@ -445,7 +449,9 @@ def _compose_bound(applied: tuple[Applied, ...], P: Presentation, sizes: Mapping
             for fd, cd in zip(port.dims, t.shape):
                 if isinstance(fd, str):
                     env[fd] = float(cd if isinstance(cd, int) else sizes.get(cd, 0))
-        if rel.bound is not None:
+        if rel.bound is None:
+            return (math.inf, math.inf)
+        else:
             rel_total = max(rel_total, eval_bound(rel.bound.rel, env, rel.file))
             abs_total = max(abs_total, eval_bound(rel.bound.abs, env, rel.file))
     return (rel_total, abs_total) if any_bounded else None

@@ -7,6 +7,8 @@ first layer drawn once (``layer=`` expands another).
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 from html import escape
 from io import StringIO
@@ -34,6 +36,8 @@ def summary_lines(p: Plan) -> list[str]:
     per_layer = Counter(k.layer for k in p.launches if k.layer is not None)
     max_layer = max(per_layer.values(), default=0)
     bound = ("" if p.bound is None else
+             " (per-kernel bound: not stated; a bit-identical relation applied where its sides "
+             "declare different orders)" if math.isinf(p.bound[0]) else
              f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × rms)")
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
@@ -81,7 +85,10 @@ def plan_json(p: Plan) -> dict[str, Any]:
         "device": p.device, "bandwidth_bytes_per_s": p.bandwidth,
         "kernel_count": p.kernel_count, "bytes_moved": p.bytes_moved, "floor_s": p.floor_s,
         "exact": p.exact, "row_invariant": p.row_invariant,
-        "bound": None if p.bound is None else {"rel": p.bound[0], "abs_times_rms": p.bound[1]},
+        "bound": None if p.bound is None else {
+            "stated": not math.isinf(p.bound[0]),
+            "rel": None if math.isinf(p.bound[0]) else p.bound[0],
+            "abs_times_rms": None if math.isinf(p.bound[1]) else p.bound[1]},
         "kernels": [{
             "index": k.index, "family": k.family, "point": str(k.point),
             "params": {a: b for a, b in k.point.params}, "layer": k.layer,

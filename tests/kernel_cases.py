@@ -256,16 +256,25 @@ def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Run
     """Small integers in x and weights on the e2m1 grid make every product and partial sum exact
     in f32, whatever the order: linear's tensor-core kernel must give the reference's bytes,
     which pins each output to its row and column (a wrong fragment layout or tile index moves
-    values)."""
+    values). f32 weights are integers of 18 significant bits against x of ±1 (k under 64 keeps
+    the sums below 2^24), so each weight's three bf16 parts (8, 8 and 2 bits) all count."""
     import ml_dtypes
 
     fam = P.family("linear")
     point = fam.point(**GEMM, weight=weight)
     rng = np.random.default_rng(3)
-    x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
-    x[x == 0] = 5  # every product counts
-    w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
-    if weight == "mxfp4":
+    if weight == "f32":
+        assert k < 64, "18-bit weights keep every sum exact only below 64 columns"
+        x = rng.choice(np.array([-1, 1], np.float32), (rows, k))
+        w = rng.integers(2**17, 2**18, (n, k)) * rng.choice([-1, 1], (n, k))
+        w = w.astype(np.float32)
+    else:
+        x = rng.integers(-3, 4, (rows, k)).astype(np.float32)
+        x[x == 0] = 5  # every product counts
+        w = rng.choice(np.array([-6, -4, -2, -1, 1, 1.5, 3, 6], np.float32), (n, k))
+    if weight == "f32":
+        parts = (w, None, None)
+    elif weight == "mxfp4":
         qt = QuantFormat.parse("mxfp4").quantize(w)
         assert np.array_equal(np.asarray(qt.dequantize(), np.float32), w)  # scale 2^0, on grid
         parts = (qt.data, qt.scale, qt.global_scale)

@@ -301,6 +301,11 @@ def test_gemm_is_exact_where_every_sum_is(gpu, weight):
     check_gemm_exact(weight, 150, 1280, 200, P, lambda *a: _run_gpu(gpu, *a))
 
 
+def test_gemm_of_f32_weights_is_exact_where_every_sum_is(gpu):
+    """All three bf16 parts of each weight reach the sum (k 48: one tile and a half)."""
+    check_gemm_exact("f32", 150, 48, 200, P, lambda *a: _run_gpu(gpu, *a))
+
+
 @pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):

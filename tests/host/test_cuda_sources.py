@@ -279,7 +279,7 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
 TENSOR_CORE_BUILDS = [
     *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
-        "metrale_gate_up_swiglu_mma"}) for w in ("BF16", "FP8", "MXFP4", "NVFP4")),
+        "metrale_gate_up_swiglu_mma"}) for w in ("BF16", "F32", "FP8", "MXFP4", "NVFP4")),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
      {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}),
 ]

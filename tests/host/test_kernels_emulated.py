@@ -161,6 +161,11 @@ def test_gemm_is_exact_where_every_sum_is(build_dir, weight):
     check_gemm_exact(weight, 70, 544, 136, P, _runner(build_dir))
 
 
+def test_gemm_of_f32_weights_is_exact_where_every_sum_is(build_dir):
+    """All three bf16 parts of each weight reach the sum (k 48: one tile and a half)."""
+    check_gemm_exact("f32", 70, 48, 136, P, _runner(build_dir))
+
+
 def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     """The emulation's cp.async copies land only at the wait that completes their group: built
     to leave one group more in flight than the kernel asks (METRALE_SIMT_WAIT_SLACK=1), the GEMM

@@ -1,6 +1,7 @@
 """Plans: the acceptance shapes, determinism, reasons for declined fusions, printers, CLI."""
 
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -67,6 +68,21 @@ def test_bounded_policy_applies_bounded_relations_and_carries_the_bound():
     p = plan_for("tiny-llama", "bf16", "host", policy="bounded")
     assert any(a.relation == "splitk_pairwise" for a in p.applied)
     assert not p.exact and p.bound is not None and p.bound[0] > 0
+
+
+def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():
+    """fp8's prefill GEMM applies the row scale to the finished sum, an order of its own, so
+    dequant_linear holds on sm_90 only up to a bound it never declared: the plan says so rather
+    than printing a zero bound."""
+    from metrale.plan.printers import plan_json, summary_lines
+
+    p = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64, policy="bounded")
+    assert any(a.relation == "dequant_linear" and a.numerics == "bounded" for a in p.applied)
+    assert not p.exact and p.bound == (math.inf, math.inf)
+    assert "per-kernel bound: not stated" in "\n".join(summary_lines(p))
+    assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_rms": None}
+    exact = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64)
+    assert exact.exact and not any(a.relation == "dequant_linear" for a in exact.applied)
 
 
 def test_unrealized_rhs_point_is_declined_with_why(tmp_path):

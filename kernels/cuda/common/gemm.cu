@@ -5,15 +5,26 @@
 // 32 x 32 sub-tile in m16n8k16 bf16 MMAs with f32 accumulators: 32 registers for the k-block's
 // partial and 32 for the sum (a 64 x 32 sub-tile needs 255 registers and spills). Tiles of BK
 // columns stream through STAGES shared-memory buffers: the activations, and bf16 weights, by
-// cp.async; weights of a quantized format through registers, made bf16 on the way.
+// cp.async; weights of a quantized format or f32 through registers, made bf16 on the way.
 //
 // Order (declared in KERNELS.toml): k in blocks of K_BLOCK; a block's partial sum starts from
 // zero in the accumulators and takes the block's MMAs in k order (the order inside one MMA is the
 // hardware's); the block partials then combine sequentially in f32. The weights reach the MMA
 // exactly: fp8's e4m3 values, mxfp4's e2m1 times its power-of-two scale and nvfp4's e2m1 times
 // its e4m3 scale all fit bf16; the f32 factor left (fp8's row scale, nvfp4's global scale)
-// multiplies the finished sum, where the reference multiplies each weight. Row-invariant: an
-// output row is made of its own activation row only, by the same instructions whatever the rows.
+// multiplies the finished sum, where the reference multiplies each weight (KERNELS.toml declares
+// that order apart, so no relation counts it the same as the per-weight product).
+//
+// f32 weights enter as three bf16 parts that sum to each weight exactly (hi, the weight's top 16
+// bits; mid and lo, the rest's), three MMAs a k step, lo and mid before hi: products are exact
+// in the MMA, so only the summation order is the hardware's. A weight that is exactly bf16 (the
+// dequantized values of bf16 and mxfp4) has zero mid and lo; their MMAs add zero products to an
+// accumulator that is never -0 (it starts at +0), which leaves it unchanged, so such weights
+// give the bf16 or mxfp4 kernel's bytes: the dequant_linear relation stays bit-identical at the
+// gemm points (checked on the device). Infinite or NaN activations are the exception (∞ · 0).
+//
+// Row-invariant: an output row is made of its own activation row only, by the same instructions
+// whatever the rows.
 //
 // Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
 #include "gemv.cuh"
@@ -23,7 +34,9 @@
 #error "the tensor-core kernels take bf16 activations (KERNELS.toml's `when`)"
 #endif
 #if defined(WEIGHT_F32)
-#error "f32 weights do not fit bf16 MMAs (KERNELS.toml's `when`)"
+#define PARTS 3  // bf16 parts of an f32 weight, each a plane of the weight tile
+#else
+#define PARTS 1
 #endif
 
 #define BM 64
@@ -35,7 +48,7 @@
 #define MI 2  // m16 tiles per warp: 32 rows
 #define NI 4  // n8 tiles per warp: 32 columns
 #ifndef STAGES
-#define STAGES 4
+#define STAGES (PARTS == 1 ? 4 : 2)  // f32: three weight planes a stage, in 71680 bytes
 #endif
 #ifndef GEMM_MIN_BLOCKS
 #define GEMM_MIN_BLOCKS 1  // 147-164 registers; at two blocks an SM (128) ptxas spills 40-88 bytes
@@ -44,9 +57,9 @@ static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k (32
 static_assert(BM * BK / 8 == THREADS && BN * BK / 8 == 2 * THREADS,
               "one 8-column chunk of an activation tile per thread, two of a weight tile");
 
-// Dynamic shared memory: STAGES x (activation tile of BM rows, weight tile of BN rows), rows of
-// LDS bf16: KERNELS.toml's launch.shared is STAGES (BM + BN) LDS 2 bytes.
-constexpr int A_TILE = BM * LDS, STAGE = (BM + BN) * LDS;
+// Dynamic shared memory: STAGES x (activation tile of BM rows, PARTS weight planes of BN rows),
+// rows of LDS bf16: KERNELS.toml's launch.shared is STAGES (BM + PARTS BN) LDS 2 bytes.
+constexpr int A_TILE = BM * LDS, B_PLANE = BN * LDS, STAGE = A_TILE + PARTS * B_PLANE;
 
 #if defined(OUT_F32)
 typedef float out_t;
@@ -91,7 +104,29 @@ __device__ __forceinline__ void load_bf16_tile(bf16* dst, Row row, int k, int k0
     }
 }
 
-#if !defined(WEIGHT_BF16)
+#if defined(WEIGHT_F32)
+// Eight f32 weights as their three bf16 parts: planes[0] the top 16 bits of each (hi), planes[1]
+// and planes[2] the top 16 bits of the remainder and the rest (mid, lo). Both subtractions are
+// exact and lo keeps at most 8 significant bits, so hi + mid + lo is the weight; a weight that
+// is not finite keeps only hi.
+__device__ __forceinline__ void weight8_bf16_parts(const WeightRaw8& r, uint4 (&planes)[PARTS]) {
+    const float w[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+    uint32_t part[PARTS][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const uint32_t bits = __float_as_uint(w[i]);
+        const float rest = isfinite(w[i]) ? w[i] - __uint_as_float(bits & 0xFFFF0000u) : 0.0f;
+        const uint32_t mid = __float_as_uint(rest) & 0xFFFF0000u;
+        const uint32_t lo = __float_as_uint(rest - __uint_as_float(mid));
+        const uint32_t halves[PARTS] = {bits >> 16, mid >> 16, lo >> 16};
+#pragma unroll
+        for (int p = 0; p < PARTS; ++p)
+            part[p][i / 2] = i % 2 ? part[p][i / 2] | (halves[p] << 16) : halves[p];
+    }
+#pragma unroll
+    for (int p = 0; p < PARTS; ++p) planes[p] = make_uint4(part[p][0], part[p][1], part[p][2], part[p][3]);
+}
+#elif !defined(WEIGHT_BF16)
 // Eight weights of a quantized row as bf16, exactly: the format's value times its block scale
 // (fp8 has none here; nvfp4's global scale and fp8's row scale come in the epilogue).
 __device__ __forceinline__ uint4 weight8_exact_bf16(const WeightRaw8& r) {
@@ -119,8 +154,11 @@ __device__ __forceinline__ uint4 weight8_exact_bf16(const WeightRaw8& r) {
                       bf16x2(v[6], v[7]));
 }
 
-// A quantized weight tile in flight: this thread's two raw chunks, loaded before the MMAs of the
-// tile in use and stored (as bf16) after them.
+#endif
+
+#if !defined(WEIGHT_BF16)
+// A quantized or f32 weight tile in flight: this thread's two raw chunks, loaded before the MMAs
+// of the tile in use and stored (as bf16, or f32's bf16 parts) after them.
 struct QuantTile {
     static constexpr int CHUNKS = BN * BK / 8 / THREADS;
     WeightRaw8 raw[CHUNKS];
@@ -133,6 +171,17 @@ struct QuantTile {
             const int c = k0 + t.c;
             live[i] = c < k;
             if (!live[i]) continue;
+#if defined(WEIGHT_F32)
+            if ((k & 3) || c + 8 > k) {  // rows not 16-byte aligned, or the row's last columns
+                const float* p = (const float*)row(t.r).data;
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = c + j < k ? p[c + j] : 0.0f;
+                raw[i].a = make_float4(v[0], v[1], v[2], v[3]);
+                raw[i].b = make_float4(v[4], v[5], v[6], v[7]);
+                continue;
+            }
+#endif
 #if defined(WEIGHT_FP8)
             if (k & 7) {  // rows not 8-byte aligned: byte by byte, zeros past k
                 const uint8_t* p = (const uint8_t*)row(t.r).data;
@@ -151,8 +200,16 @@ struct QuantTile {
 #pragma unroll
         for (int i = 0; i < CHUNKS; ++i) {
             const TileChunk t(i);
-            *(uint4*)(dst + t.r * LDS + t.c) =
-                live[i] ? weight8_exact_bf16(raw[i]) : make_uint4(0, 0, 0, 0);
+            uint4 planes[PARTS];
+#if defined(WEIGHT_F32)
+            weight8_bf16_parts(raw[i], planes);
+#else
+            planes[0] = weight8_exact_bf16(raw[i]);
+#endif
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p)
+                *(uint4*)(dst + p * B_PLANE + t.r * LDS + t.c) =
+                    live[i] ? planes[p] : make_uint4(0, 0, 0, 0);
         }
     }
 };
@@ -233,25 +290,32 @@ __device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m
         const bf16* bs = b_tile(kt % STAGES);
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
-            uint32_t a[MI][4], b[NI][2];
+            uint32_t a[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
                 ldmatrix_x4(a[mi], as + (out.wm * 32 + mi * 16 + (lane & 15)) * LDS + kk +
                                        (lane >> 4) * 8);
 #pragma unroll
-            for (int j = 0; j < NI / 2; ++j) {
-                uint32_t r[4];
-                ldmatrix_x4(r, bs + (out.wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS +
-                                   kk + ((lane >> 3) & 1) * 8);
-                b[2 * j][0] = r[0];
-                b[2 * j][1] = r[1];
-                b[2 * j + 1][0] = r[2];
-                b[2 * j + 1][1] = r[3];
+            for (int p = PARTS - 1; p >= 0; --p) {  // f32: lo, mid, then hi
+                uint32_t b[NI][2];
+#pragma unroll
+                for (int j = 0; j < NI / 2; ++j) {
+                    uint32_t r[4];
+                    ldmatrix_x4(r, bs + p * B_PLANE +
+                                       (out.wn * 32 + j * 16 + (lane & 7) + ((lane >> 4) << 3)) *
+                                           LDS +
+                                       kk + ((lane >> 3) & 1) * 8);
+                    b[2 * j][0] = r[0];
+                    b[2 * j][1] = r[1];
+                    b[2 * j + 1][0] = r[2];
+                    b[2 * j + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ++ni)
+                        mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
             }
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
         }
 #if !defined(WEIGHT_BF16)
         if (next < ktiles) q.store(b_tile(ns));
