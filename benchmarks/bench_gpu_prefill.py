@@ -15,6 +15,10 @@ the median over several replays of a CUDA graph of back-to-back launches.
 Then whole prefill steps (``--steps 512,2048``): the sm_90 plan's prefill of one prompt, against
 the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt.
 
+With ``--variants``, instead: gemm.cu built with each of GEMM_VARIANTS' defines (tile shape,
+stages, where the k-blocks' sum lives, blocks per SM), each checked against torch and timed at
+VARIANT_CASES, side by side with the source's own choice, into ``gpu_prefill_variants.json``.
+
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
 ``--weights bf16,fp8,mxfp4``; ``--record`` appends each gemm kernel's throughput at the largest
 rows to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import statistics
 import sys
@@ -33,11 +38,20 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _common import device_copy_rate, write_result  # noqa: E402
-from bench_gpu_variants import LAUNCHES, REPEATS, bf16_bits, build, time_graph  # noqa: E402
+from bench_gpu_variants import (  # noqa: E402
+    LAUNCHES,
+    REPEATS,
+    bf16_bits,
+    build,
+    parse_defines,
+    time_graph,
+)
 
 TENSOR_PEAK = 989.4e12
 """Dense bf16 tensor-core FLOP/s of the H200 SXM (NVIDIA's datasheet: 1979 TFLOPS with
@@ -59,6 +73,21 @@ SHAPES = [
     ("llama-3.1-8b", "gate_up", "gate_up_swiglu", {"k": 4096, "n": 14336}),
     ("llama-3.1-8b", "down", "linear_add", {"k": 14336, "n": 4096}),
 ]
+# gemm.cu's compile-time choices (its header explains each); "" is the source's own
+GEMM_VARIANTS = [
+    "",
+    "TOT_SHARED=1 GEMM_MIN_BLOCKS=2",
+    "TOT_SHARED=1 STAGES=2 GEMM_MIN_BLOCKS=3",
+    "TOT_SHARED=1 BK=64 STAGES=2 GEMM_MIN_BLOCKS=2",
+    "TOT_SHARED=1 MI=4",
+    "TOT_SHARED=1 MI=4 STAGES=2 GEMM_MIN_BLOCKS=2",
+    "TOT_SHARED=1 MI=4 WARPS_N=2 GEMM_MIN_BLOCKS=2",
+    "TOT_SHARED=1 MI=4 BK=64 STAGES=3",
+]
+# (model, launch, rows) the variants run at
+VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
+                 ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
+                 ("qwen3-0.6b", "gate_up", 512)]
 WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear_add": ("w",), "gate_up_swiglu": ("wg", "wu")}
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear_add": ("y",), "gate_up_swiglu": ("h",)}
 
@@ -156,15 +185,49 @@ class Built:
         self.module = cp.RawModule(path=str(cubin(tmp, kernel)))
         self.fn = self.module.get_function(kernel.entry)
 
+    def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
+        """(grid, block, shared bytes) at ``sizes``."""
+        return self.kernel.launch_for(sizes)
+
     def launcher(self, sizes: dict[str, int], ptrs: dict[str, Any]) -> Any:
         """launch(): one launch at ``sizes`` on the buffers ``ptrs`` (by argument name)."""
-        grid, block, shared = self.kernel.launch_for(sizes)
+        grid, block, shared = self.launch_shape(sizes)
         self.fn.max_dynamic_shared_size_bytes = max(shared, 1)
         null = np.uint64(0)
         args = tuple((null if ptrs.get(arg) is None else ptrs[arg]) if ty == "ptr"
                      else np.int32(sizes[arg])
                      for arg, _, ty in (a.partition(":") for a in self.kernel.args))
         return lambda: self.fn(grid, block, args, shared_mem=shared)
+
+
+def tile_shape(defines: str, weight: str) -> dict[str, int]:
+    """gemm.cu's tile at these defines (its defaults otherwise): BM, BN, threads, shared bytes."""
+    d = {k: int(v) for k, v in parse_defines(defines).items()}
+    parts = 3 if weight == "f32" else 1
+    wm, wn, mi, bk = d.get("WARPS_M", 2), d.get("WARPS_N", 4), d.get("MI", 2), d.get("BK", 32)
+    stages = d.get("STAGES", 4 if parts == 1 else 2)
+    bm, bn = wm * 16 * mi, wn * 32
+    shared = stages * (bm + parts * bn) * (bk + 8) * 2 + (4 * bm * bn if d.get("TOT_SHARED")
+                                                          else 0)
+    return {"bm": bm, "bn": bn, "threads": 32 * wm * wn, "shared": shared}
+
+
+class Variant(Built):
+    """A gemm kernel built with extra defines, launched on the tile those defines give."""
+
+    def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
+        extra = tuple(f"-D{d}" for d in defines.split())
+        super().__init__(cp, tmp, attrs.evolve(kernel, defines=kernel.defines + extra))
+        self.family = kernel.family
+        self.tile = tile_shape(defines, weight)
+
+    def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
+        t = self.tile
+        cols = (-(-sizes["nq"] // t["bn"]) - (-sizes["nk"] // t["bn"]) - (-sizes["nv"] // t["bn"])
+                if self.family == "qkv" else
+                -(-sizes["n"] // (t["bn"] // 2)) if self.family == "gate_up_swiglu" else
+                -(-sizes["n"] // t["bn"]))
+        return (-(-sizes["rows"] // t["bm"]), cols, 1), (t["threads"], 1, 1), t["shared"]
 
 
 class Launch:
@@ -177,18 +240,23 @@ class Launch:
                  fmt: str) -> None:
         self.family, self.dims, self.fmt = family, dims, fmt
         self.gemm = Built(cp, tmp, realized(family, fmt, "gemm"))
-        self.gemv = Built(cp, tmp, realized(family, fmt, "gemv"))
+        self._built = (cp, tmp)
         rng = np.random.default_rng(dims["k"])
         self.widths = widths(family, dims)
         self.ws = [make_weight(cp, fmt, n, dims["k"], rng) for n in self.widths]
         self.tw = torch.cat([torch.as_tensor(w["values"], device="cuda")
                              for w in self.ws]).to(torch.bfloat16)
+
+    @functools.cached_property
+    def gemv(self) -> Built:
+        """The decode kernel of the same launch, built when first asked for."""
+        return Built(*self._built, realized(self.family, self.fmt, "gemv"))
         for w in self.ws:
             del w["values"]
 
 
 def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int,
-               rate: float, gemv_rows: int) -> dict:
+               rate: float, gemv_rows: int, gemm: Built | None = None) -> dict:
     """``lc`` at ``rows`` rows: Metrale's tensor-core kernel (and, up to ``gemv_rows`` rows, its
     GEMV) checked against torch on the same (dequantized) weights, all timed, with the floors."""
     family, dims, k = lc.family, lc.dims, lc.dims["k"]
@@ -228,7 +296,8 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
         rel = float((got - want).abs().max() / want.abs().max())
         return time_graph(cp, lambda _: launch(), 1), bool(torch.isfinite(got).all()), rel
 
-    t, finite, rel = checked(lc.gemm)
+    gemm = gemm or lc.gemm
+    t, finite, rel = checked(gemm)
     t_gemv = checked(lc.gemv) if rows <= gemv_rows else None
     t_peer = time_torch(torch, peer)
     n_total = sum(lc.widths)
@@ -236,13 +305,42 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * (k + n_total)
     floor = max(flops / TENSOR_PEAK, nbytes / rate)
     out = {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
-           "point": str(lc.gemm.kernel.point), "source_hash": lc.gemm.kernel.source_hash,
+           "point": str(gemm.kernel.point), "source_hash": gemm.kernel.source_hash,
            "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
            "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
            "of_floor": floor / t, "finite": finite, "max_rel_err_vs_peer": rel}
     if t_gemv is not None:
         out.update(gemv_seconds=t_gemv[0], gemv_finite=t_gemv[1],
                    gemv_max_rel_err_vs_peer=t_gemv[2], gemv_vs_gemm=t_gemv[0] / t)
+    return out
+
+
+def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
+    """Every GEMM_VARIANTS build at VARIANT_CASES in ``formats``: checked, timed, with the peer."""
+    shapes = {(m, n): (f, d) for m, n, f, d in SHAPES}
+    kernels = {}
+    for model, name, _rows in VARIANT_CASES:
+        for fmt in formats:
+            k = realized(shapes[model, name][0], fmt, "gemm")
+            for v in GEMM_VARIANTS:
+                extra = tuple(f"-D{d}" for d in v.split())
+                kernels[k.source, k.defines + extra] = attrs.evolve(k, defines=k.defines + extra)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
+    out = []
+    for model, name, rows in VARIANT_CASES:
+        family, dims = shapes[model, name]
+        for fmt in formats:
+            lc = Launch(cp, torch, tmp, family, dims, fmt)
+            for v in GEMM_VARIANTS:
+                c = bench_case(cp, torch, lc, model, name, rows, rate, 0,
+                               Variant(cp, tmp, lc.gemm.kernel, v, fmt))
+                c["variant"] = v
+                out.append(c)
+                print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5} [{v or 'source'}]: "
+                      f"{c['seconds'] * 1e6:9.1f} us {c['tflops']:6.0f} TFLOP/s "
+                      f"(cuBLAS x{c['vs_peer']:.2f}) rel err {c['max_rel_err_vs_peer']:.1e}",
+                      flush=True)
     return out
 
 
@@ -339,6 +437,8 @@ def main() -> None:
                     help="prompt lengths of whole prefill steps (empty: none)")
     ap.add_argument("--step-quants", default="bf16,mxfp4")
     ap.add_argument("--no-hf", action="store_true", help="no transformers peer for the steps")
+    ap.add_argument("--variants", action="store_true",
+                    help="time gemm.cu's GEMM_VARIANTS at VARIANT_CASES instead")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (throughput at the largest rows) to sm_90")
     args = ap.parse_args()
@@ -349,6 +449,15 @@ def main() -> None:
     rate = device_copy_rate()
     print(f"device copy rate {rate / 1e12:.2f} TB/s; tensor peak {TENSOR_PEAK / 1e12:.0f} TFLOP/s")
     cases = []
+    if args.variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = bench_variants(cp, torch, Path(tmp), rate, args.weights.split(","))
+        path = write_result("gpu_prefill_variants", {
+            "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+            "copy_rate": rate, "tensor_peak": TENSOR_PEAK, "variants": GEMM_VARIANTS,
+            "launches": LAUNCHES, "repeats": REPEATS, "cases": cases})
+        print(f"wrote {path}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         prebuild(Path(tmp), args.models.split(","), args.weights.split(","))
         for model, name, family, dims in SHAPES:

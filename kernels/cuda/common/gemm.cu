@@ -39,26 +39,47 @@
 #define PARTS 1
 #endif
 
-#define BM 64
-#define BN 128
-#define BK 32
-#define LDS (BK + 8)  // row pitch in shared memory (bf16): 80 bytes, so ldmatrix's 8 rows of 16
-                      // bytes fall in 8 distinct bank groups
-#define THREADS 256
+// The tile's shape (defines override them, for benchmarks/bench_gpu_prefill.py's variants; the
+// launch shapes in KERNELS.toml follow the defaults): WARPS_M x WARPS_N warps, each MI m16 tiles
+// by NI n8 tiles (NI stays 4: gate_up_swiglu pairs a warp's 16 gate and 16 up rows), k in tiles
+// of BK columns.
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 4
+#endif
+#ifndef MI
 #define MI 2  // m16 tiles per warp: 32 rows
+#endif
 #define NI 4  // n8 tiles per warp: 32 columns
+#ifndef BK
+#define BK 32
+#endif
+#define BM (WARPS_M * 16 * MI)
+#define BN (WARPS_N * 8 * NI)
+#define THREADS (32 * WARPS_M * WARPS_N)
+#define LDS (BK + 8)  // row pitch in shared memory (bf16): 80 or 144 bytes, so ldmatrix's 8 rows
+                      // of 16 bytes fall in 8 distinct bank groups
+#define CPR (BK / 8)  // 16-byte chunks a tile row
 #ifndef STAGES
 #define STAGES (PARTS == 1 ? 4 : 2)  // f32: three weight planes a stage, in 71680 bytes
+#endif
+// TOT_SHARED 1: the finished k-blocks' sum lives in shared memory (BM BN f32 after the stages,
+// each thread its own entries), touched once a k-block, which frees its registers.
+#ifndef TOT_SHARED
+#define TOT_SHARED 0
 #endif
 #ifndef GEMM_MIN_BLOCKS
 #define GEMM_MIN_BLOCKS 1  // 147-164 registers; at two blocks an SM (128) ptxas spills 40-88 bytes
 #endif
-static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k (32)");
-static_assert(BM * BK / 8 == THREADS && BN * BK / 8 == 2 * THREADS,
-              "one 8-column chunk of an activation tile per thread, two of a weight tile");
+static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
+static_assert(BM * CPR % THREADS == 0 && BN * CPR % THREADS == 0,
+              "whole 16-byte chunks of the activation and weight tiles per thread");
 
 // Dynamic shared memory: STAGES x (activation tile of BM rows, PARTS weight planes of BN rows),
-// rows of LDS bf16: KERNELS.toml's launch.shared is STAGES (BM + PARTS BN) LDS 2 bytes.
+// rows of LDS bf16, then with TOT_SHARED the sum: KERNELS.toml's launch.shared is
+// STAGES (BM + PARTS BN) LDS 2 bytes (+ 4 BM BN).
 constexpr int A_TILE = BM * LDS, B_PLANE = BN * LDS, STAGE = A_TILE + PARTS * B_PLANE;
 
 #if defined(OUT_F32)
@@ -81,12 +102,12 @@ __device__ __forceinline__ uint4 bf16x8_any(const bf16* row, int c, int k) {
                       bf16x2(v[6], v[7]));
 }
 
-// This thread's i-th 8-column chunk of a tile: row threadIdx.x / 4 + 64 i, column
-// 8 (threadIdx.x % 4).
+// This thread's i-th 8-column chunk of a tile: row threadIdx.x / CPR + (THREADS / CPR) i,
+// column 8 (threadIdx.x % CPR).
 struct TileChunk {
     int r, c;
     __device__ __forceinline__ TileChunk(int i)
-        : r((threadIdx.x >> 2) + (THREADS / 4) * i), c((threadIdx.x & 3) * 8) {}
+        : r(threadIdx.x / CPR + (THREADS / CPR) * i), c(threadIdx.x % CPR * 8) {}
 };
 
 // A bf16 tile of ROWS rows (activations, or bf16 weights) into `dst`: rows given by row(r) (a
@@ -217,10 +238,20 @@ struct QuantTile {
 
 // ------------------------------------------------------------------ the main loop
 
-// The block's tile: tot[mi][ni][e] is the f32 sum for row m0 + 32 wm + 16 mi + g + 8 (e / 2) and
-// tile column 32 wn + 8 ni + 2 t + (e % 2), where g = lane / 4, t = lane % 4 (the MMA's layout).
+// The block's tile: tot(mi, ni, e) is the f32 sum for row m0 + 16 MI wm + 16 mi + g + 8 (e / 2)
+// and tile column 32 wn + 8 ni + 2 t + (e % 2), where g = lane / 4, t = lane % 4 (the MMA's
+// layout).
 struct Tile {
-    float tot[MI][NI][4];
+#if TOT_SHARED
+    float* sum;  // entry (mi, ni, e) of thread i at sum[((mi NI + ni) 4 + e) THREADS + i]
+    __device__ __forceinline__ float& tot(int mi, int ni, int e) const {
+        return sum[((mi * NI + ni) * 4 + e) * THREADS + threadIdx.x];
+    }
+#else
+    float sum[MI][NI][4];
+    __device__ __forceinline__ float& tot(int mi, int ni, int e) { return sum[mi][ni][e]; }
+    __device__ __forceinline__ float tot(int mi, int ni, int e) const { return sum[mi][ni][e]; }
+#endif
     int wm, wn, g, t;
 };
 
@@ -233,9 +264,12 @@ __device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m
     bf16* smem = reinterpret_cast<bf16*>(smem_raw);
     auto a_tile = [&](int s) { return smem + s * STAGE; };
     auto b_tile = [&](int s) { return smem + s * STAGE + A_TILE; };
+#if TOT_SHARED
+    out.sum = reinterpret_cast<float*>(smem + STAGES * STAGE);
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    out.wm = warp >> 2;
-    out.wn = warp & 3;
+    out.wm = warp / WARPS_N;
+    out.wn = warp % WARPS_N;
     out.g = lane >> 2;
     out.t = lane & 3;
     auto xrow = [&](int r) { return x + (long)min(m0 + r, rows - 1) * k; };
@@ -267,7 +301,7 @@ __device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = out.tot[mi][ni][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
     for (int kt = 0; kt < ktiles; ++kt) {
         cp_async_wait<STAGES - 2>();
@@ -293,7 +327,7 @@ __device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m
             uint32_t a[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
-                ldmatrix_x4(a[mi], as + (out.wm * 32 + mi * 16 + (lane & 15)) * LDS + kk +
+                ldmatrix_x4(a[mi], as + (out.wm * 16 * MI + mi * 16 + (lane & 15)) * LDS + kk +
                                        (lane >> 4) * 8);
 #pragma unroll
             for (int p = PARTS - 1; p >= 0; --p) {  // f32: lo, mid, then hi
@@ -329,8 +363,8 @@ __device__ __forceinline__ void gemm_tile(const act_t* x, int rows, int k, int m
                 for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        out.tot[mi][ni][e] =
-                            first ? acc[mi][ni][e] : out.tot[mi][ni][e] + acc[mi][ni][e];
+                        out.tot(mi, ni, e) =
+                            first ? acc[mi][ni][e] : out.tot(mi, ni, e) + acc[mi][ni][e];
                         acc[mi][ni][e] = 0.0f;
                     }
         }
@@ -373,9 +407,9 @@ __device__ __forceinline__ void store_tile(const Tile& tl, int m0, int n0, int r
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + tl.wm * 32 + mi * 16 + tl.g + 8 * h;
+                    const int row = m0 + tl.wm * 16 * MI + mi * 16 + tl.g + 8 * h;
                     if (row < rows)
-                        store((long)row * n + col, scaled(tl.tot[mi][ni][2 * h + e2], f));
+                        store((long)row * n + col, scaled(tl.tot(mi, ni, 2 * h + e2), f));
                 }
         }
 }
@@ -462,10 +496,10 @@ metrale_gate_up_swiglu_mma(const act_t* __restrict__ x,
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    const int row = m0 + tl.wm * 32 + mi * 16 + tl.g + 8 * hh;
+                    const int row = m0 + tl.wm * 16 * MI + mi * 16 + tl.g + 8 * hh;
                     if (row >= rows) continue;
-                    const float gd = scaled(tl.tot[mi][ni][2 * hh + e2], fg);
-                    const float ud = scaled(tl.tot[mi][ni + 2][2 * hh + e2], fu);
+                    const float gd = scaled(tl.tot(mi, ni, 2 * hh + e2), fg);
+                    const float ud = scaled(tl.tot(mi, ni + 2, 2 * hh + e2), fu);
                     h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
                 }
         }

@@ -154,10 +154,23 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     }
 }
 
+// Whether a block wrote shared memory past the launch's dynamic size (plain stores are not
+// checked as they happen; the bytes past it stay 0xFF from the poison unless one did).
+static bool wrote_past(unsigned shared) {
+    for (size_t i = shared; i < simt::SMEM_BYTES; ++i)
+        if (simt::arena[i] != 0xFF) {
+            std::fprintf(stderr, "simt: block wrote shared byte %zu, past the launch's dynamic "
+                         "size %u\n", i, shared);
+            return true;
+        }
+    return false;
+}
+
 // Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
 // shared memory: one OS thread per thread of a block, the same threads for every block, which
-// meet between blocks while thread 0 poisons shared memory and sets up the next block's
-// barriers. 0: done; 1: a launch the GPU would refuse; 2: a thread trapped.
+// meet between blocks while thread 0 checks that the last block wrote nothing past the dynamic
+// size, poisons shared memory and sets up the next block's barriers. 0: done; 1: a launch the
+// GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
 extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
                         int bz, int shared) {
     const int threads = bx * by * bz;
@@ -179,6 +192,8 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
             for (long b = 0; b < blocks; ++b) {
                 between.arrive_and_wait();  // every thread is done with the previous block
                 if (t == 0) {
+                    if (b > 0 && wrote_past((unsigned)shared))
+                        __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
                     std::memset(simt::arena, 0xFF, simt::SMEM_BYTES);
                     current = std::make_unique<simt::Block>(threads);
                 }
@@ -199,5 +214,6 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
             }
         });
     for (auto& th : pool) th.join();
+    if (!simt::trapped && wrote_past((unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;
 }
