@@ -76,13 +76,11 @@ SHAPES = [
 # gemm.cu's compile-time choices (its header explains each); "" is the source's own
 GEMM_VARIANTS = [
     "",
-    "TOT_SHARED=1 GEMM_MIN_BLOCKS=2",
-    "TOT_SHARED=1 STAGES=2 GEMM_MIN_BLOCKS=3",
-    "TOT_SHARED=1 BK=64 STAGES=2 GEMM_MIN_BLOCKS=2",
-    "TOT_SHARED=1 MI=4",
-    "TOT_SHARED=1 MI=4 STAGES=2 GEMM_MIN_BLOCKS=2",
-    "TOT_SHARED=1 MI=4 WARPS_N=2 GEMM_MIN_BLOCKS=2",
-    "TOT_SHARED=1 MI=4 BK=64 STAGES=3",
+    "TOT_SHARED=0 BK=32 STAGES=4 GEMM_MIN_BLOCKS=1",  # version 14's
+    "BK=32 STAGES=2 GEMM_MIN_BLOCKS=3",
+    "MI=4 BK=32 STAGES=2",  # 128 x 128, the fastest at 2048 rows in version 15's sweep
+    "MI=4 BK=64 STAGES=2 GEMM_MIN_BLOCKS=1",
+    "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
@@ -204,11 +202,11 @@ def tile_shape(defines: str, weight: str) -> dict[str, int]:
     """gemm.cu's tile at these defines (its defaults otherwise): BM, BN, threads, shared bytes."""
     d = {k: int(v) for k, v in parse_defines(defines).items()}
     parts = 3 if weight == "f32" else 1
-    wm, wn, mi, bk = d.get("WARPS_M", 2), d.get("WARPS_N", 4), d.get("MI", 2), d.get("BK", 32)
-    stages = d.get("STAGES", 4 if parts == 1 else 2)
+    wm, wn, mi = d.get("WARPS_M", 2), d.get("WARPS_N", 4), d.get("MI", 2)
+    bk, stages = d.get("BK", 64 if parts == 1 else 32), d.get("STAGES", 2)
     bm, bn = wm * 16 * mi, wn * 32
-    shared = stages * (bm + parts * bn) * (bk + 8) * 2 + (4 * bm * bn if d.get("TOT_SHARED")
-                                                          else 0)
+    shared = stages * (bm + parts * bn) * (bk + 8) * 2 + (
+        4 * bm * bn if d.get("TOT_SHARED", int(parts == 1)) else 0)
     return {"bm": bm, "bn": bn, "threads": 32 * wm * wn, "shared": shared}
 
 
@@ -218,7 +216,7 @@ class Variant(Built):
     def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
         extra = tuple(f"-D{d}" for d in defines.split())
         super().__init__(cp, tmp, attrs.evolve(kernel, defines=kernel.defines + extra))
-        self.family = kernel.family
+        self.family = kernel.point.family
         self.tile = tile_shape(defines, weight)
 
     def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:

@@ -1,11 +1,21 @@
 // Metrale CUDA: GEMM-shaped matmul families on tensor cores (mma.sync, sm_80 and newer): linear,
 // linear_add, qkv, gate_up_swiglu and lm_head at their `gemm` points with bf16 activations.
 //
-// A block computes a BM x BN tile of y = x · wᵀ with eight warps (2 along m, 4 along n), each a
-// 32 x 32 sub-tile in m16n8k16 bf16 MMAs with f32 accumulators: 32 registers for the k-block's
-// partial and 32 for the sum (a 64 x 32 sub-tile needs 255 registers and spills). Tiles of BK
-// columns stream through STAGES shared-memory buffers: the activations, and bf16 weights, by
-// cp.async; weights of a quantized format or f32 through registers, made bf16 on the way.
+// A block computes a BM x BN (64 x 128) tile of y = x · wᵀ with eight warps (2 along m, 4 along
+// n), each a 32 x 32 sub-tile in m16n8k16 bf16 MMAs with f32 accumulators for the k-block's
+// partial; the finished k-blocks' sum waits in shared memory (TOT_SHARED), so a thread needs
+// 78-111 registers and two blocks share an SM. Tiles of BK (64) columns stream through STAGES
+// (2) shared-memory buffers: the activations, and bf16 weights, by cp.async; weights of a
+// quantized format or f32 through registers, made bf16 on the way.
+//
+// Version 15's sweep on the H200 (bench_gpu_prefill.py --variants, 15 launches of Llama-3.1-8B
+// and Qwen3-0.6B at 64-2048 rows in bf16, fp8 and mxfp4) against version 14's choice (the sum in
+// registers, 150-167 of them, one block an SM, 4 stages of 32 columns), geometric mean of the
+// speedups: this choice 1.58x; 64 x 128 with the sum in shared at 4 stages of 32 columns and
+// two blocks 1.35x, at 2 stages and three blocks 1.40x; 128 x 128 tiles (64 x 32 a warp) 1.14x
+// at 4 stages and one block, 1.37x at 2 stages and two blocks (the best at 2048 rows: Llama
+// gate_up bf16 2076 us against this choice's 2410, but 2.3x slower at 64 rows), 1.39x at 2
+// stages of 64. cuBLAS stays 3-5x faster (Llama gate_up bf16 at 2048 rows: 867 us).
 //
 // Order (declared in KERNELS.toml): k in blocks of K_BLOCK; a block's partial sum starts from
 // zero in the accumulators and takes the block's MMAs in k order (the order inside one MMA is the
@@ -54,7 +64,7 @@
 #endif
 #define NI 4  // n8 tiles per warp: 32 columns
 #ifndef BK
-#define BK 32
+#define BK (PARTS == 1 ? 64 : 32)
 #endif
 #define BM (WARPS_M * 16 * MI)
 #define BN (WARPS_N * 8 * NI)
@@ -63,15 +73,17 @@
                       // of 16 bytes fall in 8 distinct bank groups
 #define CPR (BK / 8)  // 16-byte chunks a tile row
 #ifndef STAGES
-#define STAGES (PARTS == 1 ? 4 : 2)  // f32: three weight planes a stage, in 71680 bytes
+#define STAGES 2
 #endif
 // TOT_SHARED 1: the finished k-blocks' sum lives in shared memory (BM BN f32 after the stages,
-// each thread its own entries), touched once a k-block, which frees its registers.
+// each thread its own entries), touched once a k-block, which frees its registers. f32 weights
+// (three planes a stage, 32 columns) keep it in registers: 71680 bytes of shared memory and 196
+// registers, one block an SM, as every class's 99 KiB allows.
 #ifndef TOT_SHARED
-#define TOT_SHARED 0
+#define TOT_SHARED (PARTS == 1)
 #endif
 #ifndef GEMM_MIN_BLOCKS
-#define GEMM_MIN_BLOCKS 1  // 147-164 registers; at two blocks an SM (128) ptxas spills 40-88 bytes
+#define GEMM_MIN_BLOCKS (TOT_SHARED ? 2 : 1)
 #endif
 static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
 static_assert(BM * CPR % THREADS == 0 && BN * CPR % THREADS == 0,
