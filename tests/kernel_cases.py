@@ -200,18 +200,25 @@ PREFILL_SHAPES = [(32, 8, 128, 0), (16, 8, 128, 100), (12, 4, 80, 0), (8, 4, 256
 
 
 def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
-                            runner: Runner, F: Any) -> None:
+                            runner: Runner, F: Any, scattered: bool = False) -> None:
     """``fam``'s bf16 prefill point on a prompt's rows: 30 consecutive positions of one slot
     crossing a KV block (490..519), then 10 of another slot from position 0, so one tile of 16
-    rows holds both slots; the cache past each slot's last position holds NaN. Within the reference's tolerance, and to the last bf16 bit in all but
-    1 % of the outputs: the tensor-core kernel takes exp's weights into its MMAs exactly (in bf16
-    alone, 35 % of the outputs move by a bit)."""
+    rows holds both slots; the cache past each slot's last position holds NaN. ``scattered``
+    shuffles the rows, so no slot's positions follow the launch's row order (kv_append_attention
+    then finds the rows that append a position by scanning, not by offset). Within the
+    reference's tolerance, and to the last bf16 bit in all but 1 % of the outputs: the
+    tensor-core kernel takes exp's weights into its MMAs exactly (in bf16 alone, 35 % of the
+    outputs move by a bit)."""
     point = fam.point(act="bf16", mode="prefill", kv_block=256)
     assert F.realize(point).entry.endswith("_prefill"), F.realize(point).entry
     sizes = {**sizes_for(fam, 40), "hq": hq, "hkv": hkv, "d": d, "slots": 2, "max_ctx": 600}
     host, device = inputs(fam, point, sizes, seed=hq + d + window)
     positions = np.concatenate([np.arange(490, 520), np.arange(10)]).astype(np.int32)
     slots = np.concatenate([np.ones(30), np.zeros(10)]).astype(np.int32)
+    if scattered:
+        order = np.random.default_rng(d).permutation(40)
+        positions, slots = positions[order], slots[order]
+        assert len(set(positions[slots == 1] - np.flatnonzero(slots == 1))) > 1
     names = [port.name for port in fam.inputs]
     host[names.index("positions")], host[names.index("slots")] = positions, slots
     device["positions"], device["slots"] = (positions,), (slots,)

@@ -312,3 +312,11 @@ def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):
     check_prefill_attention(P.family(family), hq, hkv, d, window,
                             lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                        attrs=attrs), F)
+
+
+@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+def test_prefill_attention_over_rows_out_of_position_order(gpu, family):
+    check_prefill_attention(P.family(family), 16, 8, 128, 100,
+                            lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
+                                                                       attrs=attrs), F,
+                            scattered=True)

@@ -218,3 +218,9 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hkv, d, window):
     check_prefill_attention(P.family(family), hq, hkv, d, window, _runner(build_dir), F)
+
+
+@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+def test_prefill_attention_over_rows_out_of_position_order(build_dir, family):
+    check_prefill_attention(P.family(family), 16, 8, 128, 100, _runner(build_dir), F,
+                            scattered=True)

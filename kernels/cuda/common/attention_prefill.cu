@@ -83,6 +83,30 @@ __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positi
     return r;
 }
 
+// Which row of the launch appends a position of one slot (kv_append_attention): with `direct`,
+// every row r of the slot appends position base + r (a prompt in launch order: what prefill
+// launches), so position p can only come from row p - base, checked in O(1); otherwise a tile
+// scans every row of the launch. run_of decides it once per slot, every thread together.
+struct AppendRun {
+    bool direct;
+    int base;
+};
+
+__device__ __forceinline__ AppendRun run_of(const int* positions, const int* slots, int rows,
+                                            int slot, int first_row) {
+    __shared__ int irregular;
+    AppendRun run;
+    run.base = positions[first_row] - first_row;
+    if (threadIdx.x == 0) irregular = 0;
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        if (slots[r] == slot && positions[r] - r != run.base) atomicAdd(&irregular, 1);
+    __syncthreads();
+    run.direct = !irregular;
+    __syncthreads();  // every thread has read it before the next slot's run_of resets it
+    return run;
+}
+
 // Keys (and, with `with_v`, the slice's values) of positions [start, start + 64) of `slot` into
 // the buffer `s`, asynchronously (one cp.async group; the caller waits): from k_new / v_new where
 // a row of the launch appends the position (src[]), else from the cache; zeros outside
@@ -91,11 +115,19 @@ __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positi
 __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_cache,
                                               const act_t* v_cache, const act_t* k_new,
                                               const act_t* v_new, const int* positions,
-                                              const int* slots, int rows, int slot, int start,
-                                              int lo, int hi, int kvh, int hkv, int d,
-                                              int max_ctx, int col0, int ncols, bool with_v) {
+                                              const int* slots, int rows, int slot,
+                                              AppendRun run, int start, int lo, int hi, int kvh,
+                                              int hkv, int d, int max_ctx, int col0, int ncols,
+                                              bool with_v) {
     const int nt = blockDim.x;
-    if (k_new) {
+    if (k_new && run.direct) {
+        for (int j = threadIdx.x; j < TILE_POS; j += nt) {
+            const int r = start + j - run.base;
+            s.src[j] = r >= 0 && r < rows && slots[r] == slot && positions[r] == start + j ? r
+                                                                                          : -1;
+        }
+        __syncthreads();
+    } else if (k_new) {
         for (int j = threadIdx.x; j < TILE_POS; j += nt) s.src[j] = -1;
         __syncthreads();
         for (int r = threadIdx.x; r < rows; r += nt)
@@ -244,13 +276,15 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                 hi = max(hi, rj.p);
             }
         }
+        const AppendRun run = k_new ? run_of(positions, slots, rows, slot, row0 + i)
+                                    : AppendRun{false, 0};
         for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
             // pass 1: the block's max score of each row
             float mb[2] = {-INFINITY, -INFINITY};
             auto keys_of = [&](const KvTile& tile, int st) {
                 issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                              st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, false);
+                              run, st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, false);
             };
             over_tiles(s, t0, t1, keys_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
@@ -273,7 +307,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                 for (int e = 0; e < 4; ++e) ab[ni][e] = 0.0f;
             auto keys_values_of = [&](const KvTile& tile, int st) {
                 issue_kv_tile(tile, k_cache, v_cache, k_new, v_new, positions, slots, rows, slot,
-                              st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, true);
+                              run, st, lo, hi, kvh, hkv, d, max_ctx, col0, ncols, true);
             };
             over_tiles(s, t0, t1, keys_values_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
