@@ -65,14 +65,22 @@ dequantized values, so a correct kernel stays far below it and a broken one far 
 # (model, launch, family, sizes other than rows)
 SHAPES = [
     ("qwen3-0.6b", "qkv", "qkv", {"k": 1024, "nq": 2048, "nk": 1024, "nv": 1024}),
-    ("qwen3-0.6b", "o_proj", "linear_add", {"k": 2048, "n": 1024}),
+    ("qwen3-0.6b", "o_proj", "linear", {"k": 2048, "n": 1024}),
     ("qwen3-0.6b", "gate_up", "gate_up_swiglu", {"k": 1024, "n": 3072}),
-    ("qwen3-0.6b", "down", "linear_add", {"k": 3072, "n": 1024}),
+    ("qwen3-0.6b", "down", "linear", {"k": 3072, "n": 1024}),
     ("llama-3.1-8b", "qkv", "qkv", {"k": 4096, "nq": 4096, "nk": 1024, "nv": 1024}),
-    ("llama-3.1-8b", "o_proj", "linear_add", {"k": 4096, "n": 4096}),
+    ("llama-3.1-8b", "o_proj", "linear", {"k": 4096, "n": 4096}),
     ("llama-3.1-8b", "gate_up", "gate_up_swiglu", {"k": 4096, "n": 14336}),
-    ("llama-3.1-8b", "down", "linear_add", {"k": 14336, "n": 4096}),
+    ("llama-3.1-8b", "down", "linear", {"k": 14336, "n": 4096}),
+    ("qwen3-0.6b", "lm_head", "lm_head", {"k": 1024, "n": 151936}),
+    ("llama-3.1-8b", "lm_head", "lm_head", {"k": 4096, "n": 128256}),
 ]
+"""Each layer's matmuls as the prefill plans launch them (o_proj and down_proj plain: the
+residual add goes to add_rmsnorm), and the head."""
+FORMATS = {"lm_head": ("bf16",), "qkv": ("bf16", "fp8", "mxfp4"),
+           "gate_up_swiglu": ("bf16", "fp8", "mxfp4")}
+"""Weight formats a family runs in, where not every one: the plans keep the head in bf16, and
+only linear runs on f32 weights (the exact policy's fp8 prefill dequantizes them first)."""
 # gemm.cu's compile-time choices (its header explains each); "" is the source's own
 GEMM_VARIANTS = [
     "",
@@ -86,8 +94,16 @@ GEMM_VARIANTS = [
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
                  ("qwen3-0.6b", "gate_up", 512)]
-WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear_add": ("w",), "gate_up_swiglu": ("wg", "wu")}
-OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear_add": ("y",), "gate_up_swiglu": ("h",)}
+WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear": ("w",), "linear_add": ("w",),
+                "gate_up_swiglu": ("wg", "wu"), "lm_head": ("w",)}
+OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear": ("y",), "linear_add": ("y",),
+             "gate_up_swiglu": ("h",), "lm_head": ("logits",)}
+GEMM_FAMILIES = frozenset(WEIGHT_PORTS)
+
+
+def runs_in(family: str, fmt: str) -> bool:
+    """Whether the plans run ``family`` with ``fmt`` weights (FORMATS)."""
+    return fmt in FORMATS.get(family, (fmt,))
 
 
 @cache
@@ -98,7 +114,8 @@ def realized(family: str, weight: str, shape: str = "gemm") -> Any:
 
     P = Presentation.load()
     point = P.family(family).point(act="bf16", weight=weight, shape=shape, k_block=256,
-                                   across="sequential")
+                                   across="sequential",
+                                   **({"out": "f32"} if family == "lm_head" else {}))
     return realization("sm_90", presentation=P).realize(point)
 
 
@@ -115,6 +132,9 @@ def make_weight(cp: Any, fmt: str, n: int, k: int, rng: np.random.Generator) -> 
     from metrale.lkb.quant import QuantFormat
 
     w = (rng.standard_normal((n, k)).astype(np.float32) / np.float32(np.sqrt(k)))
+    if fmt == "f32":
+        return {"data": cp.asarray(w), "scale": None, "global": None, "values": cp.asarray(w),
+                "bytes": w.nbytes}
     if fmt == "bf16":
         import ml_dtypes
 
@@ -169,7 +189,7 @@ def cubin(tmp: Path, kernel: Any) -> Path:
 def prebuild(tmp: Path, models: list[str], formats: list[str]) -> None:
     """Every cubin the launches of ``models`` in ``formats`` use, compiled in parallel."""
     kernels = {(k.source, k.defines): k for _m, _n, family, _d in SHAPES if _m in models
-               for fmt in formats for shape in ("gemm", "gemv")
+               for fmt in formats if runs_in(family, fmt) for shape in ("gemm", "gemv")
                for k in [realized(family, fmt, shape)]}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
@@ -261,7 +281,8 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     sizes = {"rows": rows, **dims}
     x = bf16_bits(cp, (rows, k))
     r = bf16_bits(cp, (rows, dims["n"])) if family == "linear_add" else None
-    outs = [cp.empty((rows, n), cp.uint16) for n in
+    f32_out = family == "lm_head"
+    outs = [cp.empty((rows, n), cp.float32 if f32_out else cp.uint16) for n in
             (lc.widths if family == "qkv" else [dims["n"]])]
     ptrs = {"x": x, "r": r}
     for port, w in zip(WEIGHT_PORTS[family], lc.ws):
@@ -286,10 +307,11 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
         """(median seconds, outputs finite, max relative difference from the peer)."""
         launch = built.launcher(sizes, ptrs)
         for o in outs:
-            o.fill(0xFFFF)  # poison: NaN
+            o.fill(np.nan if f32_out else 0xFFFF)  # poison: NaN
         launch()
         cp.cuda.Device().synchronize()
-        got = torch.cat([torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
+        got = torch.cat([torch.as_tensor(o, device="cuda") if f32_out else
+                         torch.as_tensor(o.view(cp.int16), device="cuda").view(torch.bfloat16)
                          for o in outs], dim=1).float()
         rel = float((got - want).abs().max() / want.abs().max())
         return time_graph(cp, lambda _: launch(), 1), bool(torch.isfinite(got).all()), rel
@@ -300,7 +322,7 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     t_peer = time_torch(torch, peer)
     n_total = sum(lc.widths)
     flops = 2.0 * rows * n_total * k
-    nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * (k + n_total)
+    nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * k + (4 if f32_out else 2) * rows * n_total
     floor = max(flops / TENSOR_PEAK, nbytes / rate)
     out = {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
            "point": str(gemm.kernel.point), "source_hash": gemm.kernel.source_hash,
@@ -319,6 +341,8 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
     kernels = {}
     for model, name, _rows in VARIANT_CASES:
         for fmt in formats:
+            if not runs_in(shapes[model, name][0], fmt):
+                continue
             k = realized(shapes[model, name][0], fmt, "gemm")
             for v in GEMM_VARIANTS:
                 extra = tuple(f"-D{d}" for d in v.split())
@@ -329,6 +353,8 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
     for model, name, rows in VARIANT_CASES:
         family, dims = shapes[model, name]
         for fmt in formats:
+            if not runs_in(family, fmt):
+                continue
             lc = Launch(cp, torch, tmp, family, dims, fmt)
             for v in GEMM_VARIANTS:
                 c = bench_case(cp, torch, lc, model, name, rows, rate, 0,
@@ -383,11 +409,55 @@ def hf_prefill(torch: Any, model: str, rows: int) -> float:
     return statistics.median(times)
 
 
+def step_kernels(eng: Any, config: Any, rows: int, step_s: float,
+                 records: list | None) -> list[dict]:
+    """Each distinct kernel of the prefill of a ``rows``-token prompt timed alone, printed as
+    shares of the step; with ``records``, evidence for those the matmul cases do not measure:
+    the prefill attention's tensor throughput (causal: each row sees itself and the rows before
+    it) and the other kernels' bandwidth."""
+    from bench_gpu_decode import print_kernels
+
+    from metrale.runtime.bench import evidence, kernel_times
+
+    timings = kernel_times(eng, rows, mode="prefill", repeats=5)
+    seen = rows * (rows + 1) / 2
+    attention_flops = 4 * seen * config.num_attention_heads * config.head_dim
+    kernels = []
+    for k in timings:
+        row = {"kernel": k.label, "point": k.point, "count": k.count, "seconds": k.seconds,
+               "bytes": k.bytes_moved, "bytes_per_s": k.bytes_per_s}
+        if k.family in ("attention", "kv_append_attention"):
+            row["tflops"] = attention_flops / k.seconds / 1e12
+        kernels.append(row)
+    print_kernels(kernels, step_s)
+    if records is not None:
+        import cupy as cp
+
+        from metrale.realize.compute import NvidiaTarget
+        from metrale.realize.evidence import EvidenceRecord
+        from metrale.realize.hardware import load_hardware
+
+        device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        toolchain = NvidiaTarget("ptx").version()
+        today = datetime.date.today().isoformat()
+        for k, row in zip(timings, kernels):
+            if "tflops" in row and k.kernel is not None:
+                records.append(EvidenceRecord("sm_90", device, k.family, k.point,
+                                              "tensor_throughput", row["tflops"],
+                                              TENSOR_PEAK / 1e12, "TFLOP/s", today, toolchain,
+                                              k.kernel.source_hash))
+        records += evidence([k for k, row in zip(timings, kernels)
+                             if "tflops" not in row and k.family not in GEMM_FAMILIES],
+                            load_hardware().get("sm_90"), device, toolchain)
+    return kernels
+
+
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
-                  hf: bool) -> list[dict]:
+                  hf: bool, kernels: bool = False, records: list | None = None) -> list[dict]:
     """Whole prefill steps on the sm_90 plans (random weights, one sequence from position 0),
     against the tensor-core floor of their FLOPs and, in bf16, transformers' forward (which,
-    like the first timing, gives every row's logits); then the plan with the last row's only."""
+    like the first timing, gives every row's logits); then the plan with the last row's only.
+    With ``kernels`` (or ``records``), the longest prompt's kernels one by one (step_kernels)."""
     from bench_gpu_decode import fast_weights
 
     from metrale.plan.config import ModelConfig
@@ -420,6 +490,8 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
                       f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
                       f"last row's logits only {last.step_s * 1e3:.2f} ms", flush=True)
+                if (kernels or records is not None) and rows == max(lengths):
+                    row["kernels"] = step_kernels(eng, config, rows, t.step_s, records)
             eng.close()
     return out
 
@@ -427,7 +499,7 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="8,64,512,2048")
-    ap.add_argument("--weights", default="bf16,fp8,mxfp4")
+    ap.add_argument("--weights", default="bf16,fp8,mxfp4,f32")
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--gemv-rows", type=int, default=64,
                     help="also time the GEMV (decode) kernel at rows up to this many")
@@ -435,6 +507,8 @@ def main() -> None:
                     help="prompt lengths of whole prefill steps (empty: none)")
     ap.add_argument("--step-quants", default="bf16,mxfp4")
     ap.add_argument("--no-hf", action="store_true", help="no transformers peer for the steps")
+    ap.add_argument("--kernels", action="store_true",
+                    help="time each kernel of the longest prefill step alone")
     ap.add_argument("--variants", action="store_true",
                     help="time gemm.cu's GEMM_VARIANTS at VARIANT_CASES instead")
     ap.add_argument("--record", action="store_true",
@@ -462,6 +536,8 @@ def main() -> None:
             if model not in args.models.split(","):
                 continue
             for fmt in args.weights.split(","):
+                if not runs_in(family, fmt):
+                    continue
                 lc = Launch(cp, torch, Path(tmp), family, dims, fmt)
                 for rows in rows_list:
                     c = bench_case(cp, torch, lc, model, name, rows, rate, args.gemv_rows)
@@ -473,22 +549,25 @@ def main() -> None:
                           f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "
                           f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}"
                           + gemv, flush=True)
+    records: list | None = [] if args.record else None
     steps = prefill_steps(torch, args.models.split(","),
                           [int(r) for r in args.steps.split(",") if r],
-                          args.step_quants.split(","), not args.no_hf) if args.steps else []
+                          args.step_quants.split(","), not args.no_hf, args.kernels,
+                          records) if args.steps else []
     path = write_result("gpu_prefill", {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                         .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
                                         "launches": LAUNCHES, "repeats": REPEATS,
                                         "cases": cases, "steps": steps})
     print(f"wrote {path}")
     if args.record:
-        record(cases, max(rows_list))
+        record(cases, max(rows_list), records or [])
 
 
-def record(cases: list[dict], rows: int) -> None:
+def record(cases: list[dict], rows: int, more: list) -> None:
     """Append each measured gemm point's throughput at ``rows`` (its best launch shape) to the
-    sm_90 evidence, against the tensor-core peak; a case whose outputs are not finite or differ
-    from cuBLAS's by ``AGREES`` or more (relative to the largest output) records nothing."""
+    sm_90 evidence, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
+    case whose outputs are not finite or differ from cuBLAS's by ``AGREES`` or more (relative to
+    the largest output) records nothing."""
     import cupy as cp
 
     from metrale.realize.compute import NvidiaTarget
@@ -507,6 +586,7 @@ def record(cases: list[dict], rows: int) -> None:
                               c["tflops"], TENSOR_PEAK / 1e12, "TFLOP/s", today,
                               NvidiaTarget("ptx").version(), c["source_hash"])
                for c in best.values()]
+    records += more
     where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
     append_records(where, records)
     print(f"appended {len(records)} evidence records to {where}")

@@ -105,23 +105,31 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
                       prog._graph is not None)
 
 
-def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
-                 logits: str = "all") -> StepTiming:
-    """The prefill step of a ``rows``-token prompt into slot 0, timed (its logits left on the
-    device: the step, not the copy home); ``logits="last"``: the last row's only."""
+def prefill_program(engine: Any, rows: int, logits: str = "all") -> Any:
+    """The prefill program of a ``rows``-token prompt into slot 0, from position 0."""
     prog = engine.prefill_program(rows, logits=logits)
     prog.write("tokens", np.arange(rows) % engine.config.vocab_size)
     prog.write("positions", np.arange(rows, dtype=np.int32))
     prog.write("slots", np.zeros(rows, np.int32))
+    return prog
+
+
+def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
+                 logits: str = "all") -> StepTiming:
+    """The prefill step of a ``rows``-token prompt into slot 0, timed (its logits left on the
+    device: the step, not the copy home); ``logits="last"``: the last row's only."""
+    prog = prefill_program(engine, rows, logits)
     plan = engine.plan("prefill", rows, logits)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
                       plan.floor_s, plan.bytes_moved, plan.kernel_count, prog._graph is not None)
 
 
-def kernel_times(engine: Any, rows: int, *, repeats: int = 20) -> tuple[KernelTiming, ...]:
-    """Each distinct launch of the decode step timed alone, its inputs rotated across copies."""
-    prog = decode_program(engine, rows)
+def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20
+                 ) -> tuple[KernelTiming, ...]:
+    """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
+    ``rows``-token prompt) timed alone, its inputs rotated across copies."""
+    prog = decode_program(engine, rows) if mode == "decode" else prefill_program(engine, rows)
     be = engine.backend
     groups: dict[tuple, list[int]] = {}
     for i, ln in enumerate(prog.launches):

@@ -15,9 +15,11 @@ import bench_gpu_prefill as bench  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", ["gemm", "gemv"])
-@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "f32"])
 def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
     for _model, _name, family, dims in bench.SHAPES:
+        if not bench.runs_in(family, weight):
+            continue
         kernel = bench.realized(family, weight, shape)
         assert kernel.entry.endswith("_mma") == (shape == "gemm"), kernel.entry
         buffers = {"x", "r", *bench.OUT_PORTS[family]}
@@ -57,3 +59,57 @@ def test_time_prefill_runs_the_prompt_into_the_cache():
         assert np.isfinite(eng.prefill_program(40).read("logits")).all()
         last = time_prefill(eng, 40, steps=2, warmup=1, logits="last")
         assert last.launches == t.launches + 1  # last_row; the norm stays unfused from the add
+
+
+def test_the_matmul_launches_are_the_prefill_plans_own():
+    """The bench times the gemm kernels the sm_90 prefill plans launch (o_proj and down_proj
+    plain, their residual going to add_rmsnorm; the head in bf16; linear on f32 weights, after
+    dequant, in fp8's exact prefill), so its evidence lands on the plans' points."""
+    from metrale.plan.plan import plan_for
+
+    for model in ("qwen3-0.6b", "llama-3.1-8b"):
+        for quant in ("bf16", "fp8", "mxfp4"):
+            plan = plan_for(model, quant, "sm_90", mode="prefill", rows=512)
+            launched = {str(k.point) for k in plan.launches if "shape=gemm" in str(k.point)}
+            timed = {str(bench.realized(family, w, "gemm").point)
+                     for m, _n, family, _d in bench.SHAPES if m == model
+                     for w in (quant, "bf16", "f32") if bench.runs_in(family, w)}
+            assert launched <= timed, launched - timed
+
+
+@pytest.mark.parametrize("weight", ["bf16", "f32", "mxfp4"])
+def test_variant_tiles_follow_the_source_defaults(weight):
+    """A variant with no defines launches exactly as KERNELS.toml launches the source's own
+    choice (tile_shape mirrors gemm.cu's defaults), and a 128-row tile halves the row blocks."""
+    families = ["linear"] if weight == "f32" else ["linear", "qkv", "gate_up_swiglu"]
+    sizes = {"rows": 1000, "k": 4096, "n": 14336, "nq": 4096, "nk": 1024, "nv": 1024}
+    for family in families:
+        kernel = bench.realized(family, weight, "gemm")
+        v = bench.Variant.__new__(bench.Variant)
+        v.family, v.tile = family, bench.tile_shape("", weight)
+        assert v.launch_shape(sizes) == kernel.launch_for(sizes), family
+        v.tile = bench.tile_shape("MI=4", weight)
+        assert v.launch_shape(sizes)[0][0] == -(-1000 // 128)
+
+
+def test_kernel_times_cover_every_kernel_of_a_prefill():
+    from metrale.runtime.bench import kernel_times
+    from metrale.runtime.engine import Engine
+
+    with Engine.load("tiny-llama", max_ctx=64) as eng:
+        ks = kernel_times(eng, 40, mode="prefill", repeats=2)
+        plan = eng.plan("prefill", 40)
+        assert {k.point for k in ks} == {str(k.point) for k in plan.launches}
+        assert sum(k.count for k in ks) == plan.kernel_count
+        assert all(k.seconds > 0 for k in ks)
+
+
+def test_step_kernels_give_attention_its_throughput(capsys):
+    from metrale.runtime.engine import Engine
+
+    with Engine.load("tiny-llama", max_ctx=64) as eng:
+        kernels = bench.step_kernels(eng, eng.config, 40, 1.0, None)
+    attention = [k for k in kernels if "attention" in k["point"]]
+    assert attention and all(k["tflops"] > 0 for k in attention)
+    assert all("tflops" not in k for k in kernels if "attention" not in k["point"])
+    assert "sum of kernel medians" in capsys.readouterr().out
