@@ -36,8 +36,14 @@ from metrale.lkb.ty import TensorType, Ty
 
 from .circuit import Circuit
 
-GEMV_MAX_ROWS = 16
-"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers)."""
+GEMV_MAX_ROWS = 8
+"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers).
+
+Past it the GEMV streams the weights again for each 8 rows while the tensor-core GEMM's time
+barely moves. On the H200 (benchmarks/bench_gpu_prefill.py, version 15) at 16 rows a Llama-3.1-8B
+layer's four matmuls took 595 us as GEMMs against 1399 us as GEMVs, a Qwen3-0.6B layer's 116 us
+against 96 us. At 8 rows (batch-8 decode) the GEMVs win Qwen3-0.6B's layer (65 against 124 us)
+and lose Llama-3.1-8B's by 14 % (719 against 620 us, all of it gate_up's)."""
 K_BLOCK = 256
 H_BLOCK = 256
 KV_BLOCK = 256
