@@ -101,11 +101,12 @@ class Plan:
     diagram: Diagram
     sizes: tuple[tuple[str, int], ...]
     bound: tuple[float, float] | None
+    logits: str = "all"  # "last": a prefill's logits for its last row only
     steps: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
 
     def _key(self) -> tuple:
         return (self.target, self.mode, self.rows, self.policy, self.act, self.context,
-                self.kernels, self.buffers, self.applied, self.declined)
+                self.logits, self.kernels, self.buffers, self.applied, self.declined)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self._key() == other._key()
@@ -273,7 +274,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     plan = Plan(target, mode, rows, policy, act, context, kernels, buffers, fused.applied,
                 fused.declined, circuit.input_names, circuit.output_names,
                 hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
-                tuple(sorted(sizes.items())), bound)
+                tuple(sorted(sizes.items())), bound, logits)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
 

@@ -41,7 +41,7 @@ def summary_lines(p: Plan) -> list[str]:
              f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × rms)")
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
-        f"policy={p.policy}",
+        f"policy={p.policy}" + (f" logits={p.logits}" if p.logits != "all" else ""),
         f"kernels: {p.kernel_count} launches ({max_layer} per decoder layer at most), "
         f"{len(p.applied)} fusions applied, {len(p.declined)} declined",
         f"bytes moved per step: {_fmt_bytes(p.bytes_moved)}; floor on {p.device} at "
@@ -82,6 +82,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
         "schema": SCHEMA,
         "target": {"hw": p.target.hw, "model": p.target.model, "quant": p.target.quant},
         "mode": p.mode, "rows": p.rows, "context": p.context, "act": p.act, "policy": p.policy,
+        "logits": p.logits,
         "device": p.device, "bandwidth_bytes_per_s": p.bandwidth,
         "kernel_count": p.kernel_count, "bytes_moved": p.bytes_moved, "floor_s": p.floor_s,
         "exact": p.exact, "row_invariant": p.row_invariant,

@@ -170,3 +170,14 @@ def test_met_relations_on_a_class(capsys):
     doc = {r["relation"]: r for r in json.loads(capsys.readouterr().out)}
     assert doc["add_rmsnorm"]["status"] == "bit_identical"
     assert doc["splitk_pairwise"]["status"] == "bounded"
+
+
+def test_a_plan_says_when_it_gives_the_last_rows_logits_only():
+    from metrale.plan.printers import plan_json, summary_lines
+
+    last = plan_for("tiny-llama", "bf16", "host", mode="prefill", rows=40, logits="last")
+    full = plan_for("tiny-llama", "bf16", "host", mode="prefill", rows=40)
+    assert last.logits == "last" and full.logits == "all" and last != full
+    assert summary_lines(last)[0].endswith("logits=last")
+    assert "logits=" not in summary_lines(full)[0]
+    assert plan_json(last)["logits"] == "last" and plan_json(full)["logits"] == "all"
