@@ -169,7 +169,9 @@ static bool wrote_past(unsigned shared) {
 // Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
 // shared memory: one OS thread per thread of a block, the same threads for every block, which
 // meet between blocks while thread 0 checks that the last block wrote nothing past the dynamic
-// size, poisons shared memory and sets up the next block's barriers. 0: done; 1: a launch the
+// size, poisons shared memory and sets up the next block's barriers. Blocks run one at a time,
+// the last first: a GPU gives no order, and the hardware's tends to be the grid's, so a kernel
+// that reads what a later block writes (a race on the device) sees it unwritten here. 0: done; 1: a launch the
 // GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
 extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
                         int bz, int shared) {
@@ -199,8 +201,9 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
                 }
                 between.arrive_and_wait();
                 if (__atomic_load_n(&simt::trapped, __ATOMIC_SEQ_CST)) return;
-                simt::block_idx = {(unsigned)(b % gx), (unsigned)(b / gx % gy),
-                                   (unsigned)(b / ((long)gx * gy))};
+                const long id = blocks - 1 - b;  // last block first (see above)
+                simt::block_idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
+                                   (unsigned)(id / ((long)gx * gy))};
                 simt::block = current.get();
                 simt::committed.clear();
                 simt::open_group.clear();
