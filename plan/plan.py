@@ -16,7 +16,6 @@ True
 from __future__ import annotations
 
 import math
-
 import time
 from collections.abc import Mapping
 from typing import Any

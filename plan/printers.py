@@ -8,7 +8,6 @@ first layer drawn once (``layer=`` expands another).
 from __future__ import annotations
 
 import math
-
 from collections import Counter
 from html import escape
 from io import StringIO
