@@ -1,10 +1,13 @@
 // The emulation's launch and its inline PTX (simt.hpp says what is emulated and how).
 #include "simt.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace simt {
 
@@ -155,14 +158,22 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
 }
 
 // Whether a block wrote shared memory past the launch's dynamic size (plain stores are not
-// checked as they happen; the bytes past it stay 0xFF from the poison unless one did).
+// checked as they happen; the bytes past it stay 0xFF from the poison unless one did). Compared
+// a page at a time against a page of 0xFF, so the check costs what poisoning those bytes did.
 static bool wrote_past(unsigned shared) {
-    for (size_t i = shared; i < simt::SMEM_BYTES; ++i)
-        if (simt::arena[i] != 0xFF) {
-            std::fprintf(stderr, "simt: block wrote shared byte %zu, past the launch's dynamic "
-                         "size %u\n", i, shared);
-            return true;
-        }
+    static const std::vector<unsigned char> poison(4096, 0xFF);
+    const size_t end = simt::SMEM_BYTES;
+    for (size_t at = shared; at < end; at += poison.size()) {
+        const size_t n = std::min(poison.size(), end - at);
+        if (std::memcmp(simt::arena + at, poison.data(), n) == 0) continue;
+        for (size_t i = at; i < at + n; ++i)
+            if (simt::arena[i] != 0xFF) {
+                std::fprintf(stderr, "simt: block wrote shared byte %zu, past the launch's "
+                             "dynamic size %u\n", i, shared);
+                break;
+            }
+        return true;
+    }
     return false;
 }
 
@@ -196,7 +207,8 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
                 if (t == 0) {
                     if (b > 0 && wrote_past((unsigned)shared))
                         __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
-                    std::memset(simt::arena, 0xFF, simt::SMEM_BYTES);
+                    // the launch's bytes poisoned again; those past it were checked unchanged
+                    std::memset(simt::arena, 0xFF, b > 0 ? (size_t)shared : simt::SMEM_BYTES);
                     current = std::make_unique<simt::Block>(threads);
                 }
                 between.arrive_and_wait();
