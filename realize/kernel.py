@@ -130,6 +130,52 @@ def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
                           expected="a number", found=repr(text)[:80]) from None
 
 
+_LIMIT_OPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
+              ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
+              ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+
+
+def _parse_limit(text: Any, file: object = None, key: str = "") -> tuple[str, Any, str]:
+    """``"A op B"`` (one comparison of two launch formulas) as (A, op, B); else ConfigError."""
+    bad = ConfigError("not a limit: one comparison (< <= > >= == !=) of two launch formulas",
+                      file=file, key=key, expected="e.g. \"hq / hkv <= 8\"",
+                      found=repr(text)[:80])
+    if not isinstance(text, str) or len(text) > 500:
+        raise bad
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise bad from None
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1
+            and type(tree.ops[0]) in _LIMIT_OPS):
+        raise bad
+    left, right = ast.unparse(tree.left), ast.unparse(tree.comparators[0])
+    for side in (left, right):
+        _parse_formula(side, file, key)
+    return left, _LIMIT_OPS[type(tree.ops[0])], right
+
+
+def limit_names(text: str, file: object = None, key: str = "") -> frozenset[str]:
+    """The sizes a limit reads.
+
+    >>> sorted(limit_names("hq / hkv <= 8"))
+    ['hkv', 'hq']
+    """
+    left, _, right = _parse_limit(text, file, key)
+    return formula_names(left, file, key) | formula_names(right, file, key)
+
+
+def limit_holds(text: str, env: Mapping[str, int | float], file: object = None,
+                key: str = "") -> bool:
+    """Whether a limit holds at these sizes.
+
+    >>> limit_holds("d % 16 == 0", {"d": 80}), limit_holds("d % 16 == 0", {"d": 72})
+    (True, False)
+    """
+    left, op, right = _parse_limit(text, file, key)
+    return bool(op(eval_formula(left, env, file, key), eval_formula(right, env, file, key)))
+
+
 def _integral(value: int | float, low: int, text: str, key: str) -> int:
     if isinstance(value, float):
         if not value.is_integer():
@@ -231,6 +277,9 @@ class Kernel:
     dependent_launch: bool = False
     """The kernel waits for the previous launch on its stream (``grid_dependency_sync``) before
     it touches memory, so a class with the capability may launch it before that one ends."""
+    limits: tuple[str, ...] = ()
+    """Conditions on the sizes the kernel can serve (``"hq / hkv <= 8"``), checked before a
+    launch is bound: outside them the launch is refused, not run."""
 
     @property
     def key(self) -> str:
@@ -272,7 +321,13 @@ class Kernel:
         if self.launch is None:
             raise LaunchError(f"kernel {self.entry} on {self.hw} is a host callable; it is "
                               "called, not launched", key=str(self.point))
-        return self.launch.bind(self.sizes(sizes))
+        env = self.sizes(sizes)
+        for limit in self.limits:
+            if not limit_holds(limit, env, key=str(self.point)):
+                used = ", ".join(f"{n}={env[n]}" for n in sorted(limit_names(limit)))
+                raise LaunchError(f"kernel {self.entry} on {self.hw} cannot serve these sizes",
+                                  key=str(self.point), expected=limit, found=used)
+        return self.launch.bind(env)
 
     def __str__(self) -> str:
         where = self.source or "semantics"
@@ -310,6 +365,7 @@ class KernelTable:
     folder: str = ""
     file: str = attrs.field(default="", eq=False)
     dependent_launch: bool = False
+    limits: tuple[str, ...] = ()
 
     @property
     def source_path(self) -> str:
@@ -376,7 +432,7 @@ class KernelTable:
                       self.reduction_at(point), self.row_invariant, shadow,
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
-                      self.name, headers, self.dependent_launch)
+                      self.name, headers, self.dependent_launch, self.limits)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -507,6 +563,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     requires = _read_requires(f.take("requires", (list, dict), default=None), f)
     reason = f.take("reason", str, default=None)
     dependent = f.take("dependent_launch", bool, default=dependent)
+    limits = _str_list(f, "limits", default=[])
     f.close()
     domains = family.domains
     when: list[tuple[str, tuple[Any, ...]]] = []
@@ -548,6 +605,17 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     for vname, formula in (values or {}).items():
         _check_formula(f, f"values.{vname}", formula, names - {vname})
     launch = _read_launch(launch_raw, f, names)
+    for i, limit in enumerate(limits or ()):
+        where = f"limits[{i}]"
+        try:
+            used = limit_names(limit, f.file, f.key(where))
+        except ConfigError as e:
+            f.fail(where, e.message, e.expected, e.found)
+            continue
+        for n in sorted(used - names):
+            f._fail(f.key(where), f"unknown size {n!r} in limit",
+                    "a dim, attr or parameter of the family, or a name in `values`", repr(limit),
+                    nearest(n, names))
     _check_args(f, args or (), family, values or {})
     if row_inv and not family.row_invariant:
         f.fail("row_invariant", "claims row-invariance its family does not have", "false",
@@ -557,7 +625,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     table = KernelTable(name, family.name, tuple(when), source, entry,
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
-                        folder, str(file), bool(dependent))
+                        folder, str(file), bool(dependent), tuple(limits or ()))
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)

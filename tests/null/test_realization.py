@@ -417,3 +417,43 @@ def test_a_launch_without_its_workspace_is_refused_naming_it() -> None:
     with pytest.raises(LaunchError, match="no workspace for scratch argument work"):
         bound.pack(ptrs, numbers)
     assert len(bound.pack({**ptrs, "work": 7}, numbers)) == len(bound.args)
+
+
+def test_the_prefill_attention_refuses_shapes_it_cannot_serve_before_launching() -> None:
+    """attention_prefill.cu traps on a group of more than 8 q heads or a head_dim that is not a
+    multiple of 16 up to 256; its tables' limits turn that into a typed error when the launch is
+    bound, naming the point and the limit."""
+    F = realization("sm_90")
+    P = Presentation.load()
+    for family in ("attention", "kv_append_attention"):
+        k = F.realize(P.family(family).point(act="bf16", mode="prefill", kv_block=256))
+        base = {"rows": 40, "hq": 32, "hkv": 8, "d": 128, "max_ctx": 64, "slots": 1}
+        assert k.launch_for(base)[1] == (128, 1, 1)
+        for bad, limit in (({"hq": 64, "hkv": 4}, "hq // hkv <= 8"), ({"d": 72}, "d % 16 == 0"),
+                           ({"d": 512}, "d <= 256"), ({"hq": 12, "hkv": 8}, "hq % hkv == 0")):
+            with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
+                k.launch_for({**base, **bad})
+            assert e.value.key == str(k.point) and e.value.expected == limit
+
+
+@pytest.mark.parametrize("limit,words", [
+    ('["h <= "]', "not a limit"),
+    ('["h + 1"]', "not a limit"),
+    ('["rows < h < 8"]', "not a limit"),
+    ('["h.real <= 8"]', "not a launch formula"),
+    ('["heads <= 8"]', "unknown size 'heads' in limit"),
+])
+def test_bad_limits_are_named(tree: Path, limit: str, words: str) -> None:
+    add_folder(tree, "sm_90/common", table_text("rmsnorm", limits=limit), {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=rf"kernel.rmsnorm.limits\[0\]: {words}"):
+        realization("sm_90", kernels_dir=tree)
+
+
+def test_a_limit_on_a_table_reaches_its_kernels(tree: Path) -> None:
+    add_folder(tree, "sm_90/common", table_text("rmsnorm", limits='["h <= 4096"]'),
+               {"norm.cu": NORM})
+    k = realization("sm_90", kernels_dir=tree).realize(
+        Point("rmsnorm", (("act", "bf16"), ("h_block", 256))))
+    assert k.limits == ("h <= 4096",) and k.launch_for({"rows": 2, "h": 4096})[0] == (2, 1, 1)
+    with pytest.raises(LaunchError, match="expected h <= 4096, found h=8192"):
+        k.launch_for({"rows": 2, "h": 8192})
