@@ -267,6 +267,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     sizes["context"] = context
     kernels, buffers = _realize(circuit, fused.diagram, fused.origin, fused.applied, F, P, sizes,
                                 kernels_dir)
+    _check_launches(kernels, P, sizes, F.hw)
     step("realize")
     bound = _compose_bound(fused.applied, P, sizes, act)
     hw = F.hw
@@ -276,6 +277,30 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
                 tuple(sorted(sizes.items())), bound, logits)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
+
+
+def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
+                    sizes: Mapping[str, int], hw: Any) -> None:
+    """Every launch binds at the plan's sizes, inside its kernel's limits and the class's shared
+    memory (as the runtime will bind it): a plan that could not run is refused here, with a
+    LaunchError naming the kernel, rather than when it is loaded or launched."""
+    from metrale.lkb.errors import LaunchError
+    from metrale.realize.kernel import box_numbers
+
+    cap = hw.capabilities.max_shared_mem_per_block
+    for k in kernels:
+        if k.view or k.kernel is None or k.kernel.launch is None:
+            continue
+        where = f"kernel #{k.index} {k.point}"
+        try:
+            _, _, shared = k.kernel.launch_for(box_numbers(k.box, P.family(k.family), sizes))
+        except LaunchError as e:
+            raise LaunchError(e.message, key=where, expected=e.expected, found=e.found,
+                              suggestion="a class whose kernels serve these sizes (the cuda "
+                              "class's generic ones take any)") from None
+        if cap and shared > cap:
+            raise LaunchError(f"{k.kernel.entry} needs more shared memory than {hw.name} allows",
+                              key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
 
 
 def _no_relations(P: Presentation) -> Presentation:

@@ -176,6 +176,21 @@ def limit_holds(text: str, env: Mapping[str, int | float], file: object = None,
     return bool(op(eval_formula(left, env, file, key), eval_formula(right, env, file, key)))
 
 
+def box_numbers(box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
+    """The numbers a kernel's launch formulas read at one box of a plan: the circuit's
+    ``sizes``, the box's runtime attributes, and the dims of the family's ports at the box
+    (``k`` = the circuit's ``hidden`` …)."""
+    domains = fam.domains
+    env: dict[str, int | float] = dict(sizes)
+    env.update({a: v for a, v in box.params if a not in domains
+                and isinstance(v, int | float) and not isinstance(v, bool)})
+    for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
+        for fd, cd in zip(port.dims, t.shape):
+            if isinstance(fd, str):
+                env[fd] = cd if isinstance(cd, int) else sizes[cd]
+    return env
+
+
 def _integral(value: int | float, low: int, text: str, key: str) -> int:
     if isinstance(value, float):
         if not value.is_integer():

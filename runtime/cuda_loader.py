@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from metrale.lkb.errors import LaunchError
+from metrale.realize.kernel import box_numbers
 
 _SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
 
@@ -134,21 +135,6 @@ class CudaLoader:
         return bound
 
 
-def _numbers(kernel_box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
-    """The dims of the family's ports at this box (``k`` = the circuit's ``hidden`` …), the
-    circuit's sizes, and the box's runtime attributes."""
-    domains = fam.domains
-    env: dict[str, int | float] = dict(sizes)
-    env.update({a: v for a, v in kernel_box.params if a not in domains
-                and isinstance(v, int | float) and not isinstance(v, bool)})
-    for port, t in zip((*fam.inputs, *fam.outputs),
-                       (*kernel_box.dom.types, *kernel_box.cod.types)):
-        for fd, cd in zip(port.dims, t.shape):
-            if isinstance(fd, str):
-                env[fd] = cd if isinstance(cd, int) else sizes[cd]
-    return env
-
-
 class CudaPlanLoader:
     """The executor's loader for an NVIDIA class: buffers as the kernels store them, weights in
     their storage format (a quantized weight ``W`` also binds ``W_scale`` and ``W_global``),
@@ -214,7 +200,7 @@ class CudaPlanLoader:
         out = []
         for k in plan.launches:
             fam = P.family(k.family)
-            numbers = _numbers(k.box, fam, sizes)
+            numbers = box_numbers(k.box, fam, sizes)
             env = k.kernel.sizes(numbers)
             grid, block, shared = k.kernel.launch_for(numbers)
             handle, args = self.bind(backend, k, grid, block, shared)

@@ -181,3 +181,21 @@ def test_a_plan_says_when_it_gives_the_last_rows_logits_only():
     assert summary_lines(last)[0].endswith("logits=last")
     assert "logits=" not in summary_lines(full)[0]
     assert plan_json(last)["logits"] == "last" and plan_json(full)["logits"] == "all"
+
+
+def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel():
+    """sm_90's prefill attention serves at most 8 q heads per kv head; a model with 16 is
+    refused when planned, not trapped on the device, and the generic cuda class plans it."""
+    import attrs
+
+    from metrale.lkb.errors import LaunchError
+    from metrale.plan.config import ModelConfig
+
+    wide = attrs.evolve(ModelConfig.load("tiny-llama"), num_attention_heads=16,
+                        num_key_value_heads=1)
+    with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
+        plan_for(wide, "bf16", "sm_90", mode="prefill", rows=40)
+    assert e.value.key.startswith("kernel #") and "kv_append_attention" in e.value.key
+    assert e.value.expected == "hq // hkv <= 8" and "hq=16" in e.value.found
+    assert plan_for(wide, "bf16", "cuda", mode="prefill", rows=40).kernel_count > 0
+    assert plan_for(wide, "bf16", "sm_90", mode="decode", rows=1).kernel_count > 0
