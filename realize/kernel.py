@@ -504,14 +504,17 @@ def _read_launch(raw: Any, f: Fields, names: frozenset[str]) -> LaunchRule | Non
     return LaunchRule(grid, block, shared) if lf.ok else None
 
 
-def _check_formula(f: Fields, where: str, text: str, names: frozenset[str]) -> None:
+def _check_formula(f: Fields, where: str, text: str, names: frozenset[str],
+                   what: str = "formula") -> None:
+    """A launch formula (or, with ``what="limit"``, a limit) that reads only ``names``."""
+    read = limit_names if what == "limit" else formula_names
     try:
-        used = formula_names(text, f.file, f.key(where))
+        used = read(text, f.file, f.key(where))
     except ConfigError as e:
         f.fail(where, e.message, e.expected, e.found)
         return
     for n in sorted(used - names):
-        f._fail(f.key(where), f"unknown size {n!r} in formula",
+        f._fail(f.key(where), f"unknown size {n!r} in {what}",
                 "a dim, attr or parameter of the family, or a name in `values`", repr(text),
                 nearest(n, names))
 
@@ -621,16 +624,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
         _check_formula(f, f"values.{vname}", formula, names - {vname})
     launch = _read_launch(launch_raw, f, names)
     for i, limit in enumerate(limits or ()):
-        where = f"limits[{i}]"
-        try:
-            used = limit_names(limit, f.file, f.key(where))
-        except ConfigError as e:
-            f.fail(where, e.message, e.expected, e.found)
-            continue
-        for n in sorted(used - names):
-            f._fail(f.key(where), f"unknown size {n!r} in limit",
-                    "a dim, attr or parameter of the family, or a name in `values`", repr(limit),
-                    nearest(n, names))
+        _check_formula(f, f"limits[{i}]", limit, names, what="limit")
     _check_args(f, args or (), family, values or {})
     if row_inv and not family.row_invariant:
         f.fail("row_invariant", "claims row-invariance its family does not have", "false",

@@ -29,7 +29,7 @@ KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
 TABLES = KERNELS_TOML["kernel"]
 DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
-          "reduction", "row_invariant", "dependent_launch", "requires"}
+          "reduction", "row_invariant", "dependent_launch", "requires", "limits"}
 # PTX that writes global memory: stores, atomics, reductions, and asynchronous copies whose
 # destination is global (cp.async.cg.shared.global copies global into shared: a read)
 WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b"
