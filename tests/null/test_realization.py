@@ -457,3 +457,22 @@ def test_a_limit_on_a_table_reaches_its_kernels(tree: Path) -> None:
     assert k.limits == ("h <= 4096",) and k.launch_for({"rows": 2, "h": 4096})[0] == (2, 1, 1)
     with pytest.raises(LaunchError, match="expected h <= 4096, found h=8192"):
         k.launch_for({"rows": 2, "h": 8192})
+
+
+def test_every_kernel_that_traps_on_a_shape_states_the_limit_and_the_models_fit() -> None:
+    """The entries that trap on shapes they cannot serve (the attention kernels' head_dim and
+    group, the top-k kernels' top_k) have tables with limits, and every built-in model plans
+    inside them on every NVIDIA class."""
+    from metrale.plan.plan import plan_for
+
+    F = realization("sm_90")
+    P = Presentation.load()
+    trapping = [k for fam in P.generators for p in fam.points
+                for k in [F.realize(p)] if k is not None and k.source
+                and ("attention" in k.entry or "topk" in k.entry)]
+    assert len(trapping) > 10
+    assert all(k.limits for k in trapping), [k.entry for k in trapping if not k.limits]
+    for model in ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b"):
+        for hw in ("cuda", "sm_80", "sm_89", "sm_90", "sm_120"):
+            for mode in ("decode", "prefill"):
+                assert plan_for(model, "bf16", hw, mode=mode, rows=64).kernel_count > 0
