@@ -230,12 +230,16 @@ def tile_shape(defines: str, weight: str) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "threads": 32 * wm * wn, "shared": shared}
 
 
+def with_defines(kernel: Any, defines: str) -> Any:
+    """``kernel`` compiled with the space-separated ``defines`` after its own."""
+    return attrs.evolve(kernel, defines=kernel.defines + tuple(f"-D{d}" for d in defines.split()))
+
+
 class Variant(Built):
     """A gemm kernel built with extra defines, launched on the tile those defines give."""
 
     def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
-        extra = tuple(f"-D{d}" for d in defines.split())
-        super().__init__(cp, tmp, attrs.evolve(kernel, defines=kernel.defines + extra))
+        super().__init__(cp, tmp, with_defines(kernel, defines))
         self.family = kernel.point.family
         self.tile = tile_shape(defines, weight)
 
@@ -264,13 +268,13 @@ class Launch:
         self.ws = [make_weight(cp, fmt, n, dims["k"], rng) for n in self.widths]
         self.tw = torch.cat([torch.as_tensor(w["values"], device="cuda")
                              for w in self.ws]).to(torch.bfloat16)
+        for w in self.ws:
+            del w["values"]
 
     @functools.cached_property
     def gemv(self) -> Built:
         """The decode kernel of the same launch, built when first asked for."""
         return Built(*self._built, realized(self.family, self.fmt, "gemv"))
-        for w in self.ws:
-            del w["values"]
 
 
 def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int,
@@ -345,8 +349,8 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
                 continue
             k = realized(shapes[model, name][0], fmt, "gemm")
             for v in GEMM_VARIANTS:
-                extra = tuple(f"-D{d}" for d in v.split())
-                kernels[k.source, k.defines + extra] = attrs.evolve(k, defines=k.defines + extra)
+                built = with_defines(k, v)
+                kernels[built.source, built.defines] = built
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
     out = []
@@ -409,6 +413,21 @@ def hf_prefill(torch: Any, model: str, rows: int) -> float:
     return statistics.median(times)
 
 
+def tensor_records(measured: list[tuple[str, str, float, str]]) -> list:
+    """Evidence records of tensor throughput on this GPU, against the tensor-core peak, from
+    (family, point, TFLOP/s, source hash)."""
+    import cupy as cp
+
+    from metrale.realize.compute import NvidiaTarget
+    from metrale.realize.evidence import EvidenceRecord
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    today, toolchain = datetime.date.today().isoformat(), NvidiaTarget("ptx").version()
+    return [EvidenceRecord("sm_90", device, family, point, "tensor_throughput", tflops,
+                           TENSOR_PEAK / 1e12, "TFLOP/s", today, toolchain, source_hash)
+            for family, point, tflops, source_hash in measured]
+
+
 def step_kernels(eng: Any, config: Any, rows: int, step_s: float,
                  records: list | None) -> list[dict]:
     """Each distinct kernel of the prefill of a ``rows``-token prompt timed alone, printed as
@@ -434,21 +453,16 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float,
         import cupy as cp
 
         from metrale.realize.compute import NvidiaTarget
-        from metrale.realize.evidence import EvidenceRecord
         from metrale.realize.hardware import load_hardware
 
-        device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-        toolchain = NvidiaTarget("ptx").version()
-        today = datetime.date.today().isoformat()
-        for k, row in zip(timings, kernels):
-            if "tflops" in row and k.kernel is not None:
-                records.append(EvidenceRecord("sm_90", device, k.family, k.point,
-                                              "tensor_throughput", row["tflops"],
-                                              TENSOR_PEAK / 1e12, "TFLOP/s", today, toolchain,
-                                              k.kernel.source_hash))
+        records += tensor_records([(k.family, k.point, row["tflops"], k.kernel.source_hash)
+                                   for k, row in zip(timings, kernels)
+                                   if "tflops" in row and k.kernel is not None])
         records += evidence([k for k, row in zip(timings, kernels)
                              if "tflops" not in row and k.family not in GEMM_FAMILIES],
-                            load_hardware().get("sm_90"), device, toolchain)
+                            load_hardware().get("sm_90"),
+                            cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                            NvidiaTarget("ptx").version())
     return kernels
 
 
@@ -568,25 +582,17 @@ def record(cases: list[dict], rows: int, more: list) -> None:
     sm_90 evidence, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
     case whose outputs are not finite or differ from cuBLAS's by ``AGREES`` or more (relative to
     the largest output) records nothing."""
-    import cupy as cp
-
-    from metrale.realize.compute import NvidiaTarget
-    from metrale.realize.evidence import EVIDENCE_FILE, EvidenceRecord, append_records
+    from metrale.realize.evidence import EVIDENCE_FILE, append_records
     from metrale.realize.hardware import default_kernels_dir
 
-    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    today = datetime.date.today().isoformat()
     best: dict[str, dict] = {}
     for c in cases:
         agrees = c["finite"] and c["max_rel_err_vs_peer"] < AGREES
         if c["rows"] == rows and agrees and (c["point"] not in best
                                                   or c["tflops"] > best[c["point"]]["tflops"]):
             best[c["point"]] = c
-    records = [EvidenceRecord("sm_90", device, c["family"], c["point"], "tensor_throughput",
-                              c["tflops"], TENSOR_PEAK / 1e12, "TFLOP/s", today,
-                              NvidiaTarget("ptx").version(), c["source_hash"])
-               for c in best.values()]
-    records += more
+    records = tensor_records([(c["family"], c["point"], c["tflops"], c["source_hash"])
+                              for c in best.values()]) + more
     where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
     append_records(where, records)
     print(f"appended {len(records)} evidence records to {where}")
