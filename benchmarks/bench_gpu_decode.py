@@ -75,10 +75,12 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 
 def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
-                  dependent: bool = True, graphs: bool = True) -> tuple[Any, Any]:
+                  dependent: bool = True, graphs: bool = True,
+                  policy: str = "exact") -> tuple[Any, Any]:
     """An sm_90 engine for ``batch`` decode rows at position ``CONTEXT`` with random weights and
-    a full cache of random values (never time on zeros); with it, the backend the caller owns
-    (None: the engine's own, with dependent launches where the class has them)."""
+    a full cache of random values (never time on zeros), planned under ``policy``; with it, the
+    backend the caller owns (None: the engine's own, with dependent launches where the class
+    has them)."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
@@ -95,7 +97,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
-                 fuse=True, policy="exact")
+                 fuse=True, policy=policy)
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
             vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
@@ -105,14 +107,14 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
                  kernels: bool = False, records: list | None = None,
-                 dependent: bool = True) -> dict:
+                 dependent: bool = True, policy: str = "exact") -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
     listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
     the class's floor) is appended there."""
     from metrale.runtime.bench import kernel_times, time_decode
 
-    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent)
+    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy)
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
@@ -148,6 +150,19 @@ def print_kernels(kernels: list[dict], step_s: float) -> None:
     for k in sorted(kernels, key=lambda k: -k["seconds"] * k["count"])[:8]:
         print(f"    {k['point'][:70]:<70} x{k['count']:<3} {k['seconds'] * 1e6:8.1f} us "
               f"{k['bytes_per_s'] / 1e9:7.0f} GB/s")
+
+
+def print_quant_ratios(rows: list[dict]) -> None:
+    """Each quantized step against the bf16 step of its model, batch and policy (the issue's
+    goals: fp8 at most 0.6x, mxfp4 at most 0.35x), with the bytes' own ratio beside it."""
+    bf16 = {(r["model"], r["batch"], r["policy"]): r for r in rows if r["quant"] == "bf16"}
+    for r in rows:
+        base = bf16.get((r["model"], r["batch"], r["policy"]))
+        if r["quant"] == "bf16" or base is None:
+            continue
+        print(f"{r['model']:<14} {r['quant']:<6} {r['policy']:<7} b={r['batch']}: "
+              f"{r['step_s'] / base['step_s']:.2f}x the bf16 step "
+              f"(bytes {r['bytes'] / base['bytes']:.2f}x)", flush=True)
 
 
 def _time_eager_and_compiled(module: Any, call: Any, out: dict, prefix: str,
@@ -282,6 +297,8 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=["qwen3-0.6b", "llama-3.1-8b"])
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--quants", default="bf16")
+    ap.add_argument("--policies", default="exact",
+                    help="numerics policies the plans are made under (exact, bounded)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
@@ -311,17 +328,21 @@ def main() -> None:
             for quant in args.quants.split(","):
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
-                ours[quant] = metrale_step(model, quant, batch, rng, args.kernels,
-                                           records if args.record and batch == 1 else None)
-                if args.plain_too and quant == "bf16":
-                    ours[quant]["plain_step_s"] = metrale_step(
-                        model, quant, batch, rng, dependent=False)["step_s"]
+                for policy in args.policies.split(","):
+                    ours[quant, policy] = m = metrale_step(
+                        model, quant, batch, rng, args.kernels,
+                        records if args.record and batch == 1 else None, policy=policy)
+                    if args.plain_too and quant == "bf16":
+                        m["plain_step_s"] = metrale_step(model, quant, batch, rng,
+                                                         dependent=False,
+                                                         policy=policy)["step_s"]
             hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
-            for quant, m in ours.items():
-                r = {"model": model, "quant": quant, "batch": batch, **m, **hf,
-                     "copy_floor_s": m["bytes"] / rate}
+            for (quant, policy), m in ours.items():
+                r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
+                     **hf, "copy_floor_s": m["bytes"] / rate}
                 rows.append(r)
-                line = (f"{model:<14} {quant:<6} b={batch}: metrale {m['step_s'] * 1e3:7.3f} ms "
+                line = (f"{model:<14} {quant:<6} {policy:<7} b={batch}: metrale "
+                        f"{m['step_s'] * 1e3:7.3f} ms "
                         f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
                         f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
                         f"{m['floor_s'] / m['step_s']:.0%} of floor")
@@ -342,6 +363,7 @@ def main() -> None:
                 print(line, flush=True)
                 if "kernels" in m:
                     print_kernels(m["kernels"], m["step_s"])
+    print_quant_ratios(rows)
     path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
                                        "rows": rows})
     print(f"wrote {path}")

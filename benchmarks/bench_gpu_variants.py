@@ -64,6 +64,9 @@ GEMV_VARIANTS = {
     "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
               "DOT_AHEAD=4"],
 }
+# the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: warps per
+# block (each block 16 output columns) and rounds of loads in flight
+GEMV_MMA_VARIANTS = ["", "WARPS=4", "WARPS=16", "GEMV_MMA_AHEAD=2", "GEMV_MMA_AHEAD=8"]
 # decode attention: positions per thread block (the grid follows a CHUNK override)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
 
@@ -164,14 +167,15 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
     null = np.uint64(0)  # a null pointer argument
     rows, k = np.int32(x.shape[0]), np.int32(x.shape[1])
 
-    def launch(i: int) -> None:
+    def launch(i: int, shared: int = 0) -> None:
         d, s = ws[i]
         sp = s if s is not None else null
         if pair:
             su = s[n:] if s is not None else null
-            fn(grid, (threads,), (x, d, sp, null, d[n:], su, null, y, rows, k, np.int32(n)))
+            fn(grid, (threads,), (x, d, sp, null, d[n:], su, null, y, rows, k, np.int32(n)),
+               shared_mem=shared)
         else:
-            fn(grid, (threads,), (x, d, sp, null, y, rows, k, np.int32(n)))
+            fn(grid, (threads,), (x, d, sp, null, y, rows, k, np.int32(n)), shared_mem=shared)
     return launch
 
 
@@ -258,6 +262,73 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
     return rows_out
 
 
+def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
+    """gemv_mma.cu's variants at the decode shapes, rows 1 and 8, each beside gemv.cu's default
+    kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
+    within the bf16 tolerance of the largest output (the orders differ, so bytes may)."""
+    base = "ACT_BF16 K_BLOCK=256"
+    jobs = [(fmt, "gemv.cu", "ACROSS_SEQUENTIAL") for fmt in formats] + [
+        (fmt, "gemv_mma.cu", v) for fmt in formats for v in GEMV_MMA_VARIANTS]
+    with ThreadPoolExecutor(8) as pool:
+        cubins = list(pool.map(
+            lambda i: build(jobs[i][1], f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][2]}",
+                            tmp / f"mma_{i}.cubin"), range(len(jobs))))
+    modules = {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
+    rows_out = []
+    for fmt in formats:
+        for model, name, n, k in GEMV_SHAPES:
+            for rows in (1, 8):
+                pair = name == "gate_up"
+                wn = 2 * n if pair else n
+                copies = max(2, -(-ROTATE_BYTES // (wn * k * 2)))
+                ws, wbytes = gemv_weights(cp, fmt, wn, k, copies)
+                x = bf16_bits(cp, (rows, k))
+                y = cp.empty((rows, n), cp.uint16)
+                total = wbytes + x.nbytes + y.nbytes
+                ref = None
+                for source, v in [("gemv.cu", "ACROSS_SEQUENTIAL")] + [
+                        ("gemv_mma.cu", v) for v in GEMV_MMA_VARIANTS]:
+                    y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
+                    mma = source == "gemv_mma.cu"
+                    warps = int(parse_defines(v).get("WARPS", 8 if mma else 4))
+                    grid = ((-(-n // 16), -(-rows // 8), 1) if mma
+                            else (-(-n // warps), -(-rows // 8), 1))
+                    entry = ("metrale_gate_up_swiglu" if pair else "metrale_linear") + (
+                        "_gemv_mma" if mma else "")
+                    fn = modules[fmt, source, v].get_function(entry)
+                    if mma:
+                        shared = -(-k // 256) * 512 * (2 if pair else 1)
+                        launch = _with_shared(gemv_launcher(fn, pair, grid, 32 * warps, ws, x,
+                                                            y, n), shared)
+                    else:
+                        launch = gemv_launcher(fn, pair, grid, 32 * warps, ws, x, y, n)
+                    sec = time_graph(cp, launch, copies)
+                    got = y.view(cp.uint16).astype(cp.uint32) << 16
+                    got = cp.asnumpy(got.view(cp.float32))
+                    ref = got if ref is None else ref
+                    err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+                    label = source if not mma else f"gemv_mma {v or 'default'}"
+                    rows_out.append({"kind": "gemv_mma", "weight": fmt, "variant": label,
+                                     "model": model, "kernel": name, "n": n, "k": k,
+                                     "rows": rows, "seconds": sec, "bytes": total,
+                                     "bytes_per_s": total / sec,
+                                     "of_copy_rate": total / sec / rate,
+                                     "finite": bool(np.isfinite(got).all()),
+                                     "max_rel_diff_vs_gemv": err})
+                    print(f"{fmt:5} {label:28} {model:12} {name:7} rows={rows} "
+                          f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s "
+                          f"diff {err:.1e}", flush=True)
+                del ws
+    return rows_out
+
+
+def _with_shared(launch: Any, shared: int) -> Any:
+    """``launch`` with ``shared`` bytes of dynamic shared memory (gemv_launcher's have none)."""
+    def run(i: int) -> None:
+        launch(i, shared)
+    return run
+
+
 def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
     kernels = {v: decode_attention(cp, "kv_append_attention", v, tmp / f"attn_{i}.cubin")
                for i, v in enumerate(ATTENTION_VARIANTS)}
@@ -297,7 +368,7 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=["gemv", "attention"])
+    ap.add_argument("--only", choices=["gemv", "attention", "gemv_mma"])
     ap.add_argument("--weights", default=",".join(GEMV_VARIANTS),
                     help="the GEMV weight formats to sweep, comma-separated")
     args = ap.parse_args()
@@ -315,6 +386,8 @@ def main() -> None:
             rows += bench_attention(cp, Path(t), rate)
         if args.only in (None, "gemv"):
             rows += bench_gemv(cp, Path(t), rate, formats)
+        if args.only in (None, "gemv_mma"):
+            rows += bench_gemv_mma(cp, Path(t), rate, formats)
     name = f"gpu_variants_{args.only}" if args.only else "gpu_variants"  # a part: its own file
     path = write_result(name, {"copy_rate_bytes_per_s": rate, "launches_per_graph": LAUNCHES,
                                "rows": rows})

@@ -242,14 +242,15 @@ GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
 
 
 def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
-               runner: Runner) -> None:
-    """``family``'s tensor-core gemm point in ``weight`` at ``dims`` (rows and the family's own
-    sizes) against the reference on the dequantized weights, in the bf16 tolerance; a format
-    whose block does not divide k is skipped (fp8 takes any k)."""
+               runner: Runner, shape: str = "gemm") -> None:
+    """``family``'s tensor-core point (``shape`` gemm, or gemv_mma) in ``weight`` at ``dims``
+    (rows and the family's own sizes) against the reference on the dequantized weights, in the
+    bf16 tolerance; a format whose block does not divide k is skipped (fp8 takes any k)."""
     import pytest
 
     fam = P.family(family)
-    point = fam.point(**GEMM, weight=weight, **({"out": "f32"} if family == "lm_head" else {}))
+    point = fam.point(**{**GEMM, "shape": shape}, weight=weight,
+                      **({"out": "f32"} if family == "lm_head" else {}))
     if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
         pytest.skip(f"{weight} needs k a multiple of its block")
     assert F.realize(point).entry.endswith("_mma"), F.realize(point)
@@ -259,7 +260,8 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
-def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Runner) -> None:
+def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Runner,
+                     shape: str = "gemm") -> None:
     """Small integers in x and weights on the e2m1 grid make every product and partial sum exact
     in f32, whatever the order: linear's tensor-core kernel must give the reference's bytes,
     which pins each output to its row and column (a wrong fragment layout or tile index moves
@@ -268,7 +270,7 @@ def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Run
     import ml_dtypes
 
     fam = P.family("linear")
-    point = fam.point(**GEMM, weight=weight)
+    point = fam.point(**{**GEMM, "shape": shape}, weight=weight)
     rng = np.random.default_rng(3)
     if weight == "f32":
         assert k < 64, "18-bit weights keep every sum exact only below 64 columns"

@@ -44,10 +44,31 @@ def test_gpu_engine_matches_host(model, quant, shape):
             token = int(h[0].argmax())
 
 
-def test_gpu_decode_rows_are_row_invariant():
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("quant", ["bf16", "fp8", "mxfp4"])
+def test_gpu_engine_under_the_bounded_policy_matches_host(model, quant):
+    """The bounded plan runs its GEMV-shaped matmuls on tensor cores (gemv_mma) and stays
+    within the bf16 tolerance of the host's exact plan."""
+    prompt = PROMPTS["gemv"]
+    with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64, policy="bounded") as gpu, \
+            Engine.load(model, hardware="host", quant=quant, max_ctx=64) as host:
+        entries = {k.kernel.entry for k in gpu.plan("decode", 1).kernels if k.kernel}
+        assert any(e.endswith("_gemv_mma") for e in entries), sorted(entries)
+        _close(gpu.prefill(prompt), host.prefill(prompt), f"{model} {quant} prefill")
+        token = 11
+        for step in range(4):
+            g, h = gpu.decode([token]), host.decode([token])
+            _close(g, h, f"{model} {quant} bounded decode step {step}")
+            token = int(h[0].argmax())
+
+
+@pytest.mark.parametrize("policy", ["exact", "bounded"])
+def test_gpu_decode_rows_are_row_invariant(policy):
     """Decode of 8 sequences: row 0's logits are byte-identical to decoding it alone."""
-    with Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=8) as batch, \
-            Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=1) as alone:
+    with Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=8,
+                     policy=policy) as batch, \
+            Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=1,
+                        policy=policy) as alone:
         batch.prefill([1, 2, 3], slot=0)
         for s in range(1, 8):
             batch.prefill([4 + s, 9, s], slot=s)

@@ -306,6 +306,30 @@ def test_gemm_of_f32_weights_is_exact_where_every_sum_is(gpu):
     check_gemm_exact("f32", 150, 48, 200, P, lambda *a: _run_gpu(gpu, *a))
 
 
+# The tensor-core GEMV (gemv_mma) at decode shapes: Llama-3.1-8B's k (4096, 14336 over 56
+# k-blocks), one and eight rows, nine (two row groups), ragged column groups
+GEMV_MMA_SHAPES = [
+    ("linear", {"rows": 1, "k": 4096, "n": 1024}),
+    ("linear", {"rows": 9, "k": 1056, "n": 200}),
+    ("linear_add", {"rows": 8, "k": 14336, "n": 136}),
+    ("qkv", {"rows": 3, "k": 4096, "nq": 264, "nk": 72, "nv": 72}),
+    ("gate_up_swiglu", {"rows": 8, "k": 4096, "n": 520}),
+    ("lm_head", {"rows": 1, "k": 1024, "n": 2000}),
+]
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMV_MMA_SHAPES, ids=lambda x: x if isinstance(x, str)
+                         else "-".join(f"{k}{v}" for k, v in x.items()))
+def test_gemv_mma_at_decode_shapes_matches_reference(gpu, family, dims, weight):
+    check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a), shape="gemv_mma")
+
+
+@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
+def test_gemv_mma_is_exact_where_every_sum_is(gpu, weight):
+    check_gemm_exact(weight, 8, 1280, 200, P, lambda *a: _run_gpu(gpu, *a), shape="gemv_mma")
+
+
 @pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):

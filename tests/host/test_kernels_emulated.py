@@ -166,6 +166,32 @@ def test_gemm_of_f32_weights_is_exact_where_every_sum_is(build_dir):
     check_gemm_exact("f32", 70, 48, 136, P, _runner(build_dir))
 
 
+# (family, sizes) for the tensor-core GEMV: one and two row groups (8 rows each, the second
+# ragged), column groups of 16 with a ragged last one, k-blocks shared by 8 warps unevenly
+# (k = 14 x 256 + 32: the last short, warps 0-5 two each, 6 and 7 one)
+GEMV_MMA_CASES = [
+    ("linear", {"rows": 1, "k": 3616, "n": 40}),
+    ("linear", {"rows": 8, "k": 544, "n": 24}),
+    ("lm_head", {"rows": 11, "k": 288, "n": 130}),
+    ("linear_add", {"rows": 5, "k": 512, "n": 48}),
+    ("qkv", {"rows": 2, "k": 288, "nq": 40, "nk": 16, "nv": 24}),
+    ("gate_up_swiglu", {"rows": 9, "k": 544, "n": 40}),
+]
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMV_MMA_CASES, ids=lambda x: x if isinstance(x, str)
+                         else "-".join(f"{k}{v}" for k, v in x.items()))
+def test_gemv_mma_over_groups_matches_reference(build_dir, family, dims, weight):
+    """The tensor-core GEMV over row groups, column groups and k-blocks with ragged ends."""
+    check_gemm(family, dims, weight, P, F, _runner(build_dir), shape="gemv_mma")
+
+
+@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
+def test_gemv_mma_is_exact_where_every_sum_is(build_dir, weight):
+    check_gemm_exact(weight, 8, 544, 40, P, _runner(build_dir), shape="gemv_mma")
+
+
 def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     """The emulation's cp.async copies land only at the wait that completes their group: built
     to leave one group more in flight than the kernel asks (METRALE_SIMT_WAIT_SLACK=1), the GEMM

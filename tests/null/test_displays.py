@@ -247,18 +247,18 @@ def test_composite_functor_display_shows_each_stage():
 def test_hardware_class_display():
     html = load_hardware().get("sm_90")._repr_html_()
     assert "chain: sm_90 → sm_80 → cuda" in html and "NVIDIA H200" in html
-    assert "154 of 158 compiled points realized on sm_90" in html
+    assert "196 of 200 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
-                     r"<td>154</td>", html)
+                     r"<td>196</td>", html)
     assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>0</td><td>0</td><td>0</td>" in html
     assert hardware_html(load_hardware().get("host")).count("<tr>") >= 3
 
 
 def test_realization_display_counts_and_reasons():
     html = realization_html(realization("sm_90"))
-    assert "154 of 158 compiled points realized (154 from cuda); 0 not realized; 0 residual" in html
+    assert "196 of 200 compiled points realized (196 from cuda); 0 not realized; 0 residual" in html
     assert "a view: no kernel, no launch" in html
-    assert realization("host")._repr_html_().count("reference semantics") == 154
+    assert realization("host")._repr_html_().count("reference semantics") == 196
 
 
 def test_residual_display():

@@ -1,0 +1,344 @@
+// Metrale CUDA: GEMV-shaped matmul families on tensor cores (mma.sync, sm_80 and newer): linear,
+// linear_add, qkv, gate_up_swiglu and lm_head at their `gemv_mma` points (bf16 activations, up
+// to 8 rows a launch row group). The planner reaches these points only through the bounded
+// relations mma_gemv_* (FUSIONS.toml), so only a plan under the bounded policy runs them.
+//
+// Why: gemv.cu dequantizes every weight in f32 and multiplies it on the CUDA cores, the order
+// the exact policy needs; for fp8 and fp4 weights that costs 8-9 instructions a weight and lane,
+// and the H200 issues them slower than HBM delivers the bytes (docs/gpu-notes.md, version 12).
+// Here a weight becomes bf16 exactly (2 instructions for fp8, none for bf16) and the products
+// and sums run in m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows of a
+// launch (up to 8) are the MMA's n columns, so 8 rows cost about what 1 row costs.
+//
+// Work: a block of WARPS warps owns GROUP (16) consecutive output columns of each of T weight
+// tiles (T = 2 for gate_up_swiglu: the gate and up rows of the same 16 outputs, which share the
+// activation fragments) and up to 8 activation rows (blockIdx.y). Warp w takes the k-blocks
+// w, w + WARPS, ... of K_BLOCK columns; its MMAs for one k-block start from zero, and the
+// k-block's partial goes to shared memory. After a barrier each thread sums one output's
+// partials in k-block order, sequentially, then scales and stores it.
+//
+// Inside a k-block the weights are read in rounds of 16-byte loads: lane (g, t) = (lane / 4,
+// lane % 4) loads 8 C columns (C = DOT_CHUNKS: bf16 1, fp8 2, fp4 4) of tile rows g and g + 8,
+// columns round * 32 C + 8 C t; the activation row g brings the same columns. Chunk i's eight
+// columns, as four bf16 pairs, feed two MMAs: pairs (0, 1) the first, (2, 3) the second, pair
+// 0 (2) as the MMA's columns 2t, 2t + 1 and pair 1 (3) as 2t + 8, 2t + 9 in both operands, so
+// each MMA multiplies matching columns. Which columns an MMA takes is the within-block order,
+// the hardware's: KERNELS.toml declares "tensor-core MMA order".
+//
+// Order (declared in KERNELS.toml): k in blocks of K_BLOCK, the last possibly shorter; a block's
+// partial from zero through its MMAs; the partials combined sequentially in f32. Weights reach
+// the MMA exactly as bf16: bf16 as stored, fp8's e4m3 values, mxfp4's e2m1 times its power-of-two
+// scale, nvfp4's e2m1 times its e4m3 scale. The f32 factor left (fp8's row scale, nvfp4's global
+// scale) multiplies the finished sum, where the reference multiplies each weight ("the row's f32
+// scale times the finished sum"). Row-invariant: an output row is made of its own activation
+// row by the same instructions whatever the other rows hold (an MMA's n columns do not mix).
+//
+// Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
+#include "gemv.cuh"
+#include "mma.cuh"
+
+#if !defined(ACT_BF16)
+#error "the tensor-core GEMV takes bf16 activations (KERNELS.toml's `when`)"
+#endif
+#if defined(WEIGHT_F32)
+#error "f32 weights have no gemv_mma point"
+#endif
+
+#ifndef WARPS
+#define WARPS 8
+#endif
+#define THREADS (32 * WARPS)
+#define GROUP 16  // output columns a block owns per tile: one MMA's m
+#define XROWS 8   // activation rows a block serves: one MMA's n
+constexpr int C = DOT_CHUNKS, ROUND = 32 * C, ROUNDS = K_BLOCK / ROUND;
+static_assert(K_BLOCK % ROUND == 0, "a k-block is whole rounds of the four lanes' loads");
+
+#if defined(OUT_F32)
+typedef float out_t;
+__device__ __forceinline__ out_t out_store(float v) { return v; }
+#else
+typedef act_t out_t;
+__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
+#endif
+
+// ------------------------------------------------------------------ weights as bf16
+
+// The factors the chunks of one load share: mxfp4's 2^(b - 127 + 14) (the e2m1 values come
+// times 2^-14; past mxfp4_one_product, 2^(b - 127) alone, with the 2^14 a product apart),
+// nvfp4's two e4m3 scales times 2^14 (one per 16 columns); unused otherwise.
+struct LoadScale {
+    float f[2];
+};
+
+__device__ __forceinline__ LoadScale load_scale(const WeightChunks<C>& r) {
+    LoadScale s{{1.0f, 1.0f}};
+#if defined(WEIGHT_MXFP4)
+    const uint32_t b = r.s & 0xffu;  // one product where 2^(b - 127 + 14) is finite
+    s.f[0] = mxfp4_one_product(b) ? mxfp4_factor(b) : e8m0_load(b);
+#elif defined(WEIGHT_NVFP4)
+    s.f[0] = e4m3_load(r.s & 0xffu) * 16384.0f;
+    s.f[1] = e4m3_load((r.s >> 8) & 0xffu) * 16384.0f;
+#endif
+    return s;
+}
+
+// Chunk i (eight columns) of a load as four bf16 pairs, exactly (see the header).
+__device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const LoadScale& s, int i) {
+#if defined(WEIGHT_BF16)
+    return r.one.v;
+#else
+    float v[8];
+#if defined(WEIGHT_FP8)
+    const uint32_t words[2] = {r.word(2 * i), r.word(2 * i + 1)};
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // e4m3 pairs to f16x2 in one conversion (sm_89+), exact
+        const __nv_fp8x2_storage_t pair = (__nv_fp8x2_storage_t)(words[p / 2] >> (16 * (p & 1)));
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+        v[2 * p] = f.x;
+        v[2 * p + 1] = f.y;
+    }
+#else
+    e2m1x8_scaled(r.word(i), v);  // the values times 2^-14
+#if defined(WEIGHT_MXFP4)
+    const bool one = mxfp4_one_product(r.s & 0xffu);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        v[e] = one ? __fmul_rn(v[e], s.f[0]) : __fmul_rn(v[e] * 16384.0f, s.f[0]);
+#else
+    const float f = s.f[i / 2];  // 16 columns a scale
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], f);  // v * s has at most 6 significant bits
+#endif
+#endif
+    return make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]),
+                      bf16x2(v[6], v[7]));
+#endif
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
+__device__ __forceinline__ float row_factor(WeightRef w) {
+#if defined(WEIGHT_FP8)
+    return *(const float*)w.scale;
+#elif defined(WEIGHT_NVFP4)
+    return *w.global;
+#else
+    return 1.0f;
+#endif
+}
+
+__device__ __forceinline__ float scaled(float d, float f) {
+#if defined(WEIGHT_FP8) || defined(WEIGHT_NVFP4)
+    return __fmul_rn(d, f);
+#else
+    return d;
+#endif
+}
+
+// ------------------------------------------------------------------ the k-block partials
+
+// Loads in flight a lane keeps, in rounds (each T tiles x 2 rows x 16 bytes, and the activations).
+#ifndef GEMV_MMA_AHEAD
+#define GEMV_MMA_AHEAD (DOT_CHUNKS == 4 ? 2 : 4)  // fp4: 128 columns a round
+#endif
+
+// Shared memory: the partial of k-block b, tile j, output column m (of GROUP), activation row r
+// at part[((b T + j) GROUP + m) XROWS + r]; KERNELS.toml's launch.shared is
+// ceil(k / K_BLOCK) T GROUP XROWS 4 bytes.
+template <int T>
+__device__ __forceinline__ float& partial(float* part, int b, int j, int m, int r) {
+    return part[((b * T + j) * GROUP + m) * XROWS + r];
+}
+
+// Every k-block partial of this block's T x GROUP weight rows against activation rows
+// x[0, nr) (nr <= 8), into `part`. wrow(j, m) is tile j's m-th weight row, already clamped to a
+// real row. The first rounds' weights are loaded before grid_dependency_sync (launches write no
+// weights); the activations and every write come after it.
+template <int T, class WRow>
+__device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k, WRow wrow,
+                                                  float* part) {
+    constexpr int AHEAD = GEMV_MMA_AHEAD / T > 1 ? GEMV_MMA_AHEAD / T : 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    const int mine = warp < nkb ? (nkb - 1 - warp) / WARPS + 1 : 0;  // k-blocks of this warp
+    const int steps = mine * ROUNDS;
+    WeightRef w[T][2];
+#pragma unroll
+    for (int j = 0; j < T; ++j) {
+        w[j][0] = wrow(j, g);
+        w[j][1] = wrow(j, g + 8);
+    }
+    const act_t* xr = x + (long)min(g, nr - 1) * k;
+    const bool xlive = g < nr;
+    // step s: this warp's k-block warp + WARPS (s / ROUNDS), round s % ROUNDS; lane's columns
+    auto col = [&](int s) {
+        return (warp + WARPS * (s / ROUNDS)) * K_BLOCK + (s % ROUNDS) * ROUND + 8 * C * t;
+    };
+    WeightChunks<C> wr[AHEAD][T][2];
+    uint4 xa[AHEAD][C];
+    auto load_w = [&](int u, int s) {
+        const int c = col(s);
+#pragma unroll
+        for (int j = 0; j < T; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (s < steps && c < k) {
+                    wr[u][j][h] = weight_chunks_load<C>(w[j][h], c);
+                } else {
+                    wr[u][j][h] = WeightChunks<C>{};
+#if defined(WEIGHT_MXFP4)
+                    wr[u][j][h].s = 127u;  // scale 1: the zero chunk stays zero
+#endif
+                }
+            }
+    };
+    auto load_x = [&](int u, int s) {
+        const int c = col(s);
+#pragma unroll
+        for (int i = 0; i < C; ++i)
+            xa[u][i] = s < steps && c < k && xlive ? *(const uint4*)(xr + c + 8 * i)
+                                                   : make_uint4(0u, 0u, 0u, 0u);
+    };
+#pragma unroll
+    for (int u = 0; u < AHEAD; ++u) load_w(u, u);
+    grid_dependency_sync();
+#pragma unroll
+    for (int u = 0; u < AHEAD; ++u) load_x(u, u);
+
+    float acc[T][4];
+    for (int s0 = 0; s0 < steps; s0 += AHEAD) {
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            const int s = s0 + u;
+            if (s >= steps) break;
+            if (s % ROUNDS == 0)
+#pragma unroll
+                for (int j = 0; j < T; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < T; ++j) {
+                const LoadScale s0_ = load_scale(wr[u][j][0]), s8_ = load_scale(wr[u][j][1]);
+#pragma unroll
+                for (int i = 0; i < C; ++i) {
+                    const uint4 a0 = chunk_bf16(wr[u][j][0], s0_, i);
+                    const uint4 a8 = chunk_bf16(wr[u][j][1], s8_, i);
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
+                                               word_of(a0, 2 * q + 1), word_of(a8, 2 * q + 1)};
+                        mma_bf16(acc[j], a, word_of(xa[u][i], 2 * q), word_of(xa[u][i], 2 * q + 1));
+                    }
+                }
+            }
+            load_w(u, s + AHEAD);
+            load_x(u, s + AHEAD);
+            if (s % ROUNDS == ROUNDS - 1) {
+                const int b = warp + WARPS * (s / ROUNDS);
+#pragma unroll
+                for (int j = 0; j < T; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)  // acc e: column g + 8 (e / 2), row 2t + e % 2
+                        partial<T>(part, b, j, g + 8 * (e >> 1), 2 * t + (e & 1)) = acc[j][e];
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Output (j, m, r) of the block's partials: k-blocks summed in order, sequentially.
+template <int T>
+__device__ __forceinline__ float gemv_mma_sum(float* part, int k, int j, int m, int r) {
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    float s = partial<T>(part, 0, j, m, r);
+    for (int b = 1; b < nkb; ++b) s = s + partial<T>(part, b, j, m, r);
+    return s;
+}
+
+extern __shared__ __align__(16) float gemv_mma_part[];
+
+// One tile (linear, linear_add, lm_head, qkv): column n0 + m of an n-column weight; store(i, d)
+// for output index i (row-major, n columns) and the finished, scaled dot d.
+template <class Store>
+__device__ __forceinline__ void gemv_mma_tile(const act_t* x, WeightRef w, int rows, int k,
+                                              int n, int n0, Store store) {
+    const int row0 = blockIdx.y * XROWS, nr = min(XROWS, rows - row0);
+    gemv_mma_partials<1>(x + (long)row0 * k, nr, k,
+                         [&](int, int m) { return weight_rows(w, min(n0 + m, n - 1), k); },
+                         gemv_mma_part);
+    const int m = threadIdx.x / XROWS, r = threadIdx.x % XROWS;  // THREADS >= GROUP XROWS
+    if (m < GROUP && r < nr && n0 + m < n) {
+        const float d = gemv_mma_sum<1>(gemv_mma_part, k, 0, m, r);
+        store((long)(row0 + r) * n + n0 + m, scaled(d, row_factor(weight_rows(w, n0 + m, 0))));
+    }
+}
+
+// grid (ceil(n / 16), ceil(rows / 8)), block 32 WARPS. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(THREADS)
+metrale_linear_gemv_mma(const act_t* __restrict__ x, const void* __restrict__ w,
+                        const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                        out_t* __restrict__ y, int rows, int k, int n) {
+    gemv_mma_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.x * GROUP,
+                  [&](long i, float d) { y[i] = out_store(d); });
+}
+
+// y = round(round(x · wᵀ) + r), as linear then add.
+extern "C" __global__ void __launch_bounds__(THREADS)
+metrale_linear_add_gemv_mma(const act_t* __restrict__ x, const void* __restrict__ w,
+                            const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                            const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
+                            int n) {
+    gemv_mma_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.x * GROUP,
+                  [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+}
+
+// q, k_, v in one launch: grid x counts q's column groups, then k_'s, then v's.
+extern "C" __global__ void __launch_bounds__(THREADS)
+metrale_qkv_gemv_mma(const act_t* __restrict__ x,
+                     const void* __restrict__ wq, const void* __restrict__ wq_scale,
+                     const float* __restrict__ wq_global,
+                     const void* __restrict__ wk, const void* __restrict__ wk_scale,
+                     const float* __restrict__ wk_global,
+                     const void* __restrict__ wv, const void* __restrict__ wv_scale,
+                     const float* __restrict__ wv_global,
+                     act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
+                     int rows, int k, int nq, int nk, int nv) {
+    const int gq = (nq + GROUP - 1) / GROUP, gk = (nk + GROUP - 1) / GROUP, grp = blockIdx.x;
+    const int part = grp < gq ? 0 : grp < gq + gk ? 1 : 2;
+    const int n0 = (grp - (part == 0 ? 0 : part == 1 ? gq : gq + gk)) * GROUP;
+    const WeightRef w = part == 0   ? weight_ref(wq, wq_scale, wq_global)
+                        : part == 1 ? weight_ref(wk, wk_scale, wk_global)
+                                    : weight_ref(wv, wv_scale, wv_global);
+    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
+    gemv_mma_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
+                  [&](long i, float d) { out[i] = act_store(d); });
+}
+
+// h = silu(round(x · wgᵀ)) * round(x · wuᵀ): tile 0 the gate rows, tile 1 the up rows of the
+// same 16 outputs. grid (ceil(n / 16), ceil(rows / 8)).
+extern "C" __global__ void __launch_bounds__(THREADS)
+metrale_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x,
+                                const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                                const float* __restrict__ wg_global,
+                                const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                                const float* __restrict__ wu_global,
+                                act_t* __restrict__ h, int rows, int k, int n) {
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global);
+    const WeightRef u = weight_ref(wu, wu_scale, wu_global);
+    const int n0 = blockIdx.x * GROUP, row0 = blockIdx.y * XROWS, nr = min(XROWS, rows - row0);
+    gemv_mma_partials<2>(
+        x + (long)row0 * k, nr, k,
+        [&](int j, int m) { return weight_rows(j ? u : g, min(n0 + m, n - 1), k); },
+        gemv_mma_part);
+    const int m = threadIdx.x / XROWS, r = threadIdx.x % XROWS;
+    if (m < GROUP && r < nr && n0 + m < n) {
+        const float gd = scaled(gemv_mma_sum<2>(gemv_mma_part, k, 0, m, r),
+                                row_factor(weight_rows(g, n0 + m, 0)));
+        const float ud = scaled(gemv_mma_sum<2>(gemv_mma_part, k, 1, m, r),
+                                row_factor(weight_rows(u, n0 + m, 0)));
+        h[(long)(row0 + r) * n + n0 + m] = act_store(silu_mul(act_round(gd), act_round(ud)));
+    }
+}
