@@ -66,8 +66,20 @@ def test_every_declined_match_has_a_reason(qwen_sm90):
 
 def test_bounded_policy_applies_bounded_relations_and_carries_the_bound():
     p = plan_for("tiny-llama", "bf16", "host", policy="bounded")
-    assert any(a.relation == "splitk_pairwise" for a in p.applied)
+    mma = {a.relation for a in p.applied if a.relation.startswith("mma_gemv_")}
+    assert mma >= {"mma_gemv_qkv", "mma_gemv_gate_up_swiglu", "mma_gemv_lm_head"}, mma
     assert not p.exact and p.bound is not None and p.bound[0] > 0
+    exact = plan_for("tiny-llama", "bf16", "host")
+    assert exact.exact and not any(a.relation.startswith("mma_gemv_") for a in exact.applied)
+
+
+def test_the_bounded_plan_runs_gemv_shaped_matmuls_on_tensor_cores_where_the_class_has_them():
+    """sm_90 realizes the gemv_mma points with gemv_mma.cu; the cuda class (no mma.sync)
+    realizes them with the CUDA-core GEMV, whose order is the exact point's."""
+    for hw, entry in (("sm_90", "metrale_qkv_gemv_mma"), ("cuda", "metrale_qkv")):
+        p = plan_for("tiny-llama", "fp8", hw, policy="bounded", rows=8)
+        qkv = [k for k in p.kernels if k.family == "qkv"]
+        assert qkv and all(k.kernel.entry == entry for k in qkv), (hw, qkv[0].kernel.entry)
 
 
 def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():

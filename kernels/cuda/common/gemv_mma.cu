@@ -44,8 +44,13 @@
 #error "f32 weights have no gemv_mma point"
 #endif
 
+// GEMV_MMA_STAGED 1: the weights reach the fragments through shared memory (gemv_mma_partials
+// below), four warps a block; 0: straight into registers, eight warps a block.
+#ifndef GEMV_MMA_STAGED
+#define GEMV_MMA_STAGED 1
+#endif
 #ifndef WARPS
-#define WARPS 8
+#define WARPS (GEMV_MMA_STAGED ? 4 : 8)
 #endif
 #define THREADS (32 * WARPS)
 #define GROUP 16  // output columns a block owns per tile: one MMA's m
@@ -140,7 +145,8 @@ __device__ __forceinline__ float scaled(float d, float f) {
 
 // ------------------------------------------------------------------ the k-block partials
 
-// Loads in flight a lane keeps, in rounds (each T tiles x 2 rows x 16 bytes, and the activations).
+// The register path: rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes,
+// and the activations).
 #ifndef GEMV_MMA_AHEAD
 #define GEMV_MMA_AHEAD (DOT_CHUNKS == 4 ? 2 : 4)  // fp4: 128 columns a round
 #endif
@@ -153,9 +159,51 @@ __device__ __forceinline__ float& partial(float* part, int b, int j, int m, int 
     return part[((b * T + j) * GROUP + m) * XROWS + r];
 }
 
+// The MMAs of one round: tile j's rows g and g + 8 (w[j][0], w[j][1], raw) against the activation
+// chunks xa (lane group g's row), into acc[j]; chunk i's bf16 pairs (0, 1) feed one MMA and
+// (2, 3) the next, as the header says.
+template <int T>
+__device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunks<C> (&w)[T][2],
+                                           const uint4 (&xa)[C]) {
+#pragma unroll
+    for (int j = 0; j < T; ++j) {
+        const LoadScale s0 = load_scale(w[j][0]), s8 = load_scale(w[j][1]);
+#pragma unroll
+        for (int i = 0; i < C; ++i) {
+            const uint4 a0 = chunk_bf16(w[j][0], s0, i), a8 = chunk_bf16(w[j][1], s8, i);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
+                                       word_of(a0, 2 * q + 1), word_of(a8, 2 * q + 1)};
+                mma_bf16(acc[j], a, word_of(xa[i], 2 * q), word_of(xa[i], 2 * q + 1));
+            }
+        }
+    }
+}
+
+// A k-block's partials (acc, fresh for each k-block) into `part`: acc e is output column
+// g + 8 (e / 2), activation row 2t + e % 2.
+template <int T>
+__device__ __forceinline__ void store_partials(float* part, int b, const float (&acc)[T][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < T; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial<T>(part, b, j, g + 8 * (e >> 1), 2 * t + (e & 1)) = acc[j][e];
+}
+
+// Lane group g's activations for one round at column c (zeros past k, or for a row past nr).
+__device__ __forceinline__ void round_x(uint4 (&xa)[C], const act_t* xr, bool live, int c, int k) {
+#pragma unroll
+    for (int i = 0; i < C; ++i)
+        xa[i] = live && c < k ? *(const uint4*)(xr + c + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+#if !GEMV_MMA_STAGED
 // Every k-block partial of this block's T x GROUP weight rows against activation rows
 // x[0, nr) (nr <= 8), into `part`. wrow(j, m) is tile j's m-th weight row, already clamped to a
-// real row. The first rounds' weights are loaded before grid_dependency_sync (launches write no
+// real row. Each lane loads its fragments' 16-byte chunks straight into registers, AHEAD rounds
+// ahead; the first rounds' weights are loaded before grid_dependency_sync (launches write no
 // weights); the activations and every write come after it.
 template <int T, class WRow>
 __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k, WRow wrow,
@@ -172,7 +220,6 @@ __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k,
         w[j][1] = wrow(j, g + 8);
     }
     const act_t* xr = x + (long)min(g, nr - 1) * k;
-    const bool xlive = g < nr;
     // step s: this warp's k-block warp + WARPS (s / ROUNDS), round s % ROUNDS; lane's columns
     auto col = [&](int s) {
         return (warp + WARPS * (s / ROUNDS)) * K_BLOCK + (s % ROUNDS) * ROUND + 8 * C * t;
@@ -195,18 +242,11 @@ __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k,
                 }
             }
     };
-    auto load_x = [&](int u, int s) {
-        const int c = col(s);
-#pragma unroll
-        for (int i = 0; i < C; ++i)
-            xa[u][i] = s < steps && c < k && xlive ? *(const uint4*)(xr + c + 8 * i)
-                                                   : make_uint4(0u, 0u, 0u, 0u);
-    };
 #pragma unroll
     for (int u = 0; u < AHEAD; ++u) load_w(u, u);
     grid_dependency_sync();
 #pragma unroll
-    for (int u = 0; u < AHEAD; ++u) load_x(u, u);
+    for (int u = 0; u < AHEAD; ++u) round_x(xa[u], xr, u < steps && g < nr, col(u), k);
 
     float acc[T][4];
     for (int s0 = 0; s0 < steps; s0 += AHEAD) {
@@ -219,35 +259,148 @@ __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k,
                 for (int j = 0; j < T; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < T; ++j) {
-                const LoadScale s0_ = load_scale(wr[u][j][0]), s8_ = load_scale(wr[u][j][1]);
-#pragma unroll
-                for (int i = 0; i < C; ++i) {
-                    const uint4 a0 = chunk_bf16(wr[u][j][0], s0_, i);
-                    const uint4 a8 = chunk_bf16(wr[u][j][1], s8_, i);
-#pragma unroll
-                    for (int q = 0; q < 2; ++q) {
-                        const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
-                                               word_of(a0, 2 * q + 1), word_of(a8, 2 * q + 1)};
-                        mma_bf16(acc[j], a, word_of(xa[u][i], 2 * q), word_of(xa[u][i], 2 * q + 1));
-                    }
-                }
-            }
+            round_mmas<T>(acc, wr[u], xa[u]);
             load_w(u, s + AHEAD);
-            load_x(u, s + AHEAD);
-            if (s % ROUNDS == ROUNDS - 1) {
-                const int b = warp + WARPS * (s / ROUNDS);
-#pragma unroll
-                for (int j = 0; j < T; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)  // acc e: column g + 8 (e / 2), row 2t + e % 2
-                        partial<T>(part, b, j, g + 8 * (e >> 1), 2 * t + (e & 1)) = acc[j][e];
-            }
+            round_x(xa[u], xr, s + AHEAD < steps && g < nr, col(s + AHEAD), k);
+            if (s % ROUNDS == ROUNDS - 1) store_partials<T>(part, warp + WARPS * (s / ROUNDS), acc);
         }
     }
     __syncthreads();
 }
+#else
+// The same partials, the weights staged through shared memory: each warp copies its rows'
+// next STAGES - 1 stages (SLOT_ROW bytes of each of its T x 16 rows) with cp.async, whole rows'
+// runs of 128-256 contiguous bytes a copy instruction (the register path above reads 64 bytes
+// of 8 rows an instruction), then reads its fragments' chunks from the stage. The MMAs and
+// their order are the register path's, so the bytes are too.
+constexpr int WBITS =
+#if defined(WEIGHT_BF16)
+    16;
+#elif defined(WEIGHT_FP8)
+    8;
+#else
+    4;
+#endif
+constexpr int KB_BYTES = K_BLOCK * WBITS / 8;               // a row's bytes in one k-block
+constexpr int SLOT_ROW = KB_BYTES < 256 ? KB_BYTES : 256;  // a row's bytes in one stage
+constexpr int PITCH = SLOT_ROW + 64;  // rows g and g + 1 in distinct banks for 16-byte reads
+constexpr int SPK = KB_BYTES / SLOT_ROW, RPS = SLOT_ROW / 64;  // stages a k-block, rounds a stage
+static_assert(SPK * RPS == ROUNDS, "a stage is whole rounds of a k-block");
+// Stages in a warp's ring: 0 is 3 for one tile, 2 for two (gate_up_swiglu), so that with four
+// warps a block a launch's shared memory is ceil(k / K_BLOCK) 512 T + 61440 bytes (KERNELS.toml).
+#ifndef GEMV_MMA_STAGES
+#define GEMV_MMA_STAGES 0
+#endif
+
+template <int T, class WRow>
+__device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k, WRow wrow,
+                                                  float* part) {
+    constexpr int STAGES = GEMV_MMA_STAGES ? GEMV_MMA_STAGES : T == 1 ? 3 : 2;
+    constexpr int CPR = SLOT_ROW / 16;                            // 16-byte chunks a stage row
+    constexpr int COPIES = T * GROUP * CPR / 32;                  // copy instructions a stage
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    const int mine = warp < nkb ? (nkb - 1 - warp) / WARPS + 1 : 0;  // k-blocks of this warp
+    const int stages = mine * SPK;
+    unsigned char* ring = reinterpret_cast<unsigned char*>(part + nkb * T * GROUP * XROWS) +
+                          warp * STAGES * T * GROUP * PITCH;
+    WeightRef w[T][2];
+#pragma unroll
+    for (int j = 0; j < T; ++j) {
+        w[j][0] = wrow(j, g);
+        w[j][1] = wrow(j, g + 8);
+    }
+    const act_t* xr = x + (long)min(g, nr - 1) * k;
+    // stage s: this warp's k-block warp + WARPS (s / SPK), its bytes SLOT_ROW (s % SPK) on
+    auto byte0 = [&](int s) { return (warp + WARPS * (s / SPK)) * KB_BYTES + s % SPK * SLOT_ROW; };
+    uint32_t sc[STAGES][T][2];  // fp4: the stage's scale bytes for rows g, g + 8 (round r at 8 r,
+                                // nvfp4 16 r)
+    auto issue = [&](int slot, int s) {
+        if (s < stages) {
+            const int b0 = byte0(s);
+#pragma unroll
+            for (int i = 0; i < COPIES; ++i) {
+                const int idx = i * 32 + lane, row = idx / CPR, ch = idx % CPR;
+                const int byte = b0 + ch * 16, c = byte * 8 / WBITS;
+                const char* src = (const char*)wrow(row / GROUP, row % GROUP).data;
+                cp_async16(ring + (slot * T * GROUP + row) * PITCH + ch * 16,
+                           src + (c < k ? byte : 0), c < k ? 16 : 0);
+            }
+#if defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#pragma unroll
+            for (int j = 0; j < T; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint32_t v = 0;
+#pragma unroll
+                    for (int r = 0; r < RPS; ++r) {
+                        const int c = (b0 + r * 64 + 16 * t) * 2;  // the round's first column
+#if defined(WEIGHT_MXFP4)
+                        const uint32_t b = c < k ? ((const uint8_t*)w[j][h].scale)[c / 32] : 127u;
+                        v |= b << (8 * r);
+#else
+                        const uint32_t b =
+                            c < k ? *(const uint16_t*)((const uint8_t*)w[j][h].scale + c / 16) : 0u;
+                        v |= b << (16 * r);
+#endif
+                    }
+                    sc[slot][j][h] = v;
+                }
+#endif
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int u = 0; u < STAGES - 1; ++u) issue(u, u);
+    grid_dependency_sync();
+
+    float acc[T][4];
+    for (int s0 = 0; s0 < stages; s0 += STAGES) {
+#pragma unroll
+        for (int u = 0; u < STAGES; ++u) {
+            const int s = s0 + u;
+            if (s >= stages) break;
+            cp_async_wait<STAGES - 2>();
+            __syncwarp();  // stage s is in for every lane; every lane is done with stage s - 1
+            issue((u + STAGES - 1) % STAGES, s + STAGES - 1);
+            if (s % SPK == 0)
+#pragma unroll
+                for (int j = 0; j < T; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+            const unsigned char* slot = ring + u * T * GROUP * PITCH;
+#pragma unroll
+            for (int r = 0; r < RPS; ++r) {
+                const int byte = byte0(s) + r * 64 + 16 * t;
+                uint4 xa[C];
+                round_x(xa, xr, g < nr, byte * 8 / WBITS, k);
+                WeightChunks<C> wc[T][2];
+#pragma unroll
+                for (int j = 0; j < T; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint4 v =
+                            *(const uint4*)(slot + (j * GROUP + g + 8 * h) * PITCH + r * 64 + 16 * t);
+                        if constexpr (C == 1) {
+                            wc[j][h].one.v = v;
+                        } else {
+                            wc[j][h].v = v;
+#if defined(WEIGHT_MXFP4)
+                            wc[j][h].s = (sc[u][j][h] >> (8 * r)) & 0xffu;
+#elif defined(WEIGHT_NVFP4)
+                            wc[j][h].s = (sc[u][j][h] >> (16 * r)) & 0xffffu;
+#endif
+                        }
+                    }
+                round_mmas<T>(acc, wc, xa);
+            }
+            if (s % SPK == SPK - 1) store_partials<T>(part, warp + WARPS * (s / SPK), acc);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+}
+#endif
 
 // Output (j, m, r) of the block's partials: k-blocks summed in order, sequentially.
 template <int T>
