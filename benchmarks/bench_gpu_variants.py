@@ -64,26 +64,16 @@ GEMV_VARIANTS = {
     "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
               "DOT_AHEAD=4"],
 }
-# the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: the weights
-# through shared memory (the default) with other rings and warps per block, and straight into
-# registers (GEMV_MMA_STAGED=0, eight warps)
-GEMV_MMA_VARIANTS = ["", "GEMV_MMA_STAGES=2", "GEMV_MMA_STAGES=4", "WARPS=8 GEMV_MMA_STAGES=2",
-                     "GEMV_MMA_STAGED=0"]
+# the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: warps per
+# block (each block 16 output columns) and rounds of loads in flight
+GEMV_MMA_VARIANTS = ["", "WARPS=4", "WARPS=16", "GEMV_MMA_AHEAD=2", "GEMV_MMA_AHEAD=8"]
 
 
-def gemv_mma_launch(fmt: str, k: int, pair: bool, variant: str) -> tuple[int, int]:
+def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
     """(threads, dynamic shared bytes) of a gemv_mma.cu launch for ``variant``, as the source
-    sizes them: the k-block partials, then each warp's ring of stages (the staged path)."""
-    d = parse_defines(variant)
-    tiles = 2 if pair else 1
-    staged = int(d.get("GEMV_MMA_STAGED", 1))
-    warps = int(d.get("WARPS", 4 if staged else 8))
-    shared = -(-k // 256) * 512 * tiles
-    if staged:
-        stages = int(d.get("GEMV_MMA_STAGES", 0)) or (3 if tiles == 1 else 2)
-        pitch = (128 if fmt in ("mxfp4", "nvfp4") else 256) + 64
-        shared += warps * stages * tiles * 16 * pitch
-    return 32 * warps, shared
+    sizes them: the k-block partials of each of its tiles."""
+    warps = int(parse_defines(variant).get("WARPS", 8))
+    return 32 * warps, -(-k // 256) * 512 * (2 if pair else 1)
 # decode attention: positions per thread block (the grid follows a CHUNK override)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
 
@@ -311,7 +301,7 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[
                         "_gemv_mma" if mma else "")
                     fn = modules[fmt, source, v].get_function(entry)
                     if mma:
-                        threads, shared = gemv_mma_launch(fmt, k, pair, v)
+                        threads, shared = gemv_mma_launch(k, pair, v)
                         fn.max_dynamic_shared_size_bytes = shared
                         grid = (-(-n // 16), -(-rows // 8), 1)
                         launch = _with_shared(gemv_launcher(fn, pair, grid, threads, ws, x, y,

@@ -46,6 +46,9 @@ KEEP = {
     "launch__registers_per_thread": "registers",
     "launch__grid_size": "grid",
     "launch__occupancy_limit_registers": "blocks_limit_registers",
+    "lts__t_sector_hit_rate.pct": "l2_hit_pct",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "global_load_requests",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "global_load_sectors",
 }
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond": 1e-6,
          "msecond": 1e-3, "second": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
@@ -55,16 +58,18 @@ STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
 
 
-def child(model: str, quant: str, batch: int, launches: Path) -> None:
-    """Run inside ncu: the step once, then its second layer with the profiler on; the plan's
-    label and point of each profiled launch, in order, go to ``launches`` (JSON)."""
+def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exact") -> None:
+    """Run inside ncu: the step (planned under ``policy``) once, then its second layer with the
+    profiler on; the plan's label and point of each profiled launch, in order, go to
+    ``launches`` (JSON)."""
     import cupy
     import numpy as np
     from bench_gpu_decode import decode_engine
 
     from metrale.runtime.bench import decode_program
 
-    eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False)
+    eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
+                           policy=policy)
     prog = decode_program(eng, batch)
     prog.run()
     families = [ln.kernel.family for ln in prog.launches]
@@ -176,6 +181,7 @@ def main() -> None:
                     default=[("qwen3-0.6b", "bf16"), ("llama-3.1-8b", "bf16")],
                     help="MODEL:QUANT pairs")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--policy", default="exact", help="the numerics policy of the plans")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--source", default="attention",
                     help="regex of kernel names whose per-instruction samples are exported")
@@ -183,7 +189,7 @@ def main() -> None:
     ap.add_argument("--launches", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(*a.child, a.batch, a.launches)
+        child(*a.child, a.batch, a.launches, a.policy)
         return
     if shutil.which("ncu") is None:
         sys.exit("profile_gpu_step: ncu is not on the PATH (Nsight Compute's folder)")
@@ -196,7 +202,7 @@ def main() -> None:
         cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
                "--import-source", "no", "-f", "-o", str(report.with_suffix("")),
                sys.executable, __file__, "--child", f"{model}:{quant}", "--batch", str(a.batch),
-               "--launches", str(launches)]
+               "--policy", a.policy, "--launches", str(launches)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
         if run.returncode or not report.exists():
@@ -218,13 +224,16 @@ def main() -> None:
                       f"launched {len(plan)}; the rows are left without the plan's labels")
             kernels = labelled(kernels, plan)
             launches.unlink()
-        results.append({"model": model, "quant": quant, "batch": a.batch, "kernels": kernels})
+        results.append({"model": model, "quant": quant, "batch": a.batch, "policy": a.policy,
+                        "kernels": kernels})
         for k in kernels:
             top = ", ".join(f"{r} {v:.2f}" for r, v in k["stalls"][:5])
             print(f"{model} {quant} {k.get('kernel', k['name'])[:44]:<44} "
                   f"{(k['seconds'] or 0) * 1e6:7.2f} us "
                   f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
-                  f"ipc {k['ipc'] or 0:4.2f} | {top}")
+                  f"ipc {k['ipc'] or 0:4.2f} l2hit {k['l2_hit_pct'] or 0:4.1f}% "
+                  f"sect/req {(k['global_load_sectors'] or 0) / (k['global_load_requests'] or 1):4.1f}"
+                  f" | {top}")
         report.unlink()
     print("wrote", write_result("gpu_profile", {"targets": results}))
 

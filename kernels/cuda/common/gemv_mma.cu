@@ -44,13 +44,8 @@
 #error "f32 weights have no gemv_mma point"
 #endif
 
-// GEMV_MMA_STAGED 1: the weights reach the fragments through shared memory (gemv_mma_partials
-// below), four warps a block; 0: straight into registers, eight warps a block.
-#ifndef GEMV_MMA_STAGED
-#define GEMV_MMA_STAGED 1
-#endif
 #ifndef WARPS
-#define WARPS (GEMV_MMA_STAGED ? 4 : 8)
+#define WARPS 8
 #endif
 #define THREADS (32 * WARPS)
 #define GROUP 16  // output columns a block owns per tile: one MMA's m
@@ -145,8 +140,7 @@ __device__ __forceinline__ float scaled(float d, float f) {
 
 // ------------------------------------------------------------------ the k-block partials
 
-// The register path: rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes,
-// and the activations).
+// Rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes, and the activations).
 #ifndef GEMV_MMA_AHEAD
 #define GEMV_MMA_AHEAD (DOT_CHUNKS == 4 ? 2 : 4)  // fp4: 128 columns a round
 #endif
@@ -199,7 +193,6 @@ __device__ __forceinline__ void round_x(uint4 (&xa)[C], const act_t* xr, bool li
         xa[i] = live && c < k ? *(const uint4*)(xr + c + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
 }
 
-#if !GEMV_MMA_STAGED
 // Every k-block partial of this block's T x GROUP weight rows against activation rows
 // x[0, nr) (nr <= 8), into `part`. wrow(j, m) is tile j's m-th weight row, already clamped to a
 // real row. Each lane loads its fragments' 16-byte chunks straight into registers, AHEAD rounds
@@ -267,20 +260,6 @@ __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k,
     }
     __syncthreads();
 }
-#else
-// The same partials, the weights staged through shared memory: each warp copies its rows'
-// next STAGES - 1 stages (SLOT_ROW bytes of each of its T x 16 rows) with cp.async, whole rows'
-// runs of 128-256 contiguous bytes a copy instruction (the register path above reads 64 bytes
-// of 8 rows an instruction), then reads its fragments' chunks from the stage. The MMAs and
-// their order are the register path's, so the bytes are too.
-constexpr int WBITS =
-#if defined(WEIGHT_BF16)
-    16;
-#elif defined(WEIGHT_FP8)
-    8;
-#else
-    4;
-#endif
 constexpr int KB_BYTES = K_BLOCK * WBITS / 8;               // a row's bytes in one k-block
 constexpr int SLOT_ROW = KB_BYTES < 256 ? KB_BYTES : 256;  // a row's bytes in one stage
 constexpr int PITCH = SLOT_ROW + 64;  // rows g and g + 1 in distinct banks for 16-byte reads
