@@ -260,6 +260,34 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
+def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
+                         runner: Runner) -> None:
+    """The relation mma_gemv_<family>'s two sides on one class, on the same inputs: the CUDA-core
+    GEMV (``gemv``) and the tensor-core one (``gemv_mma``) agree within the relation's declared
+    bound, rel |lhs| + abs rms(lhs), with k the launch's and eps_act bf16's."""
+    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
+
+    fam = P.family(family)
+    rel = P.relation(f"mma_gemv_{family}")
+    extra = {"out": "f32"} if family == "lm_head" else {}
+    lhs = fam.point(**{**GEMM, "shape": "gemv"}, weight=weight, **extra)
+    rhs = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight=weight, **extra)
+    assert F.realize(rhs).entry.endswith("_gemv_mma"), F.realize(rhs)
+    assert not F.realize(lhs).entry.endswith("mma"), F.realize(lhs)
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    _, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
+    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()},
+           "eps_act": UNIT_ROUNDOFF["bf16"], "k": sizes["k"]}
+    rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
+    for a, b in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device),
+                    strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
+        allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
+        worst = float((np.abs(a - b) - allowed).max())
+        assert worst <= 0, f"{rel.name} at {weight}: outside its bound by {worst:.3g}"
+
+
 def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Runner,
                      shape: str = "gemm") -> None:
     """Small integers in x and weights on the e2m1 grid make every product and partial sum exact

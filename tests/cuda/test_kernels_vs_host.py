@@ -25,6 +25,7 @@ from tests.kernel_cases import (  # noqa: E402
     PREFILL_SHAPES,
     check_gemm,
     check_gemm_exact,
+    check_mma_gemv_bound,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -323,6 +324,17 @@ GEMV_MMA_SHAPES = [
                          else "-".join(f"{k}{v}" for k, v in x.items()))
 def test_gemv_mma_at_decode_shapes_matches_reference(gpu, family, dims, weight):
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a), shape="gemv_mma")
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("family,dims", [(f, d) for f, d in GEMV_MMA_SHAPES if f != "linear"] +
+                         [("linear", {"k": 4096, "n": 1024})],
+                         ids=lambda x: x if isinstance(x, str) else
+                         "-".join(f"{k}{v}" for k, v in x.items() if k != "rows"))
+def test_mma_gemv_relations_hold_their_declared_bound_on_device(gpu, family, dims, rows, weight):
+    check_mma_gemv_bound(family, {**dims, "rows": rows}, weight, P, F,
+                         lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

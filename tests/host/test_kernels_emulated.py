@@ -25,6 +25,7 @@ from tests.kernel_cases import (
     PREFILL_SHAPES,
     check_gemm,
     check_gemm_exact,
+    check_mma_gemv_bound,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -185,6 +186,15 @@ GEMV_MMA_CASES = [
 def test_gemv_mma_over_groups_matches_reference(build_dir, family, dims, weight):
     """The tensor-core GEMV over row groups, column groups and k-blocks with ragged ends."""
     check_gemm(family, dims, weight, P, F, _runner(build_dir), shape="gemv_mma")
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMV_MMA_CASES, ids=lambda x: x if isinstance(x, str)
+                         else "-".join(f"{k}{v}" for k, v in x.items()))
+def test_mma_gemv_relations_hold_their_declared_bound(build_dir, family, dims, weight):
+    if weight != "bf16" and dims["k"] % 32:
+        pytest.skip("fp4 needs k a multiple of 32")
+    check_mma_gemv_bound(family, dims, weight, P, F, _runner(build_dir))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
