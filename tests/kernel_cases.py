@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from metrale.lkb.family import Family, Point
@@ -286,6 +287,43 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
         allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
         worst = float((np.abs(a - b) - allowed).max())
         assert worst <= 0, f"{rel.name} at {weight}: outside its bound by {worst:.3g}"
+
+
+def check_gemv_mma_mxfp4_scales(family: str, P: Any, F: Any, runner: Runner) -> None:
+    """mxfp4 scale bytes past 128 (factors past bf16's 2^127: the tensor-core GEMV's second
+    product) and 255 (e8m0's NaN) at the gemv_mma point of ``family``: one load of a row, every
+    block of another row, every seventh of a third; the activations are tiny so that every
+    product stays finite. Against the reference on the dequantized weights, NaN exactly where it
+    has NaN (the row with the NaN scale)."""
+    from metrale.lkb.quant import QuantTensor
+
+    fam = P.family(family)
+    point = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight="mxfp4")
+    assert F.realize(point).entry.endswith("_gemv_mma"), F.realize(point)
+    rows, k, n = 3, 1024, 40
+    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
+    fmt = QuantFormat.parse("mxfp4")
+    rng = np.random.default_rng(129)
+    x = (rng.standard_normal((rows, k)) * 2.0 ** -118).astype(ml_dtypes.bfloat16)
+    host, device = [x], {"x": (x,)}
+    for port in fam.inputs:
+        if port.name not in fam.weights:
+            continue
+        specs = fmt.array_specs((n, k))
+        data = rng.integers(0, 256, specs["data"][0], dtype=np.uint8)
+        scale = rng.integers(118, 125, specs["scale"][0], dtype=np.uint8)
+        scale[5, 3] = 245  # one load of a row
+        scale[17, :] = rng.integers(129, 251, k // 32)  # every block of one row
+        scale[30, ::7] = 129
+        scale[33, 9] = 255  # NaN: row 33's dots are NaN
+        qt = QuantTensor(fmt, (n, k), data, scale.view(specs["scale"][1].numpy))
+        host.append(np.asarray(qt.dequantize(), np.float32))
+        device[port.name] = (qt.data, qt.scale, qt.global_scale)
+    (ref,) = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))
+    assert np.isnan(ref.astype(np.float32)[:, 33]).all()
+    (dots,) = SEMANTICS["linear"](x, host[1], k_block=256, out="f32", act="bf16")
+    assert (np.abs(dots[:, 17]) > 1.0).all()  # the large scales count
+    compare(point, fam, (ref,), runner(fam, point, sizes, device))
 
 
 def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Runner,

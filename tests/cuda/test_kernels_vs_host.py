@@ -25,6 +25,7 @@ from tests.kernel_cases import (  # noqa: E402
     PREFILL_SHAPES,
     check_gemm,
     check_gemm_exact,
+    check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
     check_prefill_attention,
     check_relation,
@@ -335,6 +336,11 @@ def test_gemv_mma_at_decode_shapes_matches_reference(gpu, family, dims, weight):
 def test_mma_gemv_relations_hold_their_declared_bound_on_device(gpu, family, dims, rows, weight):
     check_mma_gemv_bound(family, {**dims, "rows": rows}, weight, P, F,
                          lambda *a: _run_gpu(gpu, *a))
+
+
+@pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
+def test_gemv_mma_mxfp4_scales_past_one_product_and_nan(gpu, family):
+    check_gemv_mma_mxfp4_scales(family, P, F, lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

@@ -25,6 +25,7 @@ from tests.kernel_cases import (
     PREFILL_SHAPES,
     check_gemm,
     check_gemm_exact,
+    check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
     check_prefill_attention,
     check_relation,
@@ -195,6 +196,11 @@ def test_mma_gemv_relations_hold_their_declared_bound(build_dir, family, dims, w
     if weight != "bf16" and dims["k"] % 32:
         pytest.skip("fp4 needs k a multiple of 32")
     check_mma_gemv_bound(family, dims, weight, P, F, _runner(build_dir))
+
+
+@pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
+def test_gemv_mma_mxfp4_scales_past_one_product_and_nan(build_dir, family):
+    check_gemv_mma_mxfp4_scales(family, P, F, _runner(build_dir))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

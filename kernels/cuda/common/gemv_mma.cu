@@ -63,32 +63,75 @@ __device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 
 // ------------------------------------------------------------------ weights as bf16
 
-// The factors the chunks of one load share: mxfp4's 2^(b - 127 + 14) (the e2m1 values come
-// times 2^-14; past mxfp4_one_product, 2^(b - 127) alone, with the 2^14 a product apart),
-// nvfp4's two e4m3 scales times 2^14 (one per 16 columns); unused otherwise.
+// fp4 chunks pair their columns (p, p + 4) in bf16 word p (p < 4), not (2p, 2p + 1): nibbles p
+// and p + 4 of a data word sit 16 bits apart, so one shift places both (e2m1x8_bf16), and the
+// activations take the same pairs (pair_x); the MMAs then multiply matching columns as for the
+// other formats. Which columns an MMA sums is the within-block order, the hardware's anyway.
+#if defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#define PAIRED 1
+#else
+#define PAIRED 0
+#endif
+
+__device__ __forceinline__ uint32_t bf16_pow2(int e) {  // 2^e as bf16 bits, -126 <= e <= 127
+    return (uint32_t)(e + 127) << 7;
+}
+
+// The factors the chunks of one load share, as bf16x2 (both halves alike): fp4's values come as
+// bf16 times 2^-126 (e2m1x8_bf16), so mxfp4's 2^(b - 127) is the product by 2^(b - 1), or for
+// b > 128 by 2^127 and then 2^(b - 128) (b = 255, e8m0's NaN, by NaN); nvfp4's e4m3 scale s by
+// 2^126 then s (one per 16 columns, s exact in bf16). fp8 and bf16 take none.
 struct LoadScale {
-    float f[2];
+    uint32_t f[2], g[2];
 };
 
 __device__ __forceinline__ LoadScale load_scale(const WeightChunks<C>& r) {
-    LoadScale s{{1.0f, 1.0f}};
+    LoadScale s{{0u, 0u}, {0u, 0u}};
 #if defined(WEIGHT_MXFP4)
-    const uint32_t b = r.s & 0xffu;  // one product where 2^(b - 127 + 14) is finite
-    s.f[0] = mxfp4_one_product(b) ? mxfp4_factor(b) : e8m0_load(b);
+    const int b = (int)(r.s & 0xffu);
+    const uint32_t f = b <= 128 ? bf16_pow2(b - 1) : bf16_pow2(127);
+    const uint32_t g = b <= 128 ? 0u : b == 255 ? 0x7fc0u : bf16_pow2(b - 128);
+    s.f[0] = s.f[1] = f | (f << 16);
+    s.g[0] = s.g[1] = g | (g << 16);  // 0: no second product
 #elif defined(WEIGHT_NVFP4)
-    s.f[0] = e4m3_load(r.s & 0xffu) * 16384.0f;
-    s.f[1] = e4m3_load((r.s >> 8) & 0xffu) * 16384.0f;
+    const uint32_t f = bf16_pow2(126);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_load((r.s >> (8 * h)) & 0xffu));
+        const uint32_t g = *reinterpret_cast<const unsigned short*>(&sc);
+        s.f[h] = f | (f << 16);
+        s.g[h] = g | (g << 16);
+    }
 #endif
     return s;
 }
 
-// Chunk i (eight columns) of a load as four bf16 pairs, exactly (see the header).
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// Eight e2m1 nibbles (low nibble first) as four bf16 pairs, nibbles (p, p + 4) in pair p, each
+// the value times 2^-126 exactly: the magnitude's bits (e1 e0 m) at bf16 bits 8..6 give exponent
+// field e and mantissa m/2, 2^(e - 127)(1 + m/2) for e > 0 and 2^-126 m/2 (a subnormal) for
+// e = 0, the e2m1 value times 2^-126 in both cases; the sign goes to bit 15.
+__device__ __forceinline__ void e2m1x8_bf16(uint32_t w, uint32_t (&out)[4]) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const int up = 6 - 4 * p;  // nibble p's bit 0 to bit 6 (and nibble p + 4's to bit 22)
+        const uint32_t mag = up >= 0 ? w << up : w >> -up;
+        out[p] = (mag & 0x01C001C0u) | ((mag << 6) & 0x80008000u);  // sign: bit 9 + 6
+    }
+}
+
+// Chunk i (eight columns) of a load as four bf16 pairs, exactly (see the header; fp4 pairs
+// columns (p, p + 4), PAIRED).
 __device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const LoadScale& s, int i) {
 #if defined(WEIGHT_BF16)
     return r.one.v;
-#else
+#elif defined(WEIGHT_FP8)
     float v[8];
-#if defined(WEIGHT_FP8)
     const uint32_t words[2] = {r.word(2 * i), r.word(2 * i + 1)};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {  // e4m3 pairs to f16x2 in one conversion (sm_89+), exact
@@ -97,26 +140,35 @@ __device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const Load
         v[2 * p] = f.x;
         v[2 * p + 1] = f.y;
     }
-#else
-    e2m1x8_scaled(r.word(i), v);  // the values times 2^-14
-#if defined(WEIGHT_MXFP4)
-    const bool one = mxfp4_one_product(r.s & 0xffu);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        v[e] = one ? __fmul_rn(v[e], s.f[0]) : __fmul_rn(v[e] * 16384.0f, s.f[0]);
-#else
-    const float f = s.f[i / 2];  // 16 columns a scale
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], f);  // v * s has at most 6 significant bits
-#endif
-#endif
     return make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]),
                       bf16x2(v[6], v[7]));
+#else
+    uint32_t q[4];
+    e2m1x8_bf16(r.word(i), q);
+#if defined(WEIGHT_NVFP4)
+    const int h = i / 2;  // 16 columns a scale
+#else
+    const int h = 0;
+#endif
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        q[p] = bf16x2_mul(q[p], s.f[h]);  // exact: a power-of-two product, no overflow
+        if (s.g[h]) q[p] = bf16x2_mul(q[p], s.g[h]);  // exact where the reference's v * s is
+    }
+    return make_uint4(q[0], q[1], q[2], q[3]);
 #endif
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
-    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+// The activations of one chunk (eight bf16 columns, pairs (2p, 2p + 1) in word p) in the pairs
+// the weights use: as they are, or (p, p + 4) for fp4.
+__device__ __forceinline__ uint4 pair_x(const uint4& x) {
+#if PAIRED
+    auto lo = [](uint32_t a, uint32_t b) { return (a & 0xffffu) | (b << 16); };
+    auto hi = [](uint32_t a, uint32_t b) { return (a >> 16) | (b & 0xffff0000u); };
+    return make_uint4(lo(x.x, x.z), hi(x.x, x.z), lo(x.y, x.w), hi(x.y, x.w));
+#else
+    return x;
+#endif
 }
 
 // The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
@@ -136,6 +188,10 @@ __device__ __forceinline__ float scaled(float d, float f) {
 #else
     return d;
 #endif
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
 // ------------------------------------------------------------------ the k-block partials
@@ -159,6 +215,9 @@ __device__ __forceinline__ float& partial(float* part, int b, int j, int m, int 
 template <int T>
 __device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunks<C> (&w)[T][2],
                                            const uint4 (&xa)[C]) {
+    uint4 xp[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) xp[i] = pair_x(xa[i]);
 #pragma unroll
     for (int j = 0; j < T; ++j) {
         const LoadScale s0 = load_scale(w[j][0]), s8 = load_scale(w[j][1]);
@@ -169,7 +228,7 @@ __device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunk
             for (int q = 0; q < 2; ++q) {
                 const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
                                        word_of(a0, 2 * q + 1), word_of(a8, 2 * q + 1)};
-                mma_bf16(acc[j], a, word_of(xa[i], 2 * q), word_of(xa[i], 2 * q + 1));
+                mma_bf16(acc[j], a, word_of(xp[i], 2 * q), word_of(xp[i], 2 * q + 1));
             }
         }
     }
