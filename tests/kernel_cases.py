@@ -289,40 +289,52 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
         assert worst <= 0, f"{rel.name} at {weight}: outside its bound by {worst:.3g}"
 
 
-def check_gemv_mma_mxfp4_scales(family: str, P: Any, F: Any, runner: Runner) -> None:
-    """mxfp4 scale bytes past 128 (factors past bf16's 2^127: the tensor-core GEMV's second
-    product) and 255 (e8m0's NaN) at the gemv_mma point of ``family``: one load of a row, every
-    block of another row, every seventh of a third; the activations are tiny so that every
-    product stays finite. Against the reference on the dequantized weights, NaN exactly where it
-    has NaN (the row with the NaN scale)."""
+def mxfp4_scaled_inputs(fam: Family, rows: int, k: int, n: int, seed: int,
+                        mark: Callable[[np.ndarray, np.random.Generator], None]):
+    """Inputs of a matmul family with mxfp4 weights whose scale bytes are 118-124 except where
+    ``mark(scale, rng)`` sets others, and activations near 2^-118 so that products with scales
+    up to 2^123 stay finite: (x, the dequantized f32 weights in port order, device parts)."""
     from metrale.lkb.quant import QuantTensor
 
-    fam = P.family(family)
-    point = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight="mxfp4")
-    assert F.realize(point).entry.endswith("_gemv_mma"), F.realize(point)
-    rows, k, n = 3, 1024, 40
-    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
     fmt = QuantFormat.parse("mxfp4")
-    rng = np.random.default_rng(129)
+    rng = np.random.default_rng(seed)
     x = (rng.standard_normal((rows, k)) * 2.0 ** -118).astype(ml_dtypes.bfloat16)
-    host, device = [x], {"x": (x,)}
+    weights, device = [], {"x": (x,)}
     for port in fam.inputs:
         if port.name not in fam.weights:
             continue
         specs = fmt.array_specs((n, k))
         data = rng.integers(0, 256, specs["data"][0], dtype=np.uint8)
         scale = rng.integers(118, 125, specs["scale"][0], dtype=np.uint8)
+        mark(scale, rng)
+        qt = QuantTensor(fmt, (n, k), data, scale.view(specs["scale"][1].numpy))
+        weights.append(np.asarray(qt.dequantize(), np.float32))
+        device[port.name] = (qt.data, qt.scale, qt.global_scale)
+    return x, weights, device
+
+
+def check_gemv_mma_mxfp4_scales(family: str, P: Any, F: Any, runner: Runner) -> None:
+    """mxfp4 scale bytes past 128 (factors past bf16's 2^127: the tensor-core GEMV's second
+    product) and 255 (e8m0's NaN) at the gemv_mma point of ``family``: one load of a row, every
+    block of another row, every seventh of a third. Against the reference on the dequantized
+    weights, NaN exactly where it has NaN (the row with the NaN scale)."""
+    fam = P.family(family)
+    point = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight="mxfp4")
+    assert F.realize(point).entry.endswith("_gemv_mma"), F.realize(point)
+    rows, k, n = 3, 1024, 40
+
+    def mark(scale: np.ndarray, rng: np.random.Generator) -> None:
         scale[5, 3] = 245  # one load of a row
         scale[17, :] = rng.integers(129, 251, k // 32)  # every block of one row
         scale[30, ::7] = 129
         scale[33, 9] = 255  # NaN: row 33's dots are NaN
-        qt = QuantTensor(fmt, (n, k), data, scale.view(specs["scale"][1].numpy))
-        host.append(np.asarray(qt.dequantize(), np.float32))
-        device[port.name] = (qt.data, qt.scale, qt.global_scale)
-    (ref,) = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))
+
+    x, weights, device = mxfp4_scaled_inputs(fam, rows, k, n, 129, mark)
+    (ref,) = SEMANTICS[fam.semantics](x, *weights, **kwargs(fam, point))
     assert np.isnan(ref.astype(np.float32)[:, 33]).all()
-    (dots,) = SEMANTICS["linear"](x, host[1], k_block=256, out="f32", act="bf16")
+    (dots,) = SEMANTICS["linear"](x, weights[0], k_block=256, out="f32", act="bf16")
     assert (np.abs(dots[:, 17]) > 1.0).all()  # the large scales count
+    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
     compare(point, fam, (ref,), runner(fam, point, sizes, device))
 
 

@@ -33,15 +33,20 @@ PROMPTS = {"gemv": [5, 17, 3, 99, 42, 7, 1, 250],
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
 @pytest.mark.parametrize("quant", ["bf16", "mxfp4"])
 def test_gpu_engine_matches_host(model, quant, shape):
-    prompt = PROMPTS[shape]
     with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64) as gpu, \
             Engine.load(model, hardware="host", quant=quant, max_ctx=64) as host:
-        _close(gpu.prefill(prompt), host.prefill(prompt), f"{model} {quant} prefill")
-        token = 11
-        for step in range(4):
-            g, h = gpu.decode([token]), host.decode([token])
-            _close(g, h, f"{model} {quant} decode step {step}")
-            token = int(h[0].argmax())
+        _prefill_and_decode(gpu, host, PROMPTS[shape], f"{model} {quant}")
+
+
+def _prefill_and_decode(gpu: Engine, host: Engine, prompt: list[int], what: str) -> None:
+    """The prompt's prefill, then four decode steps (each feeding the host's argmax), on both
+    engines: logits within the tolerance at every step."""
+    _close(gpu.prefill(prompt), host.prefill(prompt), f"{what} prefill")
+    token = 11
+    for step in range(4):
+        g, h = gpu.decode([token]), host.decode([token])
+        _close(g, h, f"{what} decode step {step}")
+        token = int(h[0].argmax())
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
@@ -49,17 +54,11 @@ def test_gpu_engine_matches_host(model, quant, shape):
 def test_gpu_engine_under_the_bounded_policy_matches_host(model, quant):
     """The bounded plan runs its GEMV-shaped matmuls on tensor cores (gemv_mma) and stays
     within the bf16 tolerance of the host's exact plan."""
-    prompt = PROMPTS["gemv"]
     with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64, policy="bounded") as gpu, \
             Engine.load(model, hardware="host", quant=quant, max_ctx=64) as host:
         entries = {k.kernel.entry for k in gpu.plan("decode", 1).kernels if k.kernel}
         assert any(e.endswith("_gemv_mma") for e in entries), sorted(entries)
-        _close(gpu.prefill(prompt), host.prefill(prompt), f"{model} {quant} prefill")
-        token = 11
-        for step in range(4):
-            g, h = gpu.decode([token]), host.decode([token])
-            _close(g, h, f"{model} {quant} bounded decode step {step}")
-            token = int(h[0].argmax())
+        _prefill_and_decode(gpu, host, PROMPTS["gemv"], f"{model} {quant} bounded")
 
 
 @pytest.mark.parametrize("policy", ["exact", "bounded"])

@@ -33,6 +33,7 @@ from tests.kernel_cases import (  # noqa: E402
     compare,
     inputs,
     kwargs,
+    mxfp4_scaled_inputs,
     relation_cases,
     row_invariant_points,
     sizes_for,
@@ -211,30 +212,17 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     load: rows with them in some blocks, one row with them in every block, the rest ordinary; the
     activations are tiny so that every product stays finite. Byte-equal to linear on the f32
     dequantized weights."""
-    import ml_dtypes
-
-    from metrale.lkb.quant import QuantTensor
-
     fam = P.family(family)
     quant = fam.point(**GEMV, weight="mxfp4")
     k, n = 4096, 72
     sizes = {**sizes_for(fam, 3), "k": k, "n": n}
-    fmt = QuantFormat.parse("mxfp4")
-    rng = np.random.default_rng(240)
-    x = (rng.standard_normal((3, k)) * 2.0 ** -118).astype(ml_dtypes.bfloat16)
-    device, weights = {"x": (x,)}, []
-    for port in fam.inputs:
-        if port.name not in fam.weights:
-            continue
-        specs = fmt.array_specs((n, k))
-        data = rng.integers(0, 256, specs["data"][0], dtype=np.uint8)
-        scale = rng.integers(118, 125, specs["scale"][0], dtype=np.uint8)
+
+    def mark(scale: np.ndarray, rng: np.random.Generator) -> None:
         scale[5, 3] = scale[40, 100] = 245  # one load of a row, another row's last load
         scale[17, :] = rng.integers(241, 251, k // 32)  # every block of one row
         scale[60, ::7] = 250
-        qt = QuantTensor(fmt, (n, k), data, scale.view(specs["scale"][1].numpy))
-        weights.append(np.asarray(qt.dequantize(), np.float32))
-        device[port.name] = (qt.data, qt.scale, qt.global_scale)
+
+    x, weights, device = mxfp4_scaled_inputs(fam, 3, k, n, 240, mark)
     got = _run_gpu(gpu, fam, quant, sizes, device)
     dots, want = _dequantized_gemv(gpu, family, sizes, (x,), weights)
     assert np.isfinite(want[0].astype(np.float32)).all()
