@@ -19,6 +19,12 @@ def _kernels_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default=None, help="kernels folder (default: the shipped one)")
 
 
+def _policy_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", choices=("exact", "bounded"), default="exact",
+                   help="numerics: exact (every fusion bit-identical) or bounded (also the "
+                        "relations with a declared error bound, e.g. tensor-core GEMVs)")
+
+
 def _format_arg(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
     p.add_argument("--format", choices=choices, default="table")
 
@@ -164,7 +170,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="prefill: logits for every row, or for the last row only")
     p.add_argument("--context", type=int, default=1024, help="cached positions per row")
     p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
-    p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
+    _policy_arg(p)
     p.add_argument("--layer", type=int, default=None, help="the layer whose kernels to list")
     p.add_argument("--diff", metavar="HW_OR_QUANT", default=None,
                    help="compare with the plan for another class or quant")
@@ -307,6 +313,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocking", action="store_true",
                    help="synchronize after every launch, so a fault names its kernel")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _policy_arg(p)
 
 
 @command("run", "run a model: prefill a prompt, then greedy decode steps, with tokens/s and "
@@ -332,7 +339,8 @@ def run(args: argparse.Namespace) -> int:
     console = _console()
     t0 = time.perf_counter()
     with Engine.load(source, hardware=args.hardware, quant=args.quant, act=args.act,
-                     max_ctx=args.context, seed=args.seed, blocking=args.blocking) as eng:
+                     max_ctx=args.context, seed=args.seed, blocking=args.blocking,
+                     policy=args.policy) as eng:
         load_s = time.perf_counter() - t0
         for line in summary_lines(eng.plan("decode", 1)):
             console.print(line, markup=False)
@@ -378,6 +386,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=100, help="timed steps (median)")
     p.add_argument("--record", action="store_true",
                    help="append evidence records (kernel bandwidth) for the class")
+    _policy_arg(p)
     _kernels_arg(p)
     _format_arg(p)
 
@@ -397,7 +406,7 @@ def bench(args: argparse.Namespace) -> int:
         return _bench_prefill(args)
     hw = load_hardware(args.kernels).get(args.hardware)
     with Engine.load(args.model, hardware=args.hardware, quant=args.quant,
-                     max_ctx=args.context + 1, slots=args.rows) as eng:
+                     max_ctx=args.context + 1, slots=args.rows, policy=args.policy) as eng:
         step = time_decode(eng, args.rows, steps=args.steps)
         kernels = kernel_times(eng, args.rows)
         device = eng.backend.limits.name
@@ -416,7 +425,7 @@ def bench(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
             "device": device, "rows": step.rows, "context": step.context,
-            "step_s": step.step_s, "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
+            "policy": args.policy, "step_s": step.step_s, "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
             "launches": step.launches, "graph": step.graph,
             "kernels": [{"kernel": k.label, "point": k.point, "count": k.count,
                          "seconds": k.seconds, "bytes": k.bytes_moved,
@@ -424,7 +433,7 @@ def bench(args: argparse.Namespace) -> int:
             "recorded": len(records)}, indent=2))
         return 0
     t = Table(title=f"{step.model} {step.quant} on {step.hardware} ({device}): decode, "
-                    f"{step.rows} row(s), context {step.context}")
+                    f"{step.rows} row(s), context {step.context}, policy {args.policy}")
     for col in ("kernel", "per step", "µs each", "GB/s", "share of step"):
         t.add_column(col)
     total = sum(k.seconds * k.count for k in kernels) or 1.0
@@ -452,13 +461,14 @@ def _bench_prefill(args: argparse.Namespace) -> int:
         raise ConfigError("evidence comes from the decode step's kernels, timed one by one",
                           key="--record", expected="--mode decode", found="--mode prefill")
     with Engine.load(args.model, hardware=args.hardware, quant=args.quant,
-                     max_ctx=max(args.rows, 1)) as eng:
+                     max_ctx=max(args.rows, 1), policy=args.policy) as eng:
         step = time_prefill(eng, args.rows, steps=args.steps)
         device = eng.backend.limits.name
     if args.format == "json":
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
-            "device": device, "mode": "prefill", "rows": step.rows, "step_s": step.step_s,
+            "device": device, "mode": "prefill", "rows": step.rows, "policy": args.policy,
+            "step_s": step.step_s,
             "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
             "launches": step.launches}, indent=2))
         return 0

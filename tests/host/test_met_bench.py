@@ -23,6 +23,22 @@ def test_met_bench_on_the_host(capsys):
     assert doc["recorded"] == 0
 
 
+def test_met_bench_and_met_run_take_the_bounded_policy(capsys):
+    """Under --policy bounded the plan's GEMV-shaped matmuls are the gemv_mma points (on the
+    host the reference semantics realize them); the exact policy never picks them."""
+    for policy in ("exact", "bounded"):
+        assert main(["bench", "tiny-qwen3", "--steps", "3", "--context", "16", "--rows", "2",
+                     "--policy", policy, "--format", "json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        mma = [k for k in doc["kernels"] if "shape=gemv_mma" in k["point"]]
+        assert doc["policy"] == policy and doc["step_s"] > 0
+        assert (len(mma) >= 3) == (policy == "bounded"), [k["point"] for k in doc["kernels"]]
+    assert main(["run", "tiny-llama", "--steps", "3", "--context", "32", "--policy", "bounded",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "policy=bounded" in out and "tokens:" in out
+
+
 def test_met_bench_times_a_prefill_step(capsys):
     assert main(["bench", "tiny-qwen3", "--mode", "prefill", "--rows", "20", "--steps", "2",
                  "--format", "json"]) == 0
