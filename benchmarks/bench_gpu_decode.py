@@ -13,8 +13,10 @@ way: a compiled peer that stands where transformers' own compiled decode fails (
 the lent H200's torch 2.11 / transformers 5.17).
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.1-8b``
-(``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--kernels`` times each kernel
-alone and prints the profile; ``--record`` writes those timings as evidence, at batch 1).
+(``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--policies exact,bounded`` plans
+under each policy, the bounded plans running the GEMV-shaped matmuls on tensor cores;
+``--kernels`` times each kernel alone and prints the profile; ``--record`` writes those timings
+as evidence, at batch 1). After the steps it prints each quantized step against the bf16 step.
 """
 
 from __future__ import annotations

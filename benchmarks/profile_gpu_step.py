@@ -12,7 +12,8 @@ memory), ``no_instruction`` (the instruction cache), ``barrier``, ``membar``,
 ``math_pipe_throttle`` and so on.
 
 Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
-``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``. Writes
+``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``
+(``--policy bounded`` profiles the bounded plans: the tensor-core GEMVs). Writes
 ``benchmarks/results/gpu_profile.json`` (the summary), and per target ``DIR/<model>_<quant>.csv``
 (ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
 of the kernels ``--source`` names).
@@ -196,7 +197,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     results = []
     for model, quant in a.targets:
-        stem = f"{model}_{quant}".replace(".", "_").replace("-", "_")
+        stem = f"{model}_{quant}".replace(".", "_").replace("-", "_") + (
+            "" if a.policy == "exact" else f"_{a.policy}")
         report = a.out / f"{stem}.ncu-rep"
         launches = a.out / f"{stem}.launches.json"
         cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
