@@ -169,12 +169,13 @@ def gemv_weights(cp: Any, fmt: str, n: int, k: int, copies: int) -> tuple[list, 
 
 
 def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: Any, y: Any,
-                  n: int) -> Any:
-    """launch(i): one GEMV over weight copy i (``pair``: gate_up, whose rows n.. are up's)."""
+                  n: int, shared: int = 0) -> Any:
+    """launch(i): one GEMV over weight copy i (``pair``: gate_up, whose rows n.. are up's), with
+    ``shared`` bytes of dynamic shared memory."""
     null = np.uint64(0)  # a null pointer argument
     rows, k = np.int32(x.shape[0]), np.int32(x.shape[1])
 
-    def launch(i: int, shared: int = 0) -> None:
+    def launch(i: int) -> None:
         d, s = ws[i]
         sp = s if s is not None else null
         if pair:
@@ -224,25 +225,37 @@ def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: 
     return launch
 
 
-def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
-    base = "ACT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"
-    variants_of = {fmt: GEMV_VARIANTS[fmt] for fmt in formats}
-    jobs = [(fmt, v) for fmt, vs in variants_of.items() for v in vs]
+def build_modules(cp: Any, tmp: Path, jobs: list[tuple[str, str, str]]) -> dict:
+    """Each job (weight format, source, defines) compiled, eight at a time, and loaded."""
+    base = "ACT_BF16 K_BLOCK=256"
     with ThreadPoolExecutor(8) as pool:
         cubins = list(pool.map(
-            lambda i: build("gemv.cu", f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][1]}",
-                            tmp / f"gemv_{i}.cubin"), range(len(jobs))))
-    modules = {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
+            lambda i: build(jobs[i][1], f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][2]}",
+                            tmp / f"job_{i}.cubin"), range(len(jobs))))
+    return {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
+
+
+def gemv_case(cp: Any, fmt: str, name: str, n: int, k: int, rows: int) -> SimpleNamespace:
+    """One GEMV shape's inputs: enough weight copies in ``fmt`` to rotate past L2 (gate_up's
+    gate and up rows stacked), random activations, the output, and the bytes one launch moves."""
+    wn = 2 * n if name == "gate_up" else n
+    copies = max(2, -(-ROTATE_BYTES // (wn * k * 2)))
+    ws, wbytes = gemv_weights(cp, fmt, wn, k, copies)
+    x = bf16_bits(cp, (rows, k))
+    y = cp.empty((rows, n), cp.uint16)
+    return SimpleNamespace(ws=ws, copies=copies, x=x, y=y, total=wbytes + x.nbytes + y.nbytes)
+
+
+def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
+    variants_of = {fmt: GEMV_VARIANTS[fmt] for fmt in formats}
+    modules = build_modules(cp, tmp, [(fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}")
+                                      for fmt, vs in variants_of.items() for v in vs])
     rows_out = []
     for fmt, variants in variants_of.items():
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8) if name in ("gate_up", "down") else (1,):
-                wn = 2 * n if name == "gate_up" else n
-                copies = max(2, -(-ROTATE_BYTES // (wn * k * 2)))
-                ws, wbytes = gemv_weights(cp, fmt, wn, k, copies)
-                x = bf16_bits(cp, (rows, k))
-                y = cp.empty((rows, n), cp.uint16)
-                total = wbytes + x.nbytes + y.nbytes
+                case = gemv_case(cp, fmt, name, n, k, rows)
+                ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
                 ref = None  # the default's output: a variant changes the speed, never a byte
                 for v in variants:  # every variant on the same weights
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
@@ -250,7 +263,7 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
                     warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
                     grid = (-(-n // warps), -(-rows // rpw), 1)
                     entry = "metrale_gate_up_swiglu" if name == "gate_up" else "metrale_linear"
-                    fn = modules[fmt, v].get_function(entry)
+                    fn = modules[fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}"].get_function(entry)
                     launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n)
                     sec = time_graph(cp, launch, copies)
                     got = y.copy()
@@ -265,7 +278,7 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
                     print(f"gemv {fmt:5} {v or 'default':32} {model:12} {name:7} rows={rows} "
                           f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s"
                           f"{'' if same else '  BYTES DIFFER FROM DEFAULT'}", flush=True)
-                del ws
+                del ws, case
     return rows_out
 
 
@@ -273,28 +286,17 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[
     """gemv_mma.cu's variants at the decode shapes, rows 1 and 8, each beside gemv.cu's default
     kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
     within the bf16 tolerance of the largest output (the orders differ, so bytes may)."""
-    base = "ACT_BF16 K_BLOCK=256"
-    jobs = [(fmt, "gemv.cu", "ACROSS_SEQUENTIAL") for fmt in formats] + [
-        (fmt, "gemv_mma.cu", v) for fmt in formats for v in GEMV_MMA_VARIANTS]
-    with ThreadPoolExecutor(8) as pool:
-        cubins = list(pool.map(
-            lambda i: build(jobs[i][1], f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][2]}",
-                            tmp / f"mma_{i}.cubin"), range(len(jobs))))
-    modules = {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
+    kernels = [("gemv.cu", "ACROSS_SEQUENTIAL")] + [("gemv_mma.cu", v) for v in GEMV_MMA_VARIANTS]
+    modules = build_modules(cp, tmp, [(fmt, src, v) for fmt in formats for src, v in kernels])
     rows_out = []
     for fmt in formats:
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8):
                 pair = name == "gate_up"
-                wn = 2 * n if pair else n
-                copies = max(2, -(-ROTATE_BYTES // (wn * k * 2)))
-                ws, wbytes = gemv_weights(cp, fmt, wn, k, copies)
-                x = bf16_bits(cp, (rows, k))
-                y = cp.empty((rows, n), cp.uint16)
-                total = wbytes + x.nbytes + y.nbytes
+                case = gemv_case(cp, fmt, name, n, k, rows)
+                ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
                 ref = None
-                for source, v in [("gemv.cu", "ACROSS_SEQUENTIAL")] + [
-                        ("gemv_mma.cu", v) for v in GEMV_MMA_VARIANTS]:
+                for source, v in kernels:
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
                     mma = source == "gemv_mma.cu"
                     entry = ("metrale_gate_up_swiglu" if pair else "metrale_linear") + (
@@ -304,8 +306,7 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[
                         threads, shared = gemv_mma_launch(k, pair, v)
                         fn.max_dynamic_shared_size_bytes = shared
                         grid = (-(-n // 16), -(-rows // 8), 1)
-                        launch = _with_shared(gemv_launcher(fn, pair, grid, threads, ws, x, y,
-                                                            n), shared)
+                        launch = gemv_launcher(fn, pair, grid, threads, ws, x, y, n, shared)
                     else:
                         grid = (-(-n // 4), -(-rows // 8), 1)
                         launch = gemv_launcher(fn, pair, grid, 128, ws, x, y, n)
@@ -325,15 +326,8 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[
                     print(f"{fmt:5} {label:28} {model:12} {name:7} rows={rows} "
                           f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s "
                           f"diff {err:.1e}", flush=True)
-                del ws
+                del ws, case
     return rows_out
-
-
-def _with_shared(launch: Any, shared: int) -> Any:
-    """``launch`` with ``shared`` bytes of dynamic shared memory (gemv_launcher's have none)."""
-    def run(i: int) -> None:
-        launch(i, shared)
-    return run
 
 
 def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:

@@ -425,7 +425,8 @@ def bench(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
             "device": device, "rows": step.rows, "context": step.context,
-            "policy": args.policy, "step_s": step.step_s, "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
+            "policy": args.policy, "step_s": step.step_s, "floor_s": step.floor_s,
+            "bytes_moved": step.bytes_moved,
             "launches": step.launches, "graph": step.graph,
             "kernels": [{"kernel": k.label, "point": k.point, "count": k.count,
                          "seconds": k.seconds, "bytes": k.bytes_moved,

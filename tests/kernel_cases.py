@@ -242,6 +242,18 @@ GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
 """The prefill GEMM point's parameters other than the weight format."""
 
 
+def case_id(x: Any) -> str:
+    """A parametrize id for (family, sizes) cases: the family, or the sizes as k544-n40."""
+    return x if isinstance(x, str) else "-".join(f"{k}{v}" for k, v in x.items())
+
+
+def matmul_point(fam: Family, shape: str, weight: str) -> Point:
+    """``fam``'s bf16 point of ``shape`` (gemm, gemv or gemv_mma) in ``weight``; lm_head's
+    gives f32 logits."""
+    return fam.point(**{**GEMM, "shape": shape}, weight=weight,
+                     **({"out": "f32"} if fam.name == "lm_head" else {}))
+
+
 def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
                runner: Runner, shape: str = "gemm") -> None:
     """``family``'s tensor-core point (``shape`` gemm, or gemv_mma) in ``weight`` at ``dims``
@@ -250,8 +262,7 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
     import pytest
 
     fam = P.family(family)
-    point = fam.point(**{**GEMM, "shape": shape}, weight=weight,
-                      **({"out": "f32"} if family == "lm_head" else {}))
+    point = matmul_point(fam, shape, weight)
     if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
         pytest.skip(f"{weight} needs k a multiple of its block")
     assert F.realize(point).entry.endswith("_mma"), F.realize(point)
@@ -270,9 +281,7 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
 
     fam = P.family(family)
     rel = P.relation(f"mma_gemv_{family}")
-    extra = {"out": "f32"} if family == "lm_head" else {}
-    lhs = fam.point(**{**GEMM, "shape": "gemv"}, weight=weight, **extra)
-    rhs = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight=weight, **extra)
+    lhs, rhs = matmul_point(fam, "gemv", weight), matmul_point(fam, "gemv_mma", weight)
     assert F.realize(rhs).entry.endswith("_gemv_mma"), F.realize(rhs)
     assert not F.realize(lhs).entry.endswith("mma"), F.realize(lhs)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
@@ -319,7 +328,7 @@ def check_gemv_mma_mxfp4_scales(family: str, P: Any, F: Any, runner: Runner) -> 
     block of another row, every seventh of a third. Against the reference on the dequantized
     weights, NaN exactly where it has NaN (the row with the NaN scale)."""
     fam = P.family(family)
-    point = fam.point(**{**GEMM, "shape": "gemv_mma"}, weight="mxfp4")
+    point = matmul_point(fam, "gemv_mma", "mxfp4")
     assert F.realize(point).entry.endswith("_gemv_mma"), F.realize(point)
     rows, k, n = 3, 1024, 40
 
@@ -345,10 +354,8 @@ def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Run
     which pins each output to its row and column (a wrong fragment layout or tile index moves
     values). f32 weights are integers of 18 significant bits against x of ±1 (k under 64 keeps
     the sums below 2^24), so each weight's three bf16 parts (8, 8 and 2 bits) all count."""
-    import ml_dtypes
-
     fam = P.family("linear")
-    point = fam.point(**{**GEMM, "shape": shape}, weight=weight)
+    point = matmul_point(fam, shape, weight)
     rng = np.random.default_rng(3)
     if weight == "f32":
         assert k < 64, "18-bit weights keep every sum exact only below 64 columns"

@@ -23,6 +23,7 @@ from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
     PREFILL_SHAPES,
+    case_id,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
@@ -279,8 +280,7 @@ GEMM_SHAPES = [
 
 
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("family,dims", GEMM_SHAPES, ids=lambda x: x if isinstance(x, str) else
-                         "-".join(f"{k}{v}" for k, v in x.items()))
+@pytest.mark.parametrize("family,dims", GEMM_SHAPES, ids=case_id)
 def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
     """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
@@ -309,8 +309,7 @@ GEMV_MMA_SHAPES = [
 
 
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("family,dims", GEMV_MMA_SHAPES, ids=lambda x: x if isinstance(x, str)
-                         else "-".join(f"{k}{v}" for k, v in x.items()))
+@pytest.mark.parametrize("family,dims", GEMV_MMA_SHAPES, ids=case_id)
 def test_gemv_mma_at_decode_shapes_matches_reference(gpu, family, dims, weight):
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a), shape="gemv_mma")
 

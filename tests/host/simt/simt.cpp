@@ -182,8 +182,8 @@ static bool wrote_past(unsigned shared) {
 // meet between blocks while thread 0 checks that the last block wrote nothing past the dynamic
 // size, poisons shared memory and sets up the next block's barriers. Blocks run one at a time,
 // the last first: a GPU gives no order, and the hardware's tends to be the grid's, so a kernel
-// that reads what a later block writes (a race on the device) sees it unwritten here. 0: done; 1: a launch the
-// GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
+// that reads what a later block writes (a race on the device) sees it unwritten here. 0: done;
+// 1: a launch the GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
 extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
                         int bz, int shared) {
     const int threads = bx * by * bz;
