@@ -51,22 +51,14 @@ GEMV_SHAPES = [
 ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024
 
-# "" is the source's own choice; the others override it. The first override of each list is the
-# choice the source replaced or declined, for the comparison in the same run: for bf16 and fp8 a
-# warp's next loads issued only after the arithmetic of all those before (DOT_RING=0), for
-# mxfp4 the ring (DOT_RING=1); for fp8 and mxfp4 the second is version 10's one 8-wide chunk per
-# load (8 and 4 bytes; version 11 loads 16).
-GEMV_VARIANTS = {
-    "bf16": ["", "DOT_RING=0", "GATE_UP_MIN_BLOCKS=8", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
-             "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8"],
-    "fp8": ["", "DOT_RING=0", "DOT_CHUNKS=1 DOT_RING=0", "DOT_AHEAD=2",
-            "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6"],
-    "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
-              "DOT_AHEAD=4"],
-}
-# the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: warps per
-# block (each block 16 output columns) and rounds of loads in flight
-GEMV_MMA_VARIANTS = ["", "WARPS=4", "WARPS=16", "GEMV_MMA_AHEAD=2", "GEMV_MMA_AHEAD=8"]
+# "" is the source's own choice; the others override it: the weight loads asking L2 to fetch 128
+# or 256 bytes around each (WEIGHT_L2_FETCH, metrale.cuh), so a warp's next loads of the row hit L2.
+GEMV_VARIANTS = {fmt: ["", "WEIGHT_L2_FETCH=128", "WEIGHT_L2_FETCH=256"]
+                 for fmt in ("bf16", "fp8", "mxfp4")}
+# the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: the L2 fetch
+# size of the weight loads, and rounds of loads in flight (fp4's default is 2, the others' 4)
+GEMV_MMA_VARIANTS = ["", "WEIGHT_L2_FETCH=128", "WEIGHT_L2_FETCH=256",
+                     "WEIGHT_L2_FETCH=256 GEMV_MMA_AHEAD=4", "WEIGHT_L2_FETCH=256 GEMV_MMA_AHEAD=8"]
 
 
 def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
@@ -282,7 +274,8 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
     return rows_out
 
 
-def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
+def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
+                   row_counts: tuple[int, ...] = (1, 8)) -> list[dict]:
     """gemv_mma.cu's variants at the decode shapes, rows 1 and 8, each beside gemv.cu's default
     kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
     within the bf16 tolerance of the largest output (the orders differ, so bytes may)."""
@@ -291,7 +284,7 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[
     rows_out = []
     for fmt in formats:
         for model, name, n, k in GEMV_SHAPES:
-            for rows in (1, 8):
+            for rows in row_counts:
                 pair = name == "gate_up"
                 case = gemv_case(cp, fmt, name, n, k, rows)
                 ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
@@ -372,6 +365,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["gemv", "attention", "gemv_mma"])
     ap.add_argument("--weights", default=",".join(GEMV_VARIANTS),
                     help="the GEMV weight formats to sweep, comma-separated")
+    ap.add_argument("--rows", default="1,8", help="gemv_mma: the row counts, comma-separated")
     args = ap.parse_args()
     formats = args.weights.split(",")
     if unknown := set(formats) - set(GEMV_VARIANTS):
@@ -388,7 +382,8 @@ def main() -> None:
         if args.only in (None, "gemv"):
             rows += bench_gemv(cp, Path(t), rate, formats)
         if args.only in (None, "gemv_mma"):
-            rows += bench_gemv_mma(cp, Path(t), rate, formats)
+            rows += bench_gemv_mma(cp, Path(t), rate, formats,
+                                   tuple(int(r) for r in args.rows.split(",")))
     name = f"gpu_variants_{args.only}" if args.only else "gpu_variants"  # a part: its own file
     path = write_result(name, {"copy_rate_bytes_per_s": rate, "launches_per_graph": LAUNCHES,
                                "rows": rows})

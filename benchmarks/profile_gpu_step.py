@@ -14,7 +14,8 @@ memory), ``no_instruction`` (the instruction cache), ``barrier``, ``membar``,
 Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
 ``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``
 (``--policy bounded`` profiles the bounded plans: the tensor-core GEMVs). Writes
-``benchmarks/results/gpu_profile.json`` (the summary), and per target ``DIR/<model>_<quant>.csv``
+``benchmarks/results/gpu_profile.json`` (the summary; ``gpu_profile_bounded.json`` under
+``--policy bounded``), and per target ``DIR/<model>_<quant>.csv``
 (ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
 of the kernels ``--source`` names).
 """
@@ -47,6 +48,8 @@ KEEP = {
     "launch__registers_per_thread": "registers",
     "launch__grid_size": "grid",
     "launch__occupancy_limit_registers": "blocks_limit_registers",
+    "launch__occupancy_limit_shared_mem": "blocks_limit_shared",
+    "sm__maximum_warps_per_active_cycle_pct": "occupancy_limit_pct",
     "lts__t_sector_hit_rate.pct": "l2_hit_pct",
     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "global_load_requests",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "global_load_sectors",
@@ -237,7 +240,8 @@ def main() -> None:
                   f"sect/req {(k['global_load_sectors'] or 0) / (k['global_load_requests'] or 1):4.1f}"
                   f" | {top}")
         report.unlink()
-    print("wrote", write_result("gpu_profile", {"targets": results}))
+    name = "gpu_profile" if a.policy == "exact" else f"gpu_profile_{a.policy}"
+    print("wrote", write_result(name, {"targets": results}))
 
 
 if __name__ == "__main__":

@@ -194,6 +194,55 @@ __device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
     return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
+// ------------------------------------------------------------------ the weight loads
+
+// A load reads 64 bytes of each of a warp's 16 rows (four lanes' 16), and the warp's next rounds
+// read the row's following bytes: GEMV_MMA_L2_FETCH = 128 (or 256) asks L2 to fetch that many
+// bytes around each load from DRAM (ld's L2 prefetch size), so the next round's loads of the row
+// meet them in L2 (benchmarks/bench_gpu_variants.py --only gemv_mma: Llama-3.1-8B's bf16 and
+// fp8 GEMVs 5-12 % faster at 128 than plain loads, 256 in between; docs/gpu-notes.md, version
+// 17). 0: plain loads. gemv.cu's warps read 512 contiguous bytes a load and gain nothing from it.
+#ifndef GEMV_MMA_L2_FETCH
+#define GEMV_MMA_L2_FETCH 128
+#endif
+
+__device__ __forceinline__ uint4 load16(const void* p) {
+    uint4 r;
+#if GEMV_MMA_L2_FETCH == 128
+    asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+#elif GEMV_MMA_L2_FETCH == 256
+    asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+#elif GEMV_MMA_L2_FETCH == 0
+    r = *(const uint4*)p;
+#else
+#error "GEMV_MMA_L2_FETCH is 0, 128 or 256"
+#endif
+    return r;
+}
+
+// weight_chunks_load (metrale.cuh) with the data's 16 bytes read by load16: C chunks of one
+// weight row from column c, and the scales they use.
+__device__ __forceinline__ WeightChunks<C> chunks_load(WeightRef w, int c) {
+    WeightChunks<C> r;
+#if defined(WEIGHT_BF16)
+    r.one.v = load16((const __nv_bfloat16*)w.data + c);
+#elif defined(WEIGHT_FP8)
+    r.v = load16((const uint8_t*)w.data + c);
+#else
+    r.v = load16((const uint8_t*)w.data + c / 2);
+#if defined(WEIGHT_MXFP4)
+    r.s = ((const uint8_t*)w.scale)[c / 32];  // the 32 columns share one scale
+#else
+    r.s = *(const uint16_t*)((const uint8_t*)w.scale + c / 16);
+#endif
+#endif
+    return r;
+}
+
 // ------------------------------------------------------------------ the k-block partials
 
 // Rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes, and the activations).
@@ -285,7 +334,7 @@ __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k,
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (s < steps && c < k) {
-                    wr[u][j][h] = weight_chunks_load<C>(w[j][h], c);
+                    wr[u][j][h] = chunks_load(w[j][h], c);
                 } else {
                     wr[u][j][h] = WeightChunks<C>{};
 #if defined(WEIGHT_MXFP4)

@@ -149,6 +149,11 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     } else if (t == "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];") {
         shared_row((uint32_t)in[0], tmpl);
         ldmatrix_x4_trans(outs, (size_t)(uint32_t)in[0]);
+    } else if (t == "ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];" ||
+               t == "ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];") {
+        global_row(as<const void*>(in[0]), tmpl);  // the L2 fetch size is only a hint
+        for (int e = 0; e < 4; ++e)
+            std::memcpy(outs.begin()[e].p, as<const char*>(in[0]) + 4 * e, 4);
     } else if (t.rfind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ", 0) == 0) {
         mma_bf16(outs, in);
     } else {
