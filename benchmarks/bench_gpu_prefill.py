@@ -74,11 +74,14 @@ SHAPES = [
     ("llama-3.1-8b", "down", "linear", {"k": 14336, "n": 4096}),
     ("qwen3-0.6b", "lm_head", "lm_head", {"k": 1024, "n": 151936}),
     ("llama-3.1-8b", "lm_head", "lm_head", {"k": 4096, "n": 128256}),
+    ("llama-3.1-8b", "down_add", "linear_add", {"k": 14336, "n": 4096}),
 ]
 """Each layer's matmuls as the prefill plans launch them (o_proj and down_proj plain: the
-residual add goes to add_rmsnorm), and the head."""
-FORMATS = {"lm_head": ("bf16",), "qkv": ("bf16", "fp8", "mxfp4"),
-           "gate_up_swiglu": ("bf16", "fp8", "mxfp4")}
+residual add goes to add_rmsnorm), the head, and the last layer's down_proj with its residual
+add, as the plans that keep only the last row's logits launch it (linear_add)."""
+FORMATS = {"lm_head": ("bf16",), "qkv": ("bf16", "fp8", "mxfp4", "nvfp4"),
+           "gate_up_swiglu": ("bf16", "fp8", "mxfp4", "nvfp4"),
+           "linear_add": ("bf16", "fp8", "mxfp4", "nvfp4")}
 """Weight formats a family runs in, where not every one: the plans keep the head in bf16, and
 only linear runs on f32 weights (the exact policy's fp8 prefill dequantizes them first)."""
 # gemm.cu's compile-time choices (its header explains each); "" is the source's own
@@ -428,17 +431,19 @@ def tensor_records(measured: list[tuple[str, str, float, str]]) -> list:
             for family, point, tflops, source_hash in measured]
 
 
-def step_kernels(eng: Any, config: Any, rows: int, step_s: float,
-                 records: list | None) -> list[dict]:
-    """Each distinct kernel of the prefill of a ``rows``-token prompt timed alone, printed as
-    shares of the step; with ``records``, evidence for those the matmul cases do not measure:
-    the prefill attention's tensor throughput (causal: each row sees itself and the rows before
-    it) and the other kernels' bandwidth."""
+def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list | None,
+                 logits: str = "all", skip: frozenset = frozenset()) -> list[dict]:
+    """Each distinct kernel of the prefill of a ``rows``-token prompt (``logits`` as
+    prefill_program takes it; points in ``skip`` left out) timed alone, printed as shares of the
+    step; with ``records``, evidence for those the matmul cases do not measure: the prefill
+    attention's tensor throughput (causal: each row sees itself and the rows before it) and the
+    other kernels' bandwidth."""
     from bench_gpu_decode import print_kernels
 
     from metrale.runtime.bench import evidence, kernel_times
 
-    timings = kernel_times(eng, rows, mode="prefill", repeats=5)
+    timings = [k for k in kernel_times(eng, rows, mode="prefill", repeats=5, logits=logits)
+               if k.point not in skip]
     seen = rows * (rows + 1) / 2
     attention_flops = 4 * seen * config.num_attention_heads * config.head_dim
     kernels = []
@@ -506,6 +511,10 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                       f"last row's logits only {last.step_s * 1e3:.2f} ms", flush=True)
                 if (kernels or records is not None) and rows == max(lengths):
                     row["kernels"] = step_kernels(eng, config, rows, t.step_s, records)
+                    # the kernels only the last row's logits launch (last_row, ...)
+                    row["last_logits_kernels"] = step_kernels(
+                        eng, config, rows, last.step_s, records, logits="last",
+                        skip=frozenset(k["point"] for k in row["kernels"]))
             eng.close()
     return out
 

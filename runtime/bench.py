@@ -125,11 +125,13 @@ def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
                       plan.floor_s, plan.bytes_moved, plan.kernel_count, prog._graph is not None)
 
 
-def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20
-                 ) -> tuple[KernelTiming, ...]:
+def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20,
+                 logits: str = "all") -> tuple[KernelTiming, ...]:
     """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
-    ``rows``-token prompt) timed alone, its inputs rotated across copies."""
-    prog = decode_program(engine, rows) if mode == "decode" else prefill_program(engine, rows)
+    ``rows``-token prompt, with ``logits`` as prefill_program takes it) timed alone, its inputs
+    rotated across copies."""
+    prog = (decode_program(engine, rows) if mode == "decode"
+            else prefill_program(engine, rows, logits=logits))
     be = engine.backend
     groups: dict[tuple, list[int]] = {}
     for i, ln in enumerate(prog.launches):

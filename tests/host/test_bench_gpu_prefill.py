@@ -15,7 +15,7 @@ import bench_gpu_prefill as bench  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", ["gemm", "gemv"])
-@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "f32"])
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4", "f32"])
 def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
     for _model, _name, family, dims in bench.SHAPES:
         if not bench.runs_in(family, weight):
@@ -61,20 +61,24 @@ def test_time_prefill_runs_the_prompt_into_the_cache():
         assert last.launches == t.launches + 1  # last_row; the norm stays unfused from the add
 
 
-def test_the_matmul_launches_are_the_prefill_plans_own():
+@pytest.mark.parametrize("policy", ["exact", "bounded"])
+@pytest.mark.parametrize("logits", ["all", "last"])
+def test_the_matmul_launches_are_the_prefill_plans_own(logits, policy):
     """The bench times the gemm kernels the sm_90 prefill plans launch (o_proj and down_proj
-    plain, their residual going to add_rmsnorm; the head in bf16; linear on f32 weights, after
-    dequant, in fp8's exact prefill), so its evidence lands on the plans' points."""
+    plain, their residual going to add_rmsnorm, except the last layer's down_proj where only the
+    last row's logits are kept; the head in bf16; linear on f32 weights, after dequant, in the
+    exact policy's fp8 and nvfp4 prefill), so its evidence lands on the plans' points."""
     from metrale.plan.plan import plan_for
 
     for model in ("qwen3-0.6b", "llama-3.1-8b"):
-        for quant in ("bf16", "fp8", "mxfp4"):
-            plan = plan_for(model, quant, "sm_90", mode="prefill", rows=512)
+        for quant in ("bf16", "fp8", "mxfp4", "nvfp4"):
+            plan = plan_for(model, quant, "sm_90", mode="prefill", rows=512, logits=logits,
+                            policy=policy)
             launched = {str(k.point) for k in plan.launches if "shape=gemm" in str(k.point)}
             timed = {str(bench.realized(family, w, "gemm").point)
-                     for m, _n, family, _d in bench.SHAPES if m == model
+                     for _m, _n, family, _d in bench.SHAPES
                      for w in (quant, "bf16", "f32") if bench.runs_in(family, w)}
-            assert launched <= timed, launched - timed
+            assert launched <= timed, (model, quant, launched - timed)
 
 
 @pytest.mark.parametrize("weight", ["bf16", "f32", "mxfp4"])
@@ -102,6 +106,23 @@ def test_kernel_times_cover_every_kernel_of_a_prefill():
         assert {k.point for k in ks} == {str(k.point) for k in plan.launches}
         assert sum(k.count for k in ks) == plan.kernel_count
         assert all(k.seconds > 0 for k in ks)
+
+
+def test_kernel_times_of_the_last_row_plan_include_its_own_kernels(capsys):
+    """The plan that keeps the last row's logits launches kernels the full one does not
+    (last_row); timed, and passed over where the full plan's timing has them already."""
+    from metrale.runtime.bench import kernel_times
+    from metrale.runtime.engine import Engine
+
+    with Engine.load("tiny-llama", max_ctx=64) as eng:
+        ks = kernel_times(eng, 40, mode="prefill", repeats=2, logits="last")
+        plan = eng.plan("prefill", 40, logits="last")
+        assert {k.point for k in ks} == {str(k.point) for k in plan.launches}
+        full = {str(k.point) for k in eng.plan("prefill", 40).launches}
+        own = bench.step_kernels(eng, eng.config, 40, 1.0, None, logits="last",
+                                 skip=frozenset(full))
+    assert own and {k["point"] for k in own} == {k.point for k in ks} - full
+    assert any(k["point"].startswith("last_row[") for k in own)
 
 
 def test_step_kernels_give_attention_its_throughput(capsys):
