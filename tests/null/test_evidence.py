@@ -231,14 +231,18 @@ def _append_five(path: str, worker: int) -> None:
 @pytest.mark.parametrize("model", ["qwen3-0.6b", "llama-3.1-8b"])
 @pytest.mark.parametrize("policy", ["exact", "bounded"])
 def test_the_shipped_evidence_measures_every_kernel_of_the_benchmarked_plans(model, policy):
-    """Every kernel the sm_90 decode and prefill plans of the benchmarked models launch, in bf16,
-    fp8 and mxfp4 under either policy, has a record whose source hash matches the kernel's
-    source today: a kernel edited without a new record run shows here as unmeasured."""
+    """Every kernel the sm_90 decode (1 and 8 rows) and prefill plans (every row's logits or
+    the last row's) of the benchmarked models launch, in bf16, fp8, mxfp4 and nvfp4 under either
+    policy, has a record whose source hash matches the kernel's source today: a kernel edited
+    without a new record run shows here as unmeasured."""
     from metrale.plan.plan import plan_for
 
-    for quant in ("bf16", "fp8", "mxfp4"):
-        for mode, rows in (("decode", 1), ("prefill", 512)):
-            plan = plan_for(model, quant, "sm_90", mode=mode, rows=rows, policy=policy)
+    steps = [("decode", 1, "all"), ("decode", 8, "all"), ("prefill", 512, "all"),
+             ("prefill", 512, "last")]
+    for quant in ("bf16", "fp8", "mxfp4", "nvfp4"):
+        for mode, rows, logits in steps:
+            plan = plan_for(model, quant, "sm_90", mode=mode, rows=rows, policy=policy,
+                            logits=logits)
             unmeasured = sorted({str(k.point) for k in plan.kernels
                                  if k.kernel is not None and k.evidence != "measured on sm_90"})
-            assert not unmeasured, (quant, mode, unmeasured)
+            assert not unmeasured, (quant, mode, rows, logits, unmeasured)
