@@ -6,9 +6,10 @@
 // Why: gemv.cu dequantizes every weight in f32 and multiplies it on the CUDA cores, the order
 // the exact policy needs; for fp8 and fp4 weights that costs 8-9 instructions a weight and lane,
 // and the H200 issues them slower than HBM delivers the bytes (docs/gpu-notes.md, version 12).
-// Here a weight becomes bf16 exactly (2 instructions for fp8, none for bf16) and the products
-// and sums run in m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows of a
-// launch (up to 8) are the MMA's n columns, so 8 rows cost about what 1 row costs.
+// Here a weight becomes bf16 exactly (none for bf16, 2 instructions for fp8, about 2.5 for
+// fp4: its bits placed, then the scale's bf16x2 product) and the products and sums run in
+// m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows of a launch (up to 8) are
+// the MMA's n columns, so 8 rows cost about what 1 row costs.
 //
 // Work: a block of WARPS warps owns GROUP (16) consecutive output columns of each of T weight
 // tiles (T = 2 for gate_up_swiglu: the gate and up rows of the same 16 outputs, which share the
@@ -200,8 +201,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
 // read the row's following bytes: GEMV_MMA_L2_FETCH = 128 (or 256) asks L2 to fetch that many
 // bytes around each load from DRAM (ld's L2 prefetch size), so the next round's loads of the row
 // meet them in L2 (benchmarks/bench_gpu_variants.py --only gemv_mma: Llama-3.1-8B's bf16 and
-// fp8 GEMVs 5-12 % faster at 128 than plain loads, 256 in between; docs/gpu-notes.md, version
-// 17). 0: plain loads. gemv.cu's warps read 512 contiguous bytes a load and gain nothing from it.
+// fp8 GEMVs 5-14 % faster at 128 than plain loads, less so at 256; docs/gpu-notes.md,
+// version 17). 0: plain loads. gemv.cu's warps read 512 contiguous bytes a load and gain nothing.
 #ifndef GEMV_MMA_L2_FETCH
 #define GEMV_MMA_L2_FETCH 128
 #endif
