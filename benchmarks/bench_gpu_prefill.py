@@ -1,10 +1,10 @@
 """The prefill GEMMs on tensor cores against cuBLAS (through torch) and the floors, on the GPU.
 
-For the four matmul launches of a layer of Qwen3-0.6B and Llama-3.1-8B (qkv, o_proj with the
-residual add, gate_up with SwiGLU, down_proj with the residual add) at several prompt lengths,
-this script builds the sm_90 realization of each `gemm` point (bf16 activations; bf16, fp8 and
-mxfp4 weights) as the build compiles it, checks its output against torch's on the same inputs,
-and times it. The peer is the same work in torch: one cuBLAS matmul over the concatenated
+For the matmul launches of a layer of Qwen3-0.6B and Llama-3.1-8B (SHAPES: qkv, o_proj,
+gate_up with SwiGLU, down_proj; the head; and the last layer's down_proj with its residual add)
+at several prompt lengths, this script builds the sm_90 realization of each `gemm` point (bf16
+activations; bf16, fp8, mxfp4, nvfp4 or f32 weights) as the build compiles it, checks its output
+against torch's on the same inputs, and times it. The peer is the same work in torch: one cuBLAS matmul over the concatenated
 weights (``addmm`` where the residual is added, ``silu(g) * u`` after it for gate_up), bf16.
 Floors, from the same run: the tensor-core peak (dense bf16, the H200's datasheet figure) and
 the bytes moved at the device-to-device copy rate measured here; a launch's floor is the larger.
@@ -13,15 +13,17 @@ the run shows where the tensor cores start to pay (the planner's GEMV_MAX_ROWS).
 the median over several replays of a CUDA graph of back-to-back launches.
 
 Then whole prefill steps (``--steps 512,2048``): the sm_90 plan's prefill of one prompt, against
-the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt.
+the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt, and the
+same prompt keeping only the last row's logits.
 
 With ``--variants``, instead: gemm.cu built with each of GEMM_VARIANTS' defines (tile shape,
 stages, where the k-blocks' sum lives, blocks per SM), each checked against torch and timed at
 VARIANT_CASES, side by side with the source's own choice, into ``gpu_prefill_variants.json``.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
-``--weights bf16,fp8,mxfp4``; ``--record`` appends each gemm kernel's throughput at the largest
-rows to the sm_90 evidence). Writes ``benchmarks/results/gpu_prefill.json``.
+``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` appends each gemm kernel's throughput at the
+largest rows to the sm_90 evidence, and each other kernel of the longest step's plans, the
+last-row plan's own included). Writes ``benchmarks/results/gpu_prefill.json``.
 """
 
 from __future__ import annotations
