@@ -4,10 +4,11 @@ For the matmul launches of a layer of Qwen3-0.6B and Llama-3.1-8B (SHAPES: qkv, 
 gate_up with SwiGLU, down_proj; the head; and the last layer's down_proj with its residual add)
 at several prompt lengths, this script builds the sm_90 realization of each `gemm` point (bf16
 activations; bf16, fp8, mxfp4, nvfp4 or f32 weights) as the build compiles it, checks its output
-against torch's on the same inputs, and times it. The peer is the same work in torch: one cuBLAS matmul over the concatenated
-weights (``addmm`` where the residual is added, ``silu(g) * u`` after it for gate_up), bf16.
-Floors, from the same run: the tensor-core peak (dense bf16, the H200's datasheet figure) and
-the bytes moved at the device-to-device copy rate measured here; a launch's floor is the larger.
+against torch's on the same inputs, and times it. The peer is the same work in torch: one cuBLAS
+matmul over the concatenated weights (``addmm`` where the residual is added, ``silu(g) * u``
+after it for gate_up), bf16. Floors, from the same run: the tensor-core peak (dense bf16, the
+H200's datasheet figure) and the bytes moved at the device-to-device copy rate measured here; a
+launch's floor is the larger.
 Up to ``--gemv-rows`` rows the decode GEMV of the same family runs too, on the same buffers, so
 the run shows where the tensor cores start to pay (the planner's GEMV_MAX_ROWS). Each figure is
 the median over several replays of a CUDA graph of back-to-back launches.

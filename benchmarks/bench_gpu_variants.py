@@ -51,14 +51,26 @@ GEMV_SHAPES = [
 ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 CONTEXT = 1024
 
-# "" is the source's own choice; the others override it: the weight loads asking L2 to fetch 128
-# or 256 bytes around each (WEIGHT_L2_FETCH, metrale.cuh), so a warp's next loads of the row hit L2.
-GEMV_VARIANTS = {fmt: ["", "WEIGHT_L2_FETCH=128", "WEIGHT_L2_FETCH=256"]
-                 for fmt in ("bf16", "fp8", "mxfp4")}
+# "" is the source's own choice; the others override it. The first override of each list is the
+# choice the source replaced or declined, for the comparison in the same run: for bf16 and fp8 a
+# warp's next loads issued only after the arithmetic of all those before (DOT_RING=0), for
+# mxfp4 the ring (DOT_RING=1); for fp8 and mxfp4 the second is version 10's one 8-wide chunk per
+# load (8 and 4 bytes; version 11 loads 16).
+GEMV_VARIANTS = {
+    "bf16": ["", "DOT_RING=0", "GATE_UP_MIN_BLOCKS=8", "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6",
+             "GEMV_MIN_BLOCKS=5 DOT_AHEAD=8"],
+    "fp8": ["", "DOT_RING=0", "DOT_CHUNKS=1 DOT_RING=0", "DOT_AHEAD=2",
+            "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6"],
+    "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
+              "DOT_AHEAD=4"],
+}
 # the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: the L2 fetch
-# size of the weight loads, and rounds of loads in flight (fp4's default is 2, the others' 4)
-GEMV_MMA_VARIANTS = ["", "WEIGHT_L2_FETCH=128", "WEIGHT_L2_FETCH=256",
-                     "WEIGHT_L2_FETCH=256 GEMV_MMA_AHEAD=4", "WEIGHT_L2_FETCH=256 GEMV_MMA_AHEAD=8"]
+# size of the weight loads (the source's 128 bytes, plain loads, 256) and rounds of loads in
+# flight (fp4's default is 2, the others' 4). Version 17's sweep ran these five before 128 became
+# the default, the fetch size then named WEIGHT_L2_FETCH (results/gpu_variants_gemv_mma.json).
+GEMV_MMA_VARIANTS = ["", "GEMV_MMA_L2_FETCH=0", "GEMV_MMA_L2_FETCH=256",
+                     "GEMV_MMA_L2_FETCH=256 GEMV_MMA_AHEAD=4",
+                     "GEMV_MMA_L2_FETCH=256 GEMV_MMA_AHEAD=8"]
 
 
 def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
@@ -276,8 +288,8 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
 
 def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
                    row_counts: tuple[int, ...] = (1, 8)) -> list[dict]:
-    """gemv_mma.cu's variants at the decode shapes, rows 1 and 8, each beside gemv.cu's default
-    kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
+    """gemv_mma.cu's variants at the decode shapes and ``row_counts``, each beside gemv.cu's
+    default kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
     within the bf16 tolerance of the largest output (the orders differ, so bytes may)."""
     kernels = [("gemv.cu", "ACROSS_SEQUENTIAL")] + [("gemv_mma.cu", v) for v in GEMV_MMA_VARIANTS]
     modules = build_modules(cp, tmp, [(fmt, src, v) for fmt in formats for src, v in kernels])
