@@ -54,10 +54,17 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
     norm_pool = (1 + 0.1 * rng.standard_normal(1 << 16)).astype(ml_dtypes.bfloat16)
     byte_pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
     fp8_pool = np.where((byte_pool & 0x7F) == 0x7F, byte_pool ^ 1, byte_pool).astype(np.uint8)
-    out = {}
+    out: dict = {}
+    # one array per (shape, format, role), shared by every layer that has it: the host copy of a
+    # 30B model stays small (the device still gets one buffer per tensor)
+    made: dict = {}
     for name, (shape, fmt) in _weight_shapes(config, quant).items():
+        key = (tuple(shape), fmt, name.endswith("norm.weight"))
+        if key in made:
+            out[name] = made[key]
+            continue
         if not fmt:
-            out[name] = np.resize(norm_pool if name.endswith("norm.weight") else pool, shape)
+            out[name] = made[key] = np.resize(norm_pool if key[2] else pool, shape)
             continue
         f = QuantFormat.parse(fmt)
         specs = f.array_specs(shape)
@@ -65,14 +72,14 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
         if fmt == "fp8":
             data = np.resize(fp8_pool, dshape).view(ml_dtypes.float8_e4m3fn)
             scale = np.full(specs["scale"][0], std / 110, np.float32)  # dequantized std ~ std
-            out[name] = QuantTensor(f, shape, data, scale)
+            out[name] = made[key] = QuantTensor(f, shape, data, scale)
         else:
             data = np.resize(byte_pool, dshape)
             sshape, sdt = specs["scale"]
             scale = np.resize(rng.integers(120, 125, 4096, dtype=np.uint8), sshape)
             scale = scale.view(sdt.numpy) if sdt.numpy.itemsize == 1 else scale
             glob = (np.float32(1.0) if "global_scale" in specs else None)
-            out[name] = QuantTensor(f, shape, data, scale, glob)
+            out[name] = made[key] = QuantTensor(f, shape, data, scale, glob)
     return out
 
 

@@ -129,7 +129,8 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
                  logits: str = "all") -> tuple[KernelTiming, ...]:
     """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
     ``rows``-token prompt, with ``logits`` as prefill_program takes it) timed alone, its inputs
-    rotated across copies."""
+    rotated across copies; the expert kernels' copies route to other experts instead
+    (``EXPERT_IDS_ARG``)."""
     prog = (decode_program(engine, rows) if mode == "decode"
             else prefill_program(engine, rows, logits=logits))
     be = engine.backend
@@ -146,10 +147,17 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
         rotate = [j for j, name in enumerate(ln.arg_names)
                   if (isinstance(name, str) and name in k.inputs)
                   or (isinstance(name, tuple) and name[0] == "part")]
+        ids = EXPERT_IDS_ARG.get(k.family)
+        if ids is not None:
+            # the expert kernels read only the routed experts' rows: every copy routes to other
+            # experts (the weights stay), so that L2 holds none of the rows read one launch ago,
+            # and none takes the step's own ids (unwritten where the step has not run)
+            rotate = [j for j in rotate if j != ids and j not in weight_args(ln.arg_names, k)]
         in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
-        copies = max(1, min(8, (4 * CACHE_BYTES) // max(in_bytes, 1) + 1))
-        sets, owned = [tuple(args)], []
-        for _ in range(copies - 1):
+        copies = 8 if ids is not None else max(1, min(8, 4 * CACHE_BYTES // max(in_bytes, 1) + 1))
+        rng = np.random.default_rng(0)
+        sets, owned = [] if ids is not None else [tuple(args)], []
+        for _ in range(copies - len(sets)):
             fresh = list(args)
             for j in rotate:
                 a = args[j]
@@ -158,6 +166,11 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
                     owned.append(ptr)
                     be.copy_h2d(ptr, be.copy_d2h(a, a.nbytes))
                     fresh[j] = ptr
+            if ids is not None:
+                ptr = be.alloc(args[ids].nbytes, f"expert ids for {k.family}")
+                owned.append(ptr)
+                be.copy_h2d(ptr, routed_ids(rng, args[ids].nbytes, engine.config))
+                fresh[ids] = ptr
             sets.append(tuple(fresh))
         try:
             seconds = _time_launches(be, ln, sets, repeats)
@@ -167,6 +180,27 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
         out.append(KernelTiming(f"#{k.index} {k.family}", k.family, str(k.point),
                                 len(indices), seconds, k.bytes_moved, k.kernel))
     return tuple(out)
+
+
+# The expert kernels' argument that holds the routed expert ids (int32, rows x top_k).
+EXPERT_IDS_ARG = {"moe_gate_up_swiglu": 1, "moe_down": 1}
+
+
+def weight_args(arg_names: tuple, kernel: Any) -> set[int]:
+    """Positions of a launch's weight arguments (its inputs that are model tensors: named, not
+    the step's t-numbered buffers, or a weight's parts)."""
+    return {j for j, name in enumerate(arg_names)
+            if (isinstance(name, tuple) and name[0] == "part")
+            or (isinstance(name, str) and name in kernel.inputs and "." in name)}
+
+
+def routed_ids(rng: np.random.Generator, nbytes: int, config: Any) -> bytes:
+    """int32 expert ids for ``nbytes / 4 / top_k`` rows: each row's top_k experts distinct,
+    drawn uniformly from the config's experts."""
+    top_k, experts = config.num_experts_per_tok, config.num_experts
+    rows = nbytes // 4 // top_k
+    ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(rows)])
+    return ids.astype(np.int32).tobytes()
 
 
 def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:

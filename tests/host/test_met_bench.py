@@ -79,3 +79,38 @@ def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path):
     other = {k.family: k.evidence for k in plan_for("tiny-llama", "bf16", "sm_80",
                                                      kernels_dir=root).launches}
     assert other["rmsnorm"] == "shared, unmeasured"  # counts only where it was measured
+
+
+def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch):
+    """An expert kernel reads only its routed experts' rows, so its timing copies route each row
+    to other experts (top_k distinct ids in range) over the same weights, where copying the
+    step's own ids would time one set of experts out of L2."""
+    import numpy as np
+
+    from metrale.runtime import bench as rb
+    from metrale.runtime.engine import Engine
+
+    routes: dict[str, list[np.ndarray]] = {}
+    shared: dict[str, int] = {}
+    with Engine.load("tiny-qwen3-moe", max_ctx=64, slots=3) as eng:
+
+        def record(be, ln, sets, repeats):  # the sets as timed, read before they are freed
+            at = rb.EXPERT_IDS_ARG.get(ln.kernel.family)
+            if at is not None:
+                routes[ln.kernel.family] = [be.copy_d2h(s[at]).view(np.int32) for s in sets]
+                shared[ln.kernel.family] = sum(
+                    all(s[j] == sets[0][j] for s in sets) for j in range(len(sets[0])))
+            return 1e-6
+
+        monkeypatch.setattr(rb, "_time_launches", record)
+        rb.kernel_times(eng, 3, repeats=2)
+        top_k, experts = eng.config.num_experts_per_tok, eng.config.num_experts
+    assert set(routes) == set(rb.EXPERT_IDS_ARG)
+    for family, ids in routes.items():
+        assert len(ids) == 8 and len({r.tobytes() for r in ids}) == 8, family
+        for r in ids:
+            rows = r.reshape(3, top_k)
+            assert rows.min() >= 0 and rows.max() < experts
+            assert all(len(set(row)) == top_k for row in rows.tolist())
+        # the weights (and the activations, the output) are the same buffers in every copy
+        assert shared[family] >= (2 if family == "moe_gate_up_swiglu" else 1), family

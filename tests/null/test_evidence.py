@@ -228,11 +228,11 @@ def _append_five(path: str, worker: int) -> None:
                                              "2026-11-29", "nvcc 13.0", "ab")])
 
 
-@pytest.mark.parametrize("model", ["qwen3-0.6b", "llama-3.1-8b"])
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b"])
 @pytest.mark.parametrize("policy", ["exact", "bounded"])
 def test_the_shipped_evidence_measures_every_kernel_of_the_benchmarked_plans(model, policy):
     """Every kernel the sm_90 decode (1 and 8 rows) and prefill plans (every row's logits or
-    the last row's) of the benchmarked models launch, in bf16, fp8, mxfp4 and nvfp4 under either
+    the last row's) of the benchmarked models (a dense qwen3, a llama and the qwen3_moe) launch, in bf16, fp8, mxfp4 and nvfp4 under either
     policy, has a record whose source hash matches the kernel's source today: a kernel edited
     without a new record run shows here as unmeasured."""
     from metrale.plan.plan import plan_for
