@@ -48,7 +48,8 @@ GEMV_SHAPES = [
     ("llama-3.1-8b", "gate_up", 14336, 4096), ("llama-3.1-8b", "down", 4096, 14336),
 ]
 # (model, hq, hkv, head_dim)
-ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
+ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128),
+                    ("qwen3-30b-a3b", 32, 4, 128)]
 CONTEXT = 1024
 
 # "" is the source's own choice; the others override it. The first override of each list is the

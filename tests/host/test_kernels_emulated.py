@@ -262,3 +262,32 @@ def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hk
 def test_prefill_attention_over_rows_out_of_position_order(build_dir, family):
     check_prefill_attention(P.family(family), 16, 8, 128, 100, _runner(build_dir), F,
                             scattered=True)
+
+
+# (hq, hkv, d): groups of more than four q heads, which decode attention splits over blocks of
+# the same kv head (eight: two blocks of four; nine: four and five; twelve: three of four)
+SPLIT_GROUPS = [(16, 2, 64), (9, 1, 64), (12, 1, 32)]
+
+
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize("hq,hkv,d", SPLIT_GROUPS)
+@pytest.mark.parametrize("family", ["attention", "rope_kv_append_attention",
+                                    "qk_norm_rope_kv_append_attention"])
+def test_decode_attention_over_split_groups_matches_reference(build_dir, family, hq, hkv, d,
+                                                              window):
+    """Each block of a split group stages, scores, merges and writes only its own q heads, one
+    ticket per part; the appending entries write the new k and v once: rows at positions over
+    several chunks and KV blocks, with and without a window, against the reference."""
+    fam = P.family(family)
+    point = next(p for p in fam.points if p.as_dict()["act"] == "bf16"
+                 and p.as_dict()["mode"] == "decode" and p.as_dict().get("style", "neox") == "neox")
+    kernel = F.realize(point)
+    sizes = {**sizes_for(fam, 3), "hq": hq, "hkv": hkv, "d": d, "max_ctx": 300, "slots": 4}
+    sizes.update({k: v for k, v in (("half", d // 2), ("max_pos", 300)) if k in sizes})
+    numbers = {**sizes, **dict(fam.attr_examples)}
+    assert kernel.launch_for(numbers)[0][0] == hkv * max(1, hq // hkv // 4)
+    host, device = inputs(fam, point, sizes, seed=hq * 1000 + d + window)
+    call = {**kwargs(fam, point), "window": window, "scale": d ** -0.5}
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **call)
+    got = run(build_dir, fam, point, sizes, device, {"window": window, "scale": d ** -0.5})
+    compare(point, fam, ref, got)

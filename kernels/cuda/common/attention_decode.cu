@@ -4,8 +4,12 @@
 // chunk of CHUNK positions) computes every q head of that kv head's GQA group over its chunk, so
 // each k and v row is read once per launch, by one multiprocessor. (A block per q head, the
 // previous design, read a group's rows G times; its phase marks showed a block waiting about
-// 6 of its 11 µs for its 128 KB of rows.) A block copies its 2 CHUNK rows (32 KB at head_dim
-// 128, bf16) into shared memory asynchronously, before the dependent-launch wait.
+// 6 of its 11 µs for its 128 KB of rows.) Groups of more than four q heads are split over HS =
+// gridDim.x / hkv blocks (KERNELS.toml: G / 4 of them), each taking a contiguous part of the
+// heads (G = 8: two blocks of four): at 4 kv heads one block per kv head and chunk filled half
+// of the H200's SMs. Those blocks each read the chunk's rows. A block copies its 2 CHUNK rows
+// (32 KB at head_dim 128, bf16) into shared memory asynchronously, before the dependent-launch
+// wait. Below, G is the block's q heads.
 // Inside a block, for its live positions (the row's window inside the chunk):
 //   scores: T lanes per (q head, position) pair (T a power of two, the most that fits 256
 //           threads; 1 from G = 4 up) dot q with the k row in f32, each lane over the 8-column
@@ -15,13 +19,14 @@
 //           positions lo + sub, lo + sub + S, ... (sub = t / U, S = 256 / U); the S partials
 //           of each column are summed in sub order.
 // Each chunk's record per q head (max m, sum l, unnormalized p·v) goes to the launch's scratch,
-// and the last block of a (kv head, row) to finish (a ticket counter) merges them: a window of
-// records copied into shared memory at once; within a KV_BLOCK of absolute positions the
-// chunks in closed form (block max, factors exp(m - max), sums in chunk order), then the blocks
-// left to right by the log-sum-exp rule (the declared order: blocks of KV_BLOCK, combined
-// sequentially); o = acc / l.
-// Scratch (bytes from KERNELS.toml `values.work`): rows·hkv u32 ticket counters, zero between
-// launches (the merging block resets its own), then the records.
+// and the last block of a (kv head, part of its q heads, row) to finish (a ticket counter)
+// merges them: a window of records copied into shared memory at once; within a KV_BLOCK of
+// absolute positions the chunks in closed form (block max, factors exp(m - max), sums in chunk
+// order), then the blocks left to right by the log-sum-exp rule (the declared order: blocks of
+// KV_BLOCK, combined sequentially); o = acc / l.
+// Scratch (bytes from KERNELS.toml `values.work`): room for rows·hq u32 ticket counters
+// (rows·hkv·HS used), zero between launches (the merging block resets its own), then the
+// records.
 // Dependent launch: positions, slots, the cache rows before this step's position and the rope
 // table rows are read (copied) before the wait for the previous launch (grid_dependency_sync):
 // the host writes the first two before the step, earlier steps the rows, and nothing the
@@ -63,11 +68,11 @@ static_assert(KV_BLOCK % CHUNK == 0 && CHUNK % 32 == 0 && CHUNK <= NT,
 // record per (row, q head, chunk): the chunk's max m, sum l, two unused floats (16-byte
 // alignment), and its d p·v partials, so that the merge copies a window of them in one sweep.
 struct DecodeScratch {
-    unsigned* tickets;  // [rows, hkv]
+    unsigned* tickets;  // [rows, hkv, HS], room for [rows, hq]
     float* rec;         // [rows, hq, nch, d + 4]
-    __device__ DecodeScratch(void* work, int rows, int hkv) {
+    __device__ DecodeScratch(void* work, int rows, int hq) {
         tickets = (unsigned*)work;
-        const long counters = ((long)rows * hkv * 4 + 255) / 256 * 256;  // bytes, 256-aligned
+        const long counters = ((long)rows * hq * 4 + 255) / 256 * 256;  // bytes, 256-aligned
         rec = (float*)((char*)work + counters);
     }
 };
@@ -227,17 +232,20 @@ __device__ __forceinline__ void decode_attend(
     extern __shared__ __align__(16) char smem_base[];
     __shared__ int merging;
     phase_mark(0);
-    const int kvh = blockIdx.x, row = blockIdx.y, chunk = blockIdx.z, nch = gridDim.z;
-    const int tid = threadIdx.x;
-    if (row >= rows || kvh >= hkv) return;
-    const int G = hq / hkv;
+    const int row = blockIdx.y, chunk = blockIdx.z, nch = gridDim.z, tid = threadIdx.x;
+    if (hkv <= 0) __trap();
+    const int G = hq / hkv, HS = (int)gridDim.x / hkv;  // HS blocks per kv head
     if (d > 256 || d <= 0 || (d & 7) || hq % hkv || G > MAX_G || G * d > MAX_GD ||
-        nch != (max_ctx + CHUNK - 1) / CHUNK)
+        nch != (max_ctx + CHUNK - 1) / CHUNK || HS < 1 || HS > G || (int)gridDim.x != hkv * HS)
         __trap();
+    // this block's part of the group: q heads g0 + [0, Gb) of kv head kvh
+    const int kvh = blockIdx.x / HS, hs = blockIdx.x - kvh * HS;
+    const int g0 = hs * G / HS, Gb = (hs + 1) * G / HS - g0;
+    if (row >= rows) return;
     int lt = 0;  // log2 of T, the lanes per (q head, position) pair in the scores
-    while ((2 << lt) * G * CHUNK <= NT) ++lt;
+    while ((2 << lt) * Gb * CHUNK <= NT) ++lt;
     const int T = 1 << lt;
-    const DecodeSmem s(smem_base, G, d, T);
+    const DecodeSmem s(smem_base, Gb, d, T);
     if (dynamic_smem_bytes() < (unsigned)s.bytes) __trap();
     const int pos = positions[row], slot = slots[row];
     if (pos < 0 || pos >= max_ctx) __trap();
@@ -272,7 +280,7 @@ __device__ __forceinline__ void decode_attend(
     phase_mark(1);
     grid_dependency_sync();  // q, this step's k and v, and every write: after the previous launch
     phase_mark(2);
-    const act_t* q_rows = q + ((long)row * hq + (long)kvh * G) * d;  // the group's q heads
+    const act_t* q_rows = q + ((long)row * hq + (long)kvh * G + g0) * d;  // the block's q heads
     char* k_pos = pl_pos >= 0 ? s.ktile + pl_pos * s.ks : nullptr;
     char* v_pos = pl_pos >= 0 ? s.vtile + pl_pos * s.vs : nullptr;
     if (pl_pos >= 0) {  // this step's row: from the inputs (appending) or the cache
@@ -287,17 +295,17 @@ __device__ __forceinline__ void decode_attend(
         }
     }
     if constexpr (PRE == PRE_NONE) {
-        for (int i = tid; i < G * d; i += NT) s.qs[i] = act_load(q_rows[i]);
+        for (int i = tid; i < Gb * d; i += NT) s.qs[i] = act_load(q_rows[i]);
         cp_async_wait_all();
     } else {
-        stage_rotated<PRE>(q_rows, pl_pos >= 0 ? k_new + new_at : nullptr, G, d, ra, s,
+        stage_rotated<PRE>(q_rows, pl_pos >= 0 ? k_new + new_at : nullptr, Gb, d, ra, s,
                            (act_t*)k_pos);
-        for (int i = tid; i < G * d; i += NT) s.qs[i] = act_load(s.pre_out[i]);
+        for (int i = tid; i < Gb * d; i += NT) s.qs[i] = act_load(s.pre_out[i]);
     }
     __syncthreads();
     phase_mark(3);
     // ---- scores: T lanes per (q head g, position pl)
-    const int pairs = G * CHUNK, li = tid & (T - 1);
+    const int pairs = Gb * CHUNK, li = tid & (T - 1);
     for (int pr = tid >> lt; pr < pairs; pr += NT >> lt) {
         const int g = pr / CHUNK, pl = pr % CHUNK;
         const bool live = pl >= lo && pl < hi;
@@ -326,7 +334,7 @@ __device__ __forceinline__ void decode_attend(
     phase_mark(4);
     // ---- softmax over the chunk's positions: one warp per q head
     const int warp = tid >> 5, lane = tid & 31;
-    for (int g = warp; g < G; g += NT / 32) {
+    for (int g = warp; g < Gb; g += NT / 32) {
         float* pg = s.probs + g * CHUNK;
         float m = -INFINITY;
         for (int p = lane; p < CHUNK; p += 32) m = fmaxf(m, pg[p]);
@@ -346,7 +354,7 @@ __device__ __forceinline__ void decode_attend(
     __syncthreads();
     phase_mark(5);
     // ---- p·v: unit (q head, 8 columns) = tid mod U, positions lo + sub + j S
-    const int nc = d / 8, U = G * nc, S = NT / U;
+    const int nc = d / 8, U = Gb * nc, S = NT / U;
     const int unit = tid % U, sub = tid / U;
     if (sub < S) {
         const int g = unit / nc, ch = unit % nc;
@@ -371,22 +379,22 @@ __device__ __forceinline__ void decode_attend(
     __syncthreads();
     phase_mark(6);
     // ---- the chunk's partial state to the scratch, the S partials of each column in sub order
-    DecodeScratch sc(work, rows, hkv);
-    const long head0 = (long)row * hq + (long)kvh * G;  // the group's first q head
-    const int rl = d + 4;                               // floats per record
-    for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d)) {
+    DecodeScratch sc(work, rows, hq);
+    const long head0 = (long)row * hq + (long)kvh * G + g0;  // the block's first q head
+    const int rl = d + 4;                                    // floats per record
+    for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
         float a = s.part[hc.oi];
         for (int u = 1; u < S; ++u) a += s.part[u * U * 8 + hc.oi];
         sc.rec[((head0 + hc.g) * nch + chunk) * rl + 4 + hc.c] = a;
     }
-    if (tid < G) {
+    if (tid < Gb) {
         float* r = sc.rec + ((head0 + tid) * nch + chunk) * rl;
         r[0] = s.ml[2 * tid];
         r[1] = s.ml[2 * tid + 1];
     }
     // the new entry, for later steps (this step read it from the inputs), after the block's
-    // reads of the tile
-    if (APPEND && pl_pos >= 0) {
+    // reads of the tile; one block of the kv head writes it
+    if (APPEND && pl_pos >= 0 && hs == 0) {
         const long dst = ((kv_row + pos) * hkv + kvh) * d;
         copy_row((char*)(k_cache + dst), k_pos, row_bytes);
         copy_row((char*)(v_cache + dst), v_pos, row_bytes);
@@ -398,7 +406,7 @@ __device__ __forceinline__ void decode_attend(
     // fence and an L1 invalidation.
     __syncthreads();
     if (tid == 0) {
-        unsigned* ticket = sc.tickets + (long)row * hkv + kvh;
+        unsigned* ticket = sc.tickets + ((long)row * hkv + kvh) * HS + hs;
         __threadfence();
         const unsigned t = atomicAdd(ticket, 1u);
         merging = t == (unsigned)(last - first);
@@ -419,19 +427,19 @@ __device__ __forceinline__ void decode_attend(
     // tiles hold the window's records, s.part the factors f and the blocks' (x, y), s.pre_in
     // the outputs merged so far.
     constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
-    const int W = max(PER_BLOCK, min(min(s.tiles / (4 * G * rl), NT * 8 / (3 * G)),
+    const int W = max(PER_BLOCK, min(min(s.tiles / (4 * Gb * rl), NT * 8 / (3 * Gb)),
                                      32 * PER_BLOCK) / PER_BLOCK * PER_BLOCK);
-    if (4 * G * rl * W > s.tiles || 3 * G * W > NT * 8 || W > 32 * PER_BLOCK) __trap();
+    if (4 * Gb * rl * W > s.tiles || 3 * Gb * W > NT * 8 || W > 32 * PER_BLOCK) __trap();
     float* st = (float*)s.ktile;      // [G][W][rl] the window's records
     float* f = s.part;                // [G][W]
-    float* xy = s.part + G * W;       // [G][W][2]: per block (its first chunk's slot)
+    float* xy = s.part + Gb * W;      // [G][W][2]: per block (its first chunk's slot)
     float* A = s.pre_in;              // [G][d] the blocks merged so far
     const int fb = first / PER_BLOCK * PER_BLOCK;  // the first block's first chunk
     for (int w0 = fb; w0 <= last; w0 += W) {
         const int nw = min(W, last + 1 - w0), skip = max(0, first - w0);  // chunks < first
         __syncthreads();  // the previous window is used
         const int floats = (nw - skip) * rl;  // per q head, contiguous
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < Gb; ++g)
             for (int at = tid * 4; at < floats; at += NT * 4)
                 cp_async16(st + (g * W + skip) * rl + at,
                            sc.rec + ((head0 + g) * nch + w0 + skip) * rl + at);
@@ -441,7 +449,7 @@ __device__ __forceinline__ void decode_attend(
         phase_mark(11);
         // warp g, for q head g: lane j takes block j of the window (its chunks' factors f and
         // its max and sum), then lane 0 runs the blocks left to right into their (x, y)
-        for (int g = warp; g < G; g += NT / 32) {
+        for (int g = warp; g < Gb; g += NT / 32) {
             const float* sg = st + g * W * rl;
             const int b0 = lane * PER_BLOCK;
             float bm = -INFINITY, bl = 0.0f;
@@ -484,7 +492,7 @@ __device__ __forceinline__ void decode_attend(
         }
         __syncthreads();
         phase_mark(12);
-        for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d)) {
+        for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
             const int g = hc.g;
             const float* sg = st + g * W * rl + 4 + hc.c;
             const float* fg = f + g * W;
@@ -509,12 +517,12 @@ __device__ __forceinline__ void decode_attend(
         }
     }
     __syncthreads();  // every column's A and every head's L are written
-    for (HeadCol hc(tid, d); hc.oi < G * d; hc.next(d))
+    for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d))
         o[(head0 + hc.g) * d + hc.c] = act_store(A[hc.oi] / s.ml[2 * hc.g + 1]);
     phase_mark(9);
 }
 
-// grid (hkv, rows, ceil(max_ctx / CHUNK)), block 256, dynamic shared memory as KERNELS.toml.
+// grid (hkv HS, rows, ceil(max_ctx / CHUNK)), block 256, dynamic shared memory as KERNELS.toml.
 extern "C" __global__ void __launch_bounds__(NT, 2)
 metrale_attention_decode(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                          const act_t* __restrict__ v_cache, const int* __restrict__ positions,
