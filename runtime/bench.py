@@ -133,6 +133,8 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
     (``EXPERT_IDS_ARG``)."""
     prog = (decode_program(engine, rows) if mode == "decode"
             else prefill_program(engine, rows, logits=logits))
+    weights = {b.name for b in engine.plan(mode, rows, logits=logits).buffers
+               if b.kind == "weight"}
     be = engine.backend
     groups: dict[tuple, list[int]] = {}
     for i, ln in enumerate(prog.launches):
@@ -152,7 +154,7 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
             # the expert kernels read only the routed experts' rows: every copy routes to other
             # experts (the weights stay), so that L2 holds none of the rows read one launch ago,
             # and none takes the step's own ids (unwritten where the step has not run)
-            rotate = [j for j in rotate if j != ids and j not in weight_args(ln.arg_names, k)]
+            rotate = [j for j in rotate if j != ids and j not in weight_args(ln.arg_names, weights)]
         in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
         copies = 8 if ids is not None else max(1, min(8, 4 * CACHE_BYTES // max(in_bytes, 1) + 1))
         rng = np.random.default_rng(0)
@@ -186,12 +188,11 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
 EXPERT_IDS_ARG = {"moe_gate_up_swiglu": 1, "moe_down": 1}
 
 
-def weight_args(arg_names: tuple, kernel: Any) -> set[int]:
-    """Positions of a launch's weight arguments (its inputs that are model tensors: named, not
-    the step's t-numbered buffers, or a weight's parts)."""
+def weight_args(arg_names: tuple, weights: set[str]) -> set[int]:
+    """Positions of a launch's weight arguments: the plan's weight buffers (``weights``) and the
+    parts a quantized weight is stored in."""
     return {j for j, name in enumerate(arg_names)
-            if (isinstance(name, tuple) and name[0] == "part")
-            or (isinstance(name, str) and name in kernel.inputs and "." in name)}
+            if (isinstance(name, tuple) and name[0] == "part") or name in weights}
 
 
 def routed_ids(rng: np.random.Generator, nbytes: int, config: Any) -> bytes:
