@@ -154,7 +154,8 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
             # the expert kernels read only the routed experts' rows: every copy routes to other
             # experts (the weights stay), so that L2 holds none of the rows read one launch ago,
             # and none takes the step's own ids (unwritten where the step has not run)
-            rotate = [j for j in rotate if j != ids and j not in weight_args(ln.arg_names, weights)]
+            fixed = weight_args(ln.arg_names, weights) | {ids}
+            rotate = [j for j in rotate if j not in fixed]
         in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
         copies = 8 if ids is not None else max(1, min(8, 4 * CACHE_BYTES // max(in_bytes, 1) + 1))
         rng = np.random.default_rng(0)
