@@ -85,11 +85,11 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
                   dependent: bool = True, graphs: bool = True,
-                  policy: str = "exact") -> tuple[Any, Any]:
+                  policy: str = "exact", presentation: Any = None) -> tuple[Any, Any]:
     """An sm_90 engine for ``batch`` decode rows at position ``CONTEXT`` with random weights and
     a full cache of random values (never time on zeros), planned under ``policy``; with it, the
     backend the caller owns (None: the engine's own, with dependent launches where the class
-    has them)."""
+    has them). ``presentation``: the LKB to plan over (None: the shipped one)."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
@@ -106,7 +106,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
-                 fuse=True, policy=policy)
+                 fuse=True, policy=policy, presentation=presentation)
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
             vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
@@ -116,14 +116,16 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
                  kernels: bool = False, records: list | None = None,
-                 dependent: bool = True, policy: str = "exact") -> dict:
+                 dependent: bool = True, policy: str = "exact",
+                 presentation: Any = None) -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
     listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
     the class's floor) is appended there."""
     from metrale.runtime.bench import kernel_times, time_decode
 
-    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy)
+    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy,
+                                 presentation=presentation)
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
@@ -144,6 +146,20 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     if backend is not None:
         backend.close()
     return out
+
+
+def without_relations(names: str) -> Any:
+    """The shipped LKB less the named relations (None when no name is given); an unknown name
+    is a ConfigError that names it."""
+    if not names:
+        return None
+    from metrale.lkb.presentation import Presentation
+
+    P = Presentation.load()
+    drop = set(names.split(","))
+    for name in drop:
+        P.relation(name)  # raises, naming the relation, where there is none
+    return Presentation(P.generators, tuple(r for r in P.relations if r.name not in drop))
 
 
 def print_kernels(kernels: list[dict], step_s: float) -> None:
@@ -319,10 +335,14 @@ def main() -> None:
                     help="append evidence records (each kernel at batch 1) to the sm_90 class")
     ap.add_argument("--plain-too", action="store_true",
                     help="also time each bf16 step with plain (not dependent) launches")
+    ap.add_argument("--without", default="",
+                    help="relations (comma-separated) whose effect to measure: each step is "
+                         "also timed planned without them, in the same run")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
+    without = without_relations(args.without)
     rate = device_copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
     rows: list[dict] = []
@@ -345,6 +365,11 @@ def main() -> None:
                         m["plain_step_s"] = metrale_step(model, quant, batch, rng,
                                                          dependent=False,
                                                          policy=policy)["step_s"]
+                    if without is not None:
+                        w = metrale_step(model, quant, batch, rng, policy=policy,
+                                         presentation=without)
+                        m["without"] = args.without
+                        m["without_step_s"], m["without_launches"] = w["step_s"], w["launches"]
             hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
             for (quant, policy), m in ours.items():
                 r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
@@ -355,6 +380,9 @@ def main() -> None:
                         f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
                         f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
                         f"{m['floor_s'] / m['step_s']:.0%} of floor")
+                if "without_step_s" in m:
+                    line += (f" | without {m['without']} {m['without_step_s'] * 1e3:.3f} ms "
+                             f"({m['without_launches']} launches)")
                 if "plain_step_s" in m:
                     line += f" | plain launches {m['plain_step_s'] * 1e3:.3f} ms"
                 if "hf_error" in hf:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from metrale.lkb.errors import CheckpointError, ConfigError, DeviceFault, UnavailableError
+from metrale.lkb.presentation import Presentation
 from metrale.plan.circuit import circuit_for
 from metrale.plan.config import ModelConfig
 from metrale.plan.plan import Plan, plan_for
@@ -250,7 +251,7 @@ class Engine:
     def __init__(self, config: ModelConfig, quant: str, weights: Mapping[str, np.ndarray], *,
                  hardware: str, backend: GpuBackend | None, loader: Loader | None, act: str,
                  max_ctx: int, slots: int, blocking: bool, debug: bool, graphs: bool,
-                 fuse: bool, policy: str) -> None:
+                 fuse: bool, policy: str, presentation: Presentation | None = None) -> None:
         if not isinstance(max_ctx, int) or max_ctx < 1:
             raise ConfigError("bad context length", key="max_ctx", expected="an int >= 1",
                               found=repr(max_ctx))
@@ -261,6 +262,7 @@ class Engine:
         self.max_ctx, self.slots = max_ctx, slots
         self.blocking, self.debug, self.graphs = blocking, debug, graphs
         self.fuse, self.policy = fuse, policy
+        self.presentation = presentation  # the LKB plans are made over (None: the shipped one)
         self.latch = FaultLatch()
         self._teardown = Teardown()
         if backend is None:
@@ -363,7 +365,8 @@ class Engine:
         if key not in self._plans:
             self._plans[key] = plan_for(self.config, self.quant, self.hardware, mode=mode,
                                         rows=rows, act=self.act, context=self.max_ctx,
-                                        fuse=self.fuse, policy=self.policy, logits=logits)
+                                        fuse=self.fuse, policy=self.policy, logits=logits,
+                                        presentation=self.presentation)
         return self._plans[key]
 
     def _cache_ptr(self, name: str, first_slot: int, count: int) -> DevicePtr:
