@@ -26,9 +26,9 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert err <= 1.6e-2 * scale + 1e-5, f"{what}: max |emulated - host| {err:.4g}, scale {scale:.4g}"
 
 
-@pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("simt_engine")
+@pytest.fixture
+def build_dir(simt_build_dir):
+    return simt_build_dir
 
 
 @pytest.mark.parametrize("shape", sorted(PROMPTS))

@@ -46,25 +46,12 @@ P = Presentation.load()
 F = realization("sm_90", presentation=P)
 
 
-def _entries() -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
-    """(source, defines) -> {entry: argument types} over every realized point, so that one build
-    serves every entry compiled with those defines."""
-    out: dict = {}
-    for fam in P.generators:
-        for point in fam.points:
-            k = None if fam.view else F.realize(point)
-            if k is not None and k.source is not None:
-                out.setdefault((k.source, k.defines), {})[k.entry] = tuple(
-                    a.partition(":")[2] for a in k.args)
-    return out
+ENTRIES = simt.class_entries("sm_90")
 
 
-ENTRIES = _entries()
-
-
-@pytest.fixture(scope="module")
-def build_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("simt")
+@pytest.fixture
+def build_dir(simt_build_dir):
+    return simt_build_dir
 
 
 def library(build_dir, point: Point, extra: tuple[str, ...] = ()) -> simt.Library:

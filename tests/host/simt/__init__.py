@@ -26,6 +26,7 @@ a kernel source for it and runs its entries:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 import shutil
@@ -247,6 +248,26 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     return Library(out, entries)
 
 
+@functools.cache
+def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """(source, defines) -> {entry: argument types} over every point class ``hw`` realizes, so
+    that one build serves every entry compiled with those defines, whichever asks first (the
+    build is keyed on the entries too, so a caller that asked for fewer would build again)."""
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+
+    P = Presentation.load()
+    F = realization(hw, presentation=P)
+    out: dict = {}
+    for fam in P.generators:
+        for point in fam.points:
+            k = None if fam.view else F.realize(point)
+            if k is not None and k.source is not None:
+                out.setdefault((k.source, k.defines), {})[k.entry] = tuple(
+                    a.partition(":")[2] for a in k.args)
+    return out
+
+
 def plan_loader(build_dir: Path) -> Any:
     """The executor's loader for an NVIDIA class's plans on a ``HostBackend``: every launch runs
     its kernel's own source on the emulation, with the launch shape the plan gives it (the CUDA
@@ -261,15 +282,13 @@ def plan_loader(build_dir: Path) -> Any:
     class PlanLoader(CudaPlanLoader):
         def __init__(self) -> None:
             super().__init__("emulated")
-            self.types: dict[tuple, dict[str, tuple[str, ...]]] = {}
 
         def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared: int) -> tuple[Any, tuple[Any, ...]]:
             kernel = k.kernel
-            types = self.types.setdefault((kernel.source, kernel.defines), {})
-            types[kernel.entry] = tuple(a.partition(":")[2] for a in kernel.args)
             lib = build(build_dir, kernel.source,
-                        tuple(d.removeprefix("-D") for d in kernel.defines), types)
+                        tuple(d.removeprefix("-D") for d in kernel.defines),
+                        class_entries(kernel.hw)[(kernel.source, kernel.defines)])
 
             def run(*args: Any) -> None:
                 lib.launch(kernel.entry, grid, block, shared, list(args))
