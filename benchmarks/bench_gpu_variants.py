@@ -8,7 +8,8 @@ times it at the decode shapes of Qwen3-0.6B and Llama-3.1-8B, and compares with 
 device-to-device copy rate measured in the same run. Weights and KV caches rotate through
 enough copies (more than 200 MB) that L2 holds none of them between launches, and every variant
 of a format runs on the same ones; each figure is the median over several replays of a CUDA
-graph of back-to-back launches, so it includes the launch gaps a decode step pays.
+graph of back-to-back launches, so it includes the launch gaps a decode step pays (decode
+attention launched as the step launches it, programmatic dependent launches).
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_variants.py`` (``--only gemv`` or
 ``--only attention``; ``--weights fp8,mxfp4`` sweeps only those GEMV formats). Writes
@@ -79,8 +80,17 @@ def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
     sizes them: the k-block partials of each of its tiles."""
     warps = int(parse_defines(variant).get("WARPS", 8))
     return 32 * warps, -(-k // 256) * 512 * (2 if pair else 1)
-# decode attention: positions per thread block (the grid follows a CHUNK override)
+# decode attention: positions per thread block (the grid follows a CHUNK override); each launch
+# is followed by the merge of its chunk records (metrale_attention_decode_merge)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
+MERGE_THREADS = 128  # attention_decode.cu's MERGE_NT
+
+
+def merge_shared(d: int, chunk: int) -> int:
+    """Dynamic shared bytes of metrale_attention_decode_merge at head_dim ``d``: a window of
+    MERGE_W = 8 KV blocks' chunk records, their factors, the outputs, the running max and sum."""
+    w = 8 * 256 // chunk
+    return (w * (d + 4) + 3 * w + d + 4) * 4
 
 
 def parse_defines(text: str) -> dict[str, str]:
@@ -195,8 +205,8 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
 def decode_inputs(cp: Any, hq: int, hkv: int, d: int, rows: int, position: int) -> Any:
     """A decode attention launch's inputs at ``rows`` rows at ``position`` over a cache of
     CONTEXT + 1 positions: as many cache copies as rotate past L2, random q, k and v, the output,
-    positions, slots, a zeroed workspace (each launch leaves its tickets zero; room for the
-    records of chunks down to 16 positions), and the sizes KERNELS.toml's formulas take."""
+    positions, slots, a zeroed workspace (room for the records of chunks down to 16 positions),
+    and the sizes KERNELS.toml's formulas take."""
     max_ctx = CONTEXT + 1
     copies = max(2, -(-ROTATE_BYTES // (rows * max_ctx * hkv * d * 2 * 2)))
     cache_shape = (rows * max_ctx * hkv * d,)
@@ -218,15 +228,38 @@ def chunk_shape(shape: tuple, variant: str, max_ctx: int) -> tuple:
     return (x, y, -(-max_ctx // chunk)), block, min(shared * max(chunk, 64) // 64, 200 * 1024)
 
 
+def _function(fn: Any) -> int:
+    """The ``CUfunction`` of a CuPy ``RawKernel`` (its ``kernel``) or ``Function``."""
+    return getattr(fn, "kernel", fn).ptr
+
+
+def _arg(a: Any) -> np.generic:
+    """A kernel argument for a driver launch: a device array's address, or the scalar itself."""
+    return np.uint64(a.data.ptr) if hasattr(a, "data") and hasattr(a.data, "ptr") else a
+
+
 def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: tuple,
-                       scalars: tuple) -> Any:
-    """launch(i): a decode attention kernel over cache copy i; ``shape`` is its (grid, block,
-    shared bytes) and the arguments are heads, the caches, rest, scalars."""
+                       scalars: tuple, merge: tuple | None = None) -> Any:
+    """launch(i): a decode attention kernel over cache copy i, as the decode step launches it (a
+    programmatic dependent launch); ``shape`` is its (grid, block, shared bytes) and the
+    arguments are heads, the caches, rest, scalars. ``merge`` (function, grid, shared bytes,
+    arguments) is a second launch made after it."""
+    from metrale.runtime.cuda_driver import DriverLauncher
+
+    driver = DriverLauncher()
     grid, block, shared = shape
 
     def launch(i: int) -> None:
+        import cupy as cp
+
+        stream = cp.cuda.get_current_stream().ptr
         kc, vc = caches[i]
-        fn(grid, block, (*heads, kc, vc, *rest, *scalars), shared_mem=shared)
+        driver.launch_dependent(_function(fn), grid, block, shared, stream,
+                                tuple(_arg(a) for a in (*heads, kc, vc, *rest, *scalars)))
+        if merge is not None:
+            mfn, mgrid, mshared, margs = merge
+            driver.launch_dependent(_function(mfn), mgrid, (MERGE_THREADS, 1, 1), mshared, stream,
+                                    tuple(_arg(a) for a in margs))
     return launch
 
 
@@ -347,11 +380,15 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
                        np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
             kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
             ref = None  # the default's output: a variant changes the speed, never a byte
-            for v, (_, fn, launch_for) in kernels.items():
+            for v, (module, fn, launch_for) in kernels.items():
                 x.o.fill(0xFFFF)  # poisoned (a NaN): every output must be written
+                merge = (module.get_function("metrale_attention_decode_merge"), (hq, rows, 1),
+                         merge_shared(d, int(parse_defines(v).get("CHUNK", 64))),
+                         (x.positions, x.o, x.work, np.int32(rows), np.int32(hq), np.int32(d),
+                          np.int32(x.max_ctx), np.int32(0)))
                 launch = attention_launcher(fn, chunk_shape(launch_for(x.sizes), v, x.max_ctx),
                                             x.caches, (x.k, x.v, x.q),
-                                            (x.positions, x.slots, x.o, x.work), scalars)
+                                            (x.positions, x.slots, x.o, x.work), scalars, merge)
                 sec = time_graph(cp, launch, x.copies)
                 got = x.o.copy()
                 same = ref is None or bool((got == ref).all())

@@ -4,8 +4,10 @@ Builds ``cuda/common/attention_decode.cu`` with ``PHASE_TRACE`` (``phase.cuh``: 
 every block writes the SM clock and the global timer at each ``phase_mark``), launches the rope
 entry at the decode shapes of Qwen3-0.6B and Llama-3.1-8B, and prints, per phase, the median
 over blocks of the time since the block started (global timer, ns) and the median of the SM
-cycles spent in the phase. The same launches, unmarked and timed in a CUDA graph as
-``bench_gpu_variants.py`` times them, give the per-launch figure the marks should explain.
+cycles spent in the phase. The marks cover the decode launch up to its chunk records; the merge
+launched after it (``metrale_attention_decode_merge``) is not traced, but it is in the
+per-launch figure: both launches, unmarked and timed in a CUDA graph as ``bench_gpu_variants.py``
+times them.
 
 Run on the lent GPU: ``python benchmarks/trace_gpu_attention.py [--defines "VAR=1 ..."]``.
 Writes ``benchmarks/results/gpu_attention_trace.json``.
@@ -25,9 +27,11 @@ import numpy as np  # noqa: E402
 from _common import write_result  # noqa: E402
 from bench_gpu_variants import (  # noqa: E402
     CONTEXT,
+    attention_launcher,
     chunk_shape,
     decode_attention,
     decode_inputs,
+    merge_shared,
     time_graph,
 )
 
@@ -36,11 +40,7 @@ from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
 MARKS = 16  # phase.cuh PHASE_MARKS
 MAX_BLOCKS = 4096
 PHASES = ["entry", "before wait", "after wait", "q staged", "scores", "softmax", "p·v",
-          "records stored", "ticket", "merged", "merge: copies issued", "merge: records landed",
-          "merge: factors, blocks"]
-# the merge's inner marks (10-12) come between the ticket (8) and its end (9); with several
-# windows a mark holds the last window's time
-PREVIOUS = {9: 12, 10: 8}
+          "records stored"]
 # (model, hq, hkv, head_dim)
 SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128)]
 
@@ -51,23 +51,23 @@ def trace_shape(cp: Any, traced: tuple, plain: tuple, trace: Any, defines: str, 
     a graph, then one marked launch read back, phase by phase."""
     x = decode_inputs(cp, hq, hkv, d, 1, position)
     cos, sin = (cp.asarray(t) for t in rope_tables(x.max_ctx, d))
-    (_, fn_t, launch_for), (_, fn_p, _) = traced, plain
+    (mod_t, fn_t, launch_for), (mod_p, fn_p, _) = traced, plain
     grid, block, shared = chunk_shape(launch_for(x.sizes), defines, x.max_ctx)
     nblocks = grid[0] * grid[1] * grid[2]
     scalars = (np.int32(1), np.int32(hq), np.int32(hkv), np.int32(d), np.int32(x.max_ctx),
                np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
 
-    def launcher(fn):
-        def launch(i: int) -> None:
-            kc, vc = x.caches[i]
-            fn(grid, block, (x.q, x.k, x.v, kc, vc, x.positions, x.slots, cos, sin, x.o, x.work,
-                             *scalars), shared_mem=shared)
-        return launch
+    def launcher(module, fn):
+        merge = (module.get_function("metrale_attention_decode_merge"), (hq, 1, 1),
+                 merge_shared(d, 64), (x.positions, x.o, x.work, np.int32(1), np.int32(hq),
+                                       np.int32(d), np.int32(x.max_ctx), np.int32(0)))
+        return attention_launcher(fn, (grid, block, shared), x.caches, (x.q, x.k, x.v),
+                                  (x.positions, x.slots, cos, sin, x.o, x.work), scalars, merge)
 
-    per_launch = time_graph(cp, launcher(fn_p), x.copies)
-    marked = time_graph(cp, launcher(fn_t), x.copies)
+    per_launch = time_graph(cp, launcher(mod_p, fn_p), x.copies)
+    marked = time_graph(cp, launcher(mod_t, fn_t), x.copies)
     trace[...] = 0
-    launcher(fn_t)(0)
+    launcher(mod_t, fn_t)(0)
     cp.cuda.Device().synchronize()
     t = trace.get().reshape(MAX_BLOCKS, MARKS, 2)[:nblocks].astype(np.int64)
     live = t[:, 0, 1] > 0
@@ -79,13 +79,12 @@ def trace_shape(cp: Any, traced: tuple, plain: tuple, trace: Any, defines: str, 
         if not have.any():
             continue
         since_start = t[have, i, 1] - t[have, 0, 1]
-        before = PREVIOUS.get(i, i - 1)  # the mark this phase starts from
-        cycles = t[have, i, 0] - t[have, before, 0] if i > 0 else np.zeros(have.sum())
+        cycles = t[have, i, 0] - t[have, i - 1, 0] if i > 0 else np.zeros(have.sum())
         phases.append({"phase": name, "blocks": int(have.sum()),
                        "ns_since_block_start": float(np.median(since_start)),
                        "cycles_in_phase": float(np.median(cycles)),
                        "ns_since_first_block": float(np.median(t[have, i, 1] - g0))})
-    ends = np.where(t[:, 9, 1] > 0, t[:, 9, 1], t[:, 8, 1])
+    ends = t[:, len(PHASES) - 1, 1]
     out = {"model": model, "position": position, "blocks": int(live.sum()),
            "launch_seconds_graph": per_launch, "launch_seconds_graph_marked": marked,
            "block_start_spread_ns": float(t[:, 0, 1].max() - g0),

@@ -293,14 +293,16 @@ def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
             continue
         where = f"kernel #{k.index} {k.point}"
         try:
-            _, _, shared = k.kernel.launch_for(box_numbers(k.box, P.family(k.family), sizes))
+            launches = k.kernel.launches_for(box_numbers(k.box, P.family(k.family), sizes))
         except LaunchError as e:
             raise LaunchError(e.message, key=where, expected=e.expected, found=e.found,
                               suggestion="a class whose kernels serve these sizes (--hardware "
                               "cuda: its generic kernels have wider limits)") from None
-        if cap and shared > cap:
-            raise LaunchError(f"{k.kernel.entry} needs more shared memory than {hw.name} allows",
-                              key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
+        for entry, _, (_, _, shared) in launches:
+            if cap and shared > cap:
+                raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
+                                  key=where, expected=f"at most {cap} bytes",
+                                  found=f"{shared} bytes")
 
 
 def _no_relations(P: Presentation) -> Presentation:

@@ -228,6 +228,18 @@ class LaunchRule:
         return grid, block, shared  # type: ignore[return-value]
 
 
+@attrs.frozen
+class ThenLaunch:
+    """A launch that follows the kernel's own, from the same compiled module: ``entry`` with its
+    launch rule and arguments, formulas and argument names read as the kernel's. A kernel whose
+    work ends in a reduction over its blocks (decode attention's merge of its chunks) may hand
+    that to a second launch spread over more blocks, instead of to its last block."""
+
+    entry: str
+    launch: LaunchRule
+    args: tuple[str, ...]
+
+
 def render(template: str, params: Mapping[str, Any]) -> str:
     """A define or reduction template at a point: ``{p}`` the value, ``{P}`` it upper-cased."""
 
@@ -295,6 +307,9 @@ class Kernel:
     limits: tuple[str, ...] = ()
     """Conditions on the sizes the kernel can serve (``"hq / hkv <= 8"``), checked before a
     launch is bound: outside them the launch is refused, not run."""
+    then: tuple[ThenLaunch, ...] = ()
+    """Launches made right after the kernel's own, in order, from the same module: the kernel's
+    result is written when the last of them ends."""
 
     @property
     def key(self) -> str:
@@ -344,6 +359,25 @@ class Kernel:
                                   key=str(self.point), expected=limit, found=used)
         return self.launch.bind(env)
 
+    def launches_for(self, sizes: Mapping[str, int | float]
+                     ) -> tuple[tuple[str, tuple[str, ...], tuple], ...]:
+        """Every launch the kernel makes at these sizes, in order: ``(entry, args, (grid,
+        block, shared))``, its own first, then its ``then`` launches.
+
+        >>> from metrale.realize.functor import realization
+        >>> k = realization("sm_90").realize(Point("rmsnorm", (("act", "bf16"), ("h_block", 256))))
+        >>> [(e, shape[0]) for e, _, shape in k.launches_for({"rows": 3, "h": 1024})]
+        [('metrale_rmsnorm', (3, 1, 1))]
+        """
+        first = (self.entry, self.args, self.launch_for(sizes))
+        env = self.sizes(sizes)
+        return (first, *((t.entry, t.args, t.launch.bind(env)) for t in self.then))
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The entries the kernel launches, its own first."""
+        return (self.entry, *(t.entry for t in self.then))
+
     def __str__(self) -> str:
         where = self.source or "semantics"
         return f"{self.point} -> {self.entry} ({self.provenance}: {where})"
@@ -381,6 +415,7 @@ class KernelTable:
     file: str = attrs.field(default="", eq=False)
     dependent_launch: bool = False
     limits: tuple[str, ...] = ()
+    then: tuple[ThenLaunch, ...] = ()
 
     @property
     def source_path(self) -> str:
@@ -447,7 +482,7 @@ class KernelTable:
                       self.reduction_at(point), self.row_invariant, shadow,
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
-                      self.name, headers, self.dependent_launch, self.limits)
+                      self.name, headers, self.dependent_launch, self.limits, self.then)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -582,6 +617,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     reason = f.take("reason", str, default=None)
     dependent = f.take("dependent_launch", bool, default=dependent)
     limits = _str_list(f, "limits", default=[])
+    then_raw = f.take("then", list, default=[])
     f.close()
     domains = family.domains
     when: list[tuple[str, tuple[Any, ...]]] = []
@@ -626,6 +662,8 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     for i, limit in enumerate(limits or ()):
         _check_formula(f, f"limits[{i}]", limit, names, what="limit")
     _check_args(f, args or (), family, values or {})
+    then = tuple(t for i, raw_t in enumerate(then_raw or [])
+                 if (t := _read_then(raw_t, f, i, names, family, values or {})) is not None)
     if row_inv and not family.row_invariant:
         f.fail("row_invariant", "claims row-invariance its family does not have", "false",
                "true")
@@ -634,11 +672,32 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     table = KernelTable(name, family.name, tuple(when), source, entry,
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
-                        folder, str(file), bool(dependent), tuple(limits or ()))
+                        folder, str(file), bool(dependent), tuple(limits or ()), then)
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)
     return table if f.ok else None
+
+
+def _read_then(raw: Any, f: Fields, i: int, names: frozenset[str], fam: Family,
+               values: Mapping[str, str]) -> ThenLaunch | None:
+    """One ``then`` launch: ``{entry, launch, args}``, checked as the table's own are."""
+    if not isinstance(raw, dict):
+        f.fail(f"then[{i}]", "wrong type", "a table {entry, launch, args}", type(raw).__name__)
+        return None
+    tf = Fields(raw, f.file, f.key(f"then[{i}]"), f.errors)
+    entry = tf.take("entry", str)
+    launch_raw = tf.take("launch", dict)
+    args = _str_list(tf, "args")
+    tf.close()
+    if entry is not None and not re.fullmatch(r"[A-Za-z_]\w*", entry):
+        tf.fail("entry", "not a symbol", "an identifier (an extern \"C\" kernel)", repr(entry))
+    launch = _read_launch(launch_raw, tf, names)
+    _check_args(tf, args or (), fam, values)
+    if not tf.ok or entry is None or launch is None or args is None:
+        f.ok = False
+        return None
+    return ThenLaunch(entry, launch, args)
 
 
 def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[str, str]) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from metrale.runtime.backend import DevicePtr
+
 CACHE_BYTES = 64 * 2**20
 """A last-level cache at least this large is assumed (H200 L2: 60 MB); inputs are rotated
 across copies totalling four times it."""
@@ -101,7 +103,7 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
     plan = engine.plan("decode", rows)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
-                      step, plan.floor_s, plan.bytes_moved, plan.kernel_count,
+                      step, plan.floor_s, plan.bytes_moved, len(prog.launches),
                       prog._graph is not None)
 
 
@@ -122,7 +124,7 @@ def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
     plan = engine.plan("prefill", rows, logits)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
-                      plan.floor_s, plan.bytes_moved, plan.kernel_count, prog._graph is not None)
+                      plan.floor_s, plan.bytes_moved, len(prog.launches), prog._graph is not None)
 
 
 def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20,
@@ -136,14 +138,19 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
     weights = {b.name for b in engine.plan(mode, rows, logits=logits).buffers
                if b.kind == "weight"}
     be = engine.backend
-    groups: dict[tuple, list[int]] = {}
+    # a planned kernel's launches (its own, then its `then` launches) are timed together
+    chains: dict[int, list[int]] = {}
     for i, ln in enumerate(prog.launches):
-        k = ln.kernel
-        groups.setdefault((str(k.point), k.box.dom, k.box.cod, k.box.params), []).append(i)
+        chains.setdefault(ln.kernel.index, []).append(i)
+    groups: dict[tuple, list[list[int]]] = {}
+    for chain in chains.values():
+        k = prog.launches[chain[0]].kernel
+        groups.setdefault((str(k.point), k.box.dom, k.box.cod, k.box.params), []).append(chain)
     out = []
-    for indices in groups.values():
-        i = indices[0]
-        ln, args = prog.launches[i], prog.arguments[i]
+    for members in groups.values():
+        chain = members[0]
+        lns = [prog.launches[i] for i in chain]
+        ln, args = lns[0], prog.arguments[chain[0]]
         k = ln.kernel
         # the arguments that carry the kernel's inputs (buffers, weights' scales) get copies
         rotate = [j for j, name in enumerate(ln.arg_names)
@@ -175,13 +182,18 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
                 be.copy_h2d(ptr, routed_ids(rng, args[ids].nbytes, engine.config))
                 fresh[ids] = ptr
             sets.append(tuple(fresh))
+        # a `then` launch reads the kernel's buffers: in each set, the set's copies of them
+        swaps = [{a: b for a, b in zip(args, s, strict=True) if isinstance(a, DevicePtr)}
+                 for s in sets]
+        chained = [[tuple(sw.get(a, a) if isinstance(a, DevicePtr) else a
+                          for a in prog.arguments[i]) for i in chain] for sw in swaps]
         try:
-            seconds = _time_launches(be, ln, sets, repeats)
+            seconds = _time_launches(be, lns, chained, repeats)
         finally:
             for ptr in owned:
                 be.free(ptr)
         out.append(KernelTiming(f"#{k.index} {k.family}", k.family, str(k.point),
-                                len(indices), seconds, k.bytes_moved, k.kernel))
+                                len(members), seconds, k.bytes_moved, k.kernel))
     return tuple(out)
 
 
@@ -205,16 +217,21 @@ def routed_ids(rng: np.random.Generator, nbytes: int, config: Any) -> bytes:
     return ids.astype(np.int32).tobytes()
 
 
-def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:
-    """Seconds per launch: ``repeats`` launches captured as one graph and replayed where the
-    backend has graphs (host launch cost out of the figure), else each launch synchronized."""
+def _time_launches(be: Any, lns: list[Any], sets: list[list[tuple]], repeats: int) -> float:
+    """Seconds per run of the launches ``lns`` (a kernel's own, then its ``then`` launches),
+    each set of ``sets`` holding one argument tuple per launch: ``repeats`` runs captured as one
+    graph and replayed where the backend has graphs (host launch cost out of the figure), else
+    each run synchronized."""
+    def issue(args: list[tuple], stream: Any = None) -> None:
+        for ln, a in zip(lns, args, strict=True):
+            be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, a, stream)
+
     if be.supports_graphs:
         stream = be.stream()
         be.begin_capture(stream)
         try:
             for r in range(repeats):
-                be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, sets[r % len(sets)],
-                          stream)
+                issue(sets[r % len(sets)], stream)
         finally:
             graph = be.end_capture(stream)
 
@@ -226,7 +243,7 @@ def _time_launches(be: Any, ln: Any, sets: list[tuple], repeats: int) -> float:
     counter = {"i": 0}
 
     def launch() -> None:
-        be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, sets[counter["i"] % len(sets)])
+        issue(sets[counter["i"] % len(sets)])
         counter["i"] += 1
         be.synchronize()
 

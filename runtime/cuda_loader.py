@@ -48,23 +48,27 @@ def parse_args(args: tuple[str, ...]) -> tuple[Arg, ...]:
 
 @attrs.frozen
 class BoundKernel:
-    """A loaded kernel and how to call it."""
+    """A loaded kernel and how to call it; ``then`` holds the handles and arguments of its
+    ``then`` launches, in order."""
 
     kernel: Any  # realize.kernel.Kernel
     handle: Any  # backend KernelHandle
     args: tuple[Arg, ...]
+    then: tuple[tuple[Any, tuple[Arg, ...]], ...] = ()
 
     def scratch_bytes(self, numbers: Mapping[str, int | float]) -> dict[str, int]:
         """Bytes of each ``scratch`` argument at these sizes (empty when the kernel has none)."""
         env = self.kernel.sizes(numbers)
         return {a.name: int(env[a.name]) for a in self.args if a.kind == "scratch"}
 
-    def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float]) -> tuple:
-        """The argument tuple: pointers by name (``None`` → null; a scratch argument's
-        workspace too, which the caller allocates zeroed), numbers by name."""
+    def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float],
+             args: tuple[Arg, ...] | None = None) -> tuple:
+        """The argument tuple of ``args`` (default: the kernel's own): pointers by name
+        (``None`` → null; a scratch argument's workspace too, which the caller allocates
+        zeroed), numbers by name."""
         env = self.kernel.sizes(numbers)
         out: list[Any] = []
-        for a in self.args:
+        for a in self.args if args is None else args:
             if a.kind == "scratch":
                 if pointers.get(a.name) is None:
                     raise LaunchError(f"no workspace for scratch argument {a.name} of "
@@ -90,9 +94,13 @@ class BoundKernel:
 
     def launch(self, backend: Any, pointers: Mapping[str, Any],
                numbers: Mapping[str, int | float], stream: Any = None) -> None:
-        """Launch with the kernel's own launch rule at ``numbers``."""
-        grid, block, shared = self.kernel.launch_for(numbers)
-        backend.launch(self.handle, grid, block, shared, self.pack(pointers, numbers), stream)
+        """Launch with the kernel's own launch rule at ``numbers``, then its ``then``
+        launches."""
+        shapes = [shape for _, _, shape in self.kernel.launches_for(numbers)]
+        for (handle, args), (grid, block, shared) in zip(
+                ((self.handle, self.args), *self.then), shapes, strict=True):
+            backend.launch(handle, grid, block, shared, self.pack(pointers, numbers, args),
+                           stream)
 
 
 class CudaLoader:
@@ -130,7 +138,9 @@ class CudaLoader:
             module = self.backend.module(binary.data, label=kernel.source)
             self._modules[mod_key] = module
         handle = self.backend.kernel(module, kernel.entry)
-        bound = BoundKernel(kernel, handle, parse_args(kernel.args))
+        then = tuple((self.backend.kernel(module, t.entry), parse_args(t.args))
+                     for t in kernel.then)
+        bound = BoundKernel(kernel, handle, parse_args(kernel.args), then)
         self._bound[kernel.key] = bound
         return bound
 
@@ -138,7 +148,8 @@ class CudaLoader:
 class CudaPlanLoader:
     """The executor's loader for an NVIDIA class: buffers as the kernels store them, weights in
     their storage format (a quantized weight ``W`` also binds ``W_scale`` and ``W_global``),
-    and one compiled, loaded, argument-bound launch per planned kernel.
+    and one compiled, loaded, argument-bound launch per planned kernel (and one per ``then``
+    launch of its kernel, right after it).
 
     >>> from metrale.lkb.quant import QuantFormat
     >>> parts = CudaPlanLoader.__new__(CudaPlanLoader).prepare_parts(
@@ -202,29 +213,31 @@ class CudaPlanLoader:
             fam = P.family(k.family)
             numbers = box_numbers(k.box, fam, sizes)
             env = k.kernel.sizes(numbers)
-            grid, block, shared = k.kernel.launch_for(numbers)
-            handle, args = self.bind(backend, k, grid, block, shared)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))
-            names: list[Any] = []
-            for a in args:
-                if a.kind == "ptr":
-                    if a.name in port_buffer:
-                        names.append(port_buffer[a.name])
-                    else:  # a weight's scale or global scale: bound beside the weight, or null
-                        base, _, part = a.name.rpartition("_")
-                        names.append(("part", f"{port_buffer[base]}_{part}"))
-                elif a.kind == "scratch":  # the program's workspace, zeroed, in stream order
-                    names.append(("scratch", int(env[a.name])))
-                else:
-                    names.append(_SCALARS[a.kind](env[a.name]))
-            out.append(Launch(k, handle, grid, block, shared, tuple(names),
-                              self.dependent_launch and k.kernel.dependent_launch))
+            for i, (_, _, (grid, block, shared)) in enumerate(k.kernel.launches_for(numbers)):
+                handle, args = self.bind(backend, k, grid, block, shared, i)
+                names: list[Any] = []
+                for a in args:
+                    if a.kind == "ptr":
+                        if a.name in port_buffer:
+                            names.append(port_buffer[a.name])
+                        else:  # a weight's scale or global scale: bound beside it, or null
+                            base, _, part = a.name.rpartition("_")
+                            names.append(("part", f"{port_buffer[base]}_{part}"))
+                    elif a.kind == "scratch":  # the program's workspace, zeroed, stream order
+                        names.append(("scratch", int(env[a.name])))
+                    else:
+                        names.append(_SCALARS[a.kind](env[a.name]))
+                out.append(Launch(k, handle, grid, block, shared, tuple(names),
+                                  self.dependent_launch and k.kernel.dependent_launch))
         return tuple(out)
 
     def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
-             block: tuple[int, int, int], shared: int) -> tuple[Any, tuple[Any, ...]]:
-        """The handle of planned kernel ``k`` on ``backend`` (compiled and loaded once per source
-        and defines) and its parsed arguments; the launch shape is the planned one."""
+             block: tuple[int, int, int], shared: int, step: int = 0
+             ) -> tuple[Any, tuple[Any, ...]]:
+        """The handle of planned kernel ``k``'s launch ``step`` (0 its own, then its ``then``
+        launches) on ``backend`` (compiled and loaded once per source and defines) and its
+        parsed arguments; the launch shape is the planned one."""
         bound = self._loader(backend).bind(k.kernel)
-        return bound.handle, bound.args
+        return ((bound.handle, bound.args) if step == 0 else bound.then[step - 1])

@@ -29,7 +29,7 @@ KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
 TABLES = KERNELS_TOML["kernel"]
 DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
-          "reduction", "row_invariant", "dependent_launch", "requires", "limits"}
+          "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then"}
 # PTX that writes global memory: stores, atomics, reductions, and asynchronous copies whose
 # destination is global (cp.async.cg.shared.global copies global into shared: a read)
 WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b"
@@ -135,9 +135,10 @@ def test_kernel_fields_are_valid(name):
     assert family in FAMILIES
     fam = FAMILIES[family]
     assert (COMMON / t["source"]).is_file()
-    assert re.fullmatch(r"[A-Za-z_]\w*", t["entry"])
-    assert re.search(r'extern "C" __global__[^;{]*?\b' + t["entry"] + r"\(",
-                     (COMMON / t["source"]).read_text())
+    text = (COMMON / t["source"]).read_text()
+    for entry in entries(name):
+        assert re.fullmatch(r"[A-Za-z_]\w*", entry)
+        assert re.search(r'extern "C" __global__[^;{]*?\b' + entry + r"\(", text), entry
     assert set(t["defines"]) <= set(fam["params"]), set(t["defines"]) - set(fam["params"])
     assert set(t.get("when", {})) <= set(fam["params"])
     assert t["row_invariant"] is fam.get("row_invariant", True)
@@ -158,14 +159,19 @@ def test_kernel_fields_are_valid(name):
         arg_names.append(arg)
     assert len(set(arg_names)) == len(arg_names)
     assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {})))
+    for then in t.get("then", []):  # a launch after the kernel's own: its names are the table's
+        assert set(then) == {"entry", "launch", "args"}, then
+        then_args = [a.partition(":") for a in then["args"]]
+        assert all(ty in ARG_TYPES and arg in names for arg, _, ty in then_args), then["args"]
+        assert len({arg for arg, _, _ in then_args}) == len(then_args)
     for p in mine:
         env = {**fam["example"], **fam.get("attrs", {}), **p}
-        launch = t["launch"]
-        assert set(launch) == {"grid", "block", "shared"}
-        dims = [evaluate(f, env) for f in launch["grid"] + launch["block"]]
-        assert all(d == int(d) and d >= 1 for d in dims), dims
-        assert math.prod(dims[3:]) <= 1024
-        assert evaluate(launch["shared"], env) >= 0
+        for launch in (t["launch"], *(then["launch"] for then in t.get("then", []))):
+            assert set(launch) == {"grid", "block", "shared"}
+            dims = [evaluate(f, env) for f in launch["grid"] + launch["block"]]
+            assert all(d == int(d) and d >= 1 for d in dims), dims
+            assert math.prod(dims[3:]) <= 1024
+            assert evaluate(launch["shared"], env) >= 0
         for f in t.get("values", {}).values():
             assert evaluate(f, env) >= 1
         # reduction orders: the semantics' own, in describe()'s words; the within-block order
@@ -195,8 +201,13 @@ def compile_groups() -> dict[tuple[str, tuple[str, ...]], set[str]]:
     groups: dict[tuple[str, tuple[str, ...]], set[str]] = {}
     for name, p in claimed():
         key = (TABLES[name]["source"], defines(name, p))
-        groups.setdefault(key, set()).add(TABLES[name]["entry"])
+        groups.setdefault(key, set()).update(entries(name))
     return groups
+
+
+def entries(name: str) -> list[str]:
+    """The entries a table launches: its own, then its ``then`` launches'."""
+    return [TABLES[name]["entry"], *(t["entry"] for t in TABLES[name].get("then", []))]
 
 
 def nvcc_ptx(tmp: Path, source: str, defs: tuple[str, ...], arch: str) -> str:
@@ -217,8 +228,8 @@ def entry_body(ptx: str, entry: str) -> str:
 
 def dependent(entry: str) -> bool:
     """Whether the tables of ``entry`` declare ``dependent_launch``."""
-    return any(t.get("dependent_launch", DEPENDENT) for t in TABLES.values()
-               if t["entry"] == entry)
+    return any(t.get("dependent_launch", DEPENDENT) for name, t in TABLES.items()
+               if entry in entries(name))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -303,15 +314,18 @@ def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, source, defs,
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_decode_attention_machine_code_stays_small(tmp_path):
-    """Each decode attention entry stays under 80 KB of machine code (54-72 KB, the rope and
-    qk_norm prologues the larger); version 7's per-group instantiations made 440 KB entries."""
+    """Each decode attention entry stays under 80 KB of machine code (the rope and qk_norm
+    prologues the larger), and the merge launched after them under 40 KB (32 KB); version 7's
+    per-group instantiations made 440 KB entries."""
     from metrale.realize.compute import cubin_code_bytes
 
     cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256",
                             "CHUNK=64", "ROPE_NEOX", "H_BLOCK=256")
     sizes = cubin_code_bytes(cubin)
+    merge = sizes.pop("metrale_attention_decode_merge")
     assert len(sizes) == 4, sizes  # attention, kv_append, rope and qk_norm_rope prologues
     assert all(0 < n <= 80 * 1024 for n in sizes.values()), sizes
+    assert 0 < merge <= 40 * 1024, merge
 
 
 def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str]:

@@ -26,11 +26,6 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert err <= 1.6e-2 * scale + 1e-5, f"{what}: max |emulated - host| {err:.4g}, scale {scale:.4g}"
 
 
-@pytest.fixture
-def build_dir(simt_build_dir):
-    return simt_build_dir
-
-
 @pytest.mark.parametrize("shape", sorted(PROMPTS))
 @pytest.mark.parametrize("model,quant", [("tiny-llama", "bf16"), ("tiny-qwen3", "mxfp4"),
                                          ("tiny-qwen3-moe", "fp8")])
@@ -49,3 +44,31 @@ def test_sm90_plans_on_the_emulation_match_the_host(build_dir, model, quant, sha
             e, h = emu.decode([token]), host.decode([token])
             _close(e, h, f"{model} {quant} decode step {step}")
             token = int(h[0].argmax())
+
+
+def test_kernel_times_time_a_kernel_with_the_launches_after_it(build_dir, monkeypatch):
+    """Decode attention is two launches (its chunks, then their merge): the kernel profile times
+    them together, and in each timing copy the merge reads the buffers the copy gives the first
+    launch, so the pair works on one set of inputs."""
+    from metrale.runtime import bench as rb
+    from metrale.runtime.backend import DevicePtr
+
+    seen: dict[str, tuple] = {}
+
+    def record(be, lns, chains, repeats):
+        seen[lns[0].kernel.family] = (lns, chains)
+        return 1e-6
+
+    monkeypatch.setattr(rb, "_time_launches", record)
+    with Engine.load("tiny-llama", hardware="sm_90", max_ctx=64, backend=HostBackend(),
+                     loader=simt.plan_loader(build_dir)) as emu:
+        timings = {t.family: t for t in rb.kernel_times(emu, 1, repeats=2)}
+    lns, chains = seen["rope_kv_append_attention"]
+    assert [ln.kernel.index for ln in lns] == [lns[0].kernel.index] * 2
+    assert timings["rope_kv_append_attention"].count == emu.config.num_hidden_layers
+    first, merge = lns[0].arg_names, lns[1].arg_names
+    positions = (first.index(merge[0]), 0)  # the positions buffer in both launches
+    assert len(chains) > 1 and len({c[0][positions[0]] for c in chains}) == len(chains)
+    for own, after in chains:
+        assert isinstance(after[0], DevicePtr) and own[positions[0]] == after[positions[1]]
+    assert all(len(lns) == 1 for f, (lns, _) in seen.items() if "attention" not in f)

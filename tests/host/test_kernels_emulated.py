@@ -49,11 +49,6 @@ F = realization("sm_90", presentation=P)
 ENTRIES = simt.class_entries("sm_90")
 
 
-@pytest.fixture
-def build_dir(simt_build_dir):
-    return simt_build_dir
-
-
 def library(build_dir, point: Point, extra: tuple[str, ...] = ()) -> simt.Library:
     k = F.realize(point)
     return simt.build(build_dir, k.source, tuple(d.removeprefix("-D") for d in k.defines) + extra,
@@ -87,16 +82,18 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
         outs.append(arrays[port.name])
     numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
     env = kernel.sizes(numbers)
-    values = []
-    for a in kernel.args:
-        name, _, ty = a.partition(":")
-        if ty == "scratch":
-            values.append(np.zeros(int(env[name]), np.uint8))
-        elif ty == "ptr":
-            values.append(arrays.get(name))
-        else:
-            values.append(env[name])
-    lib.launch(kernel.entry, *kernel.launch_for(numbers), values)
+    scratch: dict[str, np.ndarray] = {}  # one workspace per name, shared by the launches
+    for entry, args, shape in kernel.launches_for(numbers):
+        values = []
+        for a in args:
+            name, _, ty = a.partition(":")
+            if ty == "scratch":
+                values.append(scratch.setdefault(name, np.zeros(int(env[name]), np.uint8)))
+            elif ty == "ptr":
+                values.append(arrays.get(name))
+            else:
+                values.append(env[name])
+        lib.launch(entry, *shape, values)
     return outs
 
 

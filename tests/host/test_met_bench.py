@@ -94,11 +94,13 @@ def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch):
     shared: dict[str, int] = {}
     with Engine.load("tiny-qwen3-moe", max_ctx=64, slots=3) as eng:
 
-        def record(be, ln, sets, repeats):  # the sets as timed, read before they are freed
-            at = rb.EXPERT_IDS_ARG.get(ln.kernel.family)
+        def record(be, lns, chains, repeats):  # the sets as timed, read before they are freed
+            family = lns[0].kernel.family
+            sets = [chain[0] for chain in chains]  # each set's arguments of the kernel's launch
+            at = rb.EXPERT_IDS_ARG.get(family)
             if at is not None:
-                routes[ln.kernel.family] = [be.copy_d2h(s[at]).view(np.int32) for s in sets]
-                shared[ln.kernel.family] = sum(
+                routes[family] = [be.copy_d2h(s[at]).view(np.int32) for s in sets]
+                shared[family] = sum(
                     all(s[j] == sets[0][j] for s in sets) for j in range(len(sets[0])))
             return 1e-6
 

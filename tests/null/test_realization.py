@@ -410,13 +410,48 @@ def test_a_launch_without_its_workspace_is_refused_naming_it() -> None:
     bound = BoundKernel(kernel, None, parse_args(kernel.args))
     numbers = {"rows": 2, "hq": 8, "hkv": 2, "d": 64, "slots": 2, "max_ctx": 600,
                "scale": 0.125, "window": 0}
-    # counters (256 bytes for the 4 (row, kv head)), then a record of (m, l, 2 unused, 64 partials)
-    # floats for each of 2 rows x 8 q heads x 10 chunks of 64 positions
-    assert bound.scratch_bytes(numbers) == {"work": 256 + 2 * 8 * 10 * 68 * 4}
+    # a record of (m, l, 2 unused, 64 partials) floats for each of 2 rows x 8 q heads x 10 chunks
+    # of 64 positions
+    assert bound.scratch_bytes(numbers) == {"work": 2 * 8 * 10 * 68 * 4}
     ptrs = {n: 1 for n in ("q", "k_cache", "v_cache", "positions", "slots", "o")}
     with pytest.raises(LaunchError, match="no workspace for scratch argument work"):
         bound.pack(ptrs, numbers)
     assert len(bound.pack({**ptrs, "work": 7}, numbers)) == len(bound.args)
+
+
+def test_decode_attention_launches_its_merge_after_it_on_the_same_workspace() -> None:
+    """Each decode attention kernel is two launches: the chunks' records, then their merge with
+    a block per (q head, row), both handed the one workspace and the output."""
+    F = realization("sm_90")
+    numbers = {"rows": 3, "hq": 32, "hkv": 8, "d": 128, "max_ctx": 1025, "max_pos": 4096,
+               "slots": 3, "scale": 0.09, "window": 0, "eps": 1e-6}
+    for family in ("attention", "kv_append_attention", "rope_kv_append_attention",
+                   "qk_norm_rope_kv_append_attention"):
+        point = next(p for p in P.family(family).points if dict(p.params)["mode"] == "decode")
+        k = F.realize(point)
+        (e0, a0, (g0, _, _)), (e1, a1, (g1, b1, s1)) = k.launches_for(numbers)
+        assert (e0, e1) == (k.entry, "metrale_attention_decode_merge") == k.entries
+        assert g0 == (8, 3, 17) and g1 == (32, 3, 1) and b1 == (128, 1, 1)
+        assert s1 == (32 * 132 + 96 + 132) * 4  # 32 records' window, factors, outputs, max, sum
+        assert {"work:scratch", "o:ptr"} <= set(a0) & set(a1)
+
+
+@pytest.mark.parametrize("then,words", [
+    ('args = ["x:ptr"]\nlaunch = { grid = ["1", "1", "1"], block = ["1", "1", "1"] }',
+     r"then\[0\].entry: missing key"),
+    ('entry = "m"\nargs = ["heads:i32"]\nlaunch = { grid = ["1", "1", "1"], block = ["1", "1", '
+     '"1"] }', r"then\[0\].args\[0\]: argument is not a port"),
+    ('entry = "m"\nargs = ["x:ptr"]\nlaunch = { grid = ["rows", "heads", "1"], block = ["1", '
+     '"1", "1"] }', r"then\[0\].launch.grid\[1\]: unknown size 'heads'"),
+    ('entry = "m"\nargs = ["x:ptr"]\nlaunch = { grid = ["1", "1", "1"], block = ["1", "1", '
+     '"1"] }\nshared = "0"', r"then\[0\].shared: unknown key"),
+])
+def test_bad_then_launches_are_named(tree: Path, then: str, words: str) -> None:
+    add_folder(tree, "sm_90/common",
+               table_text("rmsnorm") + "\n[[kernel.rmsnorm.then]]\n" + then + "\n",
+               {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=rf"kernel.rmsnorm.{words}"):
+        realization("sm_90", kernels_dir=tree)
 
 
 def test_the_prefill_attention_refuses_shapes_it_cannot_serve_before_launching() -> None:

@@ -18,15 +18,15 @@
 //   p·v:    thread t takes 8 output columns of one q head (unit t mod U, U = G d / 8) and the
 //           positions lo + sub, lo + sub + S, ... (sub = t / U, S = 256 / U); the S partials
 //           of each column are summed in sub order.
-// Each chunk's record per q head (max m, sum l, unnormalized p·v) goes to the launch's scratch,
-// and the last block of a (kv head, part of its q heads, row) to finish (a ticket counter)
-// merges them: a window of records copied into shared memory at once; within a KV_BLOCK of
-// absolute positions the chunks in closed form (block max, factors exp(m - max), sums in chunk
-// order), then the blocks left to right by the log-sum-exp rule (the declared order: blocks of
-// KV_BLOCK, combined sequentially); o = acc / l.
-// Scratch (bytes from KERNELS.toml `values.work`): room for rows·hq u32 ticket counters
-// (rows·hkv·HS used), zero between launches (the merging block resets its own), then the
-// records.
+// Each chunk's record per q head (max m, sum l, unnormalized p·v) goes to the launch's scratch
+// (bytes from KERNELS.toml `values.work`), and a second launch, metrale_attention_decode_merge
+// (KERNELS.toml's `then`), merges them with a block per (q head, row): a window of records
+// copied into shared memory at once; within a KV_BLOCK of absolute positions the chunks in
+// closed form (block max, factors exp(m - max), sums in chunk order), then the blocks left to
+// right by the log-sum-exp rule (the declared order: blocks of KV_BLOCK, combined
+// sequentially); o = acc / l. The merge was the decode kernel's last block's (a ticket per kv
+// head, then one block merging G d columns: 8 blocks for Llama-3.1-8B's row); its phase marks
+// had it at 4.6 of that kernel's 10.9 µs (docs/gpu-notes.md, version 10).
 // Dependent launch: positions, slots, the cache rows before this step's position and the rope
 // table rows are read (copied) before the wait for the previous launch (grid_dependency_sync):
 // the host writes the first two before the step, earlier steps the rows, and nothing the
@@ -64,23 +64,16 @@
 static_assert(KV_BLOCK % CHUNK == 0 && CHUNK % 32 == 0 && CHUNK <= NT,
               "a chunk is whole warps of positions inside one KV block");
 
-// The scratch layout of one launch (nch = chunks per row = gridDim.z): ticket counters, then one
-// record per (row, q head, chunk): the chunk's max m, sum l, two unused floats (16-byte
+// The scratch of one launch (nch = chunks per row = gridDim.z): one record per (row, q head,
+// chunk), [rows, hq, nch, d + 4] floats: the chunk's max m, sum l, two unused floats (16-byte
 // alignment), and its d p·v partials, so that the merge copies a window of them in one sweep.
-struct DecodeScratch {
-    unsigned* tickets;  // [rows, hkv, HS], room for [rows, hq]
-    float* rec;         // [rows, hq, nch, d + 4]
-    __device__ DecodeScratch(void* work, int rows, int hq) {
-        tickets = (unsigned*)work;
-        const long counters = ((long)rows * hq * 4 + 255) / 256 * 256;  // bytes, 256-aligned
-        rec = (float*)((char*)work + counters);
-    }
-};
+// The merge reads only the records of the chunks its row's window covers, which the decode
+// launch before it wrote, so nothing relies on the scratch's zero bytes.
 
 // The block's shared memory, carved from the dynamic allocation in this order (each piece
 // 16-byte aligned), as KERNELS.toml's `launch.shared` sizes it; the kernel traps if it got
 // less. The tiles' regions are sized for 4-byte activations and the widest padding whatever
-// the act, so that together they can also hold the merge's window of p·v partials.
+// the act.
 struct DecodeSmem {
     char* ktile;     // CHUNK k rows, ks bytes apart (16 T bytes of padding: no bank conflicts)
     char* vtile;     // CHUNK v rows, vs bytes apart
@@ -162,12 +155,13 @@ __device__ __forceinline__ void axpy8(float e, const act8_raw& raw, float acc[8]
 
 // Output column oi = g d + c of the group's heads, walked by a thread in steps of NT: one
 // division when it starts, none per step (a run-time division is a long dependent chain).
+template <int STEP = NT>
 struct HeadCol {
     int oi, g, c;
     __device__ HeadCol(int start, int d) : oi(start), g(start / d), c(start - start / d * d) {}
     __device__ void next(int d) {
-        oi += NT;
-        c += NT;
+        oi += STEP;
+        c += STEP;
         while (c >= d) c -= d, ++g;
     }
 };
@@ -221,6 +215,113 @@ __device__ __forceinline__ void stage_rotated(const act_t* q_rows, const act_t* 
 #endif
 }
 
+// The merge of Gb q heads' chunk records [first, last] (rec: the first head's, nch records a
+// head, d + 4 floats each) into their outputs o ([Gb][d], contiguous), by the NTH threads of a
+// block. Within a KV block the chunks combine in closed form (block max bm, factors
+// f = exp(m - bm) per chunk, l and p·v summed in chunk order); across blocks the log-sum-exp
+// rule runs left to right. A window of W chunks' records (whole blocks, at most 32 of them)
+// comes into shared memory st (st_bytes) by asynchronous copies, one round trip to L2; the
+// factors and each block's (x, y) of the rule depend on (q head, chunk) only, so one warp per q
+// head computes them once, into fx (fx_floats), and each output column is then a few fmas. A
+// ([Gb][d]) holds the outputs merged so far, ml ([Gb][2]) the running max and sum.
+template <int NTH>
+__device__ __forceinline__ void merge_chunks(const float* rec, int nch, int Gb, int d, int first,
+                                             int last, float* st, int st_bytes, float* fx,
+                                             int fx_floats, float* A, float* ml, act_t* o) {
+    constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rl = d + 4;
+    const int W = max(PER_BLOCK, min(min(st_bytes / (4 * Gb * rl), fx_floats / (3 * Gb)),
+                                     32 * PER_BLOCK) / PER_BLOCK * PER_BLOCK);
+    if (4 * Gb * rl * W > st_bytes || 3 * Gb * W > fx_floats || W > 32 * PER_BLOCK) __trap();
+    float* f = fx;                    // [G][W]
+    float* xy = fx + Gb * W;          // [G][W][2]: per block (its first chunk's slot)
+    const int fb = first / PER_BLOCK * PER_BLOCK;  // the first block's first chunk
+    for (int w0 = fb; w0 <= last; w0 += W) {
+        const int nw = min(W, last + 1 - w0), skip = max(0, first - w0);  // chunks < first
+        __syncthreads();  // the previous window is used
+        const int floats = (nw - skip) * rl;  // per q head, contiguous
+        for (int g = 0; g < Gb; ++g)
+            for (int at = tid * 4; at < floats; at += NTH * 4)
+                cp_async16(st + (g * W + skip) * rl + at,
+                           rec + ((long)g * nch + w0 + skip) * rl + at);
+        phase_mark(10);
+        cp_async_wait_all();
+        __syncthreads();
+        phase_mark(11);
+        // warp g, for q head g: lane j takes block j of the window (its chunks' factors f and
+        // its max and sum), then lane 0 runs the blocks left to right into their (x, y)
+        for (int g = warp; g < Gb; g += NTH / 32) {
+            const float* sg = st + g * W * rl;
+            const int b0 = lane * PER_BLOCK;
+            float bm = -INFINITY, bl = 0.0f;
+            if (b0 < nw) {
+                float m[PER_BLOCK], l[PER_BLOCK];
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    const bool live = b0 + u < nw && b0 + u >= skip;
+                    m[u] = live ? sg[(b0 + u) * rl] : -INFINITY;
+                    l[u] = live ? sg[(b0 + u) * rl + 1] : 0.0f;
+                    bm = fmaxf(bm, m[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    if (b0 + u >= nw) break;
+                    const float e = b0 + u >= skip ? expf(m[u] - bm) : 0.0f;
+                    f[g * W + b0 + u] = e;
+                    bl += l[u] * e;
+                }
+            }
+            float M = ml[2 * g], L = ml[2 * g + 1];  // the blocks merged so far
+            for (int b = 0; b * PER_BLOCK < nw; ++b) {
+                const float m_b = __shfl_sync(0xffffffffu, bm, b);
+                const float l_b = __shfl_sync(0xffffffffu, bl, b);
+                float x = 0.0f, y = 1.0f;  // the first block: A becomes its p·v exactly
+                if (w0 + b * PER_BLOCK == fb) {
+                    M = m_b, L = l_b;
+                } else {
+                    const float mn = fmaxf(M, m_b);
+                    x = expf(M - mn), y = expf(m_b - mn);
+                    L = L * x + l_b * y;
+                    M = mn;
+                }
+                if (lane == 0) {
+                    xy[(g * W + b * PER_BLOCK) * 2] = x;
+                    xy[(g * W + b * PER_BLOCK) * 2 + 1] = y;
+                }
+            }
+            if (lane == 0) ml[2 * g] = M, ml[2 * g + 1] = L;
+        }
+        __syncthreads();
+        phase_mark(12);
+        for (HeadCol<NTH> hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
+            const int g = hc.g;
+            const float* sg = st + g * W * rl + 4 + hc.c;
+            const float* fg = f + g * W;
+            float a = w0 == fb ? 0.0f : A[hc.oi];
+#pragma unroll 4
+            for (int b = 0; b < nw; b += PER_BLOCK) {  // a block's loads together, then fmas
+                float sv[PER_BLOCK], fv[PER_BLOCK];
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u) {
+                    const bool live = b + u < nw && b + u >= skip;
+                    sv[u] = live ? sg[(b + u) * rl] : 0.0f;
+                    fv[u] = live ? fg[b + u] : 0.0f;
+                }
+                float ba = 0.0f;
+#pragma unroll
+                for (int u = 0; u < PER_BLOCK; ++u)
+                    if (b + u < nw && b + u >= skip) ba = fmaf(sv[u], fv[u], ba);
+                const float* xyb = xy + (g * W + b) * 2;
+                a = a * xyb[0] + ba * xyb[1];
+            }
+            A[hc.oi] = a;
+        }
+    }
+    __syncthreads();  // every column's A and every head's L are written
+    for (HeadCol<NTH> hc(tid, d); hc.oi < Gb * d; hc.next(d))
+        o[hc.oi] = act_store(A[hc.oi] / ml[2 * hc.g + 1]);
+}
+
 template <bool APPEND, int PRE>
 __device__ __forceinline__ void decode_attend(
     const act_t* __restrict__ k_new, const act_t* __restrict__ v_new,
@@ -230,7 +331,6 @@ __device__ __forceinline__ void decode_attend(
     RopeArgs ra) {
     static_assert(PRE == PRE_NONE || APPEND, "the rope entries append");
     extern __shared__ __align__(16) char smem_base[];
-    __shared__ int merging;
     phase_mark(0);
     const int row = blockIdx.y, chunk = blockIdx.z, nch = gridDim.z, tid = threadIdx.x;
     if (hkv <= 0) __trap();
@@ -379,16 +479,16 @@ __device__ __forceinline__ void decode_attend(
     __syncthreads();
     phase_mark(6);
     // ---- the chunk's partial state to the scratch, the S partials of each column in sub order
-    DecodeScratch sc(work, rows, hq);
+    float* rec = (float*)work;
     const long head0 = (long)row * hq + (long)kvh * G + g0;  // the block's first q head
     const int rl = d + 4;                                    // floats per record
-    for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
+    for (HeadCol<> hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
         float a = s.part[hc.oi];
         for (int u = 1; u < S; ++u) a += s.part[u * U * 8 + hc.oi];
-        sc.rec[((head0 + hc.g) * nch + chunk) * rl + 4 + hc.c] = a;
+        rec[((head0 + hc.g) * nch + chunk) * rl + 4 + hc.c] = a;
     }
     if (tid < Gb) {
-        float* r = sc.rec + ((head0 + tid) * nch + chunk) * rl;
+        float* r = rec + ((head0 + tid) * nch + chunk) * rl;
         r[0] = s.ml[2 * tid];
         r[1] = s.ml[2 * tid + 1];
     }
@@ -400,126 +500,6 @@ __device__ __forceinline__ void decode_attend(
         copy_row((char*)(v_cache + dst), v_pos, row_bytes);
     }
     phase_mark(7);
-    // ---- the last block of this (kv head, row) merges every chunk. The block's stores are
-    // ordered before thread 0's fence by the barrier, so one fence (cumulative) publishes them
-    // all before the ticket: a fence in every thread cost each a sequentially consistent
-    // fence and an L1 invalidation.
-    __syncthreads();
-    if (tid == 0) {
-        unsigned* ticket = sc.tickets + ((long)row * hkv + kvh) * HS + hs;
-        __threadfence();
-        const unsigned t = atomicAdd(ticket, 1u);
-        merging = t == (unsigned)(last - first);
-        if (merging) {
-            *ticket = 0u;  // every block of this launch has counted: ready for the next one
-            __threadfence();
-        }
-    }
-    __syncthreads();
-    phase_mark(8);
-    if (!merging) return;
-    // Merge. Within a KV block the chunks combine in closed form (block max bm, factors
-    // f = exp(m - bm) per chunk, l and p·v summed in chunk order); across blocks the
-    // log-sum-exp rule runs left to right. A window of W chunks' records (whole blocks, at most
-    // 32 of them) comes into shared memory by asynchronous copies, one round trip to L2; the
-    // factors and each block's (x, y) of the rule depend on (q head, chunk) only, so one warp
-    // per q head computes them once, and each output column is then a few fmas. Reused: the
-    // tiles hold the window's records, s.part the factors f and the blocks' (x, y), s.pre_in
-    // the outputs merged so far.
-    constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
-    const int W = max(PER_BLOCK, min(min(s.tiles / (4 * Gb * rl), NT * 8 / (3 * Gb)),
-                                     32 * PER_BLOCK) / PER_BLOCK * PER_BLOCK);
-    if (4 * Gb * rl * W > s.tiles || 3 * Gb * W > NT * 8 || W > 32 * PER_BLOCK) __trap();
-    float* st = (float*)s.ktile;      // [G][W][rl] the window's records
-    float* f = s.part;                // [G][W]
-    float* xy = s.part + Gb * W;      // [G][W][2]: per block (its first chunk's slot)
-    float* A = s.pre_in;              // [G][d] the blocks merged so far
-    const int fb = first / PER_BLOCK * PER_BLOCK;  // the first block's first chunk
-    for (int w0 = fb; w0 <= last; w0 += W) {
-        const int nw = min(W, last + 1 - w0), skip = max(0, first - w0);  // chunks < first
-        __syncthreads();  // the previous window is used
-        const int floats = (nw - skip) * rl;  // per q head, contiguous
-        for (int g = 0; g < Gb; ++g)
-            for (int at = tid * 4; at < floats; at += NT * 4)
-                cp_async16(st + (g * W + skip) * rl + at,
-                           sc.rec + ((head0 + g) * nch + w0 + skip) * rl + at);
-        phase_mark(10);
-        cp_async_wait_all();
-        __syncthreads();
-        phase_mark(11);
-        // warp g, for q head g: lane j takes block j of the window (its chunks' factors f and
-        // its max and sum), then lane 0 runs the blocks left to right into their (x, y)
-        for (int g = warp; g < Gb; g += NT / 32) {
-            const float* sg = st + g * W * rl;
-            const int b0 = lane * PER_BLOCK;
-            float bm = -INFINITY, bl = 0.0f;
-            if (b0 < nw) {
-                float m[PER_BLOCK], l[PER_BLOCK];
-#pragma unroll
-                for (int u = 0; u < PER_BLOCK; ++u) {
-                    const bool live = b0 + u < nw && b0 + u >= skip;
-                    m[u] = live ? sg[(b0 + u) * rl] : -INFINITY;
-                    l[u] = live ? sg[(b0 + u) * rl + 1] : 0.0f;
-                    bm = fmaxf(bm, m[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < PER_BLOCK; ++u) {
-                    if (b0 + u >= nw) break;
-                    const float e = b0 + u >= skip ? expf(m[u] - bm) : 0.0f;
-                    f[g * W + b0 + u] = e;
-                    bl += l[u] * e;
-                }
-            }
-            float M = s.ml[2 * g], L = s.ml[2 * g + 1];  // the blocks merged so far
-            for (int b = 0; b * PER_BLOCK < nw; ++b) {
-                const float m_b = __shfl_sync(0xffffffffu, bm, b);
-                const float l_b = __shfl_sync(0xffffffffu, bl, b);
-                float x = 0.0f, y = 1.0f;  // the first block: A becomes its p·v exactly
-                if (w0 + b * PER_BLOCK == fb) {
-                    M = m_b, L = l_b;
-                } else {
-                    const float mn = fmaxf(M, m_b);
-                    x = expf(M - mn), y = expf(m_b - mn);
-                    L = L * x + l_b * y;
-                    M = mn;
-                }
-                if (lane == 0) {
-                    xy[(g * W + b * PER_BLOCK) * 2] = x;
-                    xy[(g * W + b * PER_BLOCK) * 2 + 1] = y;
-                }
-            }
-            if (lane == 0) s.ml[2 * g] = M, s.ml[2 * g + 1] = L;
-        }
-        __syncthreads();
-        phase_mark(12);
-        for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d)) {
-            const int g = hc.g;
-            const float* sg = st + g * W * rl + 4 + hc.c;
-            const float* fg = f + g * W;
-            float a = w0 == fb ? 0.0f : A[hc.oi];
-#pragma unroll 4
-            for (int b = 0; b < nw; b += PER_BLOCK) {  // a block's loads together, then fmas
-                float sv[PER_BLOCK], fv[PER_BLOCK];
-#pragma unroll
-                for (int u = 0; u < PER_BLOCK; ++u) {
-                    const bool live = b + u < nw && b + u >= skip;
-                    sv[u] = live ? sg[(b + u) * rl] : 0.0f;
-                    fv[u] = live ? fg[b + u] : 0.0f;
-                }
-                float ba = 0.0f;
-#pragma unroll
-                for (int u = 0; u < PER_BLOCK; ++u)
-                    if (b + u < nw && b + u >= skip) ba = fmaf(sv[u], fv[u], ba);
-                const float* xyb = xy + (g * W + b) * 2;
-                a = a * xyb[0] + ba * xyb[1];
-            }
-            A[hc.oi] = a;
-        }
-    }
-    __syncthreads();  // every column's A and every head's L are written
-    for (HeadCol hc(tid, d); hc.oi < Gb * d; hc.next(d))
-        o[(head0 + hc.g) * d + hc.c] = act_store(A[hc.oi] / s.ml[2 * hc.g + 1]);
-    phase_mark(9);
 }
 
 // grid (hkv HS, rows, ceil(max_ctx / CHUNK)), block 256, dynamic shared memory as KERNELS.toml.
@@ -576,3 +556,34 @@ metrale_qk_norm_rope_kv_append_attention_decode(
 }
 #endif
 #endif
+
+// The merge of a decode launch's chunk records, launched right after it (KERNELS.toml's `then`):
+// one block of MERGE_NT threads per (q head, row), grid (hq, rows, 1), the chunk count from
+// max_ctx as the decode grid's; dynamic shared memory MERGE_W (d + 4) + 3 MERGE_W + d + 4 floats
+// (a window of MERGE_W chunks' records, their factors and blocks' (x, y), the outputs merged so
+// far, the running max and sum). It waits for the decode launch (grid_dependency_sync) before it
+// reads anything that launch wrote.
+#define MERGE_NT 128
+#define MERGE_W (8 * (KV_BLOCK / CHUNK))  // chunks a window
+extern "C" __global__ void __launch_bounds__(MERGE_NT)
+metrale_attention_decode_merge(const int* __restrict__ positions, act_t* __restrict__ o,
+                               void* work, int rows, int hq, int d, int max_ctx, int window) {
+    extern __shared__ __align__(16) char smem_base[];
+    const int st_bytes = MERGE_W * (d + 4) * 4;
+    float* st = (float*)smem_base;
+    float* fx = st + MERGE_W * (d + 4);
+    float* A = fx + 3 * MERGE_W;
+    float* ml = A + d;
+    if (d > 256 || d <= 0 || (d & 7) || (int)gridDim.x != hq || (int)gridDim.y != rows ||
+        blockDim.x != MERGE_NT ||
+        dynamic_smem_bytes() < (unsigned)(st_bytes + (3 * MERGE_W + d + 4) * 4))
+        __trap();
+    grid_dependency_sync();
+    const int h = blockIdx.x, row = blockIdx.y, nch = (max_ctx + CHUNK - 1) / CHUNK;
+    const int pos = positions[row];
+    if (pos < 0 || pos >= max_ctx) __trap();
+    const int start = window > 0 ? max(0, pos - window + 1) : 0;
+    const long head = (long)row * hq + h;
+    merge_chunks<MERGE_NT>((const float*)work + head * nch * (d + 4), nch, 1, d, start / CHUNK, pos / CHUNK,
+                           st, st_bytes, fx, 3 * MERGE_W, A, ml, o + head * d);
+}

@@ -263,8 +263,9 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
         for point in fam.points:
             k = None if fam.view else F.realize(point)
             if k is not None and k.source is not None:
-                out.setdefault((k.source, k.defines), {})[k.entry] = tuple(
-                    a.partition(":")[2] for a in k.args)
+                entries = out.setdefault((k.source, k.defines), {})
+                for entry, args in ((k.entry, k.args), *((t.entry, t.args) for t in k.then)):
+                    entries[entry] = tuple(a.partition(":")[2] for a in args)
     return out
 
 
@@ -284,17 +285,20 @@ def plan_loader(build_dir: Path) -> Any:
             super().__init__("emulated")
 
         def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
-                 block: tuple[int, int, int], shared: int) -> tuple[Any, tuple[Any, ...]]:
+                 block: tuple[int, int, int], shared: int, step: int = 0
+                 ) -> tuple[Any, tuple[Any, ...]]:
             kernel = k.kernel
             lib = build(build_dir, kernel.source,
                         tuple(d.removeprefix("-D") for d in kernel.defines),
                         class_entries(kernel.hw)[(kernel.source, kernel.defines)])
+            entry = kernel.entries[step]
+            args = kernel.args if step == 0 else kernel.then[step - 1].args
 
-            def run(*args: Any) -> None:
-                lib.launch(kernel.entry, grid, block, shared, list(args))
+            def run(*values: Any) -> None:
+                lib.launch(entry, grid, block, shared, list(values))
 
-            label = f"#{k.index} {kernel.entry}"
-            module = backend.module({label: HostKernel(run, len(kernel.args))}, label)
-            return backend.kernel(module, label), parse_args(kernel.args)
+            label = f"#{k.index} {entry}"
+            module = backend.module({label: HostKernel(run, len(args))}, label)
+            return backend.kernel(module, label), parse_args(args)
 
     return PlanLoader()
