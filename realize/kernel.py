@@ -4,7 +4,8 @@ A ``[kernel.NAME]`` table (header comment of ``kernels/cuda/common/KERNELS.toml`
 points of one family that its ``when`` admits; at a point it renders to a :class:`Kernel`:
 source, entry, ``-D`` defines, a launch rule, arguments, declared reduction orders. Tables
 may add ``requires`` (capabilities the class asked must have) and ``reason`` (why a shadow or
-a per-point copy exists). Launch formulas are arithmetic over the bound sizes, never code:
+a per-point copy exists). Launch formulas are arithmetic over the bound sizes, never code
+(``realize.formula``):
 
 >>> rule = LaunchRule(("ceil(n / 4)", "rows", "1"), ("128", "1", "1"), "4 * e")
 >>> rule.bind({"n": 1030, "rows": 2, "e": 8})
@@ -22,8 +23,6 @@ Templates: ``{p}`` is the parameter's value as written, ``{P}`` its upper-cased 
 
 from __future__ import annotations
 
-import ast
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,145 +35,12 @@ from metrale.lkb.family import Family, Point
 from metrale.lkb.files import Fields, read_toml
 from metrale.lkb.semantics import WITHIN, describe, reduction_orders
 from metrale.realize.evidence import hash_source
+from metrale.realize.formula import eval_formula, formula_names, limit_holds, limit_names
 from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabilities
 
 KERNELS_FILE = "KERNELS.toml"
 ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch")
 NO_REASON = "no reason given"
-
-# ---------------------------------------------------------------------------------------------
-# Formulas: safe arithmetic over named sizes (hand-written: ~40 lines of ast walking; no
-# library evaluates a restricted expression language without also allowing attribute access).
-
-_FUNCS = {"ceil": math.ceil, "floor": math.floor, "min": min, "max": max}
-_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b,
-        ast.Mod: lambda a, b: a % b}
-_FORMULA_WORDS = "only numbers, names, + - * / // %, ceil, floor, min, max"
-
-
-def _parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
-    def bad() -> ConfigError:
-        return ConfigError(f"not a launch formula: {_FORMULA_WORDS}", file=file, key=key,
-                           expected="arithmetic over sizes", found=repr(text)[:80])
-
-    if not isinstance(text, str) or len(text) > 500:
-        raise bad()
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
-        raise bad() from None
-    for n in ast.walk(tree):
-        ok = (isinstance(n, ast.Constant) and type(n.value) in (int, float)
-              or isinstance(n, ast.Name | ast.Load)
-              or isinstance(n, ast.BinOp) and type(n.op) in _OPS
-              or isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub | ast.UAdd)
-              or type(n) in _OPS or isinstance(n, ast.USub | ast.UAdd)
-              or isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-              and n.func.id in _FUNCS and not n.keywords)
-        if not ok:
-            raise bad()
-    return tree
-
-
-def formula_names(text: str, file: object = None, key: str = "") -> frozenset[str]:
-    """The sizes a formula reads (its function names left out); a bad formula raises.
-
-    >>> sorted(formula_names("ceil((nq + nk) / 4) * rows"))
-    ['nk', 'nq', 'rows']
-    """
-    tree = _parse_formula(text, file, key)
-    funcs = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs)
-
-
-def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
-                 key: str = "") -> int | float:
-    """Evaluate a launch formula; ``/`` is true division, so ``ceil(n / 4)`` rounds up.
-
-    >>> eval_formula("max(1, rows // 2) + k % 3", {"rows": 5, "k": 7})
-    3
-    """
-    tree = _parse_formula(text, file, key)
-
-    def ev(n: ast.expr) -> int | float:
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.Name):
-            if n.id not in env:
-                raise LaunchError(f"size {n.id!r} is not bound", file=file, key=key,
-                                  expected="one of " + ", ".join(sorted(env)) if env else "a size",
-                                  found=text, suggestion=nearest(n.id, env))
-            value = env[n.id]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise LaunchError(f"size {n.id!r} is not a number", file=file, key=key,
-                                  expected="an int or float", found=repr(value)[:80])
-            return value
-        if isinstance(n, ast.BinOp):
-            try:
-                return _OPS[type(n.op)](ev(n.left), ev(n.right))
-            except ZeroDivisionError:
-                raise LaunchError("division by zero in a launch formula", file=file, key=key,
-                                  expected="a non-zero divisor", found=repr(text)[:80]) from None
-        if isinstance(n, ast.UnaryOp):
-            return -ev(n.operand) if isinstance(n.op, ast.USub) else ev(n.operand)
-        assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-        return _FUNCS[n.func.id](*(ev(a) for a in n.args))
-
-    try:
-        return ev(tree)
-    except (ArithmeticError, ValueError, TypeError, RecursionError) as e:
-        # ceil(1e400), max(), a deep unary chain: no launch dimension comes out
-        raise LaunchError(f"launch formula cannot be evaluated: {e}", file=file, key=key,
-                          expected="a number", found=repr(text)[:80]) from None
-
-
-_LIMIT_OPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
-              ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
-              ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
-
-
-def _parse_limit(text: Any, file: object = None, key: str = "") -> tuple[str, Any, str]:
-    """``"A op B"`` (one comparison of two launch formulas) as (A, op, B); else ConfigError."""
-    bad = ConfigError("not a limit: one comparison (< <= > >= == !=) of two launch formulas",
-                      file=file, key=key, expected="e.g. \"hq / hkv <= 8\"",
-                      found=repr(text)[:80])
-    if not isinstance(text, str) or len(text) > 500:
-        raise bad
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise bad from None
-    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1
-            and type(tree.ops[0]) in _LIMIT_OPS):
-        raise bad
-    left, right = ast.unparse(tree.left), ast.unparse(tree.comparators[0])
-    for side in (left, right):
-        _parse_formula(side, file, key)
-    return left, _LIMIT_OPS[type(tree.ops[0])], right
-
-
-def limit_names(text: str, file: object = None, key: str = "") -> frozenset[str]:
-    """The sizes a limit reads.
-
-    >>> sorted(limit_names("hq / hkv <= 8"))
-    ['hkv', 'hq']
-    """
-    left, _, right = _parse_limit(text, file, key)
-    return formula_names(left, file, key) | formula_names(right, file, key)
-
-
-def limit_holds(text: str, env: Mapping[str, int | float], file: object = None,
-                key: str = "") -> bool:
-    """Whether a limit holds at these sizes.
-
-    >>> limit_holds("d % 16 == 0", {"d": 80}), limit_holds("d % 16 == 0", {"d": 72})
-    (True, False)
-    """
-    left, op, right = _parse_limit(text, file, key)
-    return bool(op(eval_formula(left, env, file, key), eval_formula(right, env, file, key)))
-
 
 def box_numbers(box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
     """The numbers a kernel's launch formulas read at one box of a plan: the circuit's

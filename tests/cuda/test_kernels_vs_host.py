@@ -256,8 +256,9 @@ def _scratch_points():
 @pytest.mark.parametrize("fam,point", _scratch_points(),
                          ids=lambda x: str(x) if isinstance(x, Point) else "")
 def test_a_kernel_leaves_its_workspace_ready_for_the_next_launch(gpu, fam, point):
-    """A kernel with scratch keeps its zero bytes zero (ticket counters): a second launch on the
-    same workspace writes every output again, to the same bytes."""
+    """A kernel with scratch leaves it as the next launch needs it (decode attention's records are
+    written before they are read): a second launch on the same workspace writes every output
+    again, to the same bytes."""
     sizes = sizes_for(fam, 3)
     _, device = inputs(fam, point, sizes, seed=5)
     once = _run_gpu(gpu, fam, point, sizes, device)

@@ -259,9 +259,10 @@ SPLIT_GROUPS = [(16, 2, 64), (9, 1, 64), (12, 1, 32)]
                                     "qk_norm_rope_kv_append_attention"])
 def test_decode_attention_over_split_groups_matches_reference(build_dir, family, hq, hkv, d,
                                                               window):
-    """Each block of a split group stages, scores, merges and writes only its own q heads, one
-    ticket per part; the appending entries write the new k and v once: rows at positions over
-    several chunks and KV blocks, with and without a window, against the reference."""
+    """Each block of a split group stages, scores and records only its own q heads, and the merge
+    launch writes every head; the appending entries write the new k and v once: rows at
+    positions over several chunks and KV blocks, with and without a window, against the
+    reference."""
     fam = P.family(family)
     point = next(p for p in fam.points if p.as_dict()["act"] == "bf16"
                  and p.as_dict()["mode"] == "decode" and p.as_dict().get("style", "neox") == "neox")

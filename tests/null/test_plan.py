@@ -211,3 +211,14 @@ def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel
     assert e.value.expected == "hq // hkv <= 8" and "hq=16" in e.value.found
     assert plan_for(wide, "bf16", "cuda", mode="prefill", rows=40).kernel_count > 0
     assert plan_for(wide, "bf16", "sm_90", mode="decode", rows=1).kernel_count > 0
+
+
+def test_the_plan_json_names_the_launches_after_a_kernel():
+    """A kernel that is a chain of launches shows the entries after its own: decode attention's
+    merge, and nothing for the rest."""
+    from metrale.plan.printers import plan_json
+
+    kernels = plan_json(plan_for("tiny-llama", "bf16", "sm_90", mode="decode", rows=1))["kernels"]
+    then = {k["family"]: k["then"] for k in kernels if not k["view"]}
+    assert then.pop("rope_kv_append_attention") == ["metrale_attention_decode_merge"]
+    assert then and all(v == [] for v in then.values())

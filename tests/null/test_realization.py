@@ -16,9 +16,10 @@ from metrale.lkb.functor import Functor
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
 from metrale.realize.evidence import hash_source
+from metrale.realize.formula import eval_formula, formula_names
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir
-from metrale.realize.kernel import LaunchRule, eval_formula, formula_names
+from metrale.realize.kernel import LaunchRule
 from metrale.realize.relations import STATUSES, relation_on, relations_on
 from metrale.testing import functor_laws
 
