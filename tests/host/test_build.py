@@ -14,7 +14,7 @@ from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
 from metrale.realize.build import build
 from metrale.realize.cache import BuildCache, cache_key
-from metrale.realize.compute import NvidiaTarget, cubin_code_bytes, cubin_entries, ptx_entries
+from metrale.realize.compute import cubin_code_bytes, cubin_entries, ptx_entries
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 from metrale.realize.registry import Registry
@@ -97,15 +97,19 @@ def _unit_key(tree: Path, kernel, compiler: str) -> tuple:
 @pytest.mark.parametrize("name", [c.name for c in load_hardware()
                                   if c.vendor.value == "nvidia" and c.arch is not None])
 def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
-        name: str, tmp_path: Path) -> None:
+        name: str, nvidia_builds) -> None:
     """CI acceptance: every realized point of every NVIDIA class with an arch builds for that
-    arch, and each binary exports the entry of every point it serves."""
+    arch, and each binary exports the entry of every point it serves (the run's one build of
+    the class, which tests/host/test_cuda_sources.py reads too)."""
     F = realization(name)
-    report = build([k.point for k in F.kernels()], name,
-                   target=KernelTarget(name, "all", "all"), cache=BuildCache(tmp_path),
-                   progress=False, compute=NvidiaTarget("ptx"), jobs=2)
+    report = nvidia_builds.report(name)
     assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
+    assert report.arch == F.hw.arch
     assert report.count("built") == len({(k.source, k.defines) for k in F.kernels()})
+    ptx = nvidia_builds.ptx(name)
+    for k in F.kernels():
+        exported = ptx_entries(ptx[nvidia_builds.key(k.source, k.defines)])
+        assert set(k.entries) <= set(exported), (k.point, k.entries)
 
 
 def test_met_build_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

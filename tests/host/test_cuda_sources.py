@@ -210,15 +210,6 @@ def entries(name: str) -> list[str]:
     return [TABLES[name]["entry"], *(t["entry"] for t in TABLES[name].get("then", []))]
 
 
-def nvcc_ptx(tmp: Path, source: str, defs: tuple[str, ...], arch: str) -> str:
-    out = tmp / f"{source}.{arch}.{'_'.join(defs) or 'plain'}.ptx".replace("=", "")
-    cmd = [NVCC, "-ptx", f"-arch={arch}", "-std=c++17", "-o", str(out), str(COMMON / source),
-           *(f"-D{d}" for d in defs)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return out.read_text()
-
-
 def entry_body(ptx: str, entry: str) -> str:
     """The PTX of one entry: from its ``.entry`` line to the next entry."""
     start = ptx.index(f".entry {entry}(")
@@ -233,13 +224,14 @@ def dependent(entry: str) -> bool:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_every_claimed_point_compiles_for_sm_90a(tmp_path):
+def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
     """... and an entry declared ``dependent_launch`` waits for the previous launch
     (``griddepcontrol.wait``) before its first write to global memory. Reads may come first
     where the kernel says why (weights, the KV rows of earlier steps: nothing a launch of the
     step writes)."""
+    built = nvidia_builds.ptx("sm_90")  # the sm_90 class's arch is sm_90a
     for (source, defs), entries in sorted(compile_groups().items()):
-        ptx = nvcc_ptx(tmp_path, source, defs, "sm_90a")
+        ptx = built[nvidia_builds.key(source, defs)]
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
             if dependent(e):
@@ -251,14 +243,13 @@ def test_every_claimed_point_compiles_for_sm_90a(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_one_point_per_source_compiles_for_sm_80(tmp_path):
-    seen: set[str] = set()
+def test_every_claimed_point_compiles_for_sm_80(nvidia_builds):
+    """Below sm_90 the dependent-launch instructions compile out, and every entry is still
+    there."""
+    built = nvidia_builds.ptx("sm_80")
     for (source, defs), entries in sorted(compile_groups().items()):
-        if source in seen:
-            continue
-        seen.add(source)
-        ptx = nvcc_ptx(tmp_path, source, defs, "sm_80")
-        assert "griddepcontrol" not in ptx  # an sm_90 instruction: compiled out below it
+        ptx = built[nvidia_builds.key(source, defs)]
+        assert "griddepcontrol" not in ptx, (source, defs)  # an sm_90 instruction
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
 
@@ -299,7 +290,8 @@ TENSOR_CORE_BUILDS = [
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source,defs,entries", TENSOR_CORE_BUILDS,
                          ids=[f"{s}-{d[1]}" for s, d, _ in TENSOR_CORE_BUILDS])
-def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, source, defs, entries):
+def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
+                                                        entries):
     """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in
     registers (no spill, no local arrays): a spill would sit in the main loop."""
     cubin, log = _sm90a_cubin(tmp_path, source, *defs)
@@ -307,7 +299,7 @@ def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, source, defs,
     assert set(usage) >= entries, usage
     assert all(spills == 0 for regs, spills in usage.values()), usage
     assert "bytes stack frame" in log and not re.search(r"[1-9]\d* bytes stack frame", log), log
-    ptx = nvcc_ptx(tmp_path, source, defs, "sm_90a")
+    ptx = nvidia_builds.ptx("sm_90")[nvidia_builds.key(source, defs)]
     for e in entries:
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in entry_body(ptx, e), e
 
