@@ -83,14 +83,31 @@ def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
 # decode attention: positions per thread block (the grid follows a CHUNK override); each launch
 # is followed by the merge of its chunk records (metrale_attention_decode_merge)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
-MERGE_THREADS = 128  # attention_decode.cu's MERGE_NT
 
 
 def merge_shared(d: int, chunk: int) -> int:
-    """Dynamic shared bytes of metrale_attention_decode_merge at head_dim ``d``: a window of
-    MERGE_W = 8 KV blocks' chunk records, their factors, the outputs, the running max and sum."""
+    """Dynamic shared bytes of metrale_attention_decode_merge at head_dim ``d`` when CHUNK is
+    ``chunk``: a window of MERGE_W = 8 KV blocks' chunk records, their factors, the outputs, the
+    running max and sum. KERNELS.toml's formula is this at its CHUNK, 64."""
     w = 8 * 256 // chunk
     return (w * (d + 4) + 3 * w + d + 4) * 4
+
+
+_SCALAR = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
+
+
+def then_launch(module: Any, kernel: Any, sizes: dict, pointers: dict, variant: str = "") -> tuple:
+    """The launch after ``kernel``'s own (its KERNELS.toml ``then`` table): (function, grid,
+    block, shared bytes, arguments) at ``sizes``, the arguments in the table's order, pointers
+    from ``pointers`` by name and numbers from the kernel's sizes. A CHUNK override in
+    ``variant`` resizes the merge's window, so its shared memory is :func:`merge_shared`'s."""
+    (entry, args, (grid, block, shared)), = kernel.launches_for(sizes)[1:]
+    chunk = int(parse_defines(variant).get("CHUNK", 64))
+    assert merge_shared(sizes["d"], 64) == shared, (shared, "KERNELS.toml's merge formula moved")
+    env = kernel.sizes(sizes)
+    values = tuple(pointers[name] if kind in ("ptr", "scratch") else _SCALAR[kind](env[name])
+                   for name, _, kind in (a.partition(":") for a in args))
+    return module.get_function(entry), grid, block, merge_shared(sizes["d"], chunk), values
 
 
 def parse_defines(text: str) -> dict[str, str]:
@@ -124,15 +141,16 @@ def decode_kernel(family: str, style: str = "neox") -> Any:
 
 
 def decode_attention(cp: Any, family: str, variant: str, out: Path, style: str = "neox") -> tuple:
-    """(module, function, launch) of ``family``'s decode kernel on sm_90, built with the defines the
-    build gives its point plus ``variant``'s; ``launch(numbers)`` is the kernel's (grid, block,
-    dynamic shared bytes) from KERNELS.toml, and the function may use that much shared memory."""
+    """(module, function, kernel) of ``family``'s decode kernel on sm_90, built with the defines
+    the build gives its point plus ``variant``'s: ``kernel`` is its realization (KERNELS.toml's
+    launch rules: ``kernel.launch_for(numbers)``), and the function may use 200 KB of shared
+    memory."""
     kernel = decode_kernel(family, style)
     defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
     module = cp.RawModule(path=str(build("attention_decode.cu", f"{defines} {variant}", out)))
     fn = module.get_function(kernel.entry)  # loads the file
     fn.max_dynamic_shared_size_bytes = 200 * 1024
-    return module, fn, kernel.launch_for
+    return module, fn, kernel
 
 
 def time_graph(cp: Any, launch: Any, copies: int) -> float:
@@ -217,7 +235,7 @@ def decode_inputs(cp: Any, hq: int, hkv: int, d: int, rows: int, position: int) 
         v=bf16_bits(cp, (rows, hkv, d)), o=cp.empty((rows, hq, d), cp.uint16),
         positions=cp.full(rows, position, cp.int32), slots=cp.arange(rows, dtype=cp.int32),
         work=cp.zeros(rows * hq * -(-max_ctx // 16) * (d + 4) * 4 + (1 << 16), cp.uint8),
-        sizes={"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx})
+        sizes={"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx, "window": 0})
 
 
 def chunk_shape(shape: tuple, variant: str, max_ctx: int) -> tuple:
@@ -242,8 +260,8 @@ def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: 
                        scalars: tuple, merge: tuple | None = None) -> Any:
     """launch(i): a decode attention kernel over cache copy i, as the decode step launches it (a
     programmatic dependent launch); ``shape`` is its (grid, block, shared bytes) and the
-    arguments are heads, the caches, rest, scalars. ``merge`` (function, grid, shared bytes,
-    arguments) is a second launch made after it."""
+    arguments are heads, the caches, rest, scalars. ``merge`` (function, grid, block, shared
+    bytes, arguments: :func:`then_launch`) is a second launch made after it."""
     from metrale.runtime.cuda_driver import DriverLauncher
 
     driver = DriverLauncher()
@@ -257,8 +275,8 @@ def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: 
         driver.launch_dependent(_function(fn), grid, block, shared, stream,
                                 tuple(_arg(a) for a in (*heads, kc, vc, *rest, *scalars)))
         if merge is not None:
-            mfn, mgrid, mshared, margs = merge
-            driver.launch_dependent(_function(mfn), mgrid, (MERGE_THREADS, 1, 1), mshared, stream,
+            mfn, mgrid, mblock, mshared, margs = merge
+            driver.launch_dependent(_function(mfn), mgrid, mblock, mshared, stream,
                                     tuple(_arg(a) for a in margs))
     return launch
 
@@ -380,13 +398,12 @@ def bench_attention(cp: Any, tmp: Path, rate: float) -> list[dict]:
                        np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
             kv_bytes = rows * (position + 1) * hkv * d * 2 * 2
             ref = None  # the default's output: a variant changes the speed, never a byte
-            for v, (module, fn, launch_for) in kernels.items():
+            for v, (module, fn, kernel) in kernels.items():
                 x.o.fill(0xFFFF)  # poisoned (a NaN): every output must be written
-                merge = (module.get_function("metrale_attention_decode_merge"), (hq, rows, 1),
-                         merge_shared(d, int(parse_defines(v).get("CHUNK", 64))),
-                         (x.positions, x.o, x.work, np.int32(rows), np.int32(hq), np.int32(d),
-                          np.int32(x.max_ctx), np.int32(0)))
-                launch = attention_launcher(fn, chunk_shape(launch_for(x.sizes), v, x.max_ctx),
+                merge = then_launch(module, kernel, x.sizes,
+                                    {"positions": x.positions, "o": x.o, "work": x.work}, v)
+                launch = attention_launcher(fn, chunk_shape(kernel.launch_for(x.sizes), v,
+                                                            x.max_ctx),
                                             x.caches, (x.k, x.v, x.q),
                                             (x.positions, x.slots, x.o, x.work), scalars, merge)
                 sec = time_graph(cp, launch, x.copies)

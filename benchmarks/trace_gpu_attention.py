@@ -31,7 +31,7 @@ from bench_gpu_variants import (  # noqa: E402
     chunk_shape,
     decode_attention,
     decode_inputs,
-    merge_shared,
+    then_launch,
     time_graph,
 )
 
@@ -51,16 +51,15 @@ def trace_shape(cp: Any, traced: tuple, plain: tuple, trace: Any, defines: str, 
     a graph, then one marked launch read back, phase by phase."""
     x = decode_inputs(cp, hq, hkv, d, 1, position)
     cos, sin = (cp.asarray(t) for t in rope_tables(x.max_ctx, d))
-    (mod_t, fn_t, launch_for), (mod_p, fn_p, _) = traced, plain
-    grid, block, shared = chunk_shape(launch_for(x.sizes), defines, x.max_ctx)
+    (mod_t, fn_t, kernel), (mod_p, fn_p, _) = traced, plain
+    grid, block, shared = chunk_shape(kernel.launch_for(x.sizes), defines, x.max_ctx)
     nblocks = grid[0] * grid[1] * grid[2]
     scalars = (np.int32(1), np.int32(hq), np.int32(hkv), np.int32(d), np.int32(x.max_ctx),
                np.int32(x.max_ctx), np.float32(d ** -0.5), np.int32(0))
 
     def launcher(module, fn):
-        merge = (module.get_function("metrale_attention_decode_merge"), (hq, 1, 1),
-                 merge_shared(d, 64), (x.positions, x.o, x.work, np.int32(1), np.int32(hq),
-                                       np.int32(d), np.int32(x.max_ctx), np.int32(0)))
+        merge = then_launch(module, kernel, x.sizes,
+                            {"positions": x.positions, "o": x.o, "work": x.work}, defines)
         return attention_launcher(fn, (grid, block, shared), x.caches, (x.q, x.k, x.v),
                                   (x.positions, x.slots, cos, sin, x.o, x.work), scalars, merge)
 

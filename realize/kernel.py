@@ -214,15 +214,7 @@ class Kernel:
     def launch_for(self, sizes: Mapping[str, int | float]
                    ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
         """``(grid, block, shared)`` at the bound sizes (dims and attrs)."""
-        if self.launch is None:
-            raise LaunchError(f"kernel {self.entry} on {self.hw} is a host callable; it is "
-                              "called, not launched", key=str(self.point))
-        env = self.sizes(sizes)
-        for limit in self.limits:
-            if not limit_holds(limit, env, key=str(self.point)):
-                used = ", ".join(f"{n}={env[n]}" for n in sorted(limit_names(limit)))
-                raise LaunchError(f"kernel {self.entry} on {self.hw} cannot serve these sizes",
-                                  key=str(self.point), expected=limit, found=used)
+        env = self._launch_env(sizes)  # first: a host callable has no launch rule to bind
         return self.launch.bind(env)
 
     def launches_for(self, sizes: Mapping[str, int | float]
@@ -235,14 +227,41 @@ class Kernel:
         >>> [(e, shape[0]) for e, _, shape in k.launches_for({"rows": 3, "h": 1024})]
         [('metrale_rmsnorm', (3, 1, 1))]
         """
-        first = (self.entry, self.args, self.launch_for(sizes))
+        env = self._launch_env(sizes)
+        rules = (self.launch, *(t.launch for t in self.then))
+        return tuple((entry, args, rule.bind(env))
+                     for (entry, args), rule in zip(self.calls, rules, strict=True))
+
+    def _launch_env(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
+        """:meth:`sizes`, once the kernel's limits are found to hold there."""
+        if self.launch is None:
+            raise LaunchError(f"kernel {self.entry} on {self.hw} is a host callable; it is "
+                              "called, not launched", key=str(self.point))
         env = self.sizes(sizes)
-        return (first, *((t.entry, t.args, t.launch.bind(env)) for t in self.then))
+        for limit in self.limits:
+            if not limit_holds(limit, env, key=str(self.point)):
+                used = ", ".join(f"{n}={env[n]}" for n in sorted(limit_names(limit)))
+                raise LaunchError(f"kernel {self.entry} on {self.hw} cannot serve these sizes",
+                                  key=str(self.point), expected=limit, found=used)
+        return env
+
+    @property
+    def calls(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(entry, args)`` of each launch the kernel makes, its own first, then its ``then``
+        launches'.
+
+        >>> from metrale.realize.functor import realization
+        >>> k = realization("sm_90").realize(Point("attention", (("act", "bf16"),
+        ...     ("mode", "decode"), ("kv_block", 256))))
+        >>> [entry for entry, _ in k.calls]
+        ['metrale_attention_decode', 'metrale_attention_decode_merge']
+        """
+        return ((self.entry, self.args), *((t.entry, t.args) for t in self.then))
 
     @property
     def entries(self) -> tuple[str, ...]:
         """The entries the kernel launches, its own first."""
-        return (self.entry, *(t.entry for t in self.then))
+        return tuple(entry for entry, _ in self.calls)
 
     def __str__(self) -> str:
         where = self.source or "semantics"

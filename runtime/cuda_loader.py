@@ -137,10 +137,9 @@ class CudaLoader:
                                       headers=headers)
             module = self.backend.module(binary.data, label=kernel.source)
             self._modules[mod_key] = module
-        handle = self.backend.kernel(module, kernel.entry)
-        then = tuple((self.backend.kernel(module, t.entry), parse_args(t.args))
-                     for t in kernel.then)
-        bound = BoundKernel(kernel, handle, parse_args(kernel.args), then)
+        (handle, args), *then = ((self.backend.kernel(module, entry), parse_args(args))
+                                 for entry, args in kernel.calls)
+        bound = BoundKernel(kernel, handle, args, tuple(then))
         self._bound[kernel.key] = bound
         return bound
 

@@ -264,7 +264,7 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
             k = None if fam.view else F.realize(point)
             if k is not None and k.source is not None:
                 entries = out.setdefault((k.source, k.defines), {})
-                for entry, args in ((k.entry, k.args), *((t.entry, t.args) for t in k.then)):
+                for entry, args in k.calls:
                     entries[entry] = tuple(a.partition(":")[2] for a in args)
     return out
 
@@ -291,8 +291,7 @@ def plan_loader(build_dir: Path) -> Any:
             lib = build(build_dir, kernel.source,
                         tuple(d.removeprefix("-D") for d in kernel.defines),
                         class_entries(kernel.hw)[(kernel.source, kernel.defines)])
-            entry = kernel.entries[step]
-            args = kernel.args if step == 0 else kernel.then[step - 1].args
+            entry, args = kernel.calls[step]
 
             def run(*values: Any) -> None:
                 lib.launch(entry, grid, block, shared, list(values))
