@@ -1,7 +1,7 @@
 """CUDA kernels of the common layer run on the host: their own source, an emulated machine.
 
-``simt.hpp`` emulates the CUDA execution model (a thread per CUDA thread, block barriers, warp
-collectives, shared memory, atomics) and the PTX the kernels write inline. This module prepares
+``simt.hpp`` emulates the CUDA execution model (a fiber per CUDA thread, switched at barriers;
+block barriers, warp collectives, shared memory, atomics) and the PTX the kernels write inline. This module prepares
 a kernel source for it and runs its entries:
 
 - the source and the headers it includes are rewritten in three ways, none specific to one
@@ -241,7 +241,7 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     partial = out.with_suffix(".partial")  # renamed into place once whole
     cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-I{cuda_includes()[0]}",
            f"-I{HERE}", f"-I{work}", *(f"-D{d}" for d in defines), str(main),
-           str(HERE / "simt.cpp"), "-o", str(partial), "-lpthread"]
+           str(HERE / "simt.cpp"), "-o", str(partial)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     partial.replace(out)

@@ -1,12 +1,16 @@
 // The emulation's launch and its inline PTX (simt.hpp says what is emulated and how).
 #include "simt.hpp"
 
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 namespace simt {
@@ -182,10 +186,144 @@ static bool wrote_past(unsigned shared) {
     return false;
 }
 
+namespace {
+
+// A thread's saved context and the switch between two. On x86-64 the switch saves what the
+// calling convention keeps across a call (rbx, rbp, r12-r15, the SSE and x87 control words) and
+// swaps stacks: no system call, where swapcontext makes one to save the signal mask each time.
+#if defined(__x86_64__)
+extern "C" void simt_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl simt_switch
+    .type simt_switch, @function
+simt_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size simt_switch, .-simt_switch
+)");
+
+struct Context {
+    void* sp = nullptr;
+};
+
+inline void jump(Context& from, Context& to) { simt_switch(&from.sp, to.sp); }
+
+// A stack whose first switch "returns" into entry, as if entry had been called.
+void prepare(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    auto* top = (uint64_t*)(((uintptr_t)stack + bytes) & ~(uintptr_t)15);
+    uint64_t* sp = top - 9;
+    std::memset(sp, 0, 9 * 8);
+    top[-2] = (uint64_t)entry;  // popped by the switch's ret; top[-1] is entry's return address
+    uint32_t csr = 0;
+    uint16_t cw = 0;
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(csr), "=m"(cw));
+    std::memcpy((char*)sp, &csr, 4);
+    std::memcpy((char*)sp + 4, &cw, 2);
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+
+inline void jump(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+
+void prepare(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack = {stack, 0, bytes};
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+// One CUDA thread: its context, and its cp.async groups while another thread runs.
+struct Fiber {
+    Context context;
+    std::vector<simt::Copy> open_group;
+    std::vector<std::vector<simt::Copy>> committed;
+    bool done = false;
+};
+
+constexpr size_t STACK_BYTES = 256 * 1024;  // a thread's stack, below it one guard page
+Context launcher;                           // the launch's own context, between threads
+Fiber* running;
+void (*kernel)(void**);
+void** kernel_args;
+
+// Each fiber runs the kernel once a block, then parks here until the next block resumes it.
+void fiber_main() {
+    for (;;) {
+        try {
+            kernel(kernel_args);
+        } catch (const simt::Trap&) {
+            simt::trapped = 1;
+        }
+        simt::drop(simt::warp().meet);
+        simt::drop(simt::block->sync);
+        running->done = true;
+        jump(running->context, launcher);
+    }
+}
+
+// Resume thread t of the current block until it waits, returns or traps.
+void resume(Fiber& f, int t) {
+    simt::thread_idx = {(unsigned)t, 0, 0};
+    running = &f;
+    std::swap(simt::open_group, f.open_group);
+    std::swap(simt::committed, f.committed);
+    jump(launcher, f.context);
+    std::swap(simt::open_group, f.open_group);
+    std::swap(simt::committed, f.committed);
+}
+
+// The block's threads' stacks, each above a page that faults when a stack overflows.
+struct Stacks {
+    size_t each, bytes;
+    char* base;
+    explicit Stacks(int threads) : each(STACK_BYTES + (size_t)sysconf(_SC_PAGESIZE)) {
+        bytes = each * threads;
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        base = p == MAP_FAILED ? nullptr : (char*)p;
+        for (int t = 0; base && t < threads; ++t)
+            mprotect(base + t * each, each - STACK_BYTES, PROT_NONE);
+    }
+    ~Stacks() {
+        if (base) munmap(base, bytes);
+    }
+    char* stack(int t) const { return base + t * each + (each - STACK_BYTES); }
+};
+
+}  // namespace
+
+void simt::yield() { jump(running->context, launcher); }
+
 // Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
-// shared memory: one OS thread per thread of a block, the same threads for every block, which
-// meet between blocks while thread 0 checks that the last block wrote nothing past the dynamic
-// size, poisons shared memory and sets up the next block's barriers. Blocks run one at a time,
+// shared memory: one fiber per thread of a block, the same fibers for every block. Between
+// blocks the launch checks that the last block wrote nothing past the dynamic size and poisons
+// shared memory again. Within a block it resumes the threads in thread order, each until it
+// waits at a barrier, returns or traps, and goes round until all have returned; a round in which
+// no thread arrives anywhere or returns is a deadlock, which traps. Blocks run one at a time,
 // the last first: a GPU gives no order, and the hardware's tends to be the grid's, so a kernel
 // that reads what a later block writes (a race on the device) sees it unwritten here. 0: done;
 // 1: a launch the GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
@@ -195,45 +333,56 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
     if (by != 1 || bz != 1 || threads > simt::MAX_THREADS || threads % 32 ||
         shared > simt::SMEM_BYTES || gx < 1 || gy < 1 || gz < 1)
         return 1;
-    simt::trapped = 0;
-    std::barrier<> between(threads);
-    std::unique_ptr<simt::Block> current;
-    const long blocks = (long)gx * gy * gz;
-    std::vector<std::thread> pool;
-    pool.reserve(threads);
+    const Stacks stacks(threads);
+    if (!stacks.base) {
+        std::fprintf(stderr, "simt: no memory for %d thread stacks\n", threads);
+        return 2;
+    }
+    std::vector<Fiber> fibers(threads);
     for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&, t] {
-            simt::thread_idx = {(unsigned)t, 0, 0};
-            simt::block_dim = {(unsigned)threads, 1, 1};
-            simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
-            simt::dynamic_bytes = (unsigned)shared;
-            for (long b = 0; b < blocks; ++b) {
-                between.arrive_and_wait();  // every thread is done with the previous block
-                if (t == 0) {
-                    if (b > 0 && wrote_past((unsigned)shared))
-                        __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
-                    // the launch's bytes poisoned again; those past it were checked unchanged
-                    std::memset(simt::arena, 0xFF, b > 0 ? (size_t)shared : simt::SMEM_BYTES);
-                    current = std::make_unique<simt::Block>(threads);
-                }
-                between.arrive_and_wait();
-                if (__atomic_load_n(&simt::trapped, __ATOMIC_SEQ_CST)) return;
-                const long id = blocks - 1 - b;  // last block first (see above)
-                simt::block_idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
-                                   (unsigned)(id / ((long)gx * gy))};
-                simt::block = current.get();
-                simt::committed.clear();
-                simt::open_group.clear();
-                try {
-                    fn(args);
-                } catch (const simt::Trap&) {
-                    __atomic_store_n(&simt::trapped, 1, __ATOMIC_SEQ_CST);
-                }
-                current->warps[t / 32].meet.arrive_and_drop();
-                current->sync.arrive_and_drop();
+        prepare(fibers[t].context, stacks.stack(t), STACK_BYTES, fiber_main);
+    kernel = fn;
+    kernel_args = args;
+    simt::trapped = 0;
+    simt::block_dim = {(unsigned)threads, 1, 1};
+    simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
+    simt::dynamic_bytes = (unsigned)shared;
+    const long blocks = (long)gx * gy * gz;
+    std::unique_ptr<simt::Block> current;
+    for (long b = 0; b < blocks && !simt::trapped; ++b) {
+        if (b > 0 && wrote_past((unsigned)shared)) {
+            simt::trapped = 1;
+            break;
+        }
+        // the launch's bytes poisoned again; those past it were checked unchanged
+        std::memset(simt::arena, 0xFF, b > 0 ? (size_t)shared : simt::SMEM_BYTES);
+        current = std::make_unique<simt::Block>(threads);
+        simt::block = current.get();
+        const long id = blocks - 1 - b;  // last block first (see above)
+        simt::block_idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
+                           (unsigned)(id / ((long)gx * gy))};
+        for (Fiber& f : fibers) {
+            f.done = false;
+            f.open_group.clear();
+            f.committed.clear();
+        }
+        for (int alive = threads; alive > 0;) {
+            const unsigned long before = simt::progress;
+            int returned = 0;
+            for (int t = 0; t < threads; ++t) {
+                if (fibers[t].done) continue;
+                resume(fibers[t], t);
+                returned += fibers[t].done;
             }
-        });
-    for (auto& th : pool) th.join();
+            alive -= returned;
+            if (alive > 0 && !returned && simt::progress == before && !simt::trapped) {
+                std::fprintf(stderr, "simt: %d threads of block %u,%u,%u wait at barriers the "
+                             "others never reach\n", alive, simt::block_idx.x,
+                             simt::block_idx.y, simt::block_idx.z);
+                simt::trapped = 1;  // the next round lets each waiting thread stop
+            }
+        }
+    }
     if (!simt::trapped && wrote_past((unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;
 }

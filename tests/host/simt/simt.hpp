@@ -2,15 +2,22 @@
 // run from their own source (tests/host/simt/__init__.py rewrites their shared memory and inline
 // PTX into the calls below).
 //
-// A block's threads are OS threads started together; blocks run one after another. Barriers:
-// __syncthreads is one of the block's threads, the warp collectives (shuffles, votes, ldmatrix,
-// mma.sync) one of the warp's 32, where each lane posts its operand, the warp meets, each lane
-// reads what it needs, and the warp meets again before the slots are reused. A thread that
-// returns drops out of both barriers, as an exited thread stops counting on the GPU. Shared
-// memory starts each block as 0xFF bytes (NaN for f32 and bf16). cp.async copies land only at
-// the wait that completes their group. The MMA sums its 16 products in double, adds the
-// accumulator and rounds once to f32 (the hardware's order inside an MMA is its own). __trap
-// stops the launch, which then reports it.
+// A block's threads are fibers on the launching OS thread, each with its own stack, switched
+// only at barriers; blocks run one after another. Barriers: __syncthreads is one of the block's
+// threads, the warp collectives (shuffles, votes, ldmatrix, mma.sync) one of the warp's 32, where
+// each lane posts its operand, the warp meets, each lane reads what it needs, and the warp meets
+// again before the slots are reused. A thread waiting at a barrier hands the OS thread to the
+// next thread of the block that can run, in thread order; the last to arrive goes on at once. A
+// thread that returns drops out of both barriers, as an exited thread stops counting on the GPU.
+// Threads that all wait at barriers none of them can complete (a __syncthreads some threads never
+// reach) trap, where the GPU would hang. Shared memory starts each block as 0xFF bytes (NaN for
+// f32 and bf16). cp.async copies land only at the wait that completes their group. The MMA sums
+// its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
+// inside an MMA is its own). __trap stops the launch, which then reports it.
+//
+// Fibers rather than OS threads: a barrier is then a function call and a context switch, where
+// an OS thread per CUDA thread made each one a futex wait and wake across the machine's cores
+// (on two cores, more system time than kernel time).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,7 +26,6 @@
 #include <math.h>
 
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -45,16 +51,23 @@ namespace simt {
 constexpr int MAX_THREADS = 1024;
 constexpr int SMEM_BYTES = 228 * 1024;
 
+// A barrier of `expected` threads: `arrived` of them wait in generation `gen`.
+struct Barrier {
+    int expected;
+    int arrived = 0;
+    unsigned gen = 0;
+};
+
 struct Warp {
-    std::barrier<> meet{32};
+    Barrier meet{32};
     uint64_t slot[32];
     uint32_t a[32][4], b[32][2];
 };
 
 struct Block {
-    std::barrier<> sync;
+    Barrier sync;
     Warp warps[MAX_THREADS / 32];
-    explicit Block(int threads) : sync(threads) {}
+    explicit Block(int threads) : sync{threads} {}
 };
 
 struct Copy {
@@ -66,18 +79,35 @@ struct Copy {
 struct Trap {};  // thrown by __trap, caught where the thread started
 
 inline int trapped;  // a thread of the launch trapped or faulted: every thread stops
-inline thread_local uint3 thread_idx, block_idx, block_dim, grid_dim;
-inline thread_local Block* block;
-inline thread_local std::vector<Copy> open_group;
-inline thread_local std::vector<std::vector<Copy>> committed;
-inline thread_local unsigned dynamic_bytes;
+inline unsigned long progress;  // arrivals at barriers and drops from them, so far
+inline uint3 thread_idx, block_idx, block_dim, grid_dim;  // of the thread running now
+inline Block* block;
+inline std::vector<Copy> open_group;  // the running thread's cp.async groups (swapped per thread)
+inline std::vector<std::vector<Copy>> committed;
+inline unsigned dynamic_bytes;
 
 unsigned char* dynamic_smem();
+void yield();  // hands the OS thread back to the launch, which runs the block's next thread
 
 // A barrier, after which a thread stops if another trapped (its operands may never come).
-inline void meet(std::barrier<>& b) {
-    b.arrive_and_wait();
-    if (__atomic_load_n(&trapped, __ATOMIC_SEQ_CST)) throw Trap{};
+inline void meet(Barrier& b) {
+    const unsigned gen = b.gen;
+    ++progress;
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.gen;
+    } else {
+        while (b.gen == gen && !trapped) yield();
+    }
+    if (trapped) throw Trap{};
+}
+// A thread that returned stops counting: the others may now be complete.
+inline void drop(Barrier& b) {
+    ++progress;
+    if (--b.expected > 0 && b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.gen;
+    }
 }
 inline Warp& warp() { return block->warps[thread_idx.x / 32]; }
 inline int lane() { return (int)thread_idx.x % 32; }

@@ -1,0 +1,72 @@
+"""The emulation's own laws (tests/host/simt), on small sources written here: threads meet at
+block and warp barriers in any number of rounds, a thread that returns stops counting, and
+threads that wait at barriers none of them can complete trap instead of hanging."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.host import simt
+
+ok, why = simt.available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
+
+SOURCE = r"""
+// Each block sums its threads' ids through shared memory, one __syncthreads a round, and lane 0
+// of each warp adds its warp's ids with shuffles; threads at or past `live` return first.
+extern "C" __global__ void block_sums(int* out, int* warp_out, int live) {
+    __shared__ int partial[1024];
+    const int t = threadIdx.x;
+    if (t >= live) return;
+    partial[t] = t;
+    __syncthreads();
+    for (int stride = 1; stride < live; stride *= 2) {
+        const int other = t + stride < live && t % (2 * stride) == 0 ? partial[t + stride] : 0;
+        __syncthreads();
+        partial[t] += other;
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = partial[0];
+    if (live % 32 == 0) {
+        int v = t;
+        for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+        if (t % 32 == 0) warp_out[blockIdx.x * 32 + t / 32] = v;
+    }
+}
+
+// Half of warp 0 waits at its warp's barrier, everyone else at the block's: neither completes.
+extern "C" __global__ void split_barrier(int* out) {
+    if (threadIdx.x < 16) __syncwarp();
+    else __syncthreads();
+    out[threadIdx.x] = 1;
+}
+"""
+ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",)}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("simt_laws")
+    (folder / "laws.cu").write_text(SOURCE)
+    return simt.build(folder / "build", str(folder / "laws.cu"), (), ENTRIES)
+
+
+@pytest.mark.parametrize("threads,live", [(32, 32), (256, 256), (256, 100), (1024, 1024)])
+def test_threads_meet_at_block_and_warp_barriers(lib, threads, live):
+    blocks = 3
+    out = np.full(blocks, -1, np.int32)  # poisoned: every block must write its sum
+    warp_out = np.full(blocks * 32, -1, np.int32)
+    lib.launch("block_sums", (blocks, 1, 1), (threads, 1, 1), 0, [out, warp_out, live])
+    assert out.tolist() == [live * (live - 1) // 2] * blocks
+    if live % 32 == 0:
+        warps = np.arange(live).reshape(-1, 32).sum(axis=1)
+        for b in range(blocks):
+            assert warp_out[b * 32:b * 32 + live // 32].tolist() == warps.tolist()
+
+
+def test_threads_waiting_at_barriers_none_can_complete_trap(lib, capfd):
+    out = np.zeros(64, np.int32)
+    assert lib.run("split_barrier", (1, 1, 1), (64, 1, 1), 0, [out]) == 2
+    assert "wait at barriers the others never reach" in capfd.readouterr().err
+    assert not out.any()  # no thread went past its barrier
