@@ -94,6 +94,7 @@ def _unit_key(tree: Path, kernel, compiler: str) -> tuple:
     return text, kernel.define_map(), "sm_90a", compiler, None, headers
 
 
+@pytest.mark.xdist_group("nvidia")  # the run's one build of each class (conftest.nvidia_builds)
 @pytest.mark.parametrize("name", [c.name for c in load_hardware()
                                   if c.vendor.value == "nvidia" and c.arch is not None])
 def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(

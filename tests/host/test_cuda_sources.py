@@ -223,6 +223,7 @@ def dependent(entry: str) -> bool:
                if entry in entries(name))
 
 
+@pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
     """... and an entry declared ``dependent_launch`` waits for the previous launch
@@ -242,6 +243,7 @@ def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
                     (source, defs, e, first and first.group())
 
 
+@pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_80(nvidia_builds):
     """Below sm_90 the dependent-launch instructions compile out, and every entry is still
@@ -287,6 +289,7 @@ TENSOR_CORE_BUILDS = [
 ]
 
 
+@pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source,defs,entries", TENSOR_CORE_BUILDS,
                          ids=[f"{s}-{d[1]}" for s, d, _ in TENSOR_CORE_BUILDS])

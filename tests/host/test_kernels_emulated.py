@@ -40,7 +40,8 @@ from tests.kernel_cases import (
 )
 
 ok, why = simt.available()
-pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
+pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
+              pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)

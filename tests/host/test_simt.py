@@ -10,7 +10,8 @@ import pytest
 from tests.host import simt
 
 ok, why = simt.available()
-pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
+pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
+              pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
 
 SOURCE = r"""
 // Each block sums its threads' ids through shared memory, one __syncthreads a round, and lane 0
