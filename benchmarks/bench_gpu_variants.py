@@ -93,9 +93,6 @@ def merge_shared(d: int, chunk: int) -> int:
     return (w * (d + 4) + 3 * w + d + 4) * 4
 
 
-_SCALAR = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
-
-
 def then_launch(module: Any, kernel: Any, sizes: dict, pointers: dict, variant: str = "") -> tuple:
     """The launch after ``kernel``'s own (its KERNELS.toml ``then`` table): (function, grid,
     block, shared bytes, arguments) at ``sizes``, the arguments in the table's order, pointers
@@ -104,9 +101,11 @@ def then_launch(module: Any, kernel: Any, sizes: dict, pointers: dict, variant: 
     (entry, args, (grid, block, shared)), = kernel.launches_for(sizes)[1:]
     chunk = int(parse_defines(variant).get("CHUNK", 64))
     assert merge_shared(sizes["d"], 64) == shared, (shared, "KERNELS.toml's merge formula moved")
+    from metrale.runtime.cuda_loader import SCALAR_TYPES, parse_args
+
     env = kernel.sizes(sizes)
-    values = tuple(pointers[name] if kind in ("ptr", "scratch") else _SCALAR[kind](env[name])
-                   for name, _, kind in (a.partition(":") for a in args))
+    values = tuple(pointers[a.name] if a.kind in ("ptr", "scratch")
+                   else SCALAR_TYPES[a.kind](env[a.name]) for a in parse_args(args))
     return module.get_function(entry), grid, block, merge_shared(sizes["d"], chunk), values
 
 

@@ -26,7 +26,8 @@ import numpy as np
 from metrale.lkb.errors import LaunchError
 from metrale.realize.kernel import box_numbers
 
-_SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
+SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
+"""The NumPy type a scalar kernel argument of each kind is passed as."""
 
 
 @attrs.frozen
@@ -89,7 +90,7 @@ class BoundKernel:
                                       key=str(self.kernel.point),
                                       expected="a dim, attribute or value formula",
                                       found="none")
-                out.append(_SCALARS[a.kind](env[a.name]))
+                out.append(SCALAR_TYPES[a.kind](env[a.name]))
         return tuple(out)
 
     def launch(self, backend: Any, pointers: Mapping[str, Any],
@@ -227,7 +228,7 @@ class CudaPlanLoader:
                     elif a.kind == "scratch":  # the program's workspace, zeroed, stream order
                         names.append(("scratch", int(env[a.name])))
                     else:
-                        names.append(_SCALARS[a.kind](env[a.name]))
+                        names.append(SCALAR_TYPES[a.kind](env[a.name]))
                 out.append(Launch(k, handle, grid, block, shared, tuple(names),
                                   self.dependent_launch and k.kernel.dependent_launch))
         return tuple(out)

@@ -27,6 +27,7 @@ class NvidiaBuilds:
         self.cache = BuildCache(root / "cache")
         self.registry = Registry(root / "registry")
         self._reports: dict = {}
+        self._ptx: dict = {}
 
     def report(self, hw: str):
         """The build report of class ``hw``: every point its realization has a kernel for."""
@@ -43,7 +44,10 @@ class NvidiaBuilds:
         return self._reports[hw]
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
-        """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built."""
+        """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built (read
+        from the registry once)."""
+        if hw in self._ptx:
+            return self._ptx[hw]
         report = self.report(hw)
         assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
         summand = self.registry.inject(report.target)
@@ -52,6 +56,7 @@ class NvidiaBuilds:
             key = self.key(item.kernel.source, item.kernel.defines)
             if key not in out:
                 out[key] = summand.load(str(item.point)).data.decode()
+        self._ptx[hw] = out
         return out
 
     @staticmethod
