@@ -162,14 +162,16 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
     import warnings
 
     from metrale.lkb.dtype import DType
+    from metrale.lkb.quant import QuantTensor
     from metrale.runtime.checkpoint import Checkpoint
 
     circuit = circuit_for(config, quant)
     shapes = _weight_shapes(config, quant)
+    plain = {n: circuit.input_type(n).dtype for n in shapes}
     out: dict[str, np.ndarray] = {}
     used: set[str] = set()
     with Checkpoint.open(path) as ck:
-        for name, (shape, _) in shapes.items():
+        for name, (shape, stored) in shapes.items():
             node = _needed_by(circuit, name)
             m = _EXPERT.match(name)
             stacked = bool(m and name not in ck and
@@ -195,6 +197,8 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                                           expected="bf16, f16 or f32, or a quantized layout",
                                           found=str(r.dtype))
             w = np.stack([_as_f32(r) for r in raw]) if stacked else _as_f32(raw[0])
+            if not stored and any(isinstance(r, QuantTensor) for r in raw):
+                _check_plain_exact(w, plain[name], ck.path, name, node, raw)
             if w.shape != shape:
                 raise CheckpointError(f"weight has the wrong shape for the config (needed by "
                                       f"{node})", file=ck.path, key=name, expected=shape,
@@ -207,6 +211,23 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
             warnings.warn(UnusedTensorWarning(f"{ck.path}: {len(unused)} tensor(s) no plan node "
                                               f"reads: {shown}"), stacklevel=2)
     return out
+
+
+def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: str,
+                       raw: list) -> None:
+    """A tensor stored quantized that the plan reads plain (``dtype``, e.g. bf16) is accepted
+    only when every dequantized value is exact in that dtype; otherwise the device would read
+    rounded weights the checkpoint does not hold, so it is a ``CheckpointError``."""
+    if dtype.numpy == np.float32:
+        return
+    rounds = w != w.astype(dtype.numpy).astype(np.float32)
+    if rounds.any():
+        stored = next(r.fmt.name for r in raw if hasattr(r, "fmt"))
+        raise CheckpointError(f"weight is stored {stored}, and the plan reads it as {dtype.name}: "
+                              f"{int(rounds.sum())} of {w.size} values would round (needed by "
+                              f"{node}; quantize_checkpoint keeps it {dtype.name})",
+                              file=path, key=name, expected=f"{dtype.name} or values exact in it",
+                              found=stored)
 
 
 def _is_float(a: np.ndarray, DType: Any) -> bool:

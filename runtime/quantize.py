@@ -1,7 +1,7 @@
 """Quantizing a bf16 checkpoint into another format, with the error it costs per tensor.
 
 :func:`quantize_checkpoint` rewrites every linear weight (every 2-D ``*.weight`` except
-embeddings and norms, see :func:`should_quantize`) in a :class:`~metrale.lkb.quant.QuantFormat`
+embeddings, norms, the output head and MoE routers, see :func:`should_quantize`) in a :class:`~metrale.lkb.quant.QuantFormat`
 and copies everything else; the result is written atomically and read back by
 :class:`~metrale.runtime.checkpoint.Checkpoint`. The report gives each tensor's SQNR,
 ``10 log10(Σ w² / Σ (w - dequant(w))²)`` in dB, and its bytes before and after.
@@ -45,17 +45,23 @@ MAX_EXTRA_FILE_BYTES = 256 << 20
 
 def should_quantize(name: str, shape: tuple[int, ...]) -> bool:
     """Whether ``quantize_checkpoint`` quantizes tensor ``name``: every 2-D ``*.weight`` except
-    token embeddings (``embed_tokens``) and norms (a module name containing ``norm``).
+    token embeddings (``embed_tokens``), norms (a module name containing ``norm``), the output
+    head (``lm_head``) and MoE routers (``mlp.gate``).
 
-    So the projections, ``lm_head`` and MoE routers (``mlp.gate``) are quantized.
+    The plans read the head and the routers in bf16 (``plan.circuit``), as most published
+    quantized checkpoints store them; a quantized copy would be read back rounded to bf16.
 
     >>> should_quantize("model.norm.weight", (1024, 1)), should_quantize("lm_head.weight", (8, 4))
-    (False, True)
+    (False, False)
+    >>> should_quantize("model.layers.0.mlp.gate.weight", (8, 4))
+    False
     """
     if len(shape) != 2 or not name.endswith(".weight"):
         return False
     module = name[: -len(".weight")]
-    return "embed_tokens" not in module and "norm" not in module.rsplit(".", 1)[-1]
+    last = module.rsplit(".", 1)[-1]
+    return ("embed_tokens" not in module and "norm" not in last and module != "lm_head"
+            and not module.endswith("mlp.gate"))
 
 
 @attrs.frozen

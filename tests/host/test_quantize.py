@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 BF16 = ml_dtypes.bfloat16
 
 LINEAR = ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-          "model.layers.0.mlp.down_proj.weight", "lm_head.weight")
+          "model.layers.0.mlp.down_proj.weight")
 KEPT = ("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-        "model.layers.0.self_attn.q_norm.weight", "model.norm.weight")
+        "model.layers.0.self_attn.q_norm.weight", "model.norm.weight", "lm_head.weight")
 
 
 def make_source(folder: Path, seed: int = 0, **override: np.ndarray) -> Path:
@@ -99,10 +99,11 @@ def test_non_finite_tensor_is_refused_by_name(tmp_path, bad, where):
 
 
 def test_k_not_divisible_is_refused_by_name(tmp_path):
-    src = make_source(tmp_path / "src", **{"lm_head.weight": np.ones((8, 48), BF16)})
+    name = "model.layers.0.self_attn.k_proj.weight"
+    src = make_source(tmp_path / "src", **{name: np.ones((8, 48), BF16)})
     with pytest.raises(CheckpointError) as e:
         quantize_checkpoint(src, tmp_path / "dst", "mxfp4", progress=False)
-    assert "lm_head.weight" in str(e.value) and "K = 48" in str(e.value)
+    assert name in str(e.value) and "K = 48" in str(e.value)
     assert str(src / "model.safetensors") in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
@@ -124,7 +125,9 @@ def test_progress_bar_runs(tmp_path, capsys):
 
 def test_which_tensors_are_quantized():
     assert should_quantize("model.layers.3.mlp.experts.7.gate_proj.weight", (8, 4))
-    assert should_quantize("model.layers.3.mlp.gate.weight", (8, 4))  # routers too: 2-D weight
+    assert should_quantize("model.layers.3.mlp.gate_proj.weight", (8, 4))
+    assert not should_quantize("model.layers.3.mlp.gate.weight", (8, 4))  # a router: read in bf16
+    assert not should_quantize("lm_head.weight", (8, 4))  # the head: read in bf16
     assert not should_quantize("model.layers.3.post_attention_layernorm.weight", (4,))
     assert not should_quantize("model.layers.3.self_attn.k_norm.weight", (1, 4))
     assert not should_quantize("model.embed_tokens.weight", (8, 4))

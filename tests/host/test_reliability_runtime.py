@@ -73,6 +73,49 @@ def test_wrong_dtype_names_tensor_and_node(ckpt, tmp_path):
     assert name in str(e.value) and "wrong dtype" in str(e.value) and "int32" in str(e.value)
 
 
+def _quantized_head(src, dst, fmt):
+    """``src`` with its linear weights and its ``lm_head`` stored in ``fmt`` (what
+    quantize_checkpoint wrote before it kept the head in bf16)."""
+    from metrale.lkb.quant import QuantFormat
+    from metrale.runtime.quantize import should_quantize
+
+    f = QuantFormat.parse(fmt)
+    with Checkpoint.open(src) as ck:
+        tensors = {}
+        for n in ck.names():
+            raw = np.array(ck.raw(n))
+            quantize = should_quantize(n, raw.shape) or n == "lm_head.weight"
+            tensors[n] = f.quantize(raw.astype(np.float32), name=n) if quantize else raw
+        config = dict(ck.config)
+    write_checkpoint(dst, tensors, config, f)
+    return dst
+
+
+def test_a_quantized_head_read_as_bf16_that_would_round_is_refused(ckpt, tmp_path):
+    """fp8 with a per-row f32 scale dequantizes to values bf16 cannot hold: the plan reads the
+    head in bf16, so loading it would silently round the weights; it is refused by name."""
+    bad = _quantized_head(ckpt, tmp_path / "q8", "fp8")
+    with pytest.raises(CheckpointError) as e:
+        Engine.load(bad)
+    msg = str(e.value)
+    assert "lm_head.weight" in msg and "would round" in msg and "fp8" in msg
+    assert "model.safetensors" in msg or str(bad) in msg
+
+
+def test_a_quantized_head_exact_in_bf16_loads(ckpt, tmp_path):
+    """mxfp4 values (e2m1 times a power of two) are exact in bf16: nothing rounds, so the
+    head loads, equal to its dequantized values."""
+    from metrale.plan.config import ModelConfig
+    from metrale.runtime.engine import checkpoint_weights
+
+    good = _quantized_head(ckpt, tmp_path / "q4", "mxfp4")
+    w = checkpoint_weights(good, ModelConfig.load(good), "mxfp4")["lm_head.weight"]
+    with Checkpoint.open(good) as ck:
+        stored = ck.weight("lm_head.weight")
+    assert hasattr(stored, "dequantize")
+    assert np.array_equal(w, stored.dequantize().astype(np.float32)) and np.abs(w).max() > 0
+
+
 def test_extra_tensor_is_a_warning_listing_it(ckpt, tmp_path):
     def edit(t):
         t["model.layers.0.mlp.extra_adapter.weight"] = np.ones((4, 4), np.float32)
