@@ -213,6 +213,9 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
     return out
 
 
+_EXACT_CHUNK = 1 << 22  # values per chunk of the exactness check (bounds its temporaries)
+
+
 def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: str,
                        raw: list) -> None:
     """A tensor stored quantized that the plan reads plain (``dtype``, e.g. bf16) is accepted
@@ -220,11 +223,14 @@ def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: st
     rounded weights the checkpoint does not hold, so it is a ``CheckpointError``."""
     if dtype.numpy == np.float32:
         return
-    rounds = w != w.astype(dtype.numpy).astype(np.float32)
-    if rounds.any():
+    flat = w.reshape(-1)
+    rounds = sum(int(np.count_nonzero(part != part.astype(dtype.numpy).astype(np.float32)))
+                 for part in (flat[i:i + _EXACT_CHUNK]
+                              for i in range(0, flat.size, _EXACT_CHUNK)))
+    if rounds:
         stored = next(r.fmt.name for r in raw if hasattr(r, "fmt"))
         raise CheckpointError(f"weight is stored {stored}, and the plan reads it as {dtype.name}: "
-                              f"{int(rounds.sum())} of {w.size} values would round (needed by "
+                              f"{rounds} of {w.size} values would round (needed by "
                               f"{node}; quantize_checkpoint keeps it {dtype.name})",
                               file=path, key=name, expected=f"{dtype.name} or values exact in it",
                               found=stored)

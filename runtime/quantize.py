@@ -1,8 +1,8 @@
 """Quantizing a bf16 checkpoint into another format, with the error it costs per tensor.
 
 :func:`quantize_checkpoint` rewrites every linear weight (every 2-D ``*.weight`` except
-embeddings, norms, the output head and MoE routers, see :func:`should_quantize`) in a :class:`~metrale.lkb.quant.QuantFormat`
-and copies everything else; the result is written atomically and read back by
+embeddings, norms, the output head and MoE routers, see :func:`should_quantize`) in a
+:class:`~metrale.lkb.quant.QuantFormat` and copies everything else; the result is written atomically and read back by
 :class:`~metrale.runtime.checkpoint.Checkpoint`. The report gives each tensor's SQNR,
 ``10 log10(Σ w² / Σ (w - dequant(w))²)`` in dB, and its bytes before and after.
 
