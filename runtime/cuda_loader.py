@@ -179,15 +179,30 @@ class CudaPlanLoader:
         return ArgSpec(buffer.name, np.dtype(buffer.type.dtype.numpy), shape)
 
     def prepare_parts(self, name: str, values: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
-        """The arrays a weight is stored as on the device: ``{name, name_scale, name_global}``."""
+        """The arrays a weight is stored as on the device: ``{name, name_scale, name_global}``.
+
+        Values given as floats (a checkpoint's, dequantized) are quantized again into the
+        device layout, which must reproduce them exactly: a checkpoint whose values that layout
+        cannot hold (for instance MoE experts stored with a global scale each, where the device
+        keeps one per stacked tensor) is a ``CheckpointError`` naming the weight, never weights
+        silently changed on the device."""
         if not fmt:
             return {name: values}
+        from metrale.lkb.errors import CheckpointError
         from metrale.lkb.quant import QuantFormat, QuantTensor
 
         if isinstance(values, QuantTensor):  # already stored in its format: used as it is
             qt = values
         else:
-            qt = QuantFormat.parse(fmt).quantize(np.asarray(values, np.float32), name=name)
+            w = np.asarray(values, np.float32)
+            qt = QuantFormat.parse(fmt).quantize(w, name=name)
+            changed = int(np.count_nonzero(qt.dequantize() != w))
+            if changed:
+                raise CheckpointError(
+                    f"the device stores this weight as one {qt.fmt.name} tensor, which cannot "
+                    f"hold its values exactly: {changed} of {w.size} would change",
+                    key=name, expected=f"values one {qt.fmt.name} tensor holds exactly",
+                    found="values it does not (re-quantize the checkpoint with met quantize)")
         out = {name: np.ascontiguousarray(qt.data)}
         if qt.scale is not None:
             out[f"{name}_scale"] = np.ascontiguousarray(qt.scale)

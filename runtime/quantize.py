@@ -2,8 +2,11 @@
 
 :func:`quantize_checkpoint` rewrites every linear weight (every 2-D ``*.weight`` except
 embeddings, norms, the output head and MoE routers, see :func:`should_quantize`) in a
-:class:`~metrale.lkb.quant.QuantFormat` and copies everything else; the result is written atomically and read back by
-:class:`~metrale.runtime.checkpoint.Checkpoint`. The report gives each tensor's SQNR,
+:class:`~metrale.lkb.quant.QuantFormat` and copies everything else. A layer's MoE experts of one
+projection are quantized as the one stacked tensor the plans read, so a format's tensor-wide
+arrays (nvfp4's global scale) are shared by them, as the device stores them. The result is
+written atomically and read back by :class:`~metrale.runtime.checkpoint.Checkpoint`. The report
+gives each tensor's SQNR,
 ``10 log10(Σ w² / Σ (w - dequant(w))²)`` in dB, and its bytes before and after.
 
 >>> should_quantize("model.layers.0.mlp.down_proj.weight", (1024, 3072))
@@ -17,7 +20,8 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import attrs
@@ -193,6 +197,11 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                        DownloadColumn(), TimeRemainingColumn(),
                        console=Console(stderr=True), disable=not progress, transient=True)
 
+        # a layer's experts of one projection, quantized together where the format has arrays
+        # shared by a whole tensor (nvfp4's global scale): the plans stack them into one tensor
+        experts = _expert_groups(names) if _has_tensor_wide_arrays(fmt) else {}
+        stacked = _StackedExperts(ck, fmt)
+
         def produce() -> Iterator[tuple[str, Weight]]:
             task = bar.add_task(fmt.name, total=total)
             for name in names:
@@ -203,7 +212,9 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                     _check_finite(arr, name, ck.file_of(name))
                 if should_quantize(name, info.shape):
                     w32 = arr.astype(np.float32)
-                    qt: QuantTensor = fmt.quantize(w32, name=name)
+                    group = experts.get(name)
+                    qt: QuantTensor = (fmt.quantize(w32, name=name) if group is None
+                                       else stacked.take(group, name))
                     sq = sqnr_db(w32, qt.dequantize())
                     reports.append(TensorReport(name, info.shape, info.dtype, fmt.name,
                                                 info.nbytes, qt.nbytes, sq))
@@ -224,6 +235,61 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                                           expected=e.expected, found=e.found) from None
                 raise
     return QuantizeReport(str(src), str(dst), fmt.name, tuple(reports))
+
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _expert_groups(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Each per-expert weight name -> the names of its group (one layer's experts of one
+    projection), in expert order.
+
+    >>> g = _expert_groups(["m.mlp.experts.1.up_proj.weight", "m.mlp.experts.0.up_proj.weight"])
+    >>> g["m.mlp.experts.1.up_proj.weight"]
+    ('m.mlp.experts.0.up_proj.weight', 'm.mlp.experts.1.up_proj.weight')
+    """
+    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for name in names:
+        m = _EXPERT.match(name)
+        if m:
+            groups.setdefault((m[1], m[3]), []).append((int(m[2]), name))
+    out = {}
+    for members in groups.values():
+        ordered = tuple(n for _, n in sorted(members))
+        out.update(dict.fromkeys(ordered, ordered))
+    return out
+
+
+def _has_tensor_wide_arrays(fmt: QuantFormat) -> bool:
+    """Whether ``fmt`` keeps an array for a whole tensor (not one per leading index), so that
+    quantizing experts one by one differs from quantizing their stack.
+
+    >>> _has_tensor_wide_arrays(QuantFormat.parse("nvfp4")), _has_tensor_wide_arrays(
+    ...     QuantFormat.parse("mxfp4"))
+    (True, False)
+    """
+    one, two = fmt.array_specs((256, 256)), fmt.array_specs((2, 256, 256))
+    return any(two[f][0] != (2, *one[f][0]) for f in one)
+
+
+class _StackedExperts:
+    """Expert groups quantized as one stacked tensor, handed out one expert at a time (each
+    group is read and quantized when its first member is asked for, and dropped with its last)."""
+
+    def __init__(self, ck: Checkpoint, fmt: QuantFormat) -> None:
+        self.ck, self.fmt = ck, fmt
+        self._ready: dict[str, QuantTensor] = {}
+
+    def take(self, group: tuple[str, ...], name: str) -> QuantTensor:
+        if name not in self._ready:
+            stack = np.stack([np.asarray(self.ck.raw(n), np.float32) for n in group])
+            qt = self.fmt.quantize(stack, name=name)
+            one = self.fmt.array_specs(qt.shape[1:])
+            arrays = {f: getattr(qt, f) for f in one}  # the format's arrays, stacked or shared
+            for i, n in enumerate(group):
+                parts = {f: a if a.shape == one[f][0] else a[i] for f, a in arrays.items()}
+                self._ready[n] = QuantTensor(self.fmt, qt.shape[1:], **parts)
+        return self._ready.pop(name)
 
 
 def _extra_files(folder: Path) -> dict[str, bytes]:

@@ -76,3 +76,27 @@ def test_gpu_decode_rows_are_row_invariant(policy):
         many = batch.decode(tokens)
         one = alone.decode(tokens[:1])
         assert many[0].tobytes() == one[0].tobytes()
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_quantized_checkpoint_on_gpu_matches_host(arch, fmt, tmp_path):
+    """A checkpoint ``quantize_checkpoint`` wrote, loaded from disk on both backends: the GPU
+    stores each weight as its kernels read it (codes and scales re-derived from the loaded
+    values) and must give the host's logits within the bf16 tolerance. The head and the routers
+    stay bf16 in the checkpoint, as the plans read them."""
+    pytest.importorskip("transformers")
+    from metrale.runtime.checkpoint import Checkpoint
+    from metrale.runtime.quantize import quantize_checkpoint
+    from tests.oracle import make_hf_checkpoint
+
+    src = make_hf_checkpoint(arch, tmp_path / arch, seed=5)
+    dst = tmp_path / f"{arch}-{fmt}"
+    quantize_checkpoint(src, dst, fmt, progress=False)
+    with Checkpoint.open(dst) as ck:
+        assert hasattr(ck.weight("model.layers.0.self_attn.q_proj.weight"), "dequantize")
+        assert not hasattr(ck.weight("lm_head.weight"), "dequantize")
+    with Engine.load(dst, hardware="sm_90", max_ctx=64) as gpu, \
+            Engine.load(dst, hardware="host", max_ctx=64) as host:
+        assert gpu.quant == host.quant == fmt
+        _prefill_and_decode(gpu, host, PROMPTS["gemv"], f"{arch} {fmt} checkpoint")

@@ -196,3 +196,61 @@ def test_e2m1_against_torch_float4_x2():
     mine = unpack_e2m1(ALL_BYTES).astype(np.float32)
     assert decoded.numpy().reshape(-1).tobytes() == mine.tobytes()
     assert pack_e2m1(mine).tobytes() == ALL_BYTES.tobytes()
+
+
+def _moe_source(folder: Path, experts: int = 4) -> Path:
+    """A source with one layer's experts, each expert's weights at its own magnitude (so that
+    a tensor-wide scale taken per expert differs from one taken over the stack)."""
+    rng = np.random.default_rng(3)
+    t = {f"model.layers.0.mlp.experts.{e}.{p}.weight":
+         (rng.standard_normal((32, 64)) * 0.05 * (e + 1)).astype(BF16)
+         for e in range(experts) for p in ("gate_proj", "up_proj")}
+    t["model.layers.0.mlp.gate.weight"] = (rng.standard_normal((experts, 64)) * 0.05).astype(BF16)
+    return make_source(folder, **t)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8_e4m3_tensor", "mxfp4", "fp8_e4m3_channel"])
+def test_experts_are_quantized_as_the_stack_the_plans_read(tmp_path, fmt):
+    """A layer's experts of one projection are quantized as one stacked tensor, so a format's
+    tensor-wide arrays (nvfp4's global scale, fp8's per-tensor scale) are one per stack, as the
+    device stores them; per-row formats come out as if quantized one expert at a time."""
+    src = _moe_source(tmp_path / "src")
+    quantize_checkpoint(src, tmp_path / "dst", fmt, progress=False)
+    f = FORMATS[fmt]
+    names = [f"model.layers.0.mlp.experts.{e}.up_proj.weight" for e in range(4)]
+    with Checkpoint.open(src) as s, Checkpoint.open(tmp_path / "dst") as d:
+        got = [d.weight(n) for n in names]
+        w = np.stack([s.raw(n).astype(np.float32) for n in names])
+        assert not hasattr(d.weight("model.layers.0.mlp.gate.weight"), "dequantize")  # router
+    stacked = f.quantize(w)
+    assert np.array_equal(np.stack([g.dequantize() for g in got]), stacked.dequantize())
+    alone = [f.quantize(w[e]) for e in range(4)]
+    if fmt in ("mxfp4", "fp8_e4m3_channel"):
+        assert got == alone
+    else:  # one expert at a time would have given each its own scale
+        assert got != alone
+        assert len({np.asarray(g.global_scale if g.global_scale is not None else g.scale)
+                    .tobytes() for g in got}) == 1
+
+
+def test_device_layout_refuses_values_it_cannot_hold(tmp_path):
+    """Experts quantized one at a time (nvfp4, a global scale each) cannot be stored as the one
+    stacked tensor the device keeps: re-quantizing them would change values, which is refused
+    by name; the stack quantize_checkpoint writes is accepted and stored byte for byte."""
+    from metrale.lkb.errors import CheckpointError
+    from metrale.runtime.cuda_loader import CudaPlanLoader
+
+    f = FORMATS["nvfp4"]
+    rng = np.random.default_rng(4)
+    w = np.stack([(rng.standard_normal((32, 64)) * (e + 1)).astype(np.float32)
+                  for e in range(4)])
+    per_expert = np.stack([f.quantize(w[e]).dequantize() for e in range(4)])
+    loader = CudaPlanLoader("sm_90")
+    name = "model.layers.0.mlp.experts.up_proj.weight"
+    with pytest.raises(CheckpointError) as e:
+        loader.prepare_parts(name, per_expert, "nvfp4")
+    assert name in str(e.value) and "would change" in str(e.value)
+    together = f.quantize(w)
+    parts = loader.prepare_parts(name, together.dequantize(), "nvfp4")
+    assert parts[name].tobytes() == together.data.tobytes()
+    assert parts[f"{name}_scale"].tobytes() == together.scale.tobytes()
