@@ -282,7 +282,15 @@ class _StackedExperts:
 
     def take(self, group: tuple[str, ...], name: str) -> QuantTensor:
         if name not in self._ready:
-            stack = np.stack([np.asarray(self.ck.raw(n), np.float32) for n in group])
+            members = [self.ck.raw(n) for n in group]
+            for n, arr in zip(group, members, strict=True):  # each refused by name, first
+                _check_finite(arr, n, self.ck.file_of(n))
+                if arr.shape != members[0].shape:
+                    raise CheckpointError("an expert's weight differs in shape from its layer's "
+                                          "other experts", file=self.ck.file_of(n), key=n,
+                                          expected=tuple(members[0].shape),
+                                          found=tuple(arr.shape))
+            stack = np.stack([np.asarray(a, np.float32) for a in members])
             qt = self.fmt.quantize(stack, name=name)
             one = self.fmt.array_specs(qt.shape[1:])
             arrays = {f: getattr(qt, f) for f in one}  # the format's arrays, stacked or shared

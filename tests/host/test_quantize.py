@@ -254,3 +254,20 @@ def test_device_layout_refuses_values_it_cannot_hold(tmp_path):
     parts = loader.prepare_parts(name, together.dequantize(), "nvfp4")
     assert parts[name].tobytes() == together.data.tobytes()
     assert parts[f"{name}_scale"].tobytes() == together.scale.tobytes()
+
+
+@pytest.mark.parametrize("bad", ["nan", "shape"])
+def test_a_bad_expert_in_a_stacked_group_is_refused_by_name(tmp_path, bad):
+    """The stack is read when its first expert comes up; a later expert that is not finite, or
+    not of the group's shape, is refused by its own name before anything is written."""
+    src = _moe_source(tmp_path / "src")
+    name = "model.layers.0.mlp.experts.2.up_proj.weight"
+    with Checkpoint.open(src) as ck:
+        tensors = {n: np.array(ck.raw(n)) for n in ck.names()}
+    tensors[name] = (np.full((32, 64), np.nan, np.float32) if bad == "nan"
+                     else np.ones((16, 64), np.float32)).astype(BF16)
+    write_safetensors(src / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError) as e:
+        quantize_checkpoint(src, tmp_path / "dst", "nvfp4", progress=False)
+    assert name in str(e.value) and "model.safetensors" in str(e.value)
+    assert not (tmp_path / "dst").exists()
