@@ -197,8 +197,9 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                                           expected="bf16, f16 or f32, or a quantized layout",
                                           found=str(r.dtype))
             w = np.stack([_as_f32(r) for r in raw]) if stacked else _as_f32(raw[0])
-            if not stored and any(isinstance(r, QuantTensor) for r in raw):
-                _check_plain_exact(w, plain[name], ck.path, name, node, raw)
+            quantized = next((r for r in raw if isinstance(r, QuantTensor)), None)
+            if not stored and quantized is not None:
+                _check_plain_exact(w, plain[name], ck.path, name, node, quantized.fmt.name)
             if w.shape != shape:
                 raise CheckpointError(f"weight has the wrong shape for the config (needed by "
                                       f"{node})", file=ck.path, key=name, expected=shape,
@@ -217,10 +218,11 @@ _EXACT_CHUNK = 1 << 22  # values per chunk of the exactness check (bounds its te
 
 
 def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: str,
-                       raw: list) -> None:
-    """A tensor stored quantized that the plan reads plain (``dtype``, e.g. bf16) is accepted
-    only when every dequantized value is exact in that dtype; otherwise the device would read
-    rounded weights the checkpoint does not hold, so it is a ``CheckpointError``."""
+                       stored: str) -> None:
+    """A tensor stored quantized (in format ``stored``) that the plan reads plain (``dtype``,
+    e.g. bf16) is accepted only when every dequantized value is exact in that dtype; otherwise
+    the device would read rounded weights the checkpoint does not hold, so it is a
+    ``CheckpointError``."""
     if dtype.numpy == np.float32:
         return
     flat = w.reshape(-1)
@@ -228,7 +230,6 @@ def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: st
                  for part in (flat[i:i + _EXACT_CHUNK]
                               for i in range(0, flat.size, _EXACT_CHUNK)))
     if rounds:
-        stored = next(r.fmt.name for r in raw if hasattr(r, "fmt"))
         raise CheckpointError(f"weight is stored {stored}, and the plan reads it as {dtype.name}: "
                               f"{rounds} of {w.size} values would round (needed by "
                               f"{node}; quantize_checkpoint keeps it {dtype.name})",
