@@ -22,6 +22,7 @@ as evidence, at batch 1). After the steps it prints each quantized step against 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -129,7 +130,10 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
-           "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph}
+           "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph,
+           # the same weights and inputs (fixed seeds) give the same hash exactly when the plans'
+           # kernels agree bit for bit: how an A/B of trees checks a bit-identical change
+           "logits_sha256": hashlib.sha256(np.ascontiguousarray(logits).tobytes()).hexdigest()}
     if kernels or records is not None:
         timings = kernel_times(eng, batch)
         out["kernels"] = [{"kernel": k.label, "point": k.point, "count": k.count,
