@@ -10,7 +10,9 @@ then in diagram order. Every candidate match that is not applied is kept with it
 - the rhs point is not a compiled point, or is not realized on the class (with why);
 - it overlaps a match already applied (higher priority or earlier);
 - an intermediate value is used outside the pattern, or fusing would create a cycle;
-- the boxes' runtime attributes disagree.
+- the boxes' runtime attributes disagree;
+- the rhs point's kernel cannot serve the plan's sizes (its limits, or the class's shared
+  memory), when the rewrite is given them.
 
 >>> from metrale.plan.circuit import circuit_for
 >>> from metrale.plan.lower import lowering
@@ -185,8 +187,12 @@ def _reductions(F: Realizer, P: Presentation, point: Point) -> frozenset[str]:
 
 
 def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
-            presentation: Presentation | None = None) -> Rewrite:
-    """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined."""
+            presentation: Presentation | None = None,
+            sizes: Mapping[str, int] | None = None) -> Rewrite:
+    """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined.
+
+    With the circuit's ``sizes``, a match whose rhs kernel cannot be launched at them is
+    declined, so that a kernel serving only some shapes never leaves a plan unrunnable."""
     P = presentation or Presentation.load()
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
@@ -206,7 +212,7 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
         for m in _matches(rel, P, ix):
             fams = tuple(d.boxes[j].name for j in m.boxes)
             where = tuple(sorted(o for j in m.boxes for o in origin[j]))
-            reason, box, numerics = _judge(rel, m, d, ix, F, P, policy, used)
+            reason, box, numerics = _judge(rel, m, d, ix, F, P, policy, used, sizes)
             if reason:
                 declined.append(Declined(rel.name, where, fams, reason))
                 continue
@@ -247,7 +253,8 @@ def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int
 
 
 def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Presentation,
-           policy: str, used: Mapping[int, str]) -> tuple[str, Box | None, str]:
+           policy: str, used: Mapping[int, str], sizes: Mapping[str, int] | None = None
+           ) -> tuple[str, Box | None, str]:
     for j in m.boxes:
         if j in used:
             return (f"overlaps a match of {used[j]} already applied", None, "")
@@ -304,7 +311,40 @@ def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Pre
 
     box = Box(rhs_fam.name, Ty(*dom), Ty(*cod),
               {**point_params, **{k: v for k, v in attrs_.items() if k in rhs_fam.attrs}})
+    if sizes is not None:
+        unserved = launch_refusal(F.realize(point), box, rhs_fam, sizes, F.hw)
+        if unserved:
+            return (f"rhs kernel cannot serve these sizes: {unserved}", None, "")
     return ("", box, numerics)
+
+
+def launch_refusal(kernel: Any, box: Box, fam: Any, sizes: Mapping[str, int], hw: Any) -> str:
+    """Why ``kernel`` cannot be launched for ``box`` at the circuit's ``sizes`` (its limits, or
+    more shared memory than ``hw`` allows), in words; empty when it can, or when it is a host
+    callable (nothing to launch)."""
+    from metrale.lkb.errors import LaunchError
+    from metrale.realize.kernel import box_numbers
+
+    if kernel is None or kernel.launch is None:
+        return ""
+    try:
+        launches = kernel.launches_for(box_numbers(box, fam, sizes))
+    except LaunchError as e:
+        return f"{e.expected} does not hold ({e.found})" if e.expected else e.message
+    over = shared_excess(launches, hw)
+    return f"{over[0]} needs {over[1]} bytes of shared memory, {hw.name} allows {over[2]}" \
+        if over else ""
+
+
+def shared_excess(launches: tuple, hw: Any) -> tuple[str, int, int] | None:
+    """``(entry, bytes, cap)`` of the first of a kernel's ``launches`` (as
+    ``Kernel.launches_for`` gives them) that asks more dynamic shared memory than ``hw``'s
+    blocks may have; None when every one fits."""
+    cap = hw.capabilities.max_shared_mem_per_block
+    for entry, _, (_, _, shared) in launches:
+        if cap and shared > cap:
+            return entry, shared, cap
+    return None
 
 
 def _convex(d: Diagram, ix: _Index, inside: set[int]) -> bool:

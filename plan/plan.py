@@ -32,7 +32,7 @@ from metrale.lkb.ty import TensorType
 
 from .circuit import Circuit, circuit_for
 from .config import ModelConfig
-from .fuser import POLICIES, Applied, Declined, rewrite
+from .fuser import POLICIES, Applied, Declined, rewrite, shared_excess
 from .lower import lowering
 
 FORMAT_BITS = {"": None, "fp8": 8.0, "mxfp4": 4.25, "nvfp4": 4.5}
@@ -261,10 +261,11 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     step("lower")
     target = KernelTarget(hardware, config.name, quant)
     F = realization(hardware, kernels_dir=kernels_dir, presentation=P, target=target)
-    fused = rewrite(lowered, F, policy=policy, presentation=P if fuse else _no_relations(P))
-    step("rewrite")
     sizes = dict(circuit.sizes(context))
     sizes["context"] = context
+    fused = rewrite(lowered, F, policy=policy, presentation=P if fuse else _no_relations(P),
+                    sizes=sizes)
+    step("rewrite")
     kernels, buffers = _realize(circuit, fused.diagram, fused.origin, fused.applied, F, P, sizes,
                                 kernels_dir)
     _check_launches(kernels, P, sizes, F.hw)
@@ -287,7 +288,6 @@ def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
     from metrale.lkb.errors import LaunchError
     from metrale.realize.kernel import box_numbers
 
-    cap = hw.capabilities.max_shared_mem_per_block
     for k in kernels:
         if k.view or k.kernel is None or k.kernel.launch is None:
             continue
@@ -298,11 +298,11 @@ def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
             raise LaunchError(e.message, key=where, expected=e.expected, found=e.found,
                               suggestion="a class whose kernels serve these sizes (--hardware "
                               "cuda: its generic kernels have wider limits)") from None
-        for entry, _, (_, _, shared) in launches:
-            if cap and shared > cap:
-                raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
-                                  key=where, expected=f"at most {cap} bytes",
-                                  found=f"{shared} bytes")
+        over = shared_excess(launches, hw)
+        if over:
+            entry, shared, cap = over
+            raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
+                              key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
 
 
 def _no_relations(P: Presentation) -> Presentation:

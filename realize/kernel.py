@@ -471,7 +471,7 @@ def _read_requires(raw: Any, f: Fields) -> tuple[tuple[str, Any], ...]:
                 f._fail(f.key(key), "wrong type", "[major, minor]", repr(want))
                 continue
             want = tuple(want)
-        elif cap in ("bf16", "fp8", "fp4"):
+        elif attrs.fields_dict(Capabilities)[cap].type in (bool, "bool"):  # formats, dependent_launch
             if not isinstance(want, bool):
                 f._fail(f.key(key), "wrong type", "true or false", repr(want))
                 continue

@@ -197,7 +197,9 @@ def test_a_plan_says_when_it_gives_the_last_rows_logits_only():
 
 def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel():
     """sm_90's prefill attention serves at most 8 q heads per kv head; a model with 16 is
-    refused when planned, not trapped on the device, and the generic cuda class plans it."""
+    refused when planned, not trapped on the device, and the generic cuda class plans it. The
+    fused kv_append_attention is declined at those sizes, so the refusal names the attention
+    kernel left unfused, which has the same limit."""
     import attrs
 
     from metrale.lkb.errors import LaunchError
@@ -207,10 +209,26 @@ def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel
                         num_key_value_heads=1)
     with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
         plan_for(wide, "bf16", "sm_90", mode="prefill", rows=40)
-    assert e.value.key.startswith("kernel #") and "kv_append_attention" in e.value.key
+    assert e.value.key.startswith("kernel #") and "attention[act=bf16,mode=prefill" in e.value.key
     assert e.value.expected == "hq // hkv <= 8" and "hq=16" in e.value.found
     assert plan_for(wide, "bf16", "cuda", mode="prefill", rows=40).kernel_count > 0
     assert plan_for(wide, "bf16", "sm_90", mode="decode", rows=1).kernel_count > 0
+
+
+def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan_runs():
+    """The tensor-core GEMV needs k a multiple of 32. At an intermediate size of 200, the
+    bounded plan declines mma_gemv_linear for down_proj, saying why, and keeps a GEMV that
+    serves it, where it used to refuse the whole plan; o_proj (k 64) still takes it."""
+    import attrs
+
+    from metrale.plan.config import ModelConfig
+
+    odd = attrs.evolve(ModelConfig.load("tiny-llama"), intermediate_size=200)
+    p = plan_for(odd, "bf16", "sm_90", mode="decode", rows=1, policy="bounded")
+    why = {x.reason for x in p.declined if x.relation == "mma_gemv_linear"}
+    assert "rhs kernel cannot serve these sizes: k % 32 == 0 does not hold (k=200)" in why
+    shapes = [k.point.param("shape") for k in p.kernels if k.family == "linear"]
+    assert shapes.count("gemv_mma") == 2 and shapes.count("gemv") == 2, shapes
 
 
 def test_the_plan_json_names_the_launches_after_a_kernel():

@@ -222,6 +222,20 @@ def test_a_requirement_can_exclude_a_capability(tree: Path) -> None:
         realization("cuda", kernels_dir=tree).why_not(ARGMAX)
 
 
+def test_a_requirement_can_name_any_true_or_false_capability(tree: Path) -> None:
+    """dependent_launch, like the number formats, is required as true or false."""
+    text = COMMON_TOML.replace('entry = "metrale_argmax"\n',
+                               'entry = "metrale_argmax"\nrequires = { dependent_launch = true }\n')
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(text)
+    assert realization("sm_90", kernels_dir=tree).realizes(ARGMAX)
+    assert realization("sm_80", kernels_dir=tree).why_not(ARGMAX).endswith(
+        "requires dependent_launch, which sm_80 lacks")
+    (tree / "cuda" / "common" / "KERNELS.toml").write_text(
+        text.replace("dependent_launch = true", "dependent_launch = 1"))
+    with pytest.raises(ManyErrors, match="requires.dependent_launch: wrong type"):
+        realization("sm_90", kernels_dir=tree)
+
+
 # ----------------------------------------------------------------------------- why not
 
 
