@@ -113,12 +113,14 @@ class _Index:
         for j, b in enumerate(d.boxes):
             self.by_name.setdefault(b.name, []).append(j)
         self.consumers = d.consumers()
+        self.params = [dict(b.params) for b in d.boxes]
 
 
 def _matches(rel: Relation, P: Presentation, ix: _Index) -> Iterator[_Match]:
     calls = rel.lhs.calls
     order = _order(calls)
-    fams = [P.family(c.family) for c in calls]
+    keys = [[k for k, _ in P.family(c.family).params] for c in calls]
+    pins_of = [dict(c.pins) for c in calls]
     boxes, wiring = ix.d.boxes, ix.d.wiring
 
     def fits(ci: int, j: int, names: dict[str, Source], params: dict[str, Any]
@@ -127,9 +129,8 @@ def _matches(rel: Relation, P: Presentation, ix: _Index) -> Iterator[_Match]:
         if box.name != c.family:
             return None
         new_params = dict(params)
-        bp = dict(box.params)
-        pins = dict(c.pins)
-        for k, _ in fams[ci].params:
+        bp, pins = ix.params[j], pins_of[ci]
+        for k in keys[ci]:
             if k in pins:
                 if bp.get(k) != pins[k]:
                     return None
@@ -203,16 +204,18 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     applied: list[Applied] = []
     declined: list[Declined] = []
     relations = sorted(P.relations, key=lambda r: -r.priority)
-    lowered = _Index(d)
+    lowered = ix = _Index(d)
     candidates = {rel.name: [m.boxes for m in _matches(rel, P, lowered)] for rel in relations}
+    served: dict[tuple, str] = {}  # (point, sizes at the box) -> why its kernel cannot serve
     for rel in relations:
-        ix = _Index(d)
+        if ix.d is not d:  # the last relation spliced its matches in
+            ix = _Index(d)
         used: dict[int, str] = {}
         fused_here: list[tuple[_Match, Box, Call]] = []
         for m in _matches(rel, P, ix):
             fams = tuple(d.boxes[j].name for j in m.boxes)
             where = tuple(sorted(o for j in m.boxes for o in origin[j]))
-            reason, box, numerics = _judge(rel, m, d, ix, F, P, policy, used, sizes)
+            reason, box, numerics = _judge(rel, m, d, ix, F, P, policy, used, sizes, served)
             if reason:
                 declined.append(Declined(rel.name, where, fams, reason))
                 continue
@@ -253,8 +256,8 @@ def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int
 
 
 def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Presentation,
-           policy: str, used: Mapping[int, str], sizes: Mapping[str, int] | None = None
-           ) -> tuple[str, Box | None, str]:
+           policy: str, used: Mapping[int, str], sizes: Mapping[str, int] | None = None,
+           served: dict[tuple, str] | None = None) -> tuple[str, Box | None, str]:
     for j in m.boxes:
         if j in used:
             return (f"overlaps a match of {used[j]} already applied", None, "")
@@ -312,23 +315,30 @@ def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Pre
     box = Box(rhs_fam.name, Ty(*dom), Ty(*cod),
               {**point_params, **{k: v for k, v in attrs_.items() if k in rhs_fam.attrs}})
     if sizes is not None:
-        unserved = launch_refusal(F.realize(point), box, rhs_fam, sizes, F.hw)
+        from metrale.realize.kernel import box_numbers
+
+        numbers = box_numbers(box, rhs_fam, sizes)
+        at = (point, tuple(sorted(numbers.items())))
+        if served is None or at not in served:
+            unserved = launch_refusal(F.realize(point), numbers, F.hw)
+            if served is not None:
+                served[at] = unserved
+        unserved = served[at] if served is not None else unserved
         if unserved:
             return (f"rhs kernel cannot serve these sizes: {unserved}", None, "")
     return ("", box, numerics)
 
 
-def launch_refusal(kernel: Any, box: Box, fam: Any, sizes: Mapping[str, int], hw: Any) -> str:
-    """Why ``kernel`` cannot be launched for ``box`` at the circuit's ``sizes`` (its limits, or
-    more shared memory than ``hw`` allows), in words; empty when it can, or when it is a host
-    callable (nothing to launch)."""
+def launch_refusal(kernel: Any, numbers: Mapping[str, int | float], hw: Any) -> str:
+    """Why ``kernel`` cannot be launched at ``numbers`` (a box's sizes, ``box_numbers``): its
+    limits, or more shared memory than ``hw`` allows, in words; empty when it can, or when it
+    is a host callable (nothing to launch)."""
     from metrale.lkb.errors import LaunchError
-    from metrale.realize.kernel import box_numbers
 
     if kernel is None or kernel.launch is None:
         return ""
     try:
-        launches = kernel.launches_for(box_numbers(box, fam, sizes))
+        launches = kernel.launches_for(numbers)
     except LaunchError as e:
         return f"{e.expected} does not hold ({e.found})" if e.expected else e.message
     over = shared_excess(launches, hw)

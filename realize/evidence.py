@@ -113,6 +113,20 @@ class EvidenceLoad:
     records: tuple[EvidenceRecord, ...] = ()
     errors: tuple[EvidenceError, ...] = ()
     unreadable: tuple[tuple[str | None, str | None, str | None], ...] = ()
+    _hashes: dict[tuple[str, str, str], frozenset[str]] = attrs.field(
+        init=False, eq=False, repr=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        # (hw, family, point) -> the source hashes recorded for it, so that a plan asks
+        # about each of its kernels in constant time rather than scanning every record
+        index: dict[tuple[str, str, str], set[str]] = {}
+        for r in self.records:
+            index.setdefault((r.hw, r.family, r.point), set()).add(r.source_hash)
+        object.__setattr__(self, "_hashes", {k: frozenset(v) for k, v in index.items()})
+
+    def hashes_of(self, hw: str, family: str, point: str) -> frozenset[str]:
+        """The source hashes of the records of ``point`` on ``hw`` (empty when none)."""
+        return self._hashes.get((hw, family, point), frozenset())
 
     @property
     def ok(self) -> bool:
@@ -175,11 +189,28 @@ def load_evidence(path: os.PathLike | str, hw: str | None = None) -> EvidenceLoa
 
 
 def load_all_evidence(kernels_dir: os.PathLike | str) -> EvidenceLoad:
-    """Every ``<kernels_dir>/<hw>/EVIDENCE.toml``, each checked against its folder's class."""
+    """Every ``<kernels_dir>/<hw>/EVIDENCE.toml``, each checked against its folder's class.
+
+    A file read before and not changed since (same inode, size and modification time: records
+    are written by replacing the file) is not parsed again; every plan reads them all."""
     total = EvidenceLoad()
     for sub in sorted(p for p in Path(kernels_dir).iterdir() if (p / EVIDENCE_FILE).is_file()):
-        total += load_evidence(sub / EVIDENCE_FILE, hw=sub.name)
+        path = sub / EVIDENCE_FILE
+        try:
+            st = path.stat()
+        except OSError:
+            total += load_evidence(path, hw=sub.name)
+            continue
+        key = (str(path.resolve()), sub.name, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _LOADED:
+            if len(_LOADED) >= 64:
+                _LOADED.clear()
+            _LOADED[key] = load_evidence(path, hw=sub.name)
+        total += _LOADED[key]
     return total
+
+
+_LOADED: dict[tuple, EvidenceLoad] = {}
 
 
 def _record_from_table(table: Any, file: Path, prefix: str,
@@ -296,8 +327,9 @@ def evidence_status(records: EvidenceLoad | Iterable[EvidenceRecord], hw: str, f
     if isinstance(records, EvidenceLoad):
         if any(_matches(u, key) for u in records.unreadable):
             return UNREADABLE
-        records = records.records
-    mine = [r for r in records if (r.hw, r.family, r.point) == key]
-    if any(r.source_hash == source_hash for r in mine):
+        hashes = records.hashes_of(*key)
+    else:
+        hashes = frozenset(r.source_hash for r in records if (r.hw, r.family, r.point) == key)
+    if source_hash in hashes:
         return measured_on(hw)
-    return STALE if mine else SHARED
+    return STALE if hashes else SHARED

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -31,17 +32,22 @@ _FORMULA_WORDS = "only numbers, names, + - * / // %, ceil, floor, min, max"
 
 
 def parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
-    def bad() -> ConfigError:
-        return ConfigError(f"not a launch formula: {_FORMULA_WORDS}", file=file, key=key,
-                           expected="arithmetic over sizes", found=repr(text)[:80])
+    if not isinstance(text, str) or len(text) > 500 or (tree := _checked_tree(text)) is None:
+        raise ConfigError(f"not a launch formula: {_FORMULA_WORDS}", file=file, key=key,
+                          expected="arithmetic over sizes", found=repr(text)[:80])
+    return tree
 
-    if not isinstance(text, str) or len(text) > 500:
-        raise bad()
+
+@functools.lru_cache(maxsize=4096)
+def _checked_tree(text: str) -> ast.expr | None:
+    """The parsed formula, or None when it is not one. Cached: a plan binds the same few
+    hundred formulas at every layer, and parsing them again was most of the planning time.
+    The trees are only read, never changed."""
     try:
         tree = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
-        raise bad() from None
+        return None
     for n in ast.walk(tree):
         ok = (isinstance(n, ast.Constant) and type(n.value) in (int, float)
               or isinstance(n, ast.Name | ast.Load)
@@ -51,7 +57,7 @@ def parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
               or isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
               and n.func.id in _FUNCS and not n.keywords)
         if not ok:
-            raise bad()
+            return None
     return tree
 
 
@@ -114,22 +120,29 @@ _LIMIT_OPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
 
 def _parse_limit(text: Any, file: object = None, key: str = "") -> tuple[str, Any, str]:
     """``"A op B"`` (one comparison of two launch formulas) as (A, op, B); else ConfigError."""
-    bad = ConfigError("not a limit: one comparison (< <= > >= == !=) of two launch formulas",
-                      file=file, key=key, expected="e.g. \"hq / hkv <= 8\"",
-                      found=repr(text)[:80])
-    if not isinstance(text, str) or len(text) > 500:
-        raise bad
+    parts = _split_limit(text) if isinstance(text, str) and len(text) <= 500 else None
+    if parts is None:
+        raise ConfigError("not a limit: one comparison (< <= > >= == !=) of two launch formulas",
+                          file=file, key=key, expected="e.g. \"hq / hkv <= 8\"",
+                          found=repr(text)[:80])
+    left, op, right = parts
+    for side in (left, right):
+        parse_formula(side, file, key)
+    return left, op, right
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_limit(text: str) -> tuple[str, Any, str] | None:
+    """A limit's two sides and comparison, or None when it is not one comparison (cached as
+    the formulas are)."""
     try:
         tree = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise bad from None
+        return None
     if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1
             and type(tree.ops[0]) in _LIMIT_OPS):
-        raise bad
-    left, right = ast.unparse(tree.left), ast.unparse(tree.comparators[0])
-    for side in (left, right):
-        parse_formula(side, file, key)
-    return left, _LIMIT_OPS[type(tree.ops[0])], right
+        return None
+    return ast.unparse(tree.left), _LIMIT_OPS[type(tree.ops[0])], ast.unparse(tree.comparators[0])
 
 
 def limit_names(text: str, file: object = None, key: str = "") -> frozenset[str]:

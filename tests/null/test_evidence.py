@@ -161,6 +161,26 @@ def test_load_all_evidence_checks_each_folder(tmp_path: Path) -> None:
     assert len(load.errors) == 1 and "sm_80" in load.errors[0].file
 
 
+def test_load_all_evidence_reads_an_unchanged_file_once(tmp_path: Path, monkeypatch) -> None:
+    """Every plan loads all evidence; a file not changed since is not parsed again, and a
+    record appended (the file replaced) is seen at once."""
+    import metrale.realize.evidence as ev
+
+    p = tmp_path / "kernels" / "sm_90" / "EVIDENCE.toml"
+    append_records(p, [rec()])
+    parsed = []
+    real = ev.load_evidence
+    monkeypatch.setattr(ev, "load_evidence", lambda *a, **k: parsed.append(a) or real(*a, **k))
+    first, again = load_all_evidence(tmp_path / "kernels"), load_all_evidence(tmp_path / "kernels")
+    assert first == again and first.records == (rec(),) and len(parsed) == 1
+    append_records(p, [rec(point="rmsnorm[bf16,8192]")])
+    after = load_all_evidence(tmp_path / "kernels")
+    assert len(parsed) == 2 and [r.point for r in after] == ["rmsnorm[bf16,4096]",
+                                                            "rmsnorm[bf16,8192]"]
+    assert evidence_status(after, "sm_90", "rmsnorm", "rmsnorm[bf16,8192]", H) == \
+        measured_on("sm_90")
+
+
 # --- appending -------------------------------------------------------------------------------
 
 def test_append_creates_then_round_trips(tmp_path: Path) -> None:
