@@ -12,8 +12,9 @@ True
 
 from __future__ import annotations
 
+import functools
+
 import attrs
-import ml_dtypes
 import numpy as np
 
 from .errors import ConfigError, nearest
@@ -23,6 +24,7 @@ from .errors import ConfigError, nearest
 class DType:
     """A storage element type: its canonical name, its width in bits and its NumPy dtype.
 
+    >>> import ml_dtypes
     >>> F8E4M3.numpy == np.dtype(ml_dtypes.float8_e4m3fn)
     True
     """
@@ -35,7 +37,7 @@ class DType:
     @property
     def numpy(self) -> np.dtype:
         """The NumPy dtype holding one element (e2m1 is unpacked: one element per byte)."""
-        return _NUMPY[self.numpy_name]
+        return _numpy_dtype(self.numpy_name)
 
     @property
     def itemsize(self) -> float:
@@ -82,21 +84,20 @@ class DType:
         return self.name
 
 
-_NUMPY = {
-    "float64": np.dtype(np.float64),
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    "float4_e2m1fn": np.dtype(ml_dtypes.float4_e2m1fn),
-    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32),
-    "int16": np.dtype(np.int16),
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-}
+# NumPy's own dtypes by name; the others are ml_dtypes', imported on first use: importing
+# ml_dtypes takes about 0.7 s, which a command that never touches an array (met plan, met build)
+# should not pay.
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "float8_e8m0fnu")
+
+
+@functools.cache
+def _numpy_dtype(name: str) -> np.dtype:
+    if name in _ML_DTYPES:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
 
 F64 = DType("f64", 64, "float64")
 F32 = DType("f32", 32, "float32")

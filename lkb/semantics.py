@@ -46,19 +46,40 @@ True
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import ml_dtypes
 import numpy as np
 
 from .errors import ConfigError, LaunchError, nearest
 
 F32 = np.dtype(np.float32)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-ACT_DTYPES: Mapping[str, np.dtype] = {"bf16": BF16, "f32": F32}
+
+
+@functools.cache
+def _bf16() -> np.dtype:
+    """ml_dtypes' bfloat16, imported on first use (the import takes about 0.7 s, which
+    planning and building never need)."""
+    from .dtype import BF16 as _BF16
+
+    return _BF16.numpy
+
+
+@functools.cache
+def _act_dtypes() -> Mapping[str, np.dtype]:
+    return {"bf16": _bf16(), "f32": F32}
+
+
+def __getattr__(name: str) -> Any:
+    # BF16 and ACT_DTYPES ({"bf16": BF16, "f32": F32}) as module constants, made when asked
+    if name == "BF16":
+        return _bf16()
+    if name == "ACT_DTYPES":
+        return _act_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 """The activation dtypes a family accepts, by the spelling of its ``act`` keyword."""
 
 ACROSS = ("sequential", "pairwise")
@@ -257,10 +278,10 @@ def act_dtype(family: str, act: str) -> np.dtype:
     'bfloat16'
     """
     try:
-        return ACT_DTYPES[act]
+        return _act_dtypes()[act]
     except (KeyError, TypeError):
         raise _fail(family, "act", "unknown activation dtype", "one of bf16, f32", repr(act),
-                    nearest(str(act), ACT_DTYPES)) from None
+                    nearest(str(act), _act_dtypes())) from None
 
 
 def _shape(family: str, name: str, a: Any, dims: tuple[str, ...], sizes: dict[str, int],
@@ -321,6 +342,7 @@ def _choice(family: str, name: str, value: Any, choices: tuple[str, ...]) -> str
 def round_to(a: np.ndarray, dt: np.dtype) -> np.ndarray:
     """``a`` (f32) rounded to ``dt`` and widened back to f32: the value a ``dt`` tensor holds.
 
+    >>> from metrale.lkb.semantics import BF16
     >>> round_to(np.array([1.00390625], np.float32), BF16)
     array([1.], dtype=float32)
     """
@@ -334,7 +356,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
 def _rand(rng: np.random.Generator, shape: tuple[int, ...], dt: np.dtype | str,
           scale: float = 1.0) -> np.ndarray:
     """Random normal values (never zeros) in ``dt``."""
-    dt = ACT_DTYPES[dt] if isinstance(dt, str) else dt
+    dt = _act_dtypes()[dt] if isinstance(dt, str) else dt
     return (rng.standard_normal(shape) * scale).astype(F32).astype(dt)
 
 
@@ -464,7 +486,7 @@ def embedding(ids: np.ndarray, table: np.ndarray, *, act: str) -> tuple[np.ndarr
     fam, sizes = "embedding", {}
     dt = act_dtype(fam, act)
     _shape(fam, "ids", ids, ("rows",), sizes, "int")
-    _shape(fam, "table", table, ("vocab", "hidden"), sizes, (BF16, F32))
+    _shape(fam, "table", table, ("vocab", "hidden"), sizes, (_bf16(), F32))
     idx = _index(fam, "ids", ids, sizes["vocab"], "id")
     return (table[idx].astype(dt),)
 
@@ -477,6 +499,7 @@ def _ex_add(rng, rows, act):
 def add(a: np.ndarray, b: np.ndarray, *, act: str) -> tuple[np.ndarray]:
     """``round(f32(a) + f32(b))``: the residual add (one rounding, as torch's bf16 add).
 
+    >>> from metrale.lkb.semantics import BF16
     >>> add(np.ones((1, 2), BF16), np.full((1, 2), 2**-9, BF16), act="bf16")[0].astype(F32)
     array([[1., 1.]], dtype=float32)
     """
@@ -542,6 +565,7 @@ def linear(x: np.ndarray, w: np.ndarray, *, k_block: int, across: str = "sequent
 
     ``x`` act [rows, k], ``w`` f32 [n, k]. ``out="f32"`` serves logits (lm_head).
 
+    >>> from metrale.lkb.semantics import BF16
     >>> x = np.ones((1, 4), BF16)
     >>> linear(x, np.full((2, 4), 0.5, np.float32), k_block=2, out="f32", act="bf16")[0]
     array([[2., 2.]], dtype=float32)
@@ -667,7 +691,7 @@ def argmax(logits: np.ndarray) -> tuple[np.ndarray]:
     >>> argmax(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 1.0]], np.float32))[0]
     array([1, 0], dtype=int32)
     """
-    _shape("argmax", "logits", logits, ("rows", "vocab"), {}, (BF16, F32))
+    _shape("argmax", "logits", logits, ("rows", "vocab"), {}, (_bf16(), F32))
     return (np.argmax(logits, axis=-1).astype(np.int32),)
 
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from .semantics import (
-    BF16,
     F32,
     Reduction,
+    _bf16,
     _f32,
     _fail,
     _index,
@@ -76,7 +76,7 @@ def softmax(logits: np.ndarray) -> tuple[np.ndarray]:
     >>> softmax(np.log(np.array([[1.0, 3.0]], np.float32)))[0]
     array([[0.25, 0.75]], dtype=float32)
     """
-    _shape("softmax", "logits", logits, ("rows", "experts"), {}, (BF16, F32))
+    _shape("softmax", "logits", logits, ("rows", "experts"), {}, (_bf16(), F32))
     lf = logits.astype(F32)
     e = np.exp(lf - lf.max(axis=-1, keepdims=True))
     return (e / np.add.reduce(e, axis=-1, keepdims=True),)
