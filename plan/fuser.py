@@ -35,9 +35,11 @@ from typing import Any, Protocol
 import attrs
 
 from metrale.lkb.diagram import Box, Diagram, Source, _Flat
+from metrale.lkb.errors import LaunchError
 from metrale.lkb.family import Point
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.relation import Call, Relation
+from metrale.realize.kernel import box_numbers
 
 POLICIES = ("exact", "bounded")
 
@@ -315,17 +317,13 @@ def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Pre
     box = Box(rhs_fam.name, Ty(*dom), Ty(*cod),
               {**point_params, **{k: v for k, v in attrs_.items() if k in rhs_fam.attrs}})
     if sizes is not None:
-        from metrale.realize.kernel import box_numbers
-
+        served = {} if served is None else served
         numbers = box_numbers(box, rhs_fam, sizes)
         at = (point, tuple(sorted(numbers.items())))
-        if served is None or at not in served:
-            unserved = launch_refusal(F.realize(point), numbers, F.hw)
-            if served is not None:
-                served[at] = unserved
-        unserved = served[at] if served is not None else unserved
-        if unserved:
-            return (f"rhs kernel cannot serve these sizes: {unserved}", None, "")
+        if at not in served:
+            served[at] = launch_refusal(F.realize(point), numbers, F.hw)
+        if served[at]:
+            return (f"rhs kernel cannot serve these sizes: {served[at]}", None, "")
     return ("", box, numerics)
 
 
@@ -333,8 +331,6 @@ def launch_refusal(kernel: Any, numbers: Mapping[str, int | float], hw: Any) -> 
     """Why ``kernel`` cannot be launched at ``numbers`` (a box's sizes, ``box_numbers``): its
     limits, or more shared memory than ``hw`` allows, in words; empty when it can, or when it
     is a host callable (nothing to launch)."""
-    from metrale.lkb.errors import LaunchError
-
     if kernel is None or kernel.launch is None:
         return ""
     try:
