@@ -254,3 +254,29 @@ def test_a_plan_of_known_kernels_parses_no_formula_again():
     plan_for("llama-3.1-70b", "bf16", "sm_90")  # the same kernels at other sizes
     assert (_checked_tree.cache_info().misses, _split_limit.cache_info().misses) == before
     assert _checked_tree.cache_info().hits > 1000
+
+
+def test_launch_refusal_names_the_limit_or_the_shared_memory():
+    """Why a kernel cannot be launched at a box's sizes, in words: the limit that fails, or
+    the launch asking more shared memory than the class allows; nothing for one that can, or
+    for a host callable."""
+    import attrs
+
+    from metrale.lkb.presentation import Presentation
+    from metrale.plan.fuser import launch_refusal
+    from metrale.realize.functor import realization
+
+    P = Presentation.load()
+    point = P.family("linear").point(act="bf16", weight="bf16", shape="gemv_mma", k_block=256,
+                                     across="sequential")
+    F = realization("sm_90", presentation=P)
+    kernel, at = F.realize(point), {"rows": 1, "k": 4096, "n": 1024}
+    assert launch_refusal(kernel, at, F.hw) == ""
+    assert launch_refusal(kernel, {**at, "k": 200}, F.hw) == \
+        "k % 32 == 0 does not hold (k=200)"
+    small = attrs.evolve(F.hw, capabilities=attrs.evolve(F.hw.capabilities,
+                                                         max_shared_mem_per_block=4096))
+    assert launch_refusal(kernel, at, small) == \
+        "metrale_linear_gemv_mma needs 8192 bytes of shared memory, sm_90 allows 4096"
+    host = realization("host", presentation=P)
+    assert launch_refusal(host.realize(point), at, host.hw) == ""
