@@ -54,22 +54,21 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .dtype import BF16 as _BF16_TYPE
 from .errors import ConfigError, LaunchError, nearest
 
 F32 = np.dtype(np.float32)
 
 
-@functools.cache
 def _bf16() -> np.dtype:
-    """ml_dtypes' bfloat16, imported on first use (the import takes about 0.7 s, which
-    planning and building never need)."""
-    from .dtype import BF16 as _BF16
-
-    return _BF16.numpy
+    """ml_dtypes' bfloat16, which lkb.dtype imports on first use (the import takes about
+    0.7 s, which planning and building never need)."""
+    return _BF16_TYPE.numpy
 
 
 @functools.cache
 def _act_dtypes() -> Mapping[str, np.dtype]:
+    """The activation dtypes a family accepts, by the spelling of its ``act`` keyword."""
     return {"bf16": _bf16(), "f32": F32}
 
 
@@ -80,7 +79,6 @@ def __getattr__(name: str) -> Any:
     if name == "ACT_DTYPES":
         return _act_dtypes()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-"""The activation dtypes a family accepts, by the spelling of its ``act`` keyword."""
 
 ACROSS = ("sequential", "pairwise")
 WITHIN: Mapping[str, str] = {

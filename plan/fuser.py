@@ -258,8 +258,8 @@ def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int
 
 
 def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Presentation,
-           policy: str, used: Mapping[int, str], sizes: Mapping[str, int] | None = None,
-           served: dict[tuple, str] | None = None) -> tuple[str, Box | None, str]:
+           policy: str, used: Mapping[int, str], sizes: Mapping[str, int] | None,
+           served: dict[tuple, str]) -> tuple[str, Box | None, str]:
     for j in m.boxes:
         if j in used:
             return (f"overlaps a match of {used[j]} already applied", None, "")
@@ -317,7 +317,6 @@ def _judge(rel: Relation, m: _Match, d: Diagram, ix: _Index, F: Realizer, P: Pre
     box = Box(rhs_fam.name, Ty(*dom), Ty(*cod),
               {**point_params, **{k: v for k, v in attrs_.items() if k in rhs_fam.attrs}})
     if sizes is not None:
-        served = {} if served is None else served
         numbers = box_numbers(box, rhs_fam, sizes)
         at = (point, tuple(sorted(numbers.items())))
         if at not in served:

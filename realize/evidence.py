@@ -324,12 +324,11 @@ def evidence_status(records: EvidenceLoad | Iterable[EvidenceRecord], hw: str, f
     'shared, unmeasured'
     """
     key = (hw, family, point)
-    if isinstance(records, EvidenceLoad):
-        if any(_matches(u, key) for u in records.unreadable):
-            return UNREADABLE
-        hashes = records.hashes_of(*key)
-    else:
-        hashes = frozenset(r.source_hash for r in records if (r.hw, r.family, r.point) == key)
+    if not isinstance(records, EvidenceLoad):
+        records = EvidenceLoad(tuple(records))
+    if any(_matches(u, key) for u in records.unreadable):
+        return UNREADABLE
+    hashes = records.hashes_of(*key)
     if source_hash in hashes:
         return measured_on(hw)
     return STALE if hashes else SHARED

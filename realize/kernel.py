@@ -459,7 +459,7 @@ def _read_requires(raw: Any, f: Fields) -> tuple[tuple[str, Any], ...]:
             f._fail(f.key(key), "unknown capability", "one of " + ", ".join(_CAPABILITIES),
                     repr(cap), nearest(cap, _CAPABILITIES))
             continue
-        default = attrs.fields_dict(Capabilities)[cap].default
+        field = attrs.fields_dict(Capabilities)[cap]
         if cap == "tensor_core":
             if want not in TENSOR_CORES:
                 f._fail(f.key(key), "unknown tensor-core kind", "one of " + ", ".join(
@@ -471,11 +471,11 @@ def _read_requires(raw: Any, f: Fields) -> tuple[tuple[str, Any], ...]:
                 f._fail(f.key(key), "wrong type", "[major, minor]", repr(want))
                 continue
             want = tuple(want)
-        elif attrs.fields_dict(Capabilities)[cap].type in (bool, "bool"):  # formats, dependent_launch
+        elif field.type in (bool, "bool"):  # the number formats, dependent_launch
             if not isinstance(want, bool):
                 f._fail(f.key(key), "wrong type", "true or false", repr(want))
                 continue
-        elif type(want) is not int or type(default) is not int:
+        elif type(want) is not int or type(field.default) is not int:
             f._fail(f.key(key), "wrong type", "an integer (a minimum)", repr(want))
             continue
         out.append((cap, want))
