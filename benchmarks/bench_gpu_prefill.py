@@ -113,8 +113,8 @@ def runs_in(family: str, fmt: str) -> bool:
 
 
 @cache
-def realized(family: str, weight: str, shape: str = "gemm") -> Any:
-    """The sm_90 kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``."""
+def realized(family: str, weight: str, shape: str = "gemm", hw: str = "sm_90") -> Any:
+    """The ``hw`` kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
 
@@ -122,7 +122,18 @@ def realized(family: str, weight: str, shape: str = "gemm") -> Any:
     point = P.family(family).point(act="bf16", weight=weight, shape=shape, k_block=256,
                                    across="sequential",
                                    **({"out": "f32"} if family == "lm_head" else {}))
-    return realization("sm_90", presentation=P).realize(point)
+    return realization(hw, presentation=P).realize(point)
+
+
+def shadowed(family: str, weight: str) -> Any:
+    """The kernel sm_90's own gemm kernel of ``family`` in ``weight`` shadows (sm_80's, which
+    sm_90 would run without it), or None where sm_90 runs the inherited one."""
+    return realized(family, weight, "gemm", "sm_80") if realized(family, weight).shadow else None
+
+
+def gemm_cu(family: str, weight: str) -> Any:
+    """gemm.cu's kernel of ``family``'s gemm point in ``weight``: the base of the variants."""
+    return shadowed(family, weight) or realized(family, weight)
 
 
 def widths(family: str, sizes: dict[str, int]) -> list[int]:
@@ -189,14 +200,15 @@ def cubin(tmp: Path, kernel: Any) -> Path:
     defines = " ".join(d.removeprefix("-D") for d in kernel.defines)
     key = hashlib.sha256(f"{kernel.source} {defines}".encode()).hexdigest()[:16]
     out = tmp / f"{Path(kernel.source).stem}_{key}.cubin"
-    return out if out.is_file() else build(Path(kernel.source).name, defines, out)
+    return out if out.is_file() else build(kernel.source, defines, out)
 
 
 def prebuild(tmp: Path, models: list[str], formats: list[str]) -> None:
     """Every cubin the launches of ``models`` in ``formats`` use, compiled in parallel."""
     kernels = {(k.source, k.defines): k for _m, _n, family, _d in SHAPES if _m in models
-               for fmt in formats if runs_in(family, fmt) for shape in ("gemm", "gemv")
-               for k in [realized(family, fmt, shape)]}
+               for fmt in formats if runs_in(family, fmt)
+               for k in [realized(family, fmt, "gemm"), realized(family, fmt, "gemv"),
+                         shadowed(family, fmt)] if k is not None}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
 
@@ -282,6 +294,12 @@ class Launch:
         """The decode kernel of the same launch, built when first asked for."""
         return Built(*self._built, realized(self.family, self.fmt, "gemv"))
 
+    @functools.cached_property
+    def shadowed(self) -> Built | None:
+        """The inherited gemm kernel sm_90's own one shadows, if it does (timed beside it)."""
+        k = shadowed(self.family, self.fmt)
+        return None if k is None else Built(*self._built, k)
+
 
 def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int,
                rate: float, gemv_rows: int, gemm: Built | None = None) -> dict:
@@ -326,6 +344,7 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
         rel = float((got - want).abs().max() / want.abs().max())
         return time_graph(cp, lambda _: launch(), 1), bool(torch.isfinite(got).all()), rel
 
+    t_shadowed = checked(lc.shadowed) if gemm is None and lc.shadowed else None
     gemm = gemm or lc.gemm
     t, finite, rel = checked(gemm)
     t_gemv = checked(lc.gemv) if rows <= gemv_rows else None
@@ -339,6 +358,11 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
            "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
            "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
            "of_floor": floor / t, "finite": finite, "max_rel_err_vs_peer": rel}
+    if t_shadowed is not None:
+        out.update(shadowed_point=str(lc.shadowed.kernel.point),
+                   shadowed_entry=lc.shadowed.kernel.entry, shadowed_seconds=t_shadowed[0],
+                   shadowed_finite=t_shadowed[1], shadowed_max_rel_err_vs_peer=t_shadowed[2],
+                   shadowed_vs_gemm=t_shadowed[0] / t)
     if t_gemv is not None:
         out.update(gemv_seconds=t_gemv[0], gemv_finite=t_gemv[1],
                    gemv_max_rel_err_vs_peer=t_gemv[2], gemv_vs_gemm=t_gemv[0] / t)
@@ -353,7 +377,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
         for fmt in formats:
             if not runs_in(shapes[model, name][0], fmt):
                 continue
-            k = realized(shapes[model, name][0], fmt, "gemm")
+            k = gemm_cu(shapes[model, name][0], fmt)
             for v in GEMM_VARIANTS:
                 built = with_defines(k, v)
                 kernels[built.source, built.defines] = built
@@ -368,7 +392,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             lc = Launch(cp, torch, tmp, family, dims, fmt)
             for v in GEMM_VARIANTS:
                 c = bench_case(cp, torch, lc, model, name, rows, rate, 0,
-                               Variant(cp, tmp, lc.gemm.kernel, v, fmt))
+                               Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
                 c["variant"] = v
                 out.append(c)
                 print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5} [{v or 'source'}]: "
@@ -570,6 +594,9 @@ def main() -> None:
                     cases.append(c)
                     gemv = (f"; GEMV {c['gemv_seconds'] * 1e6:.1f} us (x{c['gemv_vs_gemm']:.2f})"
                             if "gemv_seconds" in c else "")
+                    gemv += (f"; shadowed {c['shadowed_entry']} "
+                             f"{c['shadowed_seconds'] * 1e6:.1f} us (x{c['shadowed_vs_gemm']:.2f})"
+                             if "shadowed_seconds" in c else "")
                     print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5}: "
                           f"{c['seconds'] * 1e6:9.1f} us {c['tflops']:6.0f} TFLOP/s "
                           f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "

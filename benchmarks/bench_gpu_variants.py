@@ -115,9 +115,13 @@ def parse_defines(text: str) -> dict[str, str]:
 
 
 def build(source: str, defines: str, out: Path) -> Path:
-    """``cuda/common/<source>`` compiled to an sm_90a cubin at ``out``, with the build's compiler
-    and flags; ``defines`` is space-separated ``NAME`` or ``NAME=VALUE``."""
-    text, _, headers, _ = source_identity(default_kernels_dir(), f"cuda/common/{source}", ())
+    """``source`` (a file of cuda/common, or a path under the kernels folder such as
+    ``sm_90/common/gemm_wgmma.cu``) compiled to an sm_90a cubin at ``out``, with the build's
+    compiler and flags, its includes found as sm_90's chain finds them; ``defines`` is
+    space-separated ``NAME`` or ``NAME=VALUE``."""
+    path = source if "/" in source else f"cuda/common/{source}"
+    text, _, headers, _ = source_identity(default_kernels_dir(), path,
+                                          ("sm_90/common", "sm_80/common", "cuda/common"))
     values = parse_defines(defines)
     binary = NvidiaTarget("cubin").compile(text, "sm_90a", values, name=out.stem,
                                            headers=headers)

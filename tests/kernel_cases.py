@@ -265,7 +265,7 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
     point = matmul_point(fam, shape, weight)
     if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
         pytest.skip(f"{weight} needs k a multiple of its block")
-    assert F.realize(point).entry.endswith("_mma"), F.realize(point)
+    assert F.realize(point).entry.endswith(("_mma", "_wgmma")), F.realize(point)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
     compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)),

@@ -21,7 +21,12 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         if not bench.runs_in(family, weight):
             continue
         kernel = bench.realized(family, weight, shape)
-        assert kernel.entry.endswith("_mma") == (shape == "gemm"), kernel.entry
+        assert kernel.entry.endswith(("_mma", "_wgmma")) == (shape == "gemm"), kernel.entry
+        if shape == "gemm":  # sm_90's own GEMM (wgmma) takes bf16 weights, timed beside gemm.cu's
+            shadowed = bench.shadowed(family, weight)
+            assert (shadowed is not None) == (weight == "bf16"), (family, weight)
+            assert shadowed is None or shadowed.entry.endswith("_mma"), shadowed
+            assert bench.gemm_cu(family, weight).source == "cuda/common/gemm.cu"
         buffers = {"x", "r", *bench.OUT_PORTS[family]}
         for port in bench.WEIGHT_PORTS[family]:
             buffers |= {port, f"{port}_scale", f"{port}_global"}
@@ -88,7 +93,7 @@ def test_variant_tiles_follow_the_source_defaults(weight):
     families = ["linear"] if weight == "f32" else ["linear", "qkv", "gate_up_swiglu"]
     sizes = {"rows": 1000, "k": 4096, "n": 14336, "nq": 4096, "nk": 1024, "nv": 1024}
     for family in families:
-        kernel = bench.realized(family, weight, "gemm")
+        kernel = bench.gemm_cu(family, weight)
         v = bench.Variant.__new__(bench.Variant)
         v.family, v.tile = family, bench.tile_shape("", weight)
         assert v.launch_shape(sizes) == kernel.launch_for(sizes), family

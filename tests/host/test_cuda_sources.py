@@ -28,8 +28,20 @@ FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
 KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
 TABLES = KERNELS_TOML["kernel"]
 DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
+# the NVIDIA classes' own tables (kernels/<hw>/common, the residual): name -> (folder, file)
+OWN = {name: (toml.parent, doc) for toml in sorted(KERNELS.glob("sm_*/common/KERNELS.toml"))
+       for doc in [read_toml(toml)] for name in doc.get("kernel", {})}
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
           "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then"}
+
+
+def table(name: str) -> tuple[dict, Path, bool]:
+    """A table of the common layer or of a class's own folder: (table, its folder, the file's
+    ``dependent_launch``)."""
+    if name in TABLES:
+        return TABLES[name], COMMON, DEPENDENT
+    folder, doc = OWN[name]
+    return doc["kernel"][name], folder, doc.get("dependent_launch", False)
 # PTX that writes global memory: stores, atomics, reductions, and asynchronous copies whose
 # destination is global (cp.async.cg.shared.global copies global into shared: a read)
 WRITE_OP = re.compile(r"\b(?:st|atom|red)\.global\b"
@@ -49,11 +61,11 @@ def points(family: str) -> list[dict]:
 
 
 def family_of(name: str) -> str:
-    return TABLES[name].get("family", name)
+    return table(name)[0].get("family", name)
 
 
 def claims(name: str, point: dict) -> bool:
-    when = TABLES[name].get("when", {})
+    when = table(name)[0].get("when", {})
     return all(point.get(k) in v for k, v in when.items())
 
 
@@ -66,7 +78,7 @@ def render(template: str, point: dict) -> str:
 
 
 def defines(name: str, point: dict) -> tuple[str, ...]:
-    t = TABLES[name]
+    t = table(name)[0]
     out = list(t.get("fixed", []))
     for param, template in t["defines"].items():
         value = point[param]
@@ -127,15 +139,20 @@ def test_every_family_has_a_kernel_and_every_point_exactly_one():
             assert owners[-1] == plain[0], (family, p, owners)
 
 
-@pytest.mark.parametrize("name", sorted(TABLES))
+@pytest.mark.parametrize("name", sorted(TABLES) + sorted(OWN))
 def test_kernel_fields_are_valid(name):
-    t = TABLES[name]
-    assert set(t) <= FIELDS, set(t) - FIELDS
-    family = family_of(name)
+    """... for the common layer's tables and each class's own; a class's own table says what
+    it needs and why it exists (``requires``, ``reason``: it is residual)."""
+    t, folder, _ = table(name)
+    if name in TABLES:
+        assert set(t) <= FIELDS, set(t) - FIELDS
+    else:
+        assert set(t) <= FIELDS | {"reason"} and {"requires", "reason"} <= set(t), set(t)
+    family = t.get("family", name)
     assert family in FAMILIES
     fam = FAMILIES[family]
-    assert (COMMON / t["source"]).is_file()
-    text = (COMMON / t["source"]).read_text()
+    assert (folder / t["source"]).is_file()
+    text = (folder / t["source"]).read_text()
     for entry in entries(name):
         assert re.fullmatch(r"[A-Za-z_]\w*", entry)
         assert re.search(r'extern "C" __global__[^;{]*?\b' + entry + r"\(", text), entry
@@ -195,19 +212,30 @@ def test_defines_render_as_documented():
 NVCC = shutil.which("nvcc")
 
 
-def compile_groups() -> dict[tuple[str, tuple[str, ...]], set[str]]:
-    """(source, defines) → the entries that PTX must expose: each source compiled once per
-    distinct define set."""
+def compile_groups(hw: str) -> dict[tuple[str, tuple[str, ...]], set[str]]:
+    """(source file name, defines) → the entries that class ``hw``'s PTX must expose: each
+    source its realization runs compiled once per distinct define set (a table of the common
+    layer that a class's own shadows is checked on the classes that run it)."""
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+    from tests.host.conftest import NvidiaBuilds
+
+    P = Presentation.load()
+    F = realization(hw, presentation=P)
     groups: dict[tuple[str, tuple[str, ...]], set[str]] = {}
-    for name, p in claimed():
-        key = (TABLES[name]["source"], defines(name, p))
-        groups.setdefault(key, set()).update(entries(name))
+    for fam in P.generators:
+        for point in fam.points:
+            k = None if fam.view else F.realize(point)
+            if k is not None and k.source is not None:
+                key = NvidiaBuilds.key(k.source, k.defines)
+                groups.setdefault(key, set()).update(entry for entry, _ in k.calls)
     return groups
 
 
 def entries(name: str) -> list[str]:
     """The entries a table launches: its own, then its ``then`` launches'."""
-    return [TABLES[name]["entry"], *(t["entry"] for t in TABLES[name].get("then", []))]
+    t = table(name)[0]
+    return [t["entry"], *(then["entry"] for then in t.get("then", []))]
 
 
 def entry_body(ptx: str, entry: str) -> str:
@@ -219,8 +247,8 @@ def entry_body(ptx: str, entry: str) -> str:
 
 def dependent(entry: str) -> bool:
     """Whether the tables of ``entry`` declare ``dependent_launch``."""
-    return any(t.get("dependent_launch", DEPENDENT) for name, t in TABLES.items()
-               if entry in entries(name))
+    return any(t.get("dependent_launch", default) for name in (*TABLES, *OWN)
+               for t, _, default in [table(name)] if entry in entries(name))
 
 
 @pytest.mark.xdist_group("nvidia")
@@ -231,8 +259,8 @@ def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
     where the kernel says why (weights, the KV rows of earlier steps: nothing a launch of the
     step writes)."""
     built = nvidia_builds.ptx("sm_90")  # the sm_90 class's arch is sm_90a
-    for (source, defs), entries in sorted(compile_groups().items()):
-        ptx = built[nvidia_builds.key(source, defs)]
+    for (source, defs), entries in sorted(compile_groups("sm_90").items()):
+        ptx = built[(source, defs)]
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
             if dependent(e):
@@ -249,8 +277,8 @@ def test_every_claimed_point_compiles_for_sm_80(nvidia_builds):
     """Below sm_90 the dependent-launch instructions compile out, and every entry is still
     there."""
     built = nvidia_builds.ptx("sm_80")
-    for (source, defs), entries in sorted(compile_groups().items()):
-        ptx = built[nvidia_builds.key(source, defs)]
+    for (source, defs), entries in sorted(compile_groups("sm_80").items()):
+        ptx = built[(source, defs)]
         assert "griddepcontrol" not in ptx, (source, defs)  # an sm_90 instruction
         for e in entries:
             assert f".entry {e}(" in ptx, (source, defs, e)
@@ -279,22 +307,30 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()), usage
 
 
-# the tensor-core sources, each with its define sets, and the entries each set exposes
+MMA_SYNC = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+WGMMA = "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
+# the tensor-core sources, each with its define sets, the entries each set exposes, the class
+# whose build runs it and the MMA it issues (bf16 weights: sm_90's own wgmma GEMM; gemm.cu's
+# bf16 build is sm_80's)
 TENSOR_CORE_BUILDS = [
     *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
-        "metrale_gate_up_swiglu_mma"}) for w in ("BF16", "F32", "FP8", "MXFP4", "NVFP4")),
+        "metrale_gate_up_swiglu_mma"}, "sm_80" if w == "BF16" else "sm_90", MMA_SYNC)
+      for w in ("BF16", "F32", "FP8", "MXFP4", "NVFP4")),
+    ("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256"),
+     {"metrale_linear_wgmma", "metrale_linear_add_wgmma", "metrale_qkv_wgmma",
+      "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
-     {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}),
+     {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
 ]
 
 
 @pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("source,defs,entries", TENSOR_CORE_BUILDS,
-                         ids=[f"{s}-{d[1]}" for s, d, _ in TENSOR_CORE_BUILDS])
+@pytest.mark.parametrize("source,defs,entries,hw,mma", TENSOR_CORE_BUILDS,
+                         ids=[f"{Path(s).name}-{d[1]}" for s, d, *_ in TENSOR_CORE_BUILDS])
 def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
-                                                        entries):
+                                                        entries, hw, mma):
     """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in
     registers (no spill, no local arrays): a spill would sit in the main loop."""
     cubin, log = _sm90a_cubin(tmp_path, source, *defs)
@@ -302,9 +338,9 @@ def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds
     assert set(usage) >= entries, usage
     assert all(spills == 0 for regs, spills in usage.values()), usage
     assert "bytes stack frame" in log and not re.search(r"[1-9]\d* bytes stack frame", log), log
-    ptx = nvidia_builds.ptx("sm_90")[nvidia_builds.key(source, defs)]
+    ptx = nvidia_builds.ptx(hw)[nvidia_builds.key(source, defs)]
     for e in entries:
-        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in entry_body(ptx, e), e
+        assert mma in entry_body(ptx, e), e
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
@@ -327,8 +363,9 @@ def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str
     """``source`` compiled by nvcc to an sm_90a cubin (-O3, as the build), and ptxas's
     ``--resource-usage`` report."""
     out = tmp_path / (Path(source).stem + ".cubin")
+    path = KERNELS / source if "/" in source else COMMON / source  # a class's own, by its path
     cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "--resource-usage", "-o",
-           str(out), str(COMMON / source), *(f"-D{d}" for d in defines)]
+           str(out), str(path), f"-I{COMMON}", *(f"-D{d}" for d in defines)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return out.read_bytes(), r.stdout + r.stderr

@@ -220,12 +220,17 @@ class Library:
 
 def build(build_dir: Path, source: str, defines: tuple[str, ...],
           entries: Mapping[str, tuple[str, ...]]) -> Library:
-    """``kernels/<source>`` (and every header of its folder) transformed, with the trampolines
-    of ``entries`` (entry -> argument types), compiled for the host with ``defines``."""
-    folder = KERNELS / Path(source).parent
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".cu", ".cuh"))
+    """``kernels/<source>`` (and every header of its folder, then of the common NVIDIA layer,
+    which a class's own sources include) transformed, with the trampolines of ``entries``
+    (entry -> argument types), compiled for the host with ``defines``."""
+    files: dict[str, Path] = {}
+    for folder in (KERNELS / Path(source).parent, KERNELS / "cuda" / "common"):
+        for p in sorted(folder.iterdir()):
+            if p.suffix in (".cu", ".cuh"):
+                files.setdefault(p.name, p)
     runtime = [HERE / "simt.hpp", HERE / "simt.cpp"]
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in (*files, *runtime, Path(__file__)))
+    key = hashlib.sha256(b"".join(p.read_bytes()
+                                  for p in (*files.values(), *runtime, Path(__file__)))
                          + repr((source, defines, sorted(entries.items()))).encode()
                          ).hexdigest()[:20]
     out = build_dir / f"{Path(source).stem}_{key}.so"
@@ -233,8 +238,8 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
         return Library(out, entries)
     work = build_dir / f"src_{key}"
     work.mkdir(parents=True, exist_ok=True)
-    for p in files:
-        (work / p.name).write_text(transform(p.read_text()))
+    for name, p in files.items():
+        (work / name).write_text(transform(p.read_text()))
     main = work / "simt_main.cpp"
     main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
                     + _trampolines(entries) + "\n")

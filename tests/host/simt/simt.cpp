@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -109,6 +110,52 @@ static void mma_bf16(const std::initializer_list<Out>& outs, const uint64_t* in)
     for (int e = 0; e < 4; ++e) std::memcpy(outs.begin()[e].p, &d[e], 4);
 }
 
+// A shared-memory matrix descriptor of wgmma (K-major operands): bits 0-13 the start address
+// / 16, bits 32-45 the stride between 8-row groups / 16, bits 62-63 the swizzle (1: 128 bytes,
+// rows 128 bytes apart). The 128-byte swizzle exchanges address bits 4-6 (the 16-byte piece of a
+// row) with bits 7-9 (the row within its 1024-byte group) by exclusive or, on the address
+// itself: so a group must start 1024-byte aligned, which the base-offset bits (49-51, here 0)
+// assume. Other layouts are refused.
+static void fault(const char* what, const char* tmpl);
+
+static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl) {
+    const size_t start = (desc & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+    if (desc >> 62 != 1 || ((desc >> 49) & 7)) fault("a wgmma descriptor other than 128-byte swizzle", tmpl);
+    size_t at = start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * 128 + 2 * (size_t)k;
+    at ^= ((at >> 7) & 7) << 4;
+    if (at + 2 > dynamic_bytes) fault("wgmma operand past the launch's dynamic size", tmpl);
+    uint16_t bits;
+    std::memcpy(&bits, arena + at, 2);
+    __nv_bfloat16 v;
+    std::memcpy(&v, &bits, 2);
+    return __bfloat162float(v);
+}
+
+// wgmma.mma_async m64nNk16 f32 += bf16 bf16, both K-major, as the thread's accumulator
+// fragment: warp w of the warpgroup holds rows 16 w + g + 8 (e / 2) of n8 tile j, columns
+// 8 j + 2 t + e % 2, in register 4 j + e (g = lane / 4, t = lane % 4): mma.sync's C layout,
+// repeated. Products summed in double, the accumulator added, one rounding to f32.
+static void wgmma_complete(const Wgmma& m) {
+    const int w = (int)(thread_idx.x % 128) / 32, g = lane() / 4, t = lane() % 4;
+    const char* tmpl = "wgmma.mma_async";
+    for (int i = 0; i < m.n / 2; ++i) {
+        const int j = i / 4, e = i % 4;
+        const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k)
+            s += (double)desc_bf16(m.a, row, k, tmpl) * (double)desc_bf16(m.b, col, k, tmpl);
+        const float d = m.add ? (float)(s + (double)*m.d[i]) : (float)s;
+        *m.d[i] = d;
+    }
+}
+
+static void wgmma_wait(size_t pending) {
+    while (wgmma_committed.size() > pending) {
+        for (const Wgmma& m : wgmma_committed.front()) wgmma_complete(m);
+        wgmma_committed.erase(wgmma_committed.begin());
+    }
+}
+
 // What the hardware faults on, checked: a cp.async or ldmatrix address that is not 16-byte
 // aligned (global source or shared row), or shared bytes past the launch's dynamic size.
 static void fault(const char* what, const char* tmpl) {
@@ -160,6 +207,25 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
             std::memcpy(outs.begin()[e].p, as<const char*>(in[0]) + 4 * e, 4);
     } else if (t.rfind("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ", 0) == 0) {
         mma_bf16(outs, in);
+    } else if (t.find("wgmma.mma_async.sync.aligned.m64n") != std::string::npos &&
+               t.find("k16.f32.bf16.bf16 ") != std::string::npos) {
+        Wgmma m;
+        m.n = std::atoi(t.c_str() + t.find("m64n") + 4);
+        if (m.n % 8 || m.n < 8 || m.n > 256 || (int)outs.size() != m.n / 2 || ins.size() != 3)
+            fault("a wgmma shape or operand list the emulation does not know", tmpl);
+        int i = 0;
+        for (const Out& o : outs) m.d[i++] = (float*)o.p;
+        m.a = in[0];
+        m.b = in[1];
+        m.add = in[2] != 0;
+        wgmma_open.push_back(m);
+    } else if (t == "wgmma.fence.sync.aligned;" || t == "fence.proxy.async.shared::cta;") {
+        return;  // the emulation's wgmmas read shared memory as it stands at their wait
+    } else if (t == "wgmma.commit_group.sync.aligned;") {
+        wgmma_committed.push_back(std::move(wgmma_open));
+        wgmma_open.clear();
+    } else if (t == "wgmma.wait_group.sync.aligned %0;") {
+        wgmma_wait((size_t)in[0]);
     } else {
         std::fprintf(stderr, "simt: no emulation of the PTX \"%s\"\n", tmpl);
         throw Trap{};
@@ -261,6 +327,8 @@ struct Fiber {
     Context context;
     std::vector<simt::Copy> open_group;
     std::vector<std::vector<simt::Copy>> committed;
+    std::vector<simt::Wgmma> wgmma_open;
+    std::vector<std::vector<simt::Wgmma>> wgmma_committed;
     bool done = false;
 };
 
@@ -291,9 +359,13 @@ void resume(Fiber& f, int t) {
     running = &f;
     std::swap(simt::open_group, f.open_group);
     std::swap(simt::committed, f.committed);
+    std::swap(simt::wgmma_open, f.wgmma_open);
+    std::swap(simt::wgmma_committed, f.wgmma_committed);
     jump(launcher, f.context);
     std::swap(simt::open_group, f.open_group);
     std::swap(simt::committed, f.committed);
+    std::swap(simt::wgmma_open, f.wgmma_open);
+    std::swap(simt::wgmma_committed, f.wgmma_committed);
 }
 
 // The block's threads' stacks, each above a page that faults when a stack overflows.
@@ -365,6 +437,8 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
             f.done = false;
             f.open_group.clear();
             f.committed.clear();
+            f.wgmma_open.clear();
+            f.wgmma_committed.clear();
         }
         for (int alive = threads; alive > 0;) {
             const unsigned long before = simt::progress;

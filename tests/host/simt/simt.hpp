@@ -13,7 +13,11 @@
 // reach) trap, where the GPU would hang. Shared memory starts each block as 0xFF bytes (NaN for
 // f32 and bf16). cp.async copies land only at the wait that completes their group. The MMA sums
 // its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
-// inside an MMA is its own). __trap stops the launch, which then reports it.
+// inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
+// from shared memory through their descriptors (the 128-byte swizzle applied) and writes its
+// accumulator registers only at the wgmma.wait_group that completes its group, so a kernel that
+// reuses a stage or reads the registers before that wait sees it. __trap stops the launch,
+// which then reports it.
 //
 // Fibers rather than OS threads: a barrier is then a function call and a context switch, where
 // an OS thread per CUDA thread made each one a futex wait and wake across the machine's cores
@@ -78,12 +82,22 @@ struct Copy {
 
 struct Trap {};  // thrown by __trap, caught where the thread started
 
+// A wgmma in flight: its accumulator registers, operand descriptors and whether it adds to them.
+struct Wgmma {
+    float* d[128];
+    int n;          // the instruction's N (its d registers: n / 2)
+    uint64_t a, b;  // shared-memory matrix descriptors of A (64 x 16) and B (n x 16)
+    bool add;       // scale-d: d = a b + d, else d = a b
+};
+
 inline int trapped;  // a thread of the launch trapped or faulted: every thread stops
 inline unsigned long progress;  // arrivals at barriers and drops from them, so far
 inline uint3 thread_idx, block_idx, block_dim, grid_dim;  // of the thread running now
 inline Block* block;
 inline std::vector<Copy> open_group;  // the running thread's cp.async groups (swapped per thread)
 inline std::vector<std::vector<Copy>> committed;
+inline std::vector<Wgmma> wgmma_open;  // the running thread's wgmma groups (swapped per thread)
+inline std::vector<std::vector<Wgmma>> wgmma_committed;
 inline unsigned dynamic_bytes;
 
 unsigned char* dynamic_smem();

@@ -1,0 +1,283 @@
+// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations and bf16 weights on Hopper's
+// warpgroup MMA (wgmma): linear, linear_add, qkv, gate_up_swiglu and lm_head at their `gemm`
+// points. A residual of the sm_90 class: it shadows gemm.cu (mma.sync) at those points because
+// wgmma reads both operands from shared memory itself, where mma.sync brings every fragment
+// through the registers with ldmatrix; gemm.cu's 64 x 128 tile spent as many shared-memory
+// cycles on those loads as its MMAs took (docs/gpu-notes.md, version 25).
+//
+// A block of two warpgroups (256 threads) computes a 128 x 128 tile of y = x · wᵀ: warpgroup i
+// the 64 rows 64 i + [0, 64), all 128 columns, in m64n128k16 wgmmas with f32 accumulators in
+// registers (64 a thread). Tiles of BK = 64 columns (128 bytes a row) come by cp.async into
+// STAGES shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row
+// r at piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile
+// kt + AHEAD is in flight while tile kt's wgmmas run and tile kt - 1's may still.
+//
+// Order (declared in KERNELS.toml, "wgmma"): k in blocks of K_BLOCK; a block's partial starts
+// from zero (its first wgmma does not add the accumulator) and takes the block's wgmmas in k
+// order (the order inside one is the hardware's); the block partials combine sequentially in
+// f32, in a second set of 64 registers. Row-invariant: an output row is made of its own
+// activation row only, by the same instructions whatever the rows.
+//
+// Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK, OUT_F32 (lm_head: f32 logits).
+#include "gemv.cuh"
+#include "mma.cuh"
+
+#if !defined(ACT_BF16) || !defined(WEIGHT_BF16)
+#error "gemm_wgmma.cu takes bf16 activations and bf16 weights (KERNELS.toml's `when`)"
+#endif
+
+#define BM 128
+#define BN 128
+#define BK 64
+#define THREADS 256
+#ifndef STAGES
+#define STAGES 5
+#endif
+#define AHEAD (STAGES - 2)  // tiles in flight beyond the one in use and the one before it
+constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: an activation or weight tile
+constexpr int STAGE_BYTES = 2 * TILE_BYTES;
+// KERNELS.toml's launch.shared: STAGES STAGE_BYTES + 1024 (the alignment of the first stage)
+static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
+
+#if defined(OUT_F32)
+typedef float out_t;
+__device__ __forceinline__ out_t out_store(float v) { return v; }
+#else
+typedef act_t out_t;
+__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
+#endif
+
+// ------------------------------------------------------------------ wgmma
+
+// Where the 16-byte piece p of tile row r lies in its stage: 128-byte rows, the piece index
+// exchanged with the row's place in its 8-row group (the 128-byte swizzle).
+__device__ __forceinline__ int swizzled(int r, int p) { return r * 128 + ((p ^ (r & 7)) << 4); }
+
+// The descriptor of a K-major operand at shared address `at` (1024-byte aligned, plus 32 bytes a
+// k step of 16): 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t operand_desc(uint32_t at) {
+    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// cp.async's writes made visible to the wgmmas (the async proxy) that read them.
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// d = a · bᵀ (+ d when add) for a 64 x 16 activation slice and a 128 x 16 weight slice.
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, int add) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(add)
+        : "memory");
+}
+
+// ------------------------------------------------------------------ the main loop
+
+// The thread's place in the tile: warpgroup wg (rows 64 wg + [0, 64)), and in the accumulator
+// fragment register 4 j + e holds row 64 wg + 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2
+// (w the warp in its warpgroup, g = lane / 4, t = lane % 4).
+struct Place {
+    int wg, w, g, t;
+    __device__ Place()
+        : wg(threadIdx.x >> 7), w((threadIdx.x >> 5) & 3), g((threadIdx.x & 31) >> 2),
+          t(threadIdx.x & 3) {}
+    __device__ int row(int i) const { return 64 * wg + 16 * w + g + 8 * ((i & 3) >> 1); }
+    __device__ int col(int i) const { return 8 * (i >> 2) + 2 * t + (i & 1); }
+};
+
+// 128 rows of a bf16 matrix (row(r): rows already clamped to real ones), columns k0 + [0, BK),
+// into a swizzled tile; zeros past k. Rows not 16-byte aligned (k % 8) go through registers.
+template <class Row>
+__device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, int k0) {
+#pragma unroll
+    for (int i = 0; i < 128 * 8 / THREADS; ++i) {
+        const int idx = threadIdx.x + THREADS * i, r = idx >> 3, p = idx & 7, c = k0 + 8 * p;
+        const bf16* src = row(r);
+        unsigned char* dst = tile + swizzled(r, p);
+        if ((k & 7) == 0) {
+            cp_async16(dst, src + (c < k ? c : 0), c < k ? 16 : 0);
+        } else {
+            uint32_t v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float lo = c + 2 * j < k ? __bfloat162float(src[c + 2 * j]) : 0.0f;
+                const float hi = c + 2 * j + 1 < k ? __bfloat162float(src[c + 2 * j + 1]) : 0.0f;
+                v[j] = bf16x2(lo, hi);
+            }
+            *(uint4*)dst = make_uint4(v[0], v[1], v[2], v[3]);
+        }
+    }
+}
+
+// x rows m0 + [0, BM) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped to
+// real rows by the caller): the finished f32 sums into `sum`, in the fragment layout of Place.
+template <class WRow>
+__device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int m0, WRow wrow,
+                                           float (&sum)[64]) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_at = smem_addr(smem_raw), base_at = (raw_at + 1023) & ~1023u;
+    unsigned char* base = smem_raw + (base_at - raw_at);
+    const Place pl;
+    // a warpgroup whose rows all lie past `rows` loads its share but runs no wgmma
+    const bool live = m0 + 64 * pl.wg < rows;
+    auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
+    auto load = [&](int kt) {
+        unsigned char* stage = base + (kt % STAGES) * STAGE_BYTES;
+        load_tile(stage, xrow, k, kt * BK);
+        load_tile(stage + TILE_BYTES, wrow, k, kt * BK);
+    };
+    const int ktiles = (k + BK - 1) / BK;
+    constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+        if (s < ktiles) load(s);
+        cp_async_commit();
+    }
+    float acc[64];
+    for (int kt = 0; kt < ktiles; ++kt) {
+        cp_async_wait<AHEAD - 1>();  // this thread's pieces of tile kt have landed
+        fence_async_shared();
+        // every thread's pieces of tile kt are in; every warpgroup has finished tile kt - 2's
+        // wgmmas (its wait after tile kt - 1), so that stage can be filled again
+        __syncthreads();
+        if (kt + AHEAD < ktiles) load(kt + AHEAD);
+        cp_async_commit();
+        const bool opens = kt % TILES_PER_BLOCK == 0;
+        const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
+        if (live) {
+            const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
+            const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk)
+                wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk), operand_desc(b_at + 32 * kk),
+                                 !(opens && kk == 0));
+            wgmma_commit();
+            if (closes) {
+                wgmma_wait<0>();
+                const bool first = kt < TILES_PER_BLOCK;
+#pragma unroll
+                for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
+            } else {
+                wgmma_wait<1>();
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// Every output of a plain tile (linear, lm_head, linear_add, qkv): store(i, d) for row-major
+// index i of an n-column output and the finished dot d, inside rows x n.
+template <class Store>
+__device__ __forceinline__ void store_tile(const float (&sum)[64], int m0, int n0, int rows,
+                                           int n, Store store) {
+    const Place pl;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        const int row = m0 + pl.row(i), col = n0 + pl.col(i);
+        if (row < rows && col < n) store((long)row * n + col, sum[i]);
+    }
+}
+
+// One plain tile: grid (ceil(rows / BM), ceil(n / BN)).
+template <class Store>
+__device__ __forceinline__ void linear_tile(const act_t* x, const bf16* w, int rows, int k, int n,
+                                            int n0, Store store) {
+    grid_dependency_sync();
+    const int m0 = blockIdx.x * BM;
+    float sum[64];
+    wgmma_tile(x, rows, k, m0, [&](int b) { return w + (long)min(n0 + b, n - 1) * k; }, sum);
+    store_tile(sum, m0, n0, rows, n, store);
+}
+
+// grid (ceil(rows / 128), ceil(n / 128)), block 256. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+metrale_linear_wgmma(const act_t* __restrict__ x, const bf16* __restrict__ w,
+                     const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                     out_t* __restrict__ y, int rows, int k, int n) {
+    linear_tile(x, w, rows, k, n, blockIdx.y * BN, [&](long i, float d) { y[i] = out_store(d); });
+}
+
+// y = round(round(x · wᵀ) + r), as linear then add.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+metrale_linear_add_wgmma(const act_t* __restrict__ x, const bf16* __restrict__ w,
+                         const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                         const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
+                         int n) {
+    linear_tile(x, w, rows, k, n, blockIdx.y * BN,
+                [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+}
+
+// q, k_, v in one launch: grid y counts q's column tiles, then k_'s, then v's.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+metrale_qkv_wgmma(const act_t* __restrict__ x,
+                  const bf16* __restrict__ wq, const void* __restrict__ wq_scale,
+                  const float* __restrict__ wq_global,
+                  const bf16* __restrict__ wk, const void* __restrict__ wk_scale,
+                  const float* __restrict__ wk_global,
+                  const bf16* __restrict__ wv, const void* __restrict__ wv_scale,
+                  const float* __restrict__ wv_global,
+                  act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
+                  int rows, int k, int nq, int nk, int nv) {
+    const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tile = blockIdx.y;
+    const int part = tile < tq ? 0 : tile < tq + tk ? 1 : 2;
+    const int n0 = (tile - (part == 0 ? 0 : part == 1 ? tq : tq + tk)) * BN;
+    const bf16* w = part == 0 ? wq : part == 1 ? wk : wv;
+    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
+    linear_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
+                [&](long i, float d) { out[i] = act_store(d); });
+}
+
+// h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: weight tile rows
+// [0, 64) are the gate rows of columns n0 + [0, 64), rows [64, 128) the up rows of the same
+// columns, so a thread's fragment registers i and i + 32 hold the two dots of one output.
+// grid (ceil(rows / 128), ceil(n / 64)).
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+metrale_gate_up_swiglu_wgmma(const act_t* __restrict__ x,
+                             const bf16* __restrict__ wg, const void* __restrict__ wg_scale,
+                             const float* __restrict__ wg_global,
+                             const bf16* __restrict__ wu, const void* __restrict__ wu_scale,
+                             const float* __restrict__ wu_global,
+                             act_t* __restrict__ h, int rows, int k, int n) {
+    grid_dependency_sync();
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (BN / 2);
+    float sum[64];
+    wgmma_tile(x, rows, k, m0,
+               [&](int b) {
+                   return (b < 64 ? wg : wu) + (long)min(n0 + (b & 63), n - 1) * k;
+               },
+               sum);
+    const Place pl;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        const int row = m0 + pl.row(i), col = n0 + pl.col(i);
+        if (row < rows && col < n)
+            h[(long)row * n + col] = act_store(silu_mul(act_round(sum[i]), act_round(sum[i + 32])));
+    }
+}
