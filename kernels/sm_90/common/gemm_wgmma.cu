@@ -144,8 +144,6 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
     const uint32_t raw_at = smem_addr(smem_raw), base_at = (raw_at + 1023) & ~1023u;
     unsigned char* base = smem_raw + (base_at - raw_at);
     const Place pl;
-    // a warpgroup whose rows all lie past `rows` loads its share but runs no wgmma
-    const bool live = m0 + 64 * pl.wg < rows;
     auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
     auto load = [&](int kt) {
         unsigned char* stage = base + (kt % STAGES) * STAGE_BYTES;
@@ -170,23 +168,24 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         cp_async_commit();
         const bool opens = kt % TILES_PER_BLOCK == 0;
         const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
-        if (live) {
-            const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
-            const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
-            wgmma_fence();
+        // every warpgroup issues its wgmmas, even one whose rows all lie past `rows` (they are
+        // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
+        // serialized, each waiting for the one before (ptxas C7518), which cost 2-3x
+        const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
+        const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
+        wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk)
-                wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk), operand_desc(b_at + 32 * kk),
-                                 !(opens && kk == 0));
-            wgmma_commit();
-            if (closes) {
-                wgmma_wait<0>();
-                const bool first = kt < TILES_PER_BLOCK;
+        for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk), operand_desc(b_at + 32 * kk),
+                             !(opens && kk == 0));
+        wgmma_commit();
+        if (closes) {
+            wgmma_wait<0>();
+            const bool first = kt < TILES_PER_BLOCK;
 #pragma unroll
-                for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
-            } else {
-                wgmma_wait<1>();
-            }
+            for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
+        } else {
+            wgmma_wait<1>();
         }
     }
     cp_async_wait<0>();
