@@ -18,8 +18,9 @@ the tensor-core floor of its FLOPs and transformers' eager forward over the same
 same prompt keeping only the last row's logits.
 
 With ``--variants``, instead: gemm.cu built with each of GEMM_VARIANTS' defines (tile shape,
-stages, where the k-blocks' sum lives, blocks per SM), each checked against torch and timed at
-VARIANT_CASES, side by side with the source's own choice, into ``gpu_prefill_variants.json``.
+stages, where the k-blocks' sum lives, blocks per SM), and sm_90's own wgmma GEMM with each of
+WGMMA_VARIANTS' where it runs, each checked against torch and timed at VARIANT_CASES, side by
+side with the sources' own choices, into ``gpu_prefill_variants.json``.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
 ``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` appends each gemm kernel's throughput at the
@@ -96,10 +97,12 @@ GEMM_VARIANTS = [
     "MI=4 BK=64 STAGES=2 GEMM_MIN_BLOCKS=1",
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
+# sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight
+WGMMA_VARIANTS = ["", "STAGES=4", "STAGES=6"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
-                 ("qwen3-0.6b", "gate_up", 512)]
+                 ("llama-3.1-8b", "gate_up", 64), ("qwen3-0.6b", "gate_up", 512)]
 WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear": ("w",), "linear_add": ("w",),
                 "gate_up_swiglu": ("wg", "wu"), "lm_head": ("w",)}
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear": ("y",), "linear_add": ("y",),
@@ -270,6 +273,19 @@ class Variant(Built):
         return (-(-sizes["rows"] // t["bm"]), cols, 1), (t["threads"], 1, 1), t["shared"]
 
 
+class WgmmaVariant(Built):
+    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's launch, with the shared
+    memory its STAGES take (32 KiB a stage, and 1 KiB to align the first)."""
+
+    def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str) -> None:
+        super().__init__(cp, tmp, with_defines(kernel, defines))
+        self.stages = int(parse_defines(defines).get("STAGES", 5))
+
+    def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
+        grid, block, _ = super().launch_shape(sizes)
+        return grid, block, self.stages * 32768 + 1024
+
+
 class Launch:
     """One launch's kernels and weights, built once: the sm_90 realizations of the family's gemm
     point in ``fmt`` (tensor cores) and of its gemv point (the decode kernel, for the rows where
@@ -381,6 +397,10 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             for v in GEMM_VARIANTS:
                 built = with_defines(k, v)
                 kernels[built.source, built.defines] = built
+            if shadowed(shapes[model, name][0], fmt):  # sm_90's own, and its variants
+                for v in WGMMA_VARIANTS:
+                    built = with_defines(realized(shapes[model, name][0], fmt), v)
+                    kernels[built.source, built.defines] = built
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
     out = []
@@ -390,9 +410,11 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             if not runs_in(family, fmt):
                 continue
             lc = Launch(cp, torch, tmp, family, dims, fmt)
-            for v in GEMM_VARIANTS:
-                c = bench_case(cp, torch, lc, model, name, rows, rate, 0,
-                               Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
+            own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v))
+                   for v in (WGMMA_VARIANTS if lc.shadowed else [])]
+            for v, built in [(v, Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
+                             for v in GEMM_VARIANTS] + own:
+                c = bench_case(cp, torch, lc, model, name, rows, rate, 0, built)
                 c["variant"] = v
                 out.append(c)
                 print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5} [{v or 'source'}]: "
@@ -577,6 +599,7 @@ def main() -> None:
         path = write_result("gpu_prefill_variants", {
             "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
             "copy_rate": rate, "tensor_peak": TENSOR_PEAK, "variants": GEMM_VARIANTS,
+            "wgmma_variants": WGMMA_VARIANTS,
             "launches": LAUNCHES, "repeats": REPEATS, "cases": cases})
         print(f"wrote {path}")
         return
