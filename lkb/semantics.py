@@ -89,6 +89,7 @@ WITHIN: Mapping[str, str] = {
     "sequential": "left to right",
     "mma": "tensor-core MMA order",
     "wgmma": "tensor-core MMA order (wgmma)",
+    "wgmma_scaled": "tensor-core MMA order (wgmma), the row's f32 scale times the finished sum",
     "mma_scaled": "tensor-core MMA order, the row's f32 scale times the finished sum",
 }
 """Within-block orders, by code, with the words :func:`describe` uses for them."""

@@ -22,11 +22,11 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
             continue
         kernel = bench.realized(family, weight, shape)
         assert kernel.entry.endswith(("_mma", "_wgmma")) == (shape == "gemm"), kernel.entry
-        if shape == "gemm":  # sm_90's own GEMM (wgmma) takes bf16 weights, timed beside gemm.cu's
+        if shape == "gemm":  # sm_90's own GEMM (wgmma), timed beside the gemm.cu one it shadows
+            assert kernel.source == "sm_90/common/gemm_wgmma.cu", kernel
             shadowed = bench.shadowed(family, weight)
-            assert (shadowed is not None) == (weight == "bf16"), (family, weight)
-            assert shadowed is None or shadowed.entry.endswith("_mma"), shadowed
-            assert bench.gemm_cu(family, weight).source == "cuda/common/gemm.cu"
+            assert shadowed.entry.endswith("_mma") and shadowed.source == "cuda/common/gemm.cu"
+            assert bench.gemm_cu(family, weight) == shadowed
         buffers = {"x", "r", *bench.OUT_PORTS[family]}
         for port in bench.WEIGHT_PORTS[family]:
             buffers |= {port, f"{port}_scale", f"{port}_global"}

@@ -309,17 +309,16 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
 
 MMA_SYNC = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 WGMMA = "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
+WEIGHTS = ("BF16", "F32", "FP8", "MXFP4", "NVFP4")
 # the tensor-core sources, each with its define sets, the entries each set exposes, the class
-# whose build runs it and the MMA it issues (bf16 weights: sm_90's own wgmma GEMM; gemm.cu's
-# bf16 build is sm_80's)
+# whose build runs it and the MMA it issues (the GEMM: gemm.cu on sm_80, sm_90's own on wgmma)
 TENSOR_CORE_BUILDS = [
     *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
-        "metrale_gate_up_swiglu_mma"}, "sm_80" if w == "BF16" else "sm_90", MMA_SYNC)
-      for w in ("BF16", "F32", "FP8", "MXFP4", "NVFP4")),
-    ("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256"),
-     {"metrale_linear_wgmma", "metrale_linear_add_wgmma", "metrale_qkv_wgmma",
-      "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA),
+        "metrale_gate_up_swiglu_mma"}, "sm_80", MMA_SYNC) for w in WEIGHTS),
+    *(("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
+       {"metrale_linear_wgmma", "metrale_linear_add_wgmma", "metrale_qkv_wgmma",
+        "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA) for w in WEIGHTS),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
      {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
 ]
@@ -328,7 +327,7 @@ TENSOR_CORE_BUILDS = [
 @pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source,defs,entries,hw,mma", TENSOR_CORE_BUILDS,
-                         ids=[f"{Path(s).name}-{d[1]}" for s, d, *_ in TENSOR_CORE_BUILDS])
+                         ids=[f"{Path(s).name}-{d[-2]}" for s, d, *_ in TENSOR_CORE_BUILDS])
 def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
                                                         entries, hw, mma):
     """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in

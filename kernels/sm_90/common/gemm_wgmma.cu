@@ -1,29 +1,31 @@
-// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations and bf16 weights on Hopper's
-// warpgroup MMA (wgmma): linear, linear_add, qkv, gate_up_swiglu and lm_head at their `gemm`
-// points. A residual of the sm_90 class: it shadows gemm.cu (mma.sync) at those points because
-// wgmma reads both operands from shared memory itself, where mma.sync brings every fragment
-// through the registers with ldmatrix; gemm.cu's 64 x 128 tile spent as many shared-memory
-// cycles on those loads as its MMAs took (docs/gpu-notes.md, version 25).
+// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations on Hopper's warpgroup MMA
+// (wgmma): linear, linear_add, qkv, gate_up_swiglu and lm_head at their `gemm` points, in every
+// weight format. A residual of the sm_90 class: it shadows gemm.cu (mma.sync) at those points
+// because wgmma reads both operands from shared memory itself, where mma.sync brings every
+// fragment through the registers with ldmatrix (docs/gpu-notes.md, version 25).
 //
 // A block of two warpgroups (256 threads) computes a 128 x 128 tile of y = x · wᵀ: warpgroup i
 // the 64 rows 64 i + [0, 64), all 128 columns, in m64n128k16 wgmmas with f32 accumulators in
-// registers (64 a thread). Tiles of BK = 64 columns (128 bytes a row) come by cp.async into
-// STAGES shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row
-// r at piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile
-// kt + AHEAD is in flight while tile kt's wgmmas run and tile kt - 1's may still.
+// registers (64 a thread). Tiles of BK = 64 columns (128 bytes a row) come into STAGES
+// shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row r at
+// piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile kt + AHEAD
+// is in flight while tile kt's wgmmas run and tile kt - 1's may still. The activations, and bf16
+// weights, come by cp.async; weights of a quantized format or f32 through registers, made bf16
+// exactly on the way (mma_weights.cuh), f32 as three planes.
 //
 // Order (declared in KERNELS.toml, "wgmma"): k in blocks of K_BLOCK; a block's partial starts
 // from zero (its first wgmma does not add the accumulator) and takes the block's wgmmas in k
-// order (the order inside one is the hardware's); the block partials combine sequentially in
-// f32, in a second set of 64 registers. Row-invariant: an output row is made of its own
-// activation row only, by the same instructions whatever the rows.
+// order (an f32 weight's lo, mid, then hi plane at each k step; the order inside one wgmma is
+// the hardware's); the block partials combine sequentially in f32, in a second set of 64
+// registers. fp8's row scale and nvfp4's global scale multiply the finished sum ("wgmma_scaled").
+// Row-invariant: an output row is made of its own activation row only, by the same instructions
+// whatever the rows.
 //
-// Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK, OUT_F32 (lm_head: f32 logits).
-#include "gemv.cuh"
-#include "mma.cuh"
+// Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
+#include "mma_weights.cuh"
 
-#if !defined(ACT_BF16) || !defined(WEIGHT_BF16)
-#error "gemm_wgmma.cu takes bf16 activations and bf16 weights (KERNELS.toml's `when`)"
+#if !defined(ACT_BF16)
+#error "gemm_wgmma.cu takes bf16 activations (KERNELS.toml's `when`)"
 #endif
 
 #define BM 128
@@ -31,21 +33,14 @@
 #define BK 64
 #define THREADS 256
 #ifndef STAGES
-#define STAGES 5
+#define STAGES (PARTS == 1 ? 5 : 3)
 #endif
 #define AHEAD (STAGES - 2)  // tiles in flight beyond the one in use and the one before it
 constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: an activation or weight tile
-constexpr int STAGE_BYTES = 2 * TILE_BYTES;
+constexpr int STAGE_BYTES = (1 + PARTS) * TILE_BYTES;  // activations, then the weight planes
 // KERNELS.toml's launch.shared: STAGES STAGE_BYTES + 1024 (the alignment of the first stage)
 static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
-
-#if defined(OUT_F32)
-typedef float out_t;
-__device__ __forceinline__ out_t out_store(float v) { return v; }
-#else
-typedef act_t out_t;
-__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
-#endif
+static_assert(AHEAD >= 1, "at least one tile in flight");
 
 // ------------------------------------------------------------------ wgmma
 
@@ -120,20 +115,42 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, i
         const int idx = threadIdx.x + THREADS * i, r = idx >> 3, p = idx & 7, c = k0 + 8 * p;
         const bf16* src = row(r);
         unsigned char* dst = tile + swizzled(r, p);
-        if ((k & 7) == 0) {
-            cp_async16(dst, src + (c < k ? c : 0), c < k ? 16 : 0);
-        } else {
-            uint32_t v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float lo = c + 2 * j < k ? __bfloat162float(src[c + 2 * j]) : 0.0f;
-                const float hi = c + 2 * j + 1 < k ? __bfloat162float(src[c + 2 * j + 1]) : 0.0f;
-                v[j] = bf16x2(lo, hi);
-            }
-            *(uint4*)dst = make_uint4(v[0], v[1], v[2], v[3]);
-        }
+        if ((k & 7) == 0) cp_async16(dst, src + (c < k ? c : 0), c < k ? 16 : 0);
+        else *(uint4*)dst = bf16x8_any(src, c, k);
     }
 }
+
+#if !defined(WEIGHT_BF16)
+// A quantized or f32 weight tile in flight: this thread's raw pieces (piece p of tile row r for
+// r, p = idx / 8, idx % 8), fetched before the wgmmas of the tile in use and stored (as bf16,
+// or f32's bf16 planes) after them.
+struct QuantTile {
+    static constexpr int PIECES = 128 * 8 / THREADS;
+    WeightRaw8 raw[PIECES];
+    bool live[PIECES];
+    template <class WRow>
+    __device__ __forceinline__ void fetch(WRow wrow, int k, int k0) {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+            const int idx = threadIdx.x + THREADS * i, c = k0 + 8 * (idx & 7);
+            live[i] = c < k;
+            if (live[i]) raw[i] = weight8_fetch(wrow(idx >> 3), c, k);
+        }
+    }
+    __device__ __forceinline__ void store(unsigned char* planes0) const {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+            const int idx = threadIdx.x + THREADS * i;
+            uint4 planes[PARTS];
+            weight8_planes(raw[i], planes);
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p)
+                *(uint4*)(planes0 + p * TILE_BYTES + swizzled(idx >> 3, idx & 7)) =
+                    live[i] ? planes[p] : make_uint4(0, 0, 0, 0);
+        }
+    }
+};
+#endif
 
 // x rows m0 + [0, BM) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped to
 // real rows by the caller): the finished f32 sums into `sum`, in the fragment layout of Place.
@@ -145,26 +162,48 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
     unsigned char* base = smem_raw + (base_at - raw_at);
     const Place pl;
     auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
-    auto load = [&](int kt) {
-        unsigned char* stage = base + (kt % STAGES) * STAGE_BYTES;
-        load_tile(stage, xrow, k, kt * BK);
-        load_tile(stage + TILE_BYTES, wrow, k, kt * BK);
+    auto stage = [&](int kt) { return base + (kt % STAGES) * STAGE_BYTES; };
+#if defined(WEIGHT_BF16)
+    auto load_w = [&](int kt) {
+        load_tile(stage(kt) + TILE_BYTES, [&](int r) { return (const bf16*)wrow(r).data; }, k,
+                  kt * BK);
     };
+#else
+    auto load_w = [&](int kt) {
+        QuantTile q;
+        q.fetch(wrow, k, kt * BK);
+        q.store(stage(kt) + TILE_BYTES);
+    };
+#endif
     const int ktiles = (k + BK - 1) / BK;
     constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
-        if (s < ktiles) load(s);
+        if (s < ktiles) {
+            load_tile(stage(s), xrow, k, s * BK);
+            load_w(s);
+        }
         cp_async_commit();
     }
     float acc[64];
     for (int kt = 0; kt < ktiles; ++kt) {
         cp_async_wait<AHEAD - 1>();  // this thread's pieces of tile kt have landed
-        fence_async_shared();
+        fence_async_shared();  // its cp.async pieces (and stored planes) seen by the wgmmas
         // every thread's pieces of tile kt are in; every warpgroup has finished tile kt - 2's
         // wgmmas (its wait after tile kt - 1), so that stage can be filled again
         __syncthreads();
-        if (kt + AHEAD < ktiles) load(kt + AHEAD);
+        const int next = kt + AHEAD;
+#if !defined(WEIGHT_BF16)
+        QuantTile q;  // fetched now, stored after this tile's wgmmas are issued
+#endif
+        if (next < ktiles) {
+            load_tile(stage(next), xrow, k, next * BK);
+#if defined(WEIGHT_BF16)
+            load_w(next);
+#else
+            q.fetch(wrow, k, next * BK);
+#endif
+        }
         cp_async_commit();
         const bool opens = kt % TILES_PER_BLOCK == 0;
         const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
@@ -176,9 +215,15 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)
-            wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk), operand_desc(b_at + 32 * kk),
-                             !(opens && kk == 0));
+#pragma unroll
+            for (int p = PARTS - 1; p >= 0; --p)  // f32: lo, mid, then hi
+                wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk),
+                                 operand_desc(b_at + p * TILE_BYTES + 32 * kk),
+                                 !(opens && kk == 0 && p == PARTS - 1));
         wgmma_commit();
+#if !defined(WEIGHT_BF16)
+        if (next < ktiles) q.store(stage(next) + TILE_BYTES);
+#endif
         if (closes) {
             wgmma_wait<0>();
             const bool first = kt < TILES_PER_BLOCK;
@@ -192,62 +237,66 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
 }
 
 // Every output of a plain tile (linear, lm_head, linear_add, qkv): store(i, d) for row-major
-// index i of an n-column output and the finished dot d, inside rows x n.
+// index i of an n-column output and the finished, scaled dot d, inside rows x n.
 template <class Store>
 __device__ __forceinline__ void store_tile(const float (&sum)[64], int m0, int n0, int rows,
-                                           int n, Store store) {
+                                           int n, WeightRef w, Store store) {
     const Place pl;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
         const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-        if (row < rows && col < n) store((long)row * n + col, sum[i]);
+        if (row < rows && col < n)
+            store((long)row * n + col, scaled(sum[i], row_factor(weight_rows(w, col, 0))));
     }
 }
 
 // One plain tile: grid (ceil(rows / BM), ceil(n / BN)).
 template <class Store>
-__device__ __forceinline__ void linear_tile(const act_t* x, const bf16* w, int rows, int k, int n,
+__device__ __forceinline__ void linear_tile(const act_t* x, WeightRef w, int rows, int k, int n,
                                             int n0, Store store) {
     grid_dependency_sync();
     const int m0 = blockIdx.x * BM;
     float sum[64];
-    wgmma_tile(x, rows, k, m0, [&](int b) { return w + (long)min(n0 + b, n - 1) * k; }, sum);
-    store_tile(sum, m0, n0, rows, n, store);
+    wgmma_tile(x, rows, k, m0, [&](int b) { return weight_rows(w, min(n0 + b, n - 1), k); }, sum);
+    store_tile(sum, m0, n0, rows, n, w, store);
 }
 
 // grid (ceil(rows / 128), ceil(n / 128)), block 256. y = x · wᵀ.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-metrale_linear_wgmma(const act_t* __restrict__ x, const bf16* __restrict__ w,
+metrale_linear_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                      const void* __restrict__ w_scale, const float* __restrict__ w_global,
                      out_t* __restrict__ y, int rows, int k, int n) {
-    linear_tile(x, w, rows, k, n, blockIdx.y * BN, [&](long i, float d) { y[i] = out_store(d); });
+    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
+                [&](long i, float d) { y[i] = out_store(d); });
 }
 
 // y = round(round(x · wᵀ) + r), as linear then add.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-metrale_linear_add_wgmma(const act_t* __restrict__ x, const bf16* __restrict__ w,
+metrale_linear_add_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                          const void* __restrict__ w_scale, const float* __restrict__ w_global,
                          const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
                          int n) {
-    linear_tile(x, w, rows, k, n, blockIdx.y * BN,
+    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
                 [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
 
 // q, k_, v in one launch: grid y counts q's column tiles, then k_'s, then v's.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 metrale_qkv_wgmma(const act_t* __restrict__ x,
-                  const bf16* __restrict__ wq, const void* __restrict__ wq_scale,
+                  const void* __restrict__ wq, const void* __restrict__ wq_scale,
                   const float* __restrict__ wq_global,
-                  const bf16* __restrict__ wk, const void* __restrict__ wk_scale,
+                  const void* __restrict__ wk, const void* __restrict__ wk_scale,
                   const float* __restrict__ wk_global,
-                  const bf16* __restrict__ wv, const void* __restrict__ wv_scale,
+                  const void* __restrict__ wv, const void* __restrict__ wv_scale,
                   const float* __restrict__ wv_global,
                   act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
                   int rows, int k, int nq, int nk, int nv) {
     const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tile = blockIdx.y;
     const int part = tile < tq ? 0 : tile < tq + tk ? 1 : 2;
     const int n0 = (tile - (part == 0 ? 0 : part == 1 ? tq : tq + tk)) * BN;
-    const bf16* w = part == 0 ? wq : part == 1 ? wk : wv;
+    const WeightRef w = part == 0   ? weight_ref(wq, wq_scale, wq_global)
+                        : part == 1 ? weight_ref(wk, wk_scale, wk_global)
+                                    : weight_ref(wv, wv_scale, wv_global);
     act_t* out = part == 0 ? q : part == 1 ? k_ : v;
     linear_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
                 [&](long i, float d) { out[i] = act_store(d); });
@@ -259,24 +308,27 @@ metrale_qkv_wgmma(const act_t* __restrict__ x,
 // grid (ceil(rows / 128), ceil(n / 64)).
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 metrale_gate_up_swiglu_wgmma(const act_t* __restrict__ x,
-                             const bf16* __restrict__ wg, const void* __restrict__ wg_scale,
+                             const void* __restrict__ wg, const void* __restrict__ wg_scale,
                              const float* __restrict__ wg_global,
-                             const bf16* __restrict__ wu, const void* __restrict__ wu_scale,
+                             const void* __restrict__ wu, const void* __restrict__ wu_scale,
                              const float* __restrict__ wu_global,
                              act_t* __restrict__ h, int rows, int k, int n) {
     grid_dependency_sync();
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global);
+    const WeightRef u = weight_ref(wu, wu_scale, wu_global);
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (BN / 2);
     float sum[64];
     wgmma_tile(x, rows, k, m0,
-               [&](int b) {
-                   return (b < 64 ? wg : wu) + (long)min(n0 + (b & 63), n - 1) * k;
-               },
+               [&](int b) { return weight_rows(b < 64 ? g : u, min(n0 + (b & 63), n - 1), k); },
                sum);
     const Place pl;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
         const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-        if (row < rows && col < n)
-            h[(long)row * n + col] = act_store(silu_mul(act_round(sum[i]), act_round(sum[i + 32])));
+        if (row < rows && col < n) {
+            const float gd = scaled(sum[i], row_factor(weight_rows(g, col, 0)));
+            const float ud = scaled(sum[i + 32], row_factor(weight_rows(u, col, 0)));
+            h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
+        }
     }
 }
