@@ -2,9 +2,7 @@
 // (wgmma): linear, linear_add, qkv, gate_up_swiglu and lm_head at their `gemm` points, in every
 // weight format. A residual of the sm_90 class: it shadows gemm.cu (mma.sync) at those points
 // because wgmma reads both operands from shared memory itself, where mma.sync brings every
-// fragment through the registers with ldmatrix. On the H200 (docs/gpu-notes.md, version 25) it
-// ran the prefill shapes 1.02-2.0x as fast as gemm.cu at 2048 rows, but 0.39-1.03x at 64 rows,
-// where its 128-row tiles leave half the grid's blocks for a second wave.
+// fragment through the registers with ldmatrix (docs/gpu-notes.md, version 25).
 //
 // A block of two warpgroups (256 threads) computes a 128 x 128 tile of y = x · wᵀ: warpgroup i
 // the 64 rows 64 i + [0, 64), all 128 columns, in m64n128k16 wgmmas with f32 accumulators in
@@ -210,9 +208,8 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         const bool opens = kt % TILES_PER_BLOCK == 0;
         const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
         // every warpgroup issues its wgmmas, even one whose rows all lie past `rows` (they are
-        // clamped, and not stored): under a branch ptxas cannot prove uniform, each wgmma waits
-        // for the one before (ptxas C7518). On the H200 that cost 3-6 % at 2048 rows; the idle
-        // warpgroup's work costs up to 15 % at 64 rows (docs/gpu-notes.md, version 25)
+        // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
+        // serialized, each waiting for the one before (ptxas C7518), which cost 2-3x
         const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
         const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
         wgmma_fence();
