@@ -204,10 +204,28 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     assert not np.isfinite(short.astype(np.float32)).any()
 
 
+def test_wgmma_reads_its_operands_through_the_swizzle(build_dir):
+    """The emulated wgmma decodes the 128-byte swizzle of its descriptors: built to read without
+    it (METRALE_SIMT_NO_SWIZZLE=1), the GEMM, which stores its tiles swizzled, reads the wrong
+    columns, and its outputs move far from the reference's."""
+    fam = P.family("linear")
+    point = fam.point(**GEMM, weight="bf16")
+    assert F.realize(point).source == "sm_90/common/gemm_wgmma.cu"
+    sizes = {"rows": 16, "k": 544, "n": 128}
+    host, device = inputs(fam, point, sizes, seed=3)
+    want = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))[0].astype(np.float32)
+    (good,) = run(build_dir, fam, point, sizes, device)
+    (plain,) = run(build_dir, fam, point, sizes, device, extra=("METRALE_SIMT_NO_SWIZZLE=1",))
+    scale = np.abs(want).max()
+    assert np.abs(good.astype(np.float32) - want).max() < 0.02 * scale
+    assert np.abs(plain.astype(np.float32) - want).max() > 0.2 * scale
+
+
 def test_shared_memory_past_the_launch_size_faults(build_dir):
-    """The emulation faults where the GPU would: the GEMM launched with 1 KiB less dynamic shared
-    memory than its table gives writes past it once k fills all four stages, and the launch
-    reports a fault."""
+    """The emulation faults where the GPU would: the GEMM (sm_90's, on wgmma) launched with 2 KiB
+    less dynamic shared memory than its table gives writes past it once k fills all five stages
+    (the table's last KiB only aligns the first stage, and the emulation's shared memory starts
+    aligned), and the launch reports a fault."""
     fam = P.family("linear")
     point = fam.point(**GEMM, weight="bf16")
     kernel = F.realize(point)
@@ -218,7 +236,9 @@ def test_shared_memory_past_the_launch_size_faults(build_dir):
             16, 544, 128]
     lib = library(build_dir, point)
     assert lib.run(kernel.entry, grid, block, shared, args) == 0
-    assert lib.run(kernel.entry, grid, block, shared - 1024, args) == 2
+    assert kernel.source == "sm_90/common/gemm_wgmma.cu", kernel
+    assert lib.run(kernel.entry, grid, block, shared - 1024, args) == 0
+    assert lib.run(kernel.entry, grid, block, shared - 2048, args) == 2
 
 
 @pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),

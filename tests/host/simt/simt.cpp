@@ -120,9 +120,12 @@ static void fault(const char* what, const char* tmpl);
 
 static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl) {
     const size_t start = (desc & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
-    if (desc >> 62 != 1 || ((desc >> 49) & 7)) fault("a wgmma descriptor other than 128-byte swizzle", tmpl);
+    if (desc >> 62 != 1 || ((desc >> 49) & 7))
+        fault("a wgmma descriptor other than 128-byte swizzle", tmpl);
     size_t at = start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * 128 + 2 * (size_t)k;
+#if !METRALE_SIMT_NO_SWIZZLE
     at ^= ((at >> 7) & 7) << 4;
+#endif
     if (at + 2 > dynamic_bytes) fault("wgmma operand past the launch's dynamic size", tmpl);
     uint16_t bits;
     std::memcpy(&bits, arena + at, 2);

@@ -16,7 +16,8 @@
 // inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
 // from shared memory through their descriptors (the 128-byte swizzle applied) and writes its
 // accumulator registers only at the wgmma.wait_group that completes its group, so a kernel that
-// reuses a stage or reads the registers before that wait sees it. __trap stops the launch,
+// reads the registers before that wait, or stores over a stage before it, sees it (a cp.async
+// refill lands later still, so a stage refilled that way one wait early goes unseen). __trap stops the launch,
 // which then reports it.
 //
 // Fibers rather than OS threads: a barrier is then a function call and a context switch, where
@@ -48,6 +49,11 @@
 // emulation itself (a pipeline that waits one group short must read poison)
 #ifndef METRALE_SIMT_WAIT_SLACK
 #define METRALE_SIMT_WAIT_SLACK 0
+#endif
+// 1: wgmma reads its operands without the 128-byte swizzle (the test of the emulation itself: a
+// kernel that stores its tiles swizzled must then fail)
+#ifndef METRALE_SIMT_NO_SWIZZLE
+#define METRALE_SIMT_NO_SWIZZLE 0
 #endif
 
 namespace simt {
