@@ -273,17 +273,26 @@ class Variant(Built):
         return (-(-sizes["rows"] // t["bm"]), cols, 1), (t["threads"], 1, 1), t["shared"]
 
 
-class WgmmaVariant(Built):
-    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's launch, with the shared
-    memory its STAGES take (32 KiB a stage, and 1 KiB to align the first)."""
+def wgmma_shared(defines: str, weight: str) -> int:
+    """gemm_wgmma.cu's shared memory at these defines (its defaults otherwise): STAGES stages of
+    an activation tile and the weight planes (three for f32), 16 KiB each, and 1 KiB to align
+    the first stage."""
+    planes = 3 if weight == "f32" else 1
+    stages = int(parse_defines(defines).get("STAGES", 3 if planes == 3 else 5))
+    return stages * (1 + planes) * 16384 + 1024
 
-    def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str) -> None:
+
+class WgmmaVariant(Built):
+    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's grid and block, with the
+    shared memory its stages take."""
+
+    def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
         super().__init__(cp, tmp, with_defines(kernel, defines))
-        self.stages = int(parse_defines(defines).get("STAGES", 5))
+        self.shared = wgmma_shared(defines, weight)
 
     def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
         grid, block, _ = super().launch_shape(sizes)
-        return grid, block, self.stages * 32768 + 1024
+        return grid, block, self.shared
 
 
 class Launch:
@@ -410,7 +419,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             if not runs_in(family, fmt):
                 continue
             lc = Launch(cp, torch, tmp, family, dims, fmt)
-            own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v))
+            own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v, fmt))
                    for v in (WGMMA_VARIANTS if lc.shadowed else [])]
             for v, built in [(v, Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
                              for v in GEMM_VARIANTS] + own:

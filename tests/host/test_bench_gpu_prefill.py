@@ -101,19 +101,23 @@ def test_variant_tiles_follow_the_source_defaults(weight):
         assert v.launch_shape(sizes)[0][0] == -(-1000 // 128)
 
 
-def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory():
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "f32"])
+def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weight):
     """A wgmma variant launches on KERNELS.toml's grid and block, with the shared memory its
     STAGES take; with no defines, exactly as KERNELS.toml launches the source's own choice."""
+    family = "linear" if weight == "f32" else "gate_up_swiglu"
     sizes = {"rows": 1000, "k": 4096, "n": 14336}
-    kernel = bench.realized("gate_up_swiglu", "bf16")
-    for defines, stages in (("", 5), ("STAGES=4", 4), ("STAGES=6", 6)):
+    kernel = bench.realized(family, weight)
+    want = kernel.launch_for(sizes)
+    for defines in ("", "STAGES=2", "STAGES=4"):
         v = bench.WgmmaVariant.__new__(bench.WgmmaVariant)
-        v.kernel, v.stages = kernel, stages
+        v.kernel, v.shared = kernel, bench.wgmma_shared(defines, weight)
         grid, block, shared = v.launch_shape(sizes)
-        assert (grid, block) == kernel.launch_for(sizes)[:2]
-        assert shared == stages * 32768 + 1024
-        assert (shared == kernel.launch_for(sizes)[2]) == (defines == "")
-        assert int(bench.parse_defines(defines).get("STAGES", 5)) == stages
+        assert (grid, block) == want[:2]
+        assert (shared == want[2]) == (defines == "" or defines == "STAGES=3" and weight == "f32")
+        if defines:
+            stage = (4 if weight == "f32" else 2) * 16384
+            assert shared == int(defines.split("=")[1]) * stage + 1024
 
 
 def test_kernel_times_cover_every_kernel_of_a_prefill():
