@@ -28,7 +28,7 @@ FAMILIES = read_toml(KERNELS / "KERNEL_FAMILIES.toml")["family"]
 KERNELS_TOML = read_toml(COMMON / "KERNELS.toml")
 TABLES = KERNELS_TOML["kernel"]
 DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
-# the NVIDIA classes' own tables (kernels/<hw>/common, the residual): name -> (folder, file)
+# the NVIDIA classes' own tables (kernels/<hw>/common, the residual): name -> (folder, doc)
 OWN = {name: (toml.parent, doc) for toml in sorted(KERNELS.glob("sm_*/common/KERNELS.toml"))
        for doc in [read_toml(toml)] for name in doc.get("kernel", {})}
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
@@ -118,10 +118,6 @@ def port_names(family: str) -> set[str]:
     return {p.split(":")[0].strip() for p in f["inputs"] + f["outputs"]}
 
 
-def claimed() -> list[tuple[str, dict]]:
-    return [(name, p) for name in TABLES for p in points(family_of(name)) if claims(name, p)]
-
-
 def test_every_family_has_a_kernel_and_every_point_exactly_one():
     """... without requirements (what a class with none of the optional capabilities runs), and
     at most one more per set of requirements (a class that has them runs that one instead)."""
@@ -148,7 +144,7 @@ def test_kernel_fields_are_valid(name):
         assert set(t) <= FIELDS, set(t) - FIELDS
     else:
         assert set(t) <= FIELDS | {"reason"} and {"requires", "reason"} <= set(t), set(t)
-    family = t.get("family", name)
+    family = family_of(name)
     assert family in FAMILIES
     fam = FAMILIES[family]
     assert (folder / t["source"]).is_file()
@@ -214,22 +210,13 @@ NVCC = shutil.which("nvcc")
 
 def compile_groups(hw: str) -> dict[tuple[str, tuple[str, ...]], set[str]]:
     """(source file name, defines) → the entries that class ``hw``'s PTX must expose: each
-    source its realization runs compiled once per distinct define set (a table of the common
-    layer that a class's own shadows is checked on the classes that run it)."""
-    from metrale.lkb.presentation import Presentation
-    from metrale.realize.functor import realization
+    source its realization runs, once per distinct define set (a table of the common layer that
+    a class's own shadows is checked on the classes that run it)."""
     from tests.host.conftest import NvidiaBuilds
+    from tests.host.simt import class_entries
 
-    P = Presentation.load()
-    F = realization(hw, presentation=P)
-    groups: dict[tuple[str, tuple[str, ...]], set[str]] = {}
-    for fam in P.generators:
-        for point in fam.points:
-            k = None if fam.view else F.realize(point)
-            if k is not None and k.source is not None:
-                key = NvidiaBuilds.key(k.source, k.defines)
-                groups.setdefault(key, set()).update(entry for entry, _ in k.calls)
-    return groups
+    return {NvidiaBuilds.key(source, defs): set(entries)
+            for (source, defs), entries in class_entries(hw).items()}
 
 
 def entries(name: str) -> list[str]:
