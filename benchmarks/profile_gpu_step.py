@@ -13,7 +13,8 @@ memory), ``no_instruction`` (the instruction cache), ``barrier``, ``membar``,
 
 Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
 ``python3 benchmarks/profile_gpu_step.py qwen3-0.6b:bf16 llama-3.1-8b:bf16 --out DIR``
-(``--policy bounded`` profiles the bounded plans: the tensor-core GEMVs). Writes
+(``--policy bounded`` profiles the bounded plans: the tensor-core GEMVs; ``--prefill ROWS`` the
+prefill of a ROWS-token prompt, one sequence from position 0, in place of the decode step). Writes
 ``benchmarks/results/gpu_profile.json`` (the summary; ``gpu_profile_bounded.json`` under
 ``--policy bounded``), and per target ``DIR/<model>_<quant>.csv``
 (ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
@@ -62,19 +63,30 @@ STALL = "smsp__average_warps_issue_stalled_"
 STALL_END = "_per_issue_active.ratio"
 
 
-def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exact") -> None:
-    """Run inside ncu: the step (planned under ``policy``) once, then its second layer with the
+def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exact",
+          prefill: int = 0) -> None:
+    """Run inside ncu: the step (planned under ``policy``; with ``prefill``, the prefill of a
+    prompt of that many tokens instead of the decode step) once, then its second layer with the
     profiler on; the plan's label and point of each profiled launch, in order, go to
     ``launches`` (JSON)."""
     import cupy
     import numpy as np
-    from bench_gpu_decode import decode_engine
+    from bench_gpu_decode import decode_engine, fast_weights
 
-    from metrale.runtime.bench import decode_program
+    from metrale.plan.config import ModelConfig
+    from metrale.runtime.bench import decode_program, prefill_program
+    from metrale.runtime.engine import Engine
 
-    eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
-                           policy=policy)
-    prog = decode_program(eng, batch)
+    if prefill:
+        eng = Engine(ModelConfig.load(model), quant,
+                     fast_weights(model, quant, np.random.default_rng(0)), hardware="sm_90",
+                     backend=None, loader=None, act="bf16", max_ctx=prefill, slots=1,
+                     blocking=False, debug=False, graphs=False, fuse=True, policy=policy)
+        prog = prefill_program(eng, prefill)
+    else:
+        eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
+                               policy=policy)
+        prog = decode_program(eng, batch)
     prog.run()
     families = [ln.kernel.family for ln in prog.launches]
     lo, hi = second_layer(families)
@@ -185,6 +197,8 @@ def main() -> None:
                     default=[("qwen3-0.6b", "bf16"), ("llama-3.1-8b", "bf16")],
                     help="MODEL:QUANT pairs")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prefill", type=int, default=0, metavar="ROWS",
+                    help="profile the prefill of a ROWS-token prompt, not the decode step")
     ap.add_argument("--policy", default="exact", help="the numerics policy of the plans")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
     ap.add_argument("--source", default="attention",
@@ -193,7 +207,7 @@ def main() -> None:
     ap.add_argument("--launches", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(*a.child, a.batch, a.launches, a.policy)
+        child(*a.child, a.batch, a.launches, a.policy, a.prefill)
         return
     if shutil.which("ncu") is None:
         sys.exit("profile_gpu_step: ncu is not on the PATH (Nsight Compute's folder)")
@@ -201,13 +215,14 @@ def main() -> None:
     results = []
     for model, quant in a.targets:
         stem = f"{model}_{quant}".replace(".", "_").replace("-", "_") + (
-            "" if a.policy == "exact" else f"_{a.policy}")
+            "" if a.policy == "exact" else f"_{a.policy}") + (
+            f"_prefill{a.prefill}" if a.prefill else "")
         report = a.out / f"{stem}.ncu-rep"
         launches = a.out / f"{stem}.launches.json"
         cmd = ["ncu", "--set", "full", "--clock-control", "none", "--profile-from-start", "off",
                "--import-source", "no", "-f", "-o", str(report.with_suffix("")),
                sys.executable, __file__, "--child", f"{model}:{quant}", "--batch", str(a.batch),
-               "--policy", a.policy, "--launches", str(launches)]
+               "--policy", a.policy, "--prefill", str(a.prefill), "--launches", str(launches)]
         run = subprocess.run(cmd, capture_output=True, text=True)
         print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
         if run.returncode or not report.exists():
@@ -230,7 +245,7 @@ def main() -> None:
             kernels = labelled(kernels, plan)
             launches.unlink()
         results.append({"model": model, "quant": quant, "batch": a.batch, "policy": a.policy,
-                        "kernels": kernels})
+                        "prefill_rows": a.prefill, "kernels": kernels})
         for k in kernels:
             top = ", ".join(f"{r} {v:.2f}" for r, v in k["stalls"][:5])
             print(f"{model} {quant} {k.get('kernel', k['name'])[:44]:<44} "
@@ -240,7 +255,8 @@ def main() -> None:
                   f"sect/req {(k['global_load_sectors'] or 0) / (k['global_load_requests'] or 1):4.1f}"
                   f" | {top}")
         report.unlink()
-    name = "gpu_profile" if a.policy == "exact" else f"gpu_profile_{a.policy}"
+    name = "gpu_profile" + ("" if a.policy == "exact" else f"_{a.policy}") + (
+        "_prefill" if a.prefill else "")
     print("wrote", write_result(name, {"targets": results}))
 
 

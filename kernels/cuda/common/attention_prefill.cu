@@ -1,10 +1,13 @@
 // Metrale CUDA: prefill attention on tensor cores (attention, kv_append_attention at their
 // prefill points with bf16 activations; mma.sync, sm_80 and newer).
 //
-// A block takes 16 rows of the launch and one kv head: warp w computes q head kv_head * G + w
-// (G = hq / hkv) for those rows, so the block's warps share every key and value tile they load.
-// Grid z cuts head_dim into slices of 128 output columns (one slice up to head_dim 128); every
-// slice computes the same scores.
+// A block takes one kv head and RT tiles of 16 rows of the launch (RT = blockDim.x / 32 G, with
+// G = hq / hkv; KERNELS.toml gives max(1, 4 // G), so a block has at least four warps where the
+// group is small): warp w computes q head kv_head * G + w % G for the rows of tile w / G, so the
+// block's warps share every key and value tile they load. Blocks take their rows from the end of
+// the launch (the rows of a prompt that attend to the most positions start first, and the short
+// ones fill the last wave). Grid z cuts head_dim into slices of 128 output columns (one slice up
+// to head_dim 128); every slice computes the same scores.
 //
 // Order (declared in KERNELS.toml), the reference's split-KV: a row's positions are cut at
 // absolute multiples of KV_BLOCK, and for each block with positions of the row
@@ -15,8 +18,12 @@
 //           exact and only the order of the sum is the hardware's;
 // then the blocks merge left to right by the log-sum-exp rule, o = acc / l rounded to act.
 // Keys and values come through shared memory in tiles of 64 positions, the next tile's loads in
-// flight during this one's MMAs where two buffers fit (head_dim up to 128). Rows of one tile in
-// different slots are served slot after slot. kv_append_attention writes the tile's rows into
+// flight during this one's MMAs where two buffers fit (head_dim up to 128); each tile first
+// finds the global row of each of its positions once, so its copies are a pointer and an offset
+// each (an Nsight Compute profile had the index arithmetic of the copies at over half of the
+// kernel's instructions, docs/gpu-notes.md, version 26). A tile that every row of a warp attends
+// to in full skips the per-position masks. Rows of a block in different slots are served slot
+// after slot. kv_append_attention writes the tile's rows into
 // the cache (slice 0's blocks) and reads every position some row of the launch appends from
 // k, v instead of the cache, so no block reads what another writes. Defines: ACT_BF16, KV_BLOCK.
 #include "metrale.cuh"
@@ -28,32 +35,38 @@
 #ifndef KV_BLOCK
 #error "define KV_BLOCK"
 #endif
-#define TILE_ROWS 16    // rows of the launch a block takes: one m16 tile per warp
+#define TILE_ROWS 16    // rows of one m16 tile: a warp's
+#define MAX_ROW_TILES 4 // row tiles of a block (its rows: at most 64)
 #define TILE_POS 64     // positions of a key / value tile
 #define SLICE 128       // output columns a block computes (grid z)
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 8   // q heads per kv head: a warp each, and registers for 8 warps a block
+#define MAX_WARPS 8   // G row tiles' warps: __launch_bounds__
 #define KPITCH(d) ((d) + 8)   // bf16 per key row in shared memory: ldmatrix's rows in 8 banks
 #define VPITCH (SLICE + 8)
 static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
 
 // One buffer of key and value tiles: keys [TILE_POS][KPITCH(d)], the slice's values
-// [TILE_POS][VPITCH], and [TILE_POS] launch rows appending those positions (or -1).
+// [TILE_POS][VPITCH]; per position the global rows its key and its values come from (null:
+// no row of the slot attends to it, zero-filled), and the launch row appending it (or -1; only
+// where the rows are scanned).
 struct KvTile {
     bf16* k;
     bf16* v;
+    const act_t** krow;
+    const act_t** vrow;
     int* src;
 };
 
 // Two buffers up to head_dim 128 (the next tile's loads in flight during this one's MMAs), one
-// above it: KERNELS.toml's launch.shared is (2 - d // 129) buffers of 128 (d + 8) + 128 136 + 256
-// bytes, within the 99 KiB every class allows.
+// above it: KERNELS.toml's launch.shared is (2 - d // 129) buffers of 128 (d + 8) + 128 136 +
+// 1280 bytes, within the 99 KiB every class allows.
 struct PrefillSmem {
     unsigned char* base;
     int d, bufs, bytes;
     __device__ __forceinline__ PrefillSmem(int d_)
         : d(d_), bufs(2 - d_ / 129),
-          bytes(128 * KPITCH(d_) + 2 * TILE_POS * VPITCH + 4 * TILE_POS) {
+          bytes(128 * KPITCH(d_) + 2 * TILE_POS * VPITCH + 20 * TILE_POS) {
         extern __shared__ __align__(16) unsigned char smem_base[];
         base = smem_base;
     }
@@ -61,10 +74,27 @@ struct PrefillSmem {
         KvTile t;
         t.k = (bf16*)(base + b * bytes);
         t.v = t.k + TILE_POS * KPITCH(d);
-        t.src = (int*)(t.v + TILE_POS * VPITCH);
+        t.krow = (const act_t**)(t.v + TILE_POS * VPITCH);
+        t.vrow = t.krow + TILE_POS;
+        t.src = (int*)(t.vrow + TILE_POS);
         return t;
     }
 };
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// The rows of the launch a block takes: RT tiles of 16 from block_row0, the blocks in reverse
+// order of blockIdx.y (the last rows first).
+__device__ __forceinline__ int block_row_count(int G) {
+    return TILE_ROWS * (int)(blockDim.x / (32 * G));
+}
+__device__ __forceinline__ int block_row0(int G) {
+    return (int)(gridDim.y - 1 - blockIdx.y) * block_row_count(G);
+}
 
 // One row of the tile as a lane sees it: its slot and the positions it attends to, [lo, p];
 // live is false past the launch's rows.
@@ -107,11 +137,31 @@ __device__ __forceinline__ AppendRun run_of(const int* positions, const int* slo
     return run;
 }
 
+// n16 16-byte pieces of each of the TILE_POS rows row[j] into dst + j * pitch, every thread of
+// the block in turn (piece i: row i / n16, piece i % n16, stepped without divisions; n16 is at
+// most 32, never more than the block's threads); a null row is zero-filled (cp.async reading 0
+// bytes of `any`, a valid address).
+__device__ __forceinline__ void copy_rows(bf16* dst, int pitch, const act_t* const* row, int n16,
+                                          const act_t* any) {
+    const int nt = blockDim.x, dj = nt / n16, dc = nt - dj * n16;
+    int j = threadIdx.x / n16, c = threadIdx.x - j * n16;
+    while (j < TILE_POS) {
+        const act_t* src = row[j];
+        cp_async16(dst + j * pitch + 8 * c, src ? src + 8 * c : any, src ? 16 : 0);
+        c += dc;
+        j += dj;
+        if (c >= n16) {
+            c -= n16;
+            ++j;
+        }
+    }
+}
+
 // Keys (and, with `with_v`, the slice's values) of positions [start, start + 64) of `slot` into
 // the buffer `s`, asynchronously (one cp.async group; the caller waits): from k_new / v_new where
-// a row of the launch appends the position (src[]), else from the cache; zeros outside
-// [lo, hi], the positions some row of the slot attends to, so that no entry the cache never had
-// written (NaN bits, say) meets the MMAs, even with a weight of 0.
+// a row of the launch appends the position, else from the cache; zeros outside [lo, hi], the
+// positions some row of the slot attends to, so that no entry the cache never had written (NaN
+// bits, say) meets the MMAs, even with a weight of 0.
 __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_cache,
                                               const act_t* v_cache, const act_t* k_new,
                                               const act_t* v_new, const int* positions,
@@ -120,14 +170,7 @@ __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_ca
                                               int hkv, int d, int max_ctx, int col0, int ncols,
                                               bool with_v) {
     const int nt = blockDim.x;
-    if (k_new && run.direct) {
-        for (int j = threadIdx.x; j < TILE_POS; j += nt) {
-            const int r = start + j - run.base;
-            s.src[j] = r >= 0 && r < rows && slots[r] == slot && positions[r] == start + j ? r
-                                                                                          : -1;
-        }
-        __syncthreads();
-    } else if (k_new) {
+    if (k_new && !run.direct) {  // which rows append the tile's positions: every row scanned
         for (int j = threadIdx.x; j < TILE_POS; j += nt) s.src[j] = -1;
         __syncthreads();
         for (int r = threadIdx.x; r < rows; r += nt)
@@ -135,20 +178,24 @@ __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_ca
                 s.src[positions[r] - start] = r;
         __syncthreads();
     }
-    const int kchunks = d / 8, vchunks = ncols / 8;
-    for (int i = threadIdx.x; i < TILE_POS * (kchunks + (with_v ? vchunks : 0)); i += nt) {
-        const bool is_k = i < TILE_POS * kchunks;
-        const int ii = is_k ? i : i - TILE_POS * kchunks, ch = is_k ? kchunks : vchunks;
-        const int j = ii / ch, c = (ii % ch) * 8 + (is_k ? 0 : col0);
+    for (int j = threadIdx.x; j < TILE_POS; j += nt) {
         const int pos = start + j;
-        const int r = k_new ? s.src[j] : -1;
-        const act_t* base = r >= 0 ? (is_k ? k_new : v_new) + ((long)r * hkv + kvh) * d
-                                   : (is_k ? k_cache : v_cache) +
-                                         (((long)slot * max_ctx + min(pos, max_ctx - 1)) * hkv +
-                                          kvh) * d;
-        bf16* dst = is_k ? s.k + j * KPITCH(d) + c : s.v + j * VPITCH + (c - col0);
-        cp_async16(dst, base + c, pos >= lo && pos <= hi ? 16 : 0);
+        int r = -1;
+        if (k_new && run.direct) {  // a prompt in launch order: only row pos - base can append
+            const int c = pos - run.base;
+            r = c >= 0 && c < rows && slots[c] == slot && positions[c] == pos ? c : -1;
+        } else if (k_new) {
+            r = s.src[j];
+        }
+        const bool live = pos >= lo && pos <= hi;
+        const long off = r >= 0 ? ((long)r * hkv + kvh) * d
+                                : (((long)slot * max_ctx + pos) * hkv + kvh) * d;
+        s.krow[j] = live ? (r >= 0 ? k_new : k_cache) + off : nullptr;
+        s.vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off + col0 : nullptr;
     }
+    __syncthreads();  // the rows are found, for every thread
+    copy_rows(s.k, KPITCH(d), s.krow, d / 8, k_cache);
+    if (with_v) copy_rows(s.v, VPITCH, s.vrow, ncols / 8, v_cache);
     cp_async_commit();
 }
 
@@ -206,10 +253,23 @@ __device__ __forceinline__ void tile_scores(const bf16* keys, const act_t* q0,
         for (int e = 0; e < 4; ++e) sc[ni][e] *= scale;
 }
 
-// Whether the row attends to position pos within KV block [b0, b0 + KV_BLOCK).
-__device__ __forceinline__ bool attends(const RowInfo& r, int slot, int pos, int b0) {
-    return r.live && r.slot == slot && pos >= max(r.lo, b0) && pos <= r.p &&
-           pos < b0 + KV_BLOCK;
+// The positions [from, to] a row attends to within KV block [b0, b0 + KV_BLOCK) of `slot`
+// (none where from > to).
+struct Span {
+    int from, to;
+    __device__ __forceinline__ Span(const RowInfo& r, int slot, int b0)
+        : from(r.live && r.slot == slot ? max(r.lo, b0) : 0x7fffffff),
+          to(min(r.p, b0 + KV_BLOCK - 1)) {}
+    __device__ __forceinline__ bool has(int pos) const { return pos >= from && pos <= to; }
+    __device__ __forceinline__ bool covers(int st) const {  // all of tile [st, st + 64)
+        return from <= st && st + TILE_POS - 1 <= to;
+    }
+};
+
+// Whether the warp's rows (two a lane) each attend to every position of the tile at st: then
+// the tile needs no per-position masks (a warp-uniform answer).
+__device__ __forceinline__ bool whole_tile(const Span (&sp)[2], int st) {
+    return __all_sync(0xffffffffu, sp[0].covers(st) && sp[1].covers(st));
 }
 
 // The max over the four lanes of a row (lanes 4 g .. 4 g + 3), the same in each.
@@ -242,16 +302,21 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                                             int hkv, int d, int max_ctx, float scale,
                                             int window) {
     const PrefillSmem s(d);
-    const int kvh = blockIdx.x, row0 = blockIdx.y * TILE_ROWS, col0 = blockIdx.z * SLICE;
+    const int G = hq / hkv, block_rows = block_row_count(G);
+    const int kvh = blockIdx.x, row0 = block_row0(G), col0 = blockIdx.z * SLICE;
     const int ncols = min(SLICE, d - col0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int head = kvh * (hq / hkv) + warp;
-    const RowInfo rw[2] = {row_info(row0 + g, rows, positions, slots, window),
-                           row_info(row0 + g + 8, rows, positions, slots, window)};
-    const act_t* qrow[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-        qrow[h] = q + ((long)min(row0 + g + 8 * h, rows - 1) * hq + head) * d;
+    const int head = kvh * G + warp % G, wrow0 = row0 + TILE_ROWS * (warp / G);
+    // the head again at the end from shared memory: held in a register across the kernel, it
+    // spilled (ptxas, sm_90a)
+    __shared__ int heads[MAX_WARPS];
+    if (lane == 0) heads[warp] = head;
+    __syncwarp();
+    const RowInfo rw[2] = {row_info(wrow0 + g, rows, positions, slots, window),
+                           row_info(wrow0 + g + 8, rows, positions, slots, window)};
+    // the lane's two q rows (clamped to the launch's last): the first, and the second's offset
+    const int r0 = min(wrow0 + g, rows - 1), q8 = (min(wrow0 + g + 8, rows - 1) - r0) * hq * d;
+    const act_t* qrow = q + ((long)r0 * hq + head) * d;
 
     // the running state of the lane's two rows and its columns 8 ni + 2 t + {0, 1} of the slice
     float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f}, acc[16][4];
@@ -260,18 +325,18 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
 
-    // the tile's rows, slot after slot (every thread walks the same sequence)
-    unsigned done = 0;
-    for (int i = 0; i < TILE_ROWS; ++i) {
-        if (done >> i & 1u) continue;
+    // the block's rows, slot after slot (every thread walks the same sequence)
+    unsigned long long done = 0;
+    for (int i = 0; i < block_rows; ++i) {
+        if (done >> i & 1ull) continue;
         const RowInfo ri = row_info(row0 + i, rows, positions, slots, window);
         if (!ri.live) break;
         const int slot = ri.slot;
         int lo = ri.lo, hi = ri.p;
-        for (int j = i; j < TILE_ROWS; ++j) {
+        for (int j = i; j < block_rows; ++j) {
             const RowInfo rj = row_info(row0 + j, rows, positions, slots, window);
             if (rj.live && rj.slot == slot) {
-                done |= 1u << j;
+                done |= 1ull << j;
                 lo = min(lo, rj.lo);
                 hi = max(hi, rj.p);
             }
@@ -280,6 +345,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
                                     : AppendRun{false, 0};
         for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
+            const Span sp[2] = {Span(rw[0], slot, b0), Span(rw[1], slot, b0)};
             // pass 1: the block's max score of each row
             float mb[2] = {-INFINITY, -INFINITY};
             auto keys_of = [&](const KvTile& tile, int st) {
@@ -288,14 +354,21 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             };
             over_tiles(s, t0, t1, keys_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
-                tile_scores(tile.k, qrow[0], qrow[1], d, scale, sc);
+                tile_scores(tile.k, qrow, qrow + q8, d, scale, sc);
+                if (whole_tile(sp, st)) {
 #pragma unroll
-                for (int ni = 0; ni < 8; ++ni)
+                    for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
-                        if (attends(rw[h], slot, pos, b0)) mb[h] = fmaxf(mb[h], sc[ni][e]);
-                    }
+                        for (int e = 0; e < 4; ++e) mb[e / 2] = fmaxf(mb[e / 2], sc[ni][e]);
+                } else {
+#pragma unroll
+                    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
+                            if (sp[h].has(pos)) mb[h] = fmaxf(mb[h], sc[ni][e]);
+                        }
+                }
             });
             mb[0] = quad_max(mb[0]);
             mb[1] = quad_max(mb[1]);
@@ -311,14 +384,14 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             };
             over_tiles(s, t0, t1, keys_values_of, [&](const KvTile& tile, int st) {
                 float sc[8][4];
-                tile_scores(tile.k, qrow[0], qrow[1], d, scale, sc);
+                tile_scores(tile.k, qrow, qrow + q8, d, scale, sc);
+                const bool whole = whole_tile(sp, st);
 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
-                        const float x = attends(rw[h], slot, pos, b0) ? expf(sc[ni][e] - mb[h])
-                                                                      : 0.0f;
+                        const float x = whole || sp[h].has(pos) ? expf(sc[ni][e] - mb[h]) : 0.0f;
                         sc[ni][e] = x;
                         lb[h] += x;
                     }
@@ -372,7 +445,8 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (!rw[h].live) continue;
-        act_t* orow = o + ((long)(row0 + g + 8 * h) * hq + head) * d + col0;
+        act_t* orow = o + ((long)(wrow0 + g + 8 * h) * hq + ((volatile int*)heads)[warp]) * d +
+                      col0;
 #pragma unroll
         for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
@@ -383,26 +457,32 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
     }
 }
 
-__device__ __forceinline__ bool prefill_shape_ok(int d, int hq, int hkv) {
-    return d % 16 == 0 && d <= MAX_HEAD_DIM && hq % hkv == 0 && hq / hkv <= MAX_GROUP &&
-           (hq / hkv) * 32 == (int)blockDim.x;
+// A launch the kernel cannot serve: a shape past its limits, a block that is not whole row tiles
+// of G warps, a grid short of the rows, or less dynamic shared memory than its tiles take.
+__device__ __forceinline__ bool prefill_launch_ok(int rows, int d, int hq, int hkv) {
+    if (d % 16 || d > MAX_HEAD_DIM || hq % hkv || hq / hkv > MAX_GROUP) return false;
+    const int G = hq / hkv, rt = blockDim.x / (32 * G);
+    const PrefillSmem s(d);
+    return (int)blockDim.x == 32 * G * rt && rt >= 1 && rt <= MAX_ROW_TILES &&
+           (long)gridDim.y * TILE_ROWS * rt >= rows && dynamic_smem_bytes() >= s.bufs * s.bytes;
 }
 
-// grid (hkv, ceil(rows / 16), ceil(d / 128)), block 32 * (hq / hkv).
-extern "C" __global__ void __launch_bounds__(MAX_GROUP * 32)
+// grid (hkv, ceil(rows / 16 RT), ceil(d / 128)), block 32 G RT (G = hq / hkv; the table's RT is
+// max(1, 4 // G)).
+extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 metrale_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                           const act_t* __restrict__ v_cache, const int* __restrict__ positions,
                           const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq,
                           int hkv, int d, int max_ctx, float scale, int window) {
     grid_dependency_sync();
-    if (!prefill_shape_ok(d, hq, hkv)) __trap();  // a shape the kernel cannot serve: loud
+    if (!prefill_launch_ok(rows, d, hq, hkv)) __trap();  // a launch the kernel cannot serve: loud
     attend_tile(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
                 max_ctx, scale, window);
 }
 
 // kv_append then attention: slice 0's blocks write their rows' k, v of their kv head into the
 // cache; every block reads the positions the launch appends from k, v (load_kv_tile).
-extern "C" __global__ void __launch_bounds__(MAX_GROUP * 32)
+extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 metrale_kv_append_attention_prefill(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
                                     const int* __restrict__ positions,
@@ -410,10 +490,10 @@ metrale_kv_append_attention_prefill(const act_t* __restrict__ k, const act_t* __
                                     int rows, int hq, int hkv, int d, int max_ctx, float scale,
                                     int window) {
     grid_dependency_sync();
-    if (!prefill_shape_ok(d, hq, hkv)) __trap();
-    const int kvh = blockIdx.x, row0 = blockIdx.y * TILE_ROWS;
+    if (!prefill_launch_ok(rows, d, hq, hkv)) __trap();
+    const int kvh = blockIdx.x, row0 = block_row0(hq / hkv);
     if (blockIdx.z == 0) {
-        for (int i = threadIdx.x; i < TILE_ROWS * d; i += blockDim.x) {
+        for (int i = threadIdx.x; i < block_row_count(hq / hkv) * d; i += blockDim.x) {
             const int row = row0 + i / d, c = i % d;
             if (row >= rows) break;
             const long src = ((long)row * hkv + kvh) * d + c;

@@ -209,7 +209,8 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
         // every warpgroup issues its wgmmas, even one whose rows all lie past `rows` (they are
         // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
-        // serialized, each waiting for the one before (ptxas C7518), which cost 2-3x
+        // serialized, each waiting for the one before (ptxas C7518); that build was 3-6 %
+        // slower at 2048 rows and up to 15 % faster at 64 (docs/gpu-notes.md, version 25)
         const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
         const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
         wgmma_fence();

@@ -211,6 +211,15 @@ inline int __any_sync(unsigned, int pred) {
     simt::meet(w.meet);
     return any;
 }
+inline int __all_sync(unsigned, int pred) {
+    simt::Warp& w = simt::warp();
+    w.slot[simt::lane()] = pred != 0;
+    simt::meet(w.meet);
+    int all = 1;
+    for (int i = 0; i < 32; ++i) all &= (int)w.slot[i];
+    simt::meet(w.meet);
+    return all;
+}
 
 template <class T>
 inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }

@@ -1,0 +1,205 @@
+"""The prefill attention kernel alone on the GPU, beside torch's fused attention and, optionally,
+the same point's kernel from another kernels folder (an earlier revision).
+
+For each model's heads (Qwen3-0.6B: 16 q heads over 8 kv heads, Llama-3.1-8B: 32 over 8; head
+dim 128) and prompt length, one sequence from position 0: the sm_90 realization of
+kv_append_attention's bf16 prefill point (what the prefill step launches) on random q, k and v,
+its output poisoned first; the median of several CUDA-event-timed runs of back-to-back launches
+after warm-up. In the same run: ``torch.nn.functional.scaled_dot_product_attention`` (causal,
+grouped heads, on tensors already in its layout) as the peer, the largest difference from it
+relative to its largest output, and the tensor-core floor of the attention's FLOPs (4 per q·k
+and p·v pair of a row and each position it sees, times heads and head dim).
+
+``--baseline DIR`` also runs the kernel a kernels folder DIR realizes for the same point (for
+instance an earlier revision's, ``git archive REV kernels | tar -x -C /tmp/base``, then
+``--baseline /tmp/base/kernels``) on the same inputs, with its own launch rule, and says whether
+its output bytes equal this tree's: a change that claims to keep the bytes is checked here on
+the device, not only on the emulation. ``--row-tiles 1,2,4`` also runs this tree's kernel with
+blocks of that many tiles of 16 rows (the launch rule's choice is the kernel's own), and says
+the same of each.
+
+Run on the lent GPU: ``python3 benchmarks/bench_gpu_prefill_attention.py [--rows 512,2048]
+[--baseline DIR] [--row-tiles 1,2,4]``. Writes ``benchmarks/results/gpu_prefill_attention.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _common import write_result  # noqa: E402
+from bench_gpu_prefill import TENSOR_PEAK  # noqa: E402
+
+LAUNCHES = 5  # launches per timed run
+REPEATS = 7
+FAMILY = "kv_append_attention"
+POINT = {"act": "bf16", "mode": "prefill", "kv_block": 256}
+
+
+def realized(kernels_dir: Path | None) -> Any:
+    """The sm_90 kernel of FAMILY's bf16 prefill point, from ``kernels_dir`` (None: this tree's)."""
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+
+    P = Presentation.load()
+    return realization("sm_90", kernels_dir=kernels_dir,
+                       presentation=P).realize(P.family(FAMILY).point(**POINT))
+
+
+def load(cp: Any, kernel: Any, kernels_dir: Path | None, tmp: Path) -> Any:
+    """``kernel`` compiled for sm_90a as the build compiles it (its defines, its headers found
+    along sm_90's chain in ``kernels_dir``), loaded; the function may take 200 KB of shared
+    memory."""
+    from metrale.realize.compute import NvidiaTarget
+    from metrale.realize.hardware import default_kernels_dir
+    from metrale.realize.kernel import source_identity
+
+    root = kernels_dir or default_kernels_dir()
+    text, _, headers, _ = source_identity(root, kernel.source,
+                                          ("sm_90/common", "sm_80/common", "cuda/common"))
+    defines = dict((d.removeprefix("-D").split("=") + ["1"])[:2] for d in kernel.defines)
+    out = tmp / f"{'base' if kernels_dir else 'tree'}.cubin"
+    out.write_bytes(NvidiaTarget("cubin").compile(text, "sm_90a", defines, name=out.stem,
+                                                  headers=headers).data)
+    fn = cp.RawModule(path=str(out)).get_function(kernel.entry)
+    fn.max_dynamic_shared_size_bytes = 200 * 1024
+    return fn
+
+
+def timed(cp: Any, launch: Any) -> float:
+    """Median seconds per launch over REPEATS runs of LAUNCHES launches, after two warm runs."""
+    times = []
+    for i in range(REPEATS + 2):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        for _ in range(LAUNCHES):
+            launch()
+        e.record()
+        e.synchronize()
+        if i >= 2:
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3 / LAUNCHES)
+    return statistics.median(times)
+
+
+def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
+         row_tiles: list[int]) -> dict:
+    """One model's heads at ``rows``: each variant (name -> (function, kernel)) and the peer;
+    this tree's kernel also at each block of ``row_tiles`` tiles of 16 rows (``tree_rt<N>``,
+    where the group's warps for them fit a block), which gives the same bytes."""
+    from metrale.plan.config import ModelConfig
+
+    config = ModelConfig.load(model)
+    hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    g = torch.Generator(device="cuda").manual_seed(rows + hq)
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q, k, v = rand(rows, hq, d), rand(rows, hkv, d), rand(rows, hkv, d)
+    caches = [torch.empty(1, rows, hkv, d, device="cuda", dtype=torch.bfloat16)
+              for _ in range(2)]
+    positions = torch.arange(rows, device="cuda", dtype=torch.int32)
+    slots = torch.zeros(rows, device="cuda", dtype=torch.int32)
+    scale = d ** -0.5
+    sizes = {"rows": rows, "hq": hq, "hkv": hkv, "d": d, "slots": 1, "max_ctx": rows}
+    flops = 4 * rows * (rows + 1) / 2 * hq * d
+    out: dict = {"model": model, "rows": rows, "hq": hq, "hkv": hkv, "d": d, "flops": flops}
+    outputs = {}
+    runs = [(name, fn, kernel, kernel.launch_for(sizes)) for name, (fn, kernel) in variants.items()]
+    fn, kernel = variants["tree"]
+    grid, block, shared = kernel.launch_for(sizes)
+    for rt in row_tiles:
+        if 32 * (hq // hkv) * rt <= 256 and 32 * (hq // hkv) * rt != block[0]:
+            runs.append((f"tree_rt{rt}", fn, kernel,
+                         ((grid[0], -(-rows // (16 * rt)), grid[2]),
+                          (32 * (hq // hkv) * rt, 1, 1), shared)))
+    for name, fn, kernel, (grid, block, shared) in runs:
+        o = torch.empty(rows, hq, d, device="cuda", dtype=torch.bfloat16)
+        o.view(torch.int16).fill_(-1)  # poison: NaN bits
+        ptrs = {"k": k, "v": v, "q": q, "k_cache": caches[0], "v_cache": caches[1],
+                "positions": positions, "slots": slots, "o": o}
+        numbers = {**sizes, "scale": np.float32(scale), "window": np.int32(0)}
+        args = tuple(np.uint64(ptrs[a.split(":")[0]].data_ptr()) if a.endswith(":ptr")
+                     else (numbers[a.split(":")[0]] if a.endswith(":f32")
+                           else np.int32(numbers[a.split(":")[0]]))
+                     for a in kernel.calls[0][1])
+
+        def launch(fn=fn, grid=grid, block=block, shared=shared, args=args) -> None:
+            fn(tuple(grid), tuple(block), args, shared_mem=shared)
+
+        launch()
+        torch.cuda.synchronize()
+        outputs[name] = o.clone()
+        t = timed(cp, launch)
+        out[name] = {"entry": kernel.entry, "grid": list(grid), "block": list(block),
+                     "shared": shared, "seconds": t, "tflops": flops / t / 1e12,
+                     "of_tensor_floor": flops / TENSOR_PEAK / t,
+                     "finite": bool(torch.isfinite(o.float()).all())}
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v))
+
+    def peer() -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
+                                                                enable_gqa=True, scale=scale)
+
+    ref = peer()[0].transpose(0, 1).float()
+    t = timed(cp, peer)
+    out["peer"] = {"name": "torch sdpa (causal, gqa)", "seconds": t, "tflops": flops / t / 1e12}
+    top = float(ref.abs().max())
+    for name, o in outputs.items():
+        out[name]["max_rel_err_vs_peer"] = float((o.float() - ref).abs().max()) / top
+        out[name]["vs_peer"] = t / out[name]["seconds"]
+    for name, o in outputs.items():
+        if name != "tree":
+            out[name]["bytes_equal_to_tree"] = bool(torch.equal(o.view(torch.int16),
+                                                                outputs["tree"].view(torch.int16)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="512,2048")
+    ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
+    ap.add_argument("--baseline", type=Path, help="another kernels folder's kernel, beside")
+    ap.add_argument("--row-tiles", default="",
+                    help="also this tree's kernel with blocks of these many 16-row tiles")
+    args = ap.parse_args()
+    import cupy as cp
+    import torch
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {"tree": (load(cp, realized(None), None, Path(tmp)), realized(None))}
+        if args.baseline:
+            base = realized(args.baseline)
+            variants["baseline"] = (load(cp, base, args.baseline, Path(tmp)), base)
+        for model in args.models.split(","):
+            for rows in (int(r) for r in args.rows.split(",")):
+                c = case(cp, torch, model, rows, variants,
+                         [int(t) for t in args.row_tiles.split(",") if t])
+                results.append(c)
+                print(f"{model:<13} rows {rows:>5}: peer {c['peer']['seconds'] * 1e6:8.1f} us "
+                      f"{c['peer']['tflops']:5.1f} TFLOP/s", flush=True)
+                for name, r in c.items():
+                    if isinstance(r, dict) and "entry" in r:
+                        same = ("" if "bytes_equal_to_tree" not in r else
+                                f", bytes equal to tree: {r['bytes_equal_to_tree']}")
+                        print(f"    {name:<9} block {r['block'][0]:>3} grid {r['grid']}: "
+                              f"{r['seconds'] * 1e6:8.1f} us {r['tflops']:5.1f} TFLOP/s "
+                              f"(x{r['vs_peer']:.2f} of peer; rel err {r['max_rel_err_vs_peer']:.1e}"
+                              f"{'' if r['finite'] else ', NOT FINITE'}{same})", flush=True)
+    path = write_result("gpu_prefill_attention", {
+        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "tensor_peak": TENSOR_PEAK, "launches": LAUNCHES, "repeats": REPEATS,
+        "baseline": str(args.baseline) if args.baseline else None, "cases": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
