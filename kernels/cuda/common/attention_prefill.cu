@@ -145,6 +145,13 @@ __device__ __forceinline__ void copy_rows(bf16* dst, int pitch, const act_t* con
                                           const act_t* any) {
     const int nt = blockDim.x, dj = nt / n16, dc = nt - dj * n16;
     int j = threadIdx.x / n16, c = threadIdx.x - j * n16;
+    if (dc == 0) {  // the block's threads cover whole rows: each thread keeps its column
+        for (const int off = 8 * c; j < TILE_POS; j += dj) {
+            const act_t* src = row[j];
+            cp_async16(dst + j * pitch + off, src ? src + off : any, src ? 16 : 0);
+        }
+        return;
+    }
     while (j < TILE_POS) {
         const act_t* src = row[j];
         cp_async16(dst + j * pitch + 8 * c, src ? src + 8 * c : any, src ? 16 : 0);
@@ -391,7 +398,10 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
-                        const float x = whole || sp[h].has(pos) ? expf(sc[ni][e] - mb[h]) : 0.0f;
+                        // exp of every score, then the mask: no branch per position (a masked
+                        // score's exp, whatever it is, is dropped)
+                        const float ex = expf(sc[ni][e] - mb[h]);
+                        const float x = whole || sp[h].has(pos) ? ex : 0.0f;
                         sc[ni][e] = x;
                         lb[h] += x;
                     }
