@@ -88,6 +88,28 @@ def timed(cp: Any, launch: Any) -> float:
     return statistics.median(times)
 
 
+def row_tile_launch(shape: tuple, sizes: dict[str, int], rt: int) -> tuple | None:
+    """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``rt`` tiles of
+    16 rows, the group's warps for each; None where that is the table's own or more than the
+    kernel's 8 warps a block."""
+    (gx, _, gz), (bx, _, _), shared = shape
+    threads = 32 * (sizes["hq"] // sizes["hkv"]) * rt
+    if threads > 256 or threads == bx:
+        return None
+    return (gx, -(-sizes["rows"] // (16 * rt)), gz), (threads, 1, 1), shared
+
+
+def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> tuple:
+    """``kernel``'s launch arguments in its order: a buffer's address (``ptrs``: name -> tensor)
+    for each ``:ptr``, else the number (f32 or i32)."""
+    out = []
+    for arg in kernel.calls[0][1]:
+        name, _, ty = arg.partition(":")
+        out.append(np.uint64(ptrs[name].data_ptr()) if ty == "ptr"
+                   else np.float32(numbers[name]) if ty == "f32" else np.int32(numbers[name]))
+    return tuple(out)
+
+
 def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
          row_tiles: list[int]) -> dict:
     """One model's heads at ``rows``: each variant (name -> (function, kernel)) and the peer;
@@ -114,22 +136,17 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
     outputs = {}
     runs = [(name, fn, kernel, kernel.launch_for(sizes)) for name, (fn, kernel) in variants.items()]
     fn, kernel = variants["tree"]
-    grid, block, shared = kernel.launch_for(sizes)
     for rt in row_tiles:
-        if 32 * (hq // hkv) * rt <= 256 and 32 * (hq // hkv) * rt != block[0]:
-            runs.append((f"tree_rt{rt}", fn, kernel,
-                         ((grid[0], -(-rows // (16 * rt)), grid[2]),
-                          (32 * (hq // hkv) * rt, 1, 1), shared)))
+        shape = row_tile_launch(kernel.launch_for(sizes), sizes, rt)
+        if shape is not None:
+            runs.append((f"tree_rt{rt}", fn, kernel, shape))
     for name, fn, kernel, (grid, block, shared) in runs:
         o = torch.empty(rows, hq, d, device="cuda", dtype=torch.bfloat16)
         o.view(torch.int16).fill_(-1)  # poison: NaN bits
-        ptrs = {"k": k, "v": v, "q": q, "k_cache": caches[0], "v_cache": caches[1],
-                "positions": positions, "slots": slots, "o": o}
-        numbers = {**sizes, "scale": np.float32(scale), "window": np.int32(0)}
-        args = tuple(np.uint64(ptrs[a.split(":")[0]].data_ptr()) if a.endswith(":ptr")
-                     else (numbers[a.split(":")[0]] if a.endswith(":f32")
-                           else np.int32(numbers[a.split(":")[0]]))
-                     for a in kernel.calls[0][1])
+        args = kernel_args(kernel, {"k": k, "v": v, "q": q, "k_cache": caches[0],
+                                    "v_cache": caches[1], "positions": positions,
+                                    "slots": slots, "o": o},
+                           {**sizes, "scale": scale, "window": 0})
 
         def launch(fn=fn, grid=grid, block=block, shared=shared, args=args) -> None:
             fn(tuple(grid), tuple(block), args, shared_mem=shared)

@@ -196,8 +196,10 @@ def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner) -> None:
 
 
 # (hq, hkv, head_dim, window): Llama-3.1-8B's and Qwen3-0.6B's heads, a group of three with head
-# dim 80, and head dim 256 (two slices of output columns)
-PREFILL_SHAPES = [(32, 8, 128, 0), (16, 8, 128, 100), (12, 4, 80, 0), (8, 4, 256, 300)]
+# dim 80, head dim 256 (two slices of output columns), one q head a kv head (blocks of four row
+# tiles: the whole launch in one block a kv head) and eight (eight warps, one row tile)
+PREFILL_SHAPES = [(32, 8, 128, 0), (16, 8, 128, 100), (12, 4, 80, 0), (8, 4, 256, 300),
+                  (8, 8, 64, 0), (16, 2, 64, 0)]
 
 
 def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,

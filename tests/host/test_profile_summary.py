@@ -71,15 +71,18 @@ def test_kernels_take_their_launch_labels_only_when_the_counts_agree():
     assert labelled(kernels, launches[:1]) == kernels
 
 
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe"])
-def test_the_profiled_window_is_one_whole_layer(model):
-    """On the host plans of the built-in tiny models: the window starts at the second layer's
-    input norm and holds exactly the launches one layer repeats."""
-    from metrale.runtime.bench import decode_program
+def test_the_profiled_window_is_one_whole_layer(model, mode):
+    """On the host plans of the built-in tiny models, for the decode step and a prompt's prefill
+    (``--prefill``): the window starts at the second layer's input norm and holds exactly the
+    launches one layer repeats."""
+    from metrale.runtime.bench import decode_program, prefill_program
     from metrale.runtime.engine import Engine
 
     with Engine.load(model, max_ctx=40) as eng:
-        families = [ln.kernel.family for ln in decode_program(eng, 1).launches]
+        prog = decode_program(eng, 1) if mode == "decode" else prefill_program(eng, 24)
+        families = [ln.kernel.family for ln in prog.launches]
     lo, hi = second_layer(families)
     assert families[lo] == "add_rmsnorm"  # the second layer's input norm
     assert families[lo + 1:hi] == families[2:2 + hi - lo - 1]  # the first layer, norm aside
