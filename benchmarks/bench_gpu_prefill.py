@@ -529,26 +529,34 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
     return kernels
 
 
+def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact") -> Any:
+    """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
+    under ``policy``, for prefills launched one by one (no graphs)."""
+    from bench_gpu_decode import fast_weights
+
+    from metrale.plan.config import ModelConfig
+    from metrale.runtime.engine import Engine
+
+    return Engine(ModelConfig.load(model), quant,
+                  fast_weights(model, quant, np.random.default_rng(0)), hardware="sm_90",
+                  backend=None, loader=None, act="bf16", max_ctx=max_ctx, slots=1,
+                  blocking=False, debug=False, graphs=False, fuse=True, policy=policy)
+
+
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
                   hf: bool, kernels: bool = False, records: list | None = None) -> list[dict]:
     """Whole prefill steps on the sm_90 plans (random weights, one sequence from position 0),
     against the tensor-core floor of their FLOPs and, in bf16, transformers' forward (which,
     like the first timing, gives every row's logits); then the plan with the last row's only.
     With ``kernels`` (or ``records``), the longest prompt's kernels one by one (step_kernels)."""
-    from bench_gpu_decode import fast_weights
-
     from metrale.plan.config import ModelConfig
     from metrale.runtime.bench import time_prefill
-    from metrale.runtime.engine import Engine
 
     out = []
     for model in models:
         config = ModelConfig.load(model)
         for quant in quants:
-            eng = Engine(config, quant, fast_weights(model, quant, np.random.default_rng(0)),
-                         hardware="sm_90", backend=None, loader=None, act="bf16",
-                         max_ctx=max(lengths), slots=1,
-                         blocking=False, debug=False, graphs=False, fuse=True, policy="exact")
+            eng = prefill_engine(model, quant, max(lengths))
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
                 last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")

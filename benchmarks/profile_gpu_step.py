@@ -16,7 +16,8 @@ Run on the lent GPU (ncu must be on the PATH; the clocks are left alone):
 (``--policy bounded`` profiles the bounded plans: the tensor-core GEMVs; ``--prefill ROWS`` the
 prefill of a ROWS-token prompt, one sequence from position 0, in place of the decode step). Writes
 ``benchmarks/results/gpu_profile.json`` (the summary; ``gpu_profile_bounded.json`` under
-``--policy bounded``), and per target ``DIR/<model>_<quant>.csv``
+``--policy bounded``, ``gpu_profile_prefill.json`` under ``--prefill``), and per target
+``DIR/<model>_<quant>.csv`` (``..._prefill<ROWS>.csv`` under ``--prefill``)
 (ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
 of the kernels ``--source`` names).
 """
@@ -71,17 +72,13 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
     ``launches`` (JSON)."""
     import cupy
     import numpy as np
-    from bench_gpu_decode import decode_engine, fast_weights
+    from bench_gpu_decode import decode_engine
+    from bench_gpu_prefill import prefill_engine
 
-    from metrale.plan.config import ModelConfig
     from metrale.runtime.bench import decode_program, prefill_program
-    from metrale.runtime.engine import Engine
 
     if prefill:
-        eng = Engine(ModelConfig.load(model), quant,
-                     fast_weights(model, quant, np.random.default_rng(0)), hardware="sm_90",
-                     backend=None, loader=None, act="bf16", max_ctx=prefill, slots=1,
-                     blocking=False, debug=False, graphs=False, fuse=True, policy=policy)
+        eng = prefill_engine(model, quant, prefill, policy)
         prog = prefill_program(eng, prefill)
     else:
         eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
