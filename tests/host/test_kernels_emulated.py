@@ -57,9 +57,11 @@ def library(build_dir, point: Point, extra: tuple[str, ...] = ()) -> simt.Librar
 
 
 def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dict,
-        attrs: dict | None = None, extra: tuple[str, ...] = ()) -> list[np.ndarray]:
+        attrs: dict | None = None, extra: tuple[str, ...] = (),
+        launch_shape: tuple | None = None) -> list[np.ndarray]:
     """``point``'s kernel on the emulation: inputs from ``device`` (port -> data, scale, global),
-    outputs poisoned, scratch zeroed; returns the outputs."""
+    outputs poisoned, scratch zeroed; returns the outputs. ``launch_shape`` (grid, block,
+    shared), for a kernel of one launch, replaces its launch rule's."""
     kernel = F.realize(point)
     lib = library(build_dir, point, extra)
     params = point.as_dict()
@@ -84,7 +86,11 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
     numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
     env = kernel.sizes(numbers)
     scratch: dict[str, np.ndarray] = {}  # one workspace per name, shared by the launches
-    for entry, args, shape in kernel.launches_for(numbers):
+    launches = kernel.launches_for(numbers)
+    if launch_shape is not None:
+        assert len(launches) == 1, f"{kernel.entry}: a launch shape for each of its launches"
+        launches = ((launches[0][0], launches[0][1], launch_shape),)
+    for entry, args, shape in launches:
         values = []
         for a in args:
             name, _, ty = a.partition(":")
@@ -267,6 +273,42 @@ def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hk
 def test_prefill_attention_over_rows_out_of_position_order(build_dir, family):
     check_prefill_attention(P.family(family), 16, 8, 128, 100, _runner(build_dir), F,
                             scattered=True)
+
+
+@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 8), (32, 8), (12, 4)])
+def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_dir, family, hq,
+                                                                         hkv):
+    """The prefill attention with blocks of 1 to 4 tiles of 16 rows (as many as 8 warps take),
+    the table's choice among them, gives the same bytes: a warp's computation is its own rows',
+    whatever else its block holds. A 70-row prompt from position 0, so that blocks are partly
+    past the rows, then the same across two slots."""
+    fam = P.family(family)
+    point = fam.point(act="bf16", mode="prefill", kv_block=256)
+    kernel = F.realize(point)
+    rows, d, g = 70, 64, hq // hkv
+    for case, positions, slots in (
+            ("prompt", np.arange(rows), np.zeros(rows)),
+            ("slots", np.concatenate([np.arange(250, 290), np.arange(30)]),
+             np.concatenate([np.ones(40), np.zeros(30)]))):
+        sizes = {**sizes_for(fam, rows), "hq": hq, "hkv": hkv, "d": d, "slots": 2,
+                 "max_ctx": 300}
+        _, device = inputs(fam, point, sizes, seed=hq * 7 + hkv)
+        device["positions"], device["slots"] = (positions.astype(np.int32),), \
+            (slots.astype(np.int32),)
+        attrs = {"window": 0, "scale": d ** -0.5}
+        (gx, _, gz), (own, _, _), shared = kernel.launch_for(
+            {**sizes, **dict(fam.attr_examples), **attrs})
+        outs = {}
+        for rt in (1, 2, 4):
+            if 32 * g * rt <= 256:
+                shape = ((gx, -(-rows // (16 * rt)), gz), (32 * g * rt, 1, 1), shared)
+                outs[32 * g * rt] = run(build_dir, fam, point, sizes, device, attrs,
+                                        launch_shape=shape)[0]
+        assert own in outs and len(outs) > 1, (own, sorted(outs))
+        assert np.isfinite(outs[own].astype(np.float32)).all(), case
+        for threads, out in outs.items():
+            assert out.tobytes() == outs[own].tobytes(), (case, threads, own)
 
 
 # (hq, hkv, d): groups of more than four q heads, which decode attention splits over blocks of
