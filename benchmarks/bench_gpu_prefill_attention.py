@@ -192,7 +192,8 @@ def main() -> None:
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {"tree": (load(cp, realized(None), None, Path(tmp)), realized(None))}
+        tree = realized(None)
+        variants = {"tree": (load(cp, tree, None, Path(tmp)), tree)}
         if args.baseline:
             base = realized(args.baseline)
             variants["baseline"] = (load(cp, base, args.baseline, Path(tmp)), base)
