@@ -109,7 +109,7 @@ def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weig
     sizes = {"rows": 1000, "k": 4096, "n": 14336}
     kernel = bench.realized(family, weight)
     want = kernel.launch_for(sizes)
-    for defines in ("", "STAGES=2", "STAGES=4"):
+    for defines in ("", "STAGES=2", "STAGES=5"):
         v = bench.WgmmaVariant.__new__(bench.WgmmaVariant)
         v.kernel, v.shared = kernel, bench.wgmma_shared(defines, weight)
         grid, block, shared = v.launch_shape(sizes)

@@ -23,9 +23,9 @@
 // each (an Nsight Compute profile had the index arithmetic of the copies at over half of the
 // kernel's instructions, docs/gpu-notes.md, version 26). A tile that every row of a warp attends
 // to in full skips the per-position masks. Rows of a block in different slots are served slot
-// after slot. kv_append_attention writes the tile's rows into
-// the cache (slice 0's blocks) and reads every position some row of the launch appends from
-// k, v instead of the cache, so no block reads what another writes. Defines: ACT_BF16, KV_BLOCK.
+// after slot. kv_append_attention writes the block's rows into the cache (slice 0's blocks, 16
+// bytes a copy) and reads every position some row of the launch appends from k, v instead of
+// the cache, so no block reads what another writes. Defines: ACT_BF16, KV_BLOCK.
 #include "metrale.cuh"
 #include "mma.cuh"
 
@@ -41,7 +41,7 @@
 #define SLICE 128       // output columns a block computes (grid z)
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 8   // q heads per kv head: a warp each, and registers for 8 warps a block
-#define MAX_WARPS 8   // G row tiles' warps: __launch_bounds__
+#define MAX_WARPS 8   // a block's warps, G of each row tile (__launch_bounds__)
 #define KPITCH(d) ((d) + 8)   // bf16 per key row in shared memory: ldmatrix's rows in 8 banks
 #define VPITCH (SLICE + 8)
 static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
@@ -491,7 +491,7 @@ metrale_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__
 }
 
 // kv_append then attention: slice 0's blocks write their rows' k, v of their kv head into the
-// cache; every block reads the positions the launch appends from k, v (load_kv_tile).
+// cache; every block reads the positions the launch appends from k, v (issue_kv_tile).
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 metrale_kv_append_attention_prefill(const act_t* __restrict__ k, const act_t* __restrict__ v,
                                     const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
@@ -503,13 +503,23 @@ metrale_kv_append_attention_prefill(const act_t* __restrict__ k, const act_t* __
     if (!prefill_launch_ok(rows, d, hq, hkv)) __trap();
     const int kvh = blockIdx.x, row0 = block_row0(hq / hkv);
     if (blockIdx.z == 0) {
-        for (int i = threadIdx.x; i < block_row_count(hq / hkv) * d; i += blockDim.x) {
-            const int row = row0 + i / d, c = i % d;
-            if (row >= rows) break;
-            const long src = ((long)row * hkv + kvh) * d + c;
-            const long dst = (((long)slots[row] * max_ctx + positions[row]) * hkv + kvh) * d + c;
-            k_cache[dst] = k[src];
-            v_cache[dst] = v[src];
+        // 16 bytes a copy (d % 8 == 0 keeps rows 16-byte aligned): thread i takes piece i % n8 of
+        // row i / n8, stepped as copy_rows steps
+        const int n8 = d / 8, nrows = min(block_row_count(hq / hkv), rows - row0);
+        const int dj = blockDim.x / n8, dc = blockDim.x - dj * n8;
+        for (int j = threadIdx.x / n8, c = threadIdx.x - j * n8; j < nrows;) {
+            const int row = row0 + j;
+            const long src = ((long)row * hkv + kvh) * d + 8 * c;
+            const long dst =
+                (((long)slots[row] * max_ctx + positions[row]) * hkv + kvh) * d + 8 * c;
+            *(uint4*)(k_cache + dst) = *(const uint4*)(k + src);
+            *(uint4*)(v_cache + dst) = *(const uint4*)(v + src);
+            c += dc;
+            j += dj;
+            if (c >= n8) {
+                c -= n8;
+                ++j;
+            }
         }
     }
     attend_tile(q, k_cache, v_cache, positions, slots, k, v, o, rows, hq, hkv, d, max_ctx, scale,

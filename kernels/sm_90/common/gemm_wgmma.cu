@@ -33,7 +33,7 @@
 #define BK 64
 #define THREADS 256
 #ifndef STAGES
-#define STAGES (PARTS == 1 ? 5 : 3)
+#define STAGES (PARTS == 1 ? 4 : 3)
 #endif
 #define AHEAD (STAGES - 2)  // tiles in flight beyond the one in use and the one before it
 constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: an activation or weight tile
