@@ -54,14 +54,6 @@
 #define PREFETCH_BLOCKS 8
 #endif
 
-#if defined(OUT_F32)
-typedef float out_t;
-__device__ __forceinline__ out_t out_store(float v) { return v; }
-#else
-typedef act_t out_t;
-__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
-#endif
-
 // One warp of linear or linear_add: its column and rows, the weight row's prefetch before the
 // wait, the dots, then store(i, d) for this lane's row (output index i, dot d). A warp with no
 // column or row returns before the wait (its block's other warps, or the grid's, wait).

@@ -230,6 +230,34 @@ __device__ __forceinline__ WeightRef weight_ref(const void* data, const void* sc
     return w;
 }
 
+// The output type of the matmul entries: f32 logits for lm_head (OUT_F32), else the activations'.
+#if defined(OUT_F32)
+typedef float out_t;
+__device__ __forceinline__ out_t out_store(float v) { return v; }
+#else
+typedef act_t out_t;
+__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
+#endif
+
+// The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
+__device__ __forceinline__ float row_factor(WeightRef w) {
+#if defined(WEIGHT_FP8)
+    return *(const float*)w.scale;
+#elif defined(WEIGHT_NVFP4)
+    return *w.global;
+#else
+    return 1.0f;
+#endif
+}
+
+__device__ __forceinline__ float scaled(float d, float f) {
+#if defined(WEIGHT_FP8) || defined(WEIGHT_NVFP4)
+    return __fmul_rn(d, f);
+#else
+    return d;
+#endif
+}
+
 // silu(g) * u as the reference rounds it: silu output rounded to act, the product rounded.
 __device__ __forceinline__ float silu_mul(float g, float u) {
     float s = act_round(g / (1.0f + expf(-g)));

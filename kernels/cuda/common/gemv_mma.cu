@@ -54,14 +54,6 @@
 constexpr int C = DOT_CHUNKS, ROUND = 32 * C, ROUNDS = K_BLOCK / ROUND;
 static_assert(K_BLOCK % ROUND == 0, "a k-block is whole rounds of the four lanes' loads");
 
-#if defined(OUT_F32)
-typedef float out_t;
-__device__ __forceinline__ out_t out_store(float v) { return v; }
-#else
-typedef act_t out_t;
-__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
-#endif
-
 // ------------------------------------------------------------------ weights as bf16
 
 // fp4 chunks pair their columns (p, p + 4) in bf16 word p (p < 4), not (2p, 2p + 1): nibbles p
@@ -169,25 +161,6 @@ __device__ __forceinline__ uint4 pair_x(const uint4& x) {
     return make_uint4(lo(x.x, x.z), hi(x.x, x.z), lo(x.y, x.w), hi(x.y, x.w));
 #else
     return x;
-#endif
-}
-
-// The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
-__device__ __forceinline__ float row_factor(WeightRef w) {
-#if defined(WEIGHT_FP8)
-    return *(const float*)w.scale;
-#elif defined(WEIGHT_NVFP4)
-    return *w.global;
-#else
-    return 1.0f;
-#endif
-}
-
-__device__ __forceinline__ float scaled(float d, float f) {
-#if defined(WEIGHT_FP8) || defined(WEIGHT_NVFP4)
-    return __fmul_rn(d, f);
-#else
-    return d;
 #endif
 }
 

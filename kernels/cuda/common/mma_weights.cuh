@@ -1,6 +1,6 @@
 // Metrale CUDA: the weights of the tensor-core GEMMs (gemm.cu, mma.sync; sm_90's gemm_wgmma.cu)
-// on their way to bf16 MMA operands, and the factor left for the finished sum; and the output
-// type of the gemm entries.
+// on their way to bf16 MMA operands (the factor left for the finished sum, row_factor and scaled,
+// and the entries' out_t are gemv.cuh's, which the GEMVs share).
 //
 // A quantized weight reaches the MMA exactly: fp8's e4m3 values, mxfp4's e2m1 times its
 // power-of-two scale and nvfp4's e2m1 times its e4m3 scale all fit bf16; the f32 factor left
@@ -14,14 +14,6 @@
 #define PARTS 3  // bf16 parts of an f32 weight, each a plane of the weight tile
 #else
 #define PARTS 1
-#endif
-
-#if defined(OUT_F32)
-typedef float out_t;
-__device__ __forceinline__ out_t out_store(float v) { return v; }
-#else
-typedef act_t out_t;
-__device__ __forceinline__ out_t out_store(float v) { return act_store(v); }
 #endif
 
 // Eight activations or bf16 weights of one row from column c, through registers: the path for
@@ -126,21 +118,3 @@ __device__ __forceinline__ void weight8_planes(const WeightRaw8& r, uint4 (&plan
 }
 #endif
 
-// The f32 factor of a weight row left for after the sum: fp8's row scale, nvfp4's global scale.
-__device__ __forceinline__ float row_factor(WeightRef w) {
-#if defined(WEIGHT_FP8)
-    return *(const float*)w.scale;
-#elif defined(WEIGHT_NVFP4)
-    return *w.global;
-#else
-    return 1.0f;
-#endif
-}
-
-__device__ __forceinline__ float scaled(float d, float f) {
-#if defined(WEIGHT_FP8) || defined(WEIGHT_NVFP4)
-    return __fmul_rn(d, f);
-#else
-    return d;
-#endif
-}
