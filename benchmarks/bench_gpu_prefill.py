@@ -97,12 +97,15 @@ GEMM_VARIANTS = [
     "MI=4 BK=64 STAGES=2 GEMM_MIN_BLOCKS=1",
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
-# sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight
-WGMMA_VARIANTS = ["", "STAGES=5", "STAGES=6"]
+# sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight (STAGES for blocks of two
+# warpgroups, SMALL_STAGES for the one-warpgroup blocks of 1-64 rows); WIDE=1 is a launch choice,
+# not a define: blocks of two warpgroups whatever the rows, as before version 27
+WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6", "SMALL_STAGES=8", "WIDE=1"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
-                 ("llama-3.1-8b", "gate_up", 64), ("qwen3-0.6b", "gate_up", 512)]
+                 ("llama-3.1-8b", "gate_up", 64), ("llama-3.1-8b", "down", 16),
+                 ("qwen3-0.6b", "gate_up", 64), ("qwen3-0.6b", "gate_up", 512)]
 WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear": ("w",), "linear_add": ("w",),
                 "gate_up_swiglu": ("wg", "wu"), "lm_head": ("w",)}
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear": ("y",), "linear_add": ("y",),
@@ -273,26 +276,38 @@ class Variant(Built):
         return (-(-sizes["rows"] // t["bm"]), cols, 1), (t["threads"], 1, 1), t["shared"]
 
 
-def wgmma_shared(defines: str, weight: str) -> int:
-    """gemm_wgmma.cu's shared memory at these defines (its defaults otherwise): STAGES stages of
-    an activation tile and the weight planes (three for f32), 16 KiB each, and 1 KiB to align
-    the first stage."""
+def wgmma_shared(defines: str, weight: str, warpgroups: int = 2) -> int:
+    """gemm_wgmma.cu's shared memory at these defines (its defaults otherwise) for blocks of
+    ``warpgroups``: STAGES (SMALL_STAGES for one warpgroup) stages of an activation tile of 64
+    rows a warpgroup, 8 KiB each, and the weight planes (three for f32), 16 KiB each, and 1 KiB
+    to align the first stage."""
     planes = 3 if weight == "f32" else 1
-    stages = int(parse_defines(defines).get("STAGES", 3 if planes == 3 else 4))
-    return stages * (1 + planes) * 16384 + 1024
+    d = parse_defines(defines)
+    stages = int(d.get("STAGES", 3 if planes == 3 else 4) if warpgroups == 2 else
+                 d.get("SMALL_STAGES", 4))
+    return stages * (8192 * warpgroups + planes * 16384) + 1024
+
+
+def compiled_defines(defines: str) -> str:
+    """A WGMMA_VARIANTS entry's defines for the compiler (WIDE=1 is the launch's)."""
+    return " ".join(d for d in defines.split() if not d.startswith("WIDE="))
 
 
 class WgmmaVariant(Built):
-    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's grid and block, with the
-    shared memory its stages take."""
+    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's grid and block (WIDE=1: blocks
+    of two warpgroups at any rows), with the shared memory its stages take."""
 
     def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
-        super().__init__(cp, tmp, with_defines(kernel, defines))
-        self.shared = wgmma_shared(defines, weight)
+        self.wide = parse_defines(defines).get("WIDE") == "1"
+        compiled = compiled_defines(defines)
+        super().__init__(cp, tmp, with_defines(kernel, compiled))
+        self.defines, self.weight = compiled, weight
 
     def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
         grid, block, _ = super().launch_shape(sizes)
-        return grid, block, self.shared
+        if self.wide:
+            grid, block = (-(-sizes["rows"] // 128), *grid[1:]), (256, 1, 1)
+        return grid, block, wgmma_shared(self.defines, self.weight, block[0] // 128)
 
 
 class Launch:
@@ -394,26 +409,32 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     return out
 
 
-def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
-    """Every GEMM_VARIANTS build at VARIANT_CASES in ``formats``: checked, timed, with the peer."""
+def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[str],
+                   rows_only: set[int] | None = None, gemm_cu: bool = True) -> list[dict]:
+    """Every GEMM_VARIANTS build (unless not ``gemm_cu``) and WGMMA_VARIANTS build at
+    VARIANT_CASES (those at ``rows_only``, if given) in ``formats``: checked, timed, with the
+    peer."""
     shapes = {(m, n): (f, d) for m, n, f, d in SHAPES}
+    cases = [c for c in VARIANT_CASES if rows_only is None or c[2] in rows_only]
+    gemm_variants = GEMM_VARIANTS if gemm_cu else []
     kernels = {}
-    for model, name, _rows in VARIANT_CASES:
+    for model, name, _rows in cases:
         for fmt in formats:
             if not runs_in(shapes[model, name][0], fmt):
                 continue
             k = gemm_cu(shapes[model, name][0], fmt)
-            for v in GEMM_VARIANTS:
+            for v in gemm_variants:
                 built = with_defines(k, v)
                 kernels[built.source, built.defines] = built
             if shadowed(shapes[model, name][0], fmt):  # sm_90's own, and its variants
                 for v in WGMMA_VARIANTS:
-                    built = with_defines(realized(shapes[model, name][0], fmt), v)
+                    built = with_defines(realized(shapes[model, name][0], fmt),
+                                         compiled_defines(v))
                     kernels[built.source, built.defines] = built
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
     out = []
-    for model, name, rows in VARIANT_CASES:
+    for model, name, rows in cases:
         family, dims = shapes[model, name]
         for fmt in formats:
             if not runs_in(family, fmt):
@@ -422,7 +443,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v, fmt))
                    for v in (WGMMA_VARIANTS if lc.shadowed else [])]
             for v, built in [(v, Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
-                             for v in GEMM_VARIANTS] + own:
+                             for v in gemm_variants] + own:
                 c = bench_case(cp, torch, lc, model, name, rows, rate, 0, built)
                 c["variant"] = v
                 out.append(c)
@@ -599,7 +620,12 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="time each kernel of the longest prefill step alone")
     ap.add_argument("--variants", action="store_true",
-                    help="time gemm.cu's GEMM_VARIANTS at VARIANT_CASES instead")
+                    help="time gemm.cu's GEMM_VARIANTS and gemm_wgmma.cu's WGMMA_VARIANTS at "
+                         "VARIANT_CASES instead")
+    ap.add_argument("--variant-rows", default="",
+                    help="with --variants: only the cases at these rows (comma-separated)")
+    ap.add_argument("--wgmma-only", action="store_true",
+                    help="with --variants: gemm_wgmma.cu's variants only")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (throughput at the largest rows) to sm_90")
     args = ap.parse_args()
@@ -612,7 +638,9 @@ def main() -> None:
     cases = []
     if args.variants:
         with tempfile.TemporaryDirectory() as tmp:
-            cases = bench_variants(cp, torch, Path(tmp), rate, args.weights.split(","))
+            only = {int(r) for r in args.variant_rows.split(",") if r} or None
+            cases = bench_variants(cp, torch, Path(tmp), rate, args.weights.split(","), only,
+                                   not args.wgmma_only)
         path = write_result("gpu_prefill_variants", {
             "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
             "copy_rate": rate, "tensor_peak": TENSOR_PEAK, "variants": GEMM_VARIANTS,

@@ -114,22 +114,28 @@ def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
             and any(port.dims[:1] == ("rows",) for port in f.outputs)]
 
 
-def check_row_invariance(fam: Family, point: Point, runner: Runner) -> None:
-    """Row 5 of an 8-row launch has the bytes of the same row launched alone."""
-    rows, row = 8, 5
-    sizes = sizes_for(fam, rows)
+def check_row_invariance(fam: Family, point: Point, runner: Runner, rows: int = 8,
+                         part: slice = slice(5, 6), dims: dict[str, int] | None = None) -> None:
+    """Rows ``part`` of a ``rows``-row launch (row 5 of 8 unless told) have the bytes of the
+    same rows launched alone; ``dims`` overrides the family's example sizes."""
+    sizes = {**sizes_for(fam, rows), **(dims or {})}
     _, device = inputs(fam, point, sizes, seed=11)
     whole = runner(fam, point, sizes, {k: tuple(np.copy(x) if x is not None else None
                                                 for x in v) for k, v in device.items()})
-    one_device = {}
+    part_device = {}
     for port in fam.inputs:
         parts = device[port.name]
-        one_device[port.name] = (parts[0][row:row + 1],) if port.dims[:1] == ("rows",) \
-            else parts
-    alone = runner(fam, point, {**sizes, "rows": 1}, one_device)
+        part_device[port.name] = (parts[0][part],) if port.dims[:1] == ("rows",) else parts
+    alone = runner(fam, point, {**sizes, "rows": part.stop - part.start}, part_device)
     for port, w, a in zip(fam.outputs, whole, alone):
         if port.dims[:1] == ("rows",):
-            assert w[row:row + 1].tobytes() == a.tobytes(), f"{point} {port.name}"
+            assert w[part].tobytes() == a.tobytes(), f"{point} {port.name}"
+
+
+GEMM_ROW_WINDOWS = [(150, slice(10, 74)), (70, slice(33, 34)), (130, slice(66, 130))]
+"""(rows, part) for check_row_invariance at the gemm points: a launch of 1-64 rows runs blocks
+of one warpgroup and a longer one blocks of two (sm_90's KERNELS.toml), so each window's rows
+run alone on the one size and in the whole launch on the other, across row tiles too."""
 
 
 def relation_cases(F: Any) -> list:

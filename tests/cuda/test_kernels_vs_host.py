@@ -22,6 +22,7 @@ from metrale.realize.functor import realization  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
+    GEMM_ROW_WINDOWS,
     PREFILL_SHAPES,
     case_id,
     check_gemm,
@@ -34,6 +35,7 @@ from tests.kernel_cases import (  # noqa: E402
     compare,
     inputs,
     kwargs,
+    matmul_point,
     mxfp4_scaled_inputs,
     relation_cases,
     row_invariant_points,
@@ -285,6 +287,36 @@ GEMM_SHAPES = [
 def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
     """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
+
+
+# 1-64 rows: blocks of one warpgroup on sm_90 (and one row tile, ragged)
+GEMM_SMALL_SHAPES = [
+    ("linear", {"rows": 64, "k": 1056, "n": 200}),
+    ("linear", {"rows": 9, "k": 1036, "n": 136}),
+    ("lm_head", {"rows": 33, "k": 1024, "n": 300}),
+    ("linear_add", {"rows": 17, "k": 1056, "n": 136}),
+    ("qkv", {"rows": 40, "k": 1024, "nq": 264, "nk": 72, "nv": 72}),
+    ("gate_up_swiglu", {"rows": 64, "k": 1056, "n": 100}),
+]
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMM_SMALL_SHAPES, ids=case_id)
+def test_gemm_at_small_row_counts_matches_reference(gpu, family, dims, weight):
+    check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
+
+
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", [(f, {k: v for k, v in d.items() if k != "rows"})
+                                         for f, d in GEMM_SHAPES], ids=case_id)
+@pytest.mark.parametrize("rows,part", GEMM_ROW_WINDOWS, ids=["150-10-74", "70-33", "130-66-130"])
+def test_gemm_rows_have_the_same_bytes_in_either_block_size(gpu, family, dims, weight, rows,
+                                                            part):
+    """Rows launched alone (up to 64: blocks of one warpgroup) give the bytes they have in a
+    longer launch (blocks of two): the same wgmmas on the same rows, on the hardware."""
+    fam = P.family(family)
+    check_row_invariance(fam, matmul_point(fam, "gemm", weight), lambda *a: _run_gpu(gpu, *a),
+                         rows, part, dims)
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

@@ -101,23 +101,37 @@ def test_variant_tiles_follow_the_source_defaults(weight):
         assert v.launch_shape(sizes)[0][0] == -(-1000 // 128)
 
 
+@pytest.mark.parametrize("rows", [1000, 64])
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "f32"])
-def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weight):
+def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weight, rows):
     """A wgmma variant launches on KERNELS.toml's grid and block, with the shared memory its
-    STAGES take; with no defines, exactly as KERNELS.toml launches the source's own choice."""
+    stages take (STAGES for blocks of two warpgroups, SMALL_STAGES for one); with no defines,
+    exactly as KERNELS.toml launches the source's own choice. WIDE=1 launches blocks of two
+    warpgroups at any rows and is not compiled in."""
     family = "linear" if weight == "f32" else "gate_up_swiglu"
-    sizes = {"rows": 1000, "k": 4096, "n": 14336}
+    sizes = {"rows": rows, "k": 4096, "n": 14336}
     kernel = bench.realized(family, weight)
     want = kernel.launch_for(sizes)
-    for defines in ("", "STAGES=2", "STAGES=5"):
+    warpgroups = want[1][0] // 128
+    assert warpgroups == (1 if rows <= 64 and weight != "f32" else 2)
+    for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6", "WIDE=1", "WIDE=1 STAGES=5"):
         v = bench.WgmmaVariant.__new__(bench.WgmmaVariant)
-        v.kernel, v.shared = kernel, bench.wgmma_shared(defines, weight)
+        v.kernel, v.weight = kernel, weight
+        v.defines, v.wide = bench.compiled_defines(defines), "WIDE=1" in defines
+        assert "WIDE" not in v.defines
         grid, block, shared = v.launch_shape(sizes)
-        assert (grid, block) == want[:2]
-        assert (shared == want[2]) == (defines == "" or defines == "STAGES=3" and weight == "f32")
-        if defines:
-            stage = (4 if weight == "f32" else 2) * 16384
-            assert shared == int(defines.split("=")[1]) * stage + 1024
+        if v.wide:
+            assert (grid, block) == ((-(-rows // 128), want[0][1], 1), (256, 1, 1))
+        else:
+            assert (grid, block) == want[:2]
+        wg = block[0] // 128
+        d = bench.parse_defines(v.defines)
+        stages = int(d.get("STAGES", 3 if weight == "f32" else 4) if wg == 2 else
+                     d.get("SMALL_STAGES", 4))
+        planes = 3 if weight == "f32" else 1
+        assert shared == stages * (8192 * wg + 16384 * planes) + 1024
+        if not defines:
+            assert shared == want[2]
 
 
 def test_kernel_times_cover_every_kernel_of_a_prefill():

@@ -179,6 +179,8 @@ def test_kernel_fields_are_valid(name):
         assert len({arg for arg, _, _ in then_args}) == len(then_args)
     for p in mine:
         env = {**fam["example"], **fam.get("attrs", {}), **p}
+        for v, f in t.get("values", {}).items():  # in order: a launch formula may read them
+            env[v] = evaluate(f, env)
         for launch in (t["launch"], *(then["launch"] for then in t.get("then", []))):
             assert set(launch) == {"grid", "block", "shared"}
             dims = [evaluate(f, env) for f in launch["grid"] + launch["block"]]

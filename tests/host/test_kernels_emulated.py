@@ -22,6 +22,7 @@ from metrale.realize.functor import realization
 from tests.host import simt
 from tests.kernel_cases import (
     GEMM,
+    GEMM_ROW_WINDOWS,
     PREFILL_SHAPES,
     case_id,
     check_gemm,
@@ -34,6 +35,7 @@ from tests.kernel_cases import (
     compare,
     inputs,
     kwargs,
+    matmul_point,
     relation_cases,
     row_invariant_points,
     sizes_for,
@@ -147,6 +149,23 @@ GEMM_CASES = [
 def test_gemm_over_ragged_tiles_matches_reference(build_dir, family, dims, weight):
     """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
     check_gemm(family, dims, weight, P, F, _runner(build_dir))
+
+
+@pytest.mark.parametrize("weight", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("family,dims", [("linear", {"k": 544, "n": 136}),
+                                         ("gate_up_swiglu", {"k": 288, "n": 72}),
+                                         ("qkv", {"k": 288, "nq": 136, "nk": 24, "nv": 40})],
+                         ids=case_id)
+@pytest.mark.parametrize("rows,part", GEMM_ROW_WINDOWS[1:], ids=["70-33", "130-66-130"])
+def test_gemm_rows_have_the_same_bytes_in_either_block_size(build_dir, family, dims, weight,
+                                                            rows, part):
+    """Rows launched alone (up to 64: blocks of one warpgroup) give the bytes they have in a
+    longer launch (blocks of two), wherever they sit in its row tiles."""
+    fam = P.family(family)
+    point = matmul_point(fam, "gemm", weight)
+    assert {F.realize(point).launch_for({**sizes_for(fam, r), **dims})[1][0]
+            for r in (rows, part.stop - part.start)} == {128, 256}
+    check_row_invariance(fam, point, _runner(build_dir), rows, part, dims)
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

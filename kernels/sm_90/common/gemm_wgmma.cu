@@ -9,7 +9,13 @@
 // registers (64 a thread). Tiles of BK = 64 columns (128 bytes a row) come into STAGES
 // shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row r at
 // piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile kt + AHEAD
-// is in flight while tile kt's wgmmas run and tile kt - 1's may still. The activations, and bf16
+// is in flight while tile kt's wgmmas run and tile kt - 1's may still.
+//
+// Up to 64 rows (KERNELS.toml launches 128 threads there) a block is one warpgroup and its tile
+// 64 x 128, in SMALL_STAGES stages of 24 KiB: two blocks share an SM where the 128-row tile's
+// 32 KiB stages and idle second warpgroup allowed one. The warpgroup issues the same wgmmas on
+// the same swizzled rows as either warpgroup of a 256-thread block, so each row's bytes do not
+// depend on the block size (the order below, and row invariance, hold across both). The activations, and bf16
 // weights, come by cp.async; weights of a quantized format or f32 through registers, made bf16
 // exactly on the way (mma_weights.cuh), f32 as three planes.
 //
@@ -28,19 +34,29 @@
 #error "gemm_wgmma.cu takes bf16 activations (KERNELS.toml's `when`)"
 #endif
 
-#define BM 128
 #define BN 128
 #define BK 64
-#define THREADS 256
 #ifndef STAGES
 #define STAGES (PARTS == 1 ? 4 : 3)
 #endif
-#define AHEAD (STAGES - 2)  // tiles in flight beyond the one in use and the one before it
-constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: an activation or weight tile
-constexpr int STAGE_BYTES = (1 + PARTS) * TILE_BYTES;  // activations, then the weight planes
-// KERNELS.toml's launch.shared: STAGES STAGE_BYTES + 1024 (the alignment of the first stage)
+#ifndef SMALL_STAGES
+#define SMALL_STAGES 4
+#endif
+constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: a weight tile (or plane)
 static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
-static_assert(AHEAD >= 1, "at least one tile in flight");
+
+// A block of WGS warpgroups: its tile's rows, its threads and its stages. A stage holds the
+// activation tile (bm rows of 128 bytes), then the weight planes. KERNELS.toml's launch.shared
+// is stages * stage_bytes + 1024 (the alignment of the first stage).
+template <int WGS>
+struct Block {
+    static constexpr int threads = 128 * WGS, bm = 64 * WGS;
+    static constexpr int act_bytes = bm * 128, stage_bytes = act_bytes + PARTS * TILE_BYTES;
+    static constexpr int stages = WGS == 2 ? STAGES : SMALL_STAGES;
+    // tiles in flight beyond the one in use and the one before it
+    static constexpr int ahead = stages - 2;
+    static_assert(ahead >= 1, "at least one tile in flight");
+};
 
 // ------------------------------------------------------------------ wgmma
 
@@ -106,12 +122,13 @@ struct Place {
     __device__ int col(int i) const { return 8 * (i >> 2) + 2 * t + (i & 1); }
 };
 
-// 128 rows of a bf16 matrix (row(r): rows already clamped to real ones), columns k0 + [0, BK),
-// into a swizzled tile; zeros past k. Rows not 16-byte aligned (k % 8) go through registers.
-template <class Row>
+// ROWS rows of a bf16 matrix (row(r): rows already clamped to real ones), columns k0 + [0, BK),
+// into a swizzled tile by THREADS threads; zeros past k. Rows not 16-byte aligned (k % 8) go
+// through registers.
+template <int ROWS, int THREADS, class Row>
 __device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, int k0) {
 #pragma unroll
-    for (int i = 0; i < 128 * 8 / THREADS; ++i) {
+    for (int i = 0; i < ROWS * 8 / THREADS; ++i) {
         const int idx = threadIdx.x + THREADS * i, r = idx >> 3, p = idx & 7, c = k0 + 8 * p;
         const bf16* src = row(r);
         unsigned char* dst = tile + swizzled(r, p);
@@ -123,18 +140,25 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, i
 #if !defined(WEIGHT_BF16)
 // A quantized or f32 weight tile in flight: this thread's raw pieces (piece p of tile row r for
 // r, p = idx / 8, idx % 8), fetched before the wgmmas of the tile in use and stored (as bf16,
-// or f32's bf16 planes) after them.
+// or f32's bf16 planes) after them, by THREADS threads. THREADS is a multiple of 8, so every
+// piece of a thread lies at the same columns, k0 + 8 (threadIdx.x % 8), and is live (inside k)
+// or not together.
+template <int THREADS>
 struct QuantTile {
     static constexpr int PIECES = 128 * 8 / THREADS;
     WeightRaw8 raw[PIECES];
-    bool live[PIECES];
+    bool live;
     template <class WRow>
     __device__ __forceinline__ void fetch(WRow wrow, int k, int k0) {
+        const int c = k0 + 8 * (threadIdx.x & 7);
+        live = c < k;
+        // threadIdx.x < THREADS (check_launch), said so: the compiler then knows which rows,
+        // gate's or up's, each piece reads
+        const int t = threadIdx.x & (THREADS - 1);
+        if (live) {
 #pragma unroll
-        for (int i = 0; i < PIECES; ++i) {
-            const int idx = threadIdx.x + THREADS * i, c = k0 + 8 * (idx & 7);
-            live[i] = c < k;
-            if (live[i]) raw[i] = weight8_fetch(wrow(idx >> 3), c, k);
+            for (int i = 0; i < PIECES; ++i)
+                raw[i] = weight8_fetch(wrow((t + THREADS * i) >> 3), c, k);
         }
     }
     __device__ __forceinline__ void store(unsigned char* planes0) const {
@@ -146,15 +170,15 @@ struct QuantTile {
 #pragma unroll
             for (int p = 0; p < PARTS; ++p)
                 *(uint4*)(planes0 + p * TILE_BYTES + swizzled(idx >> 3, idx & 7)) =
-                    live[i] ? planes[p] : make_uint4(0, 0, 0, 0);
+                    live ? planes[p] : make_uint4(0, 0, 0, 0);
         }
     }
 };
 #endif
 
-// x rows m0 + [0, BM) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped to
-// real rows by the caller): the finished f32 sums into `sum`, in the fragment layout of Place.
-template <class WRow>
+// x rows m0 + [0, B::bm) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped
+// to real rows by the caller): the finished f32 sums into `sum`, in the fragment layout of Place.
+template <class B, class WRow>
 __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int m0, WRow wrow,
                                            float (&sum)[64]) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -162,25 +186,26 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
     unsigned char* base = smem_raw + (base_at - raw_at);
     const Place pl;
     auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
-    auto stage = [&](int kt) { return base + (kt % STAGES) * STAGE_BYTES; };
+    auto stage = [&](int kt) { return base + (kt % B::stages) * B::stage_bytes; };
+    auto load_x = [&](int kt) { load_tile<B::bm, B::threads>(stage(kt), xrow, k, kt * BK); };
 #if defined(WEIGHT_BF16)
     auto load_w = [&](int kt) {
-        load_tile(stage(kt) + TILE_BYTES, [&](int r) { return (const bf16*)wrow(r).data; }, k,
-                  kt * BK);
+        load_tile<128, B::threads>(stage(kt) + B::act_bytes,
+                                   [&](int r) { return (const bf16*)wrow(r).data; }, k, kt * BK);
     };
 #else
     auto load_w = [&](int kt) {
-        QuantTile q;
+        QuantTile<B::threads> q;
         q.fetch(wrow, k, kt * BK);
-        q.store(stage(kt) + TILE_BYTES);
+        q.store(stage(kt) + B::act_bytes);
     };
 #endif
     const int ktiles = (k + BK - 1) / BK;
-    constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
+    constexpr int TILES_PER_BLOCK = K_BLOCK / BK, AHEAD = B::ahead;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
         if (s < ktiles) {
-            load_tile(stage(s), xrow, k, s * BK);
+            load_x(s);
             load_w(s);
         }
         cp_async_commit();
@@ -194,10 +219,10 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         __syncthreads();
         const int next = kt + AHEAD;
 #if !defined(WEIGHT_BF16)
-        QuantTile q;  // fetched now, stored after this tile's wgmmas are issued
+        QuantTile<B::threads> q;  // fetched now, stored after this tile's wgmmas are issued
 #endif
         if (next < ktiles) {
-            load_tile(stage(next), xrow, k, next * BK);
+            load_x(next);
 #if defined(WEIGHT_BF16)
             load_w(next);
 #else
@@ -211,8 +236,8 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
         // serialized, each waiting for the one before (ptxas C7518); that build was 3-6 %
         // slower at 2048 rows and up to 15 % faster at 64 (docs/gpu-notes.md, version 25)
-        const uint32_t a_at = base_at + (kt % STAGES) * STAGE_BYTES + pl.wg * 64 * 128;
-        const uint32_t b_at = base_at + (kt % STAGES) * STAGE_BYTES + TILE_BYTES;
+        const uint32_t a_at = base_at + (kt % B::stages) * B::stage_bytes + pl.wg * 64 * 128;
+        const uint32_t b_at = base_at + (kt % B::stages) * B::stage_bytes + B::act_bytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)
@@ -223,7 +248,7 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
                                  !(opens && kk == 0 && p == PARTS - 1));
         wgmma_commit();
 #if !defined(WEIGHT_BF16)
-        if (next < ktiles) q.store(stage(next) + TILE_BYTES);
+        if (next < ktiles) q.store(stage(next) + B::act_bytes);
 #endif
         if (closes) {
             wgmma_wait<0>();
@@ -251,38 +276,67 @@ __device__ __forceinline__ void store_tile(const float (&sum)[64], int m0, int n
     }
 }
 
-// One plain tile: grid (ceil(rows / BM), ceil(n / BN)).
-template <class Store>
+// The launch this source serves: 256 threads, or (not for f32's planes) 128, and a grid whose
+// first dimension covers the rows in tiles of 64 a warpgroup. Anything else traps (loud).
+__device__ __forceinline__ void check_launch(int rows) {
+    const bool small = PARTS == 1 && blockDim.x == Block<1>::threads;
+    if (!(small || blockDim.x == Block<2>::threads) ||
+        (long)gridDim.x * (small ? Block<1>::bm : Block<2>::bm) < rows)
+        __trap();
+}
+
+// body<B>(): the block's work at its size; check_launch has ruled out every other block.
+template <class Body>
+__device__ __forceinline__ void by_block_size(Body body) {
+#if PARTS == 1
+    if (blockDim.x == Block<1>::threads) {
+        body(Block<1>());
+        return;
+    }
+#endif
+    body(Block<2>());
+}
+
+// One plain tile: grid (ceil(rows / B::bm), ceil(n / BN)).
+template <class B, class Store>
 __device__ __forceinline__ void linear_tile(const act_t* x, WeightRef w, int rows, int k, int n,
                                             int n0, Store store) {
-    grid_dependency_sync();
-    const int m0 = blockIdx.x * BM;
+    const int m0 = blockIdx.x * B::bm;
     float sum[64];
-    wgmma_tile(x, rows, k, m0, [&](int b) { return weight_rows(w, min(n0 + b, n - 1), k); }, sum);
+    wgmma_tile<B>(x, rows, k, m0, [&](int b) { return weight_rows(w, min(n0 + b, n - 1), k); },
+                  sum);
     store_tile(sum, m0, n0, rows, n, w, store);
 }
 
-// grid (ceil(rows / 128), ceil(n / 128)), block 256. y = x · wᵀ.
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+template <class Store>
+__device__ __forceinline__ void linear_tiles(const act_t* x, WeightRef w, int rows, int k, int n,
+                                             int n0, Store store) {
+    grid_dependency_sync();
+    check_launch(rows);
+    by_block_size([&](auto b) { linear_tile<decltype(b)>(x, w, rows, k, n, n0, store); });
+}
+
+// grid (ceil(rows / 128), ceil(n / 128)), block 256 (128 up to 64 rows). y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_linear_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                      const void* __restrict__ w_scale, const float* __restrict__ w_global,
                      out_t* __restrict__ y, int rows, int k, int n) {
-    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
-                [&](long i, float d) { y[i] = out_store(d); });
+    linear_tiles(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
+                 [&](long i, float d) { y[i] = out_store(d); });
 }
 
 // y = round(round(x · wᵀ) + r), as linear then add.
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_linear_add_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                          const void* __restrict__ w_scale, const float* __restrict__ w_global,
                          const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
                          int n) {
-    linear_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
-                [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+    linear_tiles(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
+                 [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
 
 // q, k_, v in one launch: grid y counts q's column tiles, then k_'s, then v's.
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_qkv_wgmma(const act_t* __restrict__ x,
                   const void* __restrict__ wq, const void* __restrict__ wq_scale,
                   const float* __restrict__ wq_global,
@@ -299,15 +353,15 @@ metrale_qkv_wgmma(const act_t* __restrict__ x,
                         : part == 1 ? weight_ref(wk, wk_scale, wk_global)
                                     : weight_ref(wv, wv_scale, wv_global);
     act_t* out = part == 0 ? q : part == 1 ? k_ : v;
-    linear_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
-                [&](long i, float d) { out[i] = act_store(d); });
+    linear_tiles(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
+                 [&](long i, float d) { out[i] = act_store(d); });
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: weight tile rows
 // [0, 64) are the gate rows of columns n0 + [0, 64), rows [64, 128) the up rows of the same
 // columns, so a thread's fragment registers i and i + 32 hold the two dots of one output.
-// grid (ceil(rows / 128), ceil(n / 64)).
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+// grid (ceil(rows / 128), ceil(n / 64)), block 256 (128 up to 64 rows).
+extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_gate_up_swiglu_wgmma(const act_t* __restrict__ x,
                              const void* __restrict__ wg, const void* __restrict__ wg_scale,
                              const float* __restrict__ wg_global,
@@ -315,21 +369,28 @@ metrale_gate_up_swiglu_wgmma(const act_t* __restrict__ x,
                              const float* __restrict__ wu_global,
                              act_t* __restrict__ h, int rows, int k, int n) {
     grid_dependency_sync();
+    check_launch(rows);
     const WeightRef g = weight_ref(wg, wg_scale, wg_global);
     const WeightRef u = weight_ref(wu, wu_scale, wu_global);
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * (BN / 2);
-    float sum[64];
-    wgmma_tile(x, rows, k, m0,
-               [&](int b) { return weight_rows(b < 64 ? g : u, min(n0 + (b & 63), n - 1), k); },
-               sum);
-    const Place pl;
+    const int n0 = blockIdx.y * (BN / 2);
+    by_block_size([&](auto b) {
+        using B = decltype(b);
+        const int m0 = blockIdx.x * B::bm;
+        float sum[64];
+        wgmma_tile<B>(x, rows, k, m0,
+                      [&](int r) {
+                          return weight_rows(r < 64 ? g : u, min(n0 + (r & 63), n - 1), k);
+                      },
+                      sum);
+        const Place pl;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-        if (row < rows && col < n) {
-            const float gd = scaled(sum[i], row_factor(weight_rows(g, col, 0)));
-            const float ud = scaled(sum[i + 32], row_factor(weight_rows(u, col, 0)));
-            h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
+        for (int i = 0; i < 32; ++i) {
+            const int row = m0 + pl.row(i), col = n0 + pl.col(i);
+            if (row < rows && col < n) {
+                const float gd = scaled(sum[i], row_factor(weight_rows(g, col, 0)));
+                const float ud = scaled(sum[i + 32], row_factor(weight_rows(u, col, 0)));
+                h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
+            }
         }
-    }
+    });
 }
