@@ -100,12 +100,13 @@ GEMM_VARIANTS = [
 # sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight (STAGES for blocks of two
 # warpgroups, SMALL_STAGES for the one-warpgroup blocks of 1-64 rows); WIDE=1 is a launch choice,
 # not a define: blocks of two warpgroups whatever the rows, as before version 27
-WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6", "SMALL_STAGES=8", "WIDE=1"]
+WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6", "SMALL_STAGES=8", "SMALL_STAGES=9", "WIDE=1"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
                  ("llama-3.1-8b", "gate_up", 64), ("llama-3.1-8b", "down", 16),
-                 ("qwen3-0.6b", "gate_up", 64), ("qwen3-0.6b", "gate_up", 512)]
+                 ("llama-3.1-8b", "lm_head", 64), ("qwen3-0.6b", "gate_up", 64),
+                 ("qwen3-0.6b", "down", 64), ("qwen3-0.6b", "gate_up", 512)]
 WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear": ("w",), "linear_add": ("w",),
                 "gate_up_swiglu": ("wg", "wu"), "lm_head": ("w",)}
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear": ("y",), "linear_add": ("y",),
@@ -410,13 +411,13 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
 
 
 def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[str],
-                   rows_only: set[int] | None = None, gemm_cu: bool = True) -> list[dict]:
-    """Every GEMM_VARIANTS build (unless not ``gemm_cu``) and WGMMA_VARIANTS build at
+                   rows_only: set[int] | None = None, with_gemm_cu: bool = True) -> list[dict]:
+    """Every GEMM_VARIANTS build (unless not ``with_gemm_cu``) and WGMMA_VARIANTS build at
     VARIANT_CASES (those at ``rows_only``, if given) in ``formats``: checked, timed, with the
     peer."""
     shapes = {(m, n): (f, d) for m, n, f, d in SHAPES}
     cases = [c for c in VARIANT_CASES if rows_only is None or c[2] in rows_only]
-    gemm_variants = GEMM_VARIANTS if gemm_cu else []
+    gemm_variants = GEMM_VARIANTS if with_gemm_cu else []
     kernels = {}
     for model, name, _rows in cases:
         for fmt in formats:

@@ -315,6 +315,8 @@ def test_gemm_rows_have_the_same_bytes_in_either_block_size(gpu, family, dims, w
     """Rows launched alone (up to 64: blocks of one warpgroup) give the bytes they have in a
     longer launch (blocks of two): the same wgmmas on the same rows, on the hardware."""
     fam = P.family(family)
+    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
+        pytest.skip(f"{weight} needs k a multiple of its block")
     check_row_invariance(fam, matmul_point(fam, "gemm", weight), lambda *a: _run_gpu(gpu, *a),
                          rows, part, dims)
 
