@@ -98,9 +98,8 @@ GEMM_VARIANTS = [
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
 # sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight (STAGES for blocks of two
-# warpgroups, SMALL_STAGES for the one-warpgroup blocks of 1-64 rows); WIDE=1 is a launch choice,
-# not a define: blocks of two warpgroups whatever the rows, as before version 27
-WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6", "SMALL_STAGES=8", "SMALL_STAGES=9", "WIDE=1"]
+# warpgroups, SMALL_STAGES for the one-warpgroup blocks of 1-64 rows)
+WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
@@ -233,14 +232,35 @@ class Built:
         return self.kernel.launch_for(sizes)
 
     def launcher(self, sizes: dict[str, int], ptrs: dict[str, Any]) -> Any:
-        """launch(): one launch at ``sizes`` on the buffers ``ptrs`` (by argument name)."""
-        grid, block, shared = self.launch_shape(sizes)
-        self.fn.max_dynamic_shared_size_bytes = max(shared, 1)
+        """launch(): the kernel's launches at ``sizes`` (its own on launch_shape's grid, then its
+        ``then`` launches) on the buffers ``ptrs`` (by argument name) and one zeroed workspace
+        for its scratch arguments, in stream order."""
+        import cupy as cp
+
+        env = self.kernel.sizes(sizes)
+        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s in
+                       self.kernel.launches_for(sizes) for a in args
+                       if a.endswith(":scratch")), default=0)
+        work = cp.zeros(max(scratch, 1), cp.uint8)  # kept alive by the closure below
         null = np.uint64(0)
-        args = tuple((null if ptrs.get(arg) is None else ptrs[arg]) if ty == "ptr"
-                     else np.int32(sizes[arg])
-                     for arg, _, ty in (a.partition(":") for a in self.kernel.args))
-        return lambda: self.fn(grid, block, args, shared_mem=shared)
+
+        def value(arg: str, ty: str) -> Any:
+            if ty == "ptr":
+                return null if ptrs.get(arg) is None else ptrs[arg]
+            return work if ty == "scratch" else np.int32(env[arg])
+
+        calls = []
+        for i, (entry, args, shape) in enumerate(self.kernel.launches_for(sizes)):
+            grid, block, shared = self.launch_shape(sizes) if i == 0 else shape
+            fn = self.fn if i == 0 else self.module.get_function(entry)
+            fn.max_dynamic_shared_size_bytes = max(shared, 1)
+            calls.append((fn, grid, block, shared, tuple(
+                value(arg, ty) for arg, _, ty in (a.partition(":") for a in args))))
+
+        def launch() -> None:
+            for fn, grid, block, shared, vals in calls:
+                fn(grid, block, vals, shared_mem=shared)
+        return launch
 
 
 def tile_shape(defines: str, weight: str) -> dict[str, int]:
@@ -289,25 +309,16 @@ def wgmma_shared(defines: str, weight: str, warpgroups: int = 2) -> int:
     return stages * (8192 * warpgroups + planes * 16384) + 1024
 
 
-def compiled_defines(defines: str) -> str:
-    """A WGMMA_VARIANTS entry's defines for the compiler (WIDE=1 is the launch's)."""
-    return " ".join(d for d in defines.split() if not d.startswith("WIDE="))
-
-
 class WgmmaVariant(Built):
-    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's grid and block (WIDE=1: blocks
-    of two warpgroups at any rows), with the shared memory its stages take."""
+    """sm_90's wgmma GEMM built with extra defines: KERNELS.toml's launches, with the shared
+    memory its stages take."""
 
     def __init__(self, cp: Any, tmp: Path, kernel: Any, defines: str, weight: str) -> None:
-        self.wide = parse_defines(defines).get("WIDE") == "1"
-        compiled = compiled_defines(defines)
-        super().__init__(cp, tmp, with_defines(kernel, compiled))
-        self.defines, self.weight = compiled, weight
+        super().__init__(cp, tmp, with_defines(kernel, defines))
+        self.defines, self.weight = defines, weight
 
     def launch_shape(self, sizes: dict[str, int]) -> tuple[tuple, tuple, int]:
         grid, block, _ = super().launch_shape(sizes)
-        if self.wide:
-            grid, block = (-(-sizes["rows"] // 128), *grid[1:]), (256, 1, 1)
         return grid, block, wgmma_shared(self.defines, self.weight, block[0] // 128)
 
 
@@ -429,8 +440,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
                 kernels[built.source, built.defines] = built
             if shadowed(shapes[model, name][0], fmt):  # sm_90's own, and its variants
                 for v in WGMMA_VARIANTS:
-                    built = with_defines(realized(shapes[model, name][0], fmt),
-                                         compiled_defines(v))
+                    built = with_defines(realized(shapes[model, name][0], fmt), v)
                     kernels[built.source, built.defines] = built
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))

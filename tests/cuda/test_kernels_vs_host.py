@@ -289,7 +289,8 @@ def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
 
 
-# 1-64 rows: blocks of one warpgroup on sm_90 (and one row tile, ragged)
+# 1-64 rows: blocks of one warpgroup on sm_90, one row tile (ragged), k split over the grid
+# where the column tiles are few (KERNELS.toml)
 GEMM_SMALL_SHAPES = [
     ("linear", {"rows": 64, "k": 1056, "n": 200}),
     ("linear", {"rows": 9, "k": 1036, "n": 136}),
@@ -297,6 +298,7 @@ GEMM_SMALL_SHAPES = [
     ("linear_add", {"rows": 17, "k": 1056, "n": 136}),
     ("qkv", {"rows": 40, "k": 1024, "nq": 264, "nk": 72, "nv": 72}),
     ("gate_up_swiglu", {"rows": 64, "k": 1056, "n": 100}),
+    ("linear", {"rows": 5, "k": 512, "n": 264 * 128 - 5}),  # enough column tiles: k not split
 ]
 
 

@@ -30,13 +30,14 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         buffers = {"x", "r", *bench.OUT_PORTS[family]}
         for port in bench.WEIGHT_PORTS[family]:
             buffers |= {port, f"{port}_scale", f"{port}_global"}
-        for rows in (8, 2048):
+        for rows in (8, 64, 2048):
             sizes = {"rows": rows, **dims}
-            for arg in kernel.args:
-                name, _, ty = arg.partition(":")
-                assert (name in buffers) if ty == "ptr" else (name in sizes), (kernel.entry, arg)
-            grid, block, shared = kernel.launch_for(sizes)
-            assert min(grid) >= 1 and block[0] % 32 == 0 and shared >= 0
+            env = kernel.sizes(sizes)  # the sizes and the table's values (a workspace's bytes)
+            for entry, args, (grid, block, shared) in kernel.launches_for(sizes):
+                for arg in args:
+                    name, _, ty = arg.partition(":")
+                    assert (name in buffers) if ty == "ptr" else (name in env), (entry, arg)
+                assert min(grid) >= 1 and block[0] % 32 == 0 and shared >= 0
         assert len(bench.widths(family, dims)) == len(bench.WEIGHT_PORTS[family])
 
 
@@ -106,32 +107,72 @@ def test_variant_tiles_follow_the_source_defaults(weight):
 def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weight, rows):
     """A wgmma variant launches on KERNELS.toml's grid and block, with the shared memory its
     stages take (STAGES for blocks of two warpgroups, SMALL_STAGES for one); with no defines,
-    exactly as KERNELS.toml launches the source's own choice. WIDE=1 launches blocks of two
-    warpgroups at any rows and is not compiled in."""
+    exactly as KERNELS.toml launches the source's own choice."""
     family = "linear" if weight == "f32" else "gate_up_swiglu"
     sizes = {"rows": rows, "k": 4096, "n": 14336}
     kernel = bench.realized(family, weight)
     want = kernel.launch_for(sizes)
     warpgroups = want[1][0] // 128
     assert warpgroups == (1 if rows <= 64 and weight != "f32" else 2)
-    for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6", "WIDE=1", "WIDE=1 STAGES=5"):
+    for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6"):
         v = bench.WgmmaVariant.__new__(bench.WgmmaVariant)
-        v.kernel, v.weight = kernel, weight
-        v.defines, v.wide = bench.compiled_defines(defines), "WIDE=1" in defines
-        assert "WIDE" not in v.defines
+        v.kernel, v.weight, v.defines = kernel, weight, defines
         grid, block, shared = v.launch_shape(sizes)
-        if v.wide:
-            assert (grid, block) == ((-(-rows // 128), want[0][1], 1), (256, 1, 1))
-        else:
-            assert (grid, block) == want[:2]
-        wg = block[0] // 128
-        d = bench.parse_defines(v.defines)
-        stages = int(d.get("STAGES", 3 if weight == "f32" else 4) if wg == 2 else
+        assert (grid, block) == want[:2]
+        d = bench.parse_defines(defines)
+        stages = int(d.get("STAGES", 3 if weight == "f32" else 4) if warpgroups == 2 else
                      d.get("SMALL_STAGES", 4))
         planes = 3 if weight == "f32" else 1
-        assert shared == stages * (8192 * wg + 16384 * planes) + 1024
+        assert shared == stages * (8192 * warpgroups + 16384 * planes) + 1024
         if not defines:
             assert shared == want[2]
+
+
+def test_a_built_kernel_launches_its_then_launches_on_one_workspace():
+    """Where the table splits k (up to 64 rows, few column tiles), Built's launcher makes the
+    split launch and the combine launch, both handed the same workspace of the table's bytes and
+    the table's split count."""
+    kernel = bench.realized("linear", "bf16")
+    sizes = {"rows": 16, "k": 14336, "n": 4096}
+    env = kernel.sizes(sizes)
+    assert env["splits"] > 1 and env["ws"] == env["nkb"] * env["tiles"] * 16 * 512
+    calls = []
+
+    class Fn:
+        def __init__(self, name):
+            self.name, self.max_dynamic_shared_size_bytes = name, 0
+
+        def __call__(self, grid, block, args, shared_mem):
+            calls.append((self.name, grid, block, args, shared_mem))
+
+    class Module:
+        def get_function(self, name):
+            return Fn(name)
+
+    class Zeros:
+        def __init__(self, n, dtype):
+            self.nbytes = n
+
+    b = bench.Built.__new__(bench.Built)
+    b.kernel, b.module, b.fn = kernel, Module(), Fn(kernel.entry)
+    cp = type("cp", (), {"zeros": Zeros, "uint8": "uint8"})
+    import sys
+    sys.modules["cupy"], saved = cp, sys.modules.get("cupy")
+    try:
+        b.launcher(sizes, {"x": 1, "w": 2, "y": 3})()
+    finally:
+        if saved is None:
+            del sys.modules["cupy"]
+        else:
+            sys.modules["cupy"] = saved
+    assert [c[0] for c in calls] == ["metrale_linear_wgmma", "metrale_linear_wgmma_combine"]
+    (_, grid, block, args, _), (_, cgrid, _, cargs, _) = calls
+    assert grid == (1, env["tiles"], env["splits"]) and block == (128, 1, 1)
+    work = [a for a in args if isinstance(a, Zeros)]
+    assert len(work) == 1 and work[0].nbytes == env["ws"]
+    assert [a for a in cargs if isinstance(a, Zeros)] == work
+    assert int(args[-1]) == int(cargs[-1]) == env["splits"]
+    assert cgrid == (env["tiles"], 4, 1)
 
 
 def test_kernel_times_cover_every_kernel_of_a_prefill():

@@ -168,6 +168,17 @@ def test_gemm_rows_have_the_same_bytes_in_either_block_size(build_dir, family, d
     check_row_invariance(fam, point, _runner(build_dir), rows, part, dims)
 
 
+@pytest.mark.parametrize("weight", ["bf16", "fp8"])
+def test_gemm_of_many_column_tiles_at_few_rows_does_not_split_k(build_dir, weight):
+    """Up to 64 rows with 264 column tiles or more, k is not split (one launch does it all, the
+    combine launch has nothing to do); the outputs match the reference."""
+    fam, dims = P.family("linear"), {"rows": 3, "k": 96, "n": 264 * 128 - 5}
+    point = matmul_point(fam, "gemm", weight)
+    env = F.realize(point).sizes({**sizes_for(fam, 3), **dims})
+    assert env["splits"] == 1 and env["warpgroups"] == 1
+    check_gemm("linear", dims, weight, P, F, _runner(build_dir))
+
+
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
 def test_gemm_is_exact_where_every_sum_is(build_dir, weight):
     check_gemm_exact(weight, 70, 544, 136, P, _runner(build_dir))

@@ -9,15 +9,20 @@
 // registers (64 a thread). Tiles of BK = 64 columns (128 bytes a row) come into STAGES
 // shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row r at
 // piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile kt + AHEAD
-// is in flight while tile kt's wgmmas run and tile kt - 1's may still.
+// is in flight while tile kt's wgmmas run and tile kt - 1's may still. The activations, and bf16
+// weights, come by cp.async; weights of a quantized format or f32 through registers, made bf16
+// exactly on the way (mma_weights.cuh), f32 as three planes.
 //
 // Up to 64 rows (KERNELS.toml launches 128 threads there) a block is one warpgroup and its tile
 // 64 x 128, in SMALL_STAGES stages of 24 KiB: two blocks share an SM where the 128-row tile's
 // 32 KiB stages and idle second warpgroup allowed one. The warpgroup issues the same wgmmas on
 // the same swizzled rows as either warpgroup of a 256-thread block, so each row's bytes do not
-// depend on the block size (the order below, and row invariance, hold across both). The activations, and bf16
-// weights, come by cp.async; weights of a quantized format or f32 through registers, made bf16
-// exactly on the way (mma_weights.cuh), f32 as three planes.
+// depend on the block size (the order below, and row invariance, hold across both). Where those
+// blocks are too few to keep the GPU busy, the launch splits k (grid z, `splits`): split z takes
+// k-blocks [z per, (z + 1) per), per = ceil(nkb / splits), and leaves each k-block's partial
+// (from zero, as below) in a workspace (`ws`); the combine launch (the table's `then`) adds
+// them up one by one in k order and finishes the outputs: the same additions in the same order,
+// so the same bytes, as the unsplit launch.
 //
 // Order (declared in KERNELS.toml, "wgmma"): k in blocks of K_BLOCK; a block's partial starts
 // from zero (its first wgmma does not add the accumulator) and takes the block's wgmmas in k
@@ -177,10 +182,12 @@ struct QuantTile {
 #endif
 
 // x rows m0 + [0, B::bm) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped
-// to real rows by the caller): the finished f32 sums into `sum`, in the fragment layout of Place.
-template <class B, class WRow>
+// to real rows by the caller), over k tiles [kt0, kt1) (kt0 opens a k-block; kt1 closes one, or
+// is the last tile): in the fragment layout of Place, the sum of those k-blocks in order into
+// `sum`, or (EACH) each k-block's partial handed to each(k-block, partial) as it closes.
+template <class B, bool EACH = false, class WRow, class Each>
 __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int m0, WRow wrow,
-                                           float (&sum)[64]) {
+                                           int kt0, int kt1, float (&sum)[64], Each each) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_at = smem_addr(smem_raw), base_at = (raw_at + 1023) & ~1023u;
     unsigned char* base = smem_raw + (base_at - raw_at);
@@ -200,18 +207,17 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         q.store(stage(kt) + B::act_bytes);
     };
 #endif
-    const int ktiles = (k + BK - 1) / BK;
     constexpr int TILES_PER_BLOCK = K_BLOCK / BK, AHEAD = B::ahead;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
-        if (s < ktiles) {
-            load_x(s);
-            load_w(s);
+        if (kt0 + s < kt1) {
+            load_x(kt0 + s);
+            load_w(kt0 + s);
         }
         cp_async_commit();
     }
     float acc[64];
-    for (int kt = 0; kt < ktiles; ++kt) {
+    for (int kt = kt0; kt < kt1; ++kt) {
         cp_async_wait<AHEAD - 1>();  // this thread's pieces of tile kt have landed
         fence_async_shared();  // its cp.async pieces (and stored planes) seen by the wgmmas
         // every thread's pieces of tile kt are in; every warpgroup has finished tile kt - 2's
@@ -221,7 +227,7 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
 #if !defined(WEIGHT_BF16)
         QuantTile<B::threads> q;  // fetched now, stored after this tile's wgmmas are issued
 #endif
-        if (next < ktiles) {
+        if (next < kt1) {
             load_x(next);
 #if defined(WEIGHT_BF16)
             load_w(next);
@@ -231,7 +237,7 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         }
         cp_async_commit();
         const bool opens = kt % TILES_PER_BLOCK == 0;
-        const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
+        const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == kt1;
         // every warpgroup issues its wgmmas, even one whose rows all lie past `rows` (they are
         // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
         // serialized, each waiting for the one before (ptxas C7518); that build was 3-6 %
@@ -248,13 +254,17 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
                                  !(opens && kk == 0 && p == PARTS - 1));
         wgmma_commit();
 #if !defined(WEIGHT_BF16)
-        if (next < ktiles) q.store(stage(next) + B::act_bytes);
+        if (next < kt1) q.store(stage(next) + B::act_bytes);
 #endif
         if (closes) {
             wgmma_wait<0>();
-            const bool first = kt < TILES_PER_BLOCK;
+            if constexpr (EACH) {
+                each(kt / TILES_PER_BLOCK, acc);
+            } else {
+                const bool first = kt < kt0 + TILES_PER_BLOCK;
 #pragma unroll
-            for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
+                for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
+            }
         } else {
             wgmma_wait<1>();
         }
@@ -262,30 +272,107 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
     cp_async_wait<0>();
 }
 
-// Every output of a plain tile (linear, lm_head, linear_add, qkv): store(i, d) for row-major
-// index i of an n-column output and the finished, scaled dot d, inside rows x n.
+// One output of a plain tile (linear, lm_head, linear_add, qkv) from its finished sum s:
+// store(i, d) for row-major index i of an n-column output and the scaled dot d, inside rows x n.
 template <class Store>
-__device__ __forceinline__ void store_tile(const float (&sum)[64], int m0, int n0, int rows,
-                                           int n, WeightRef w, Store store) {
-    const Place pl;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-        const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-        if (row < rows && col < n)
-            store((long)row * n + col, scaled(sum[i], row_factor(weight_rows(w, col, 0))));
+__device__ __forceinline__ void plain_out(float s, int row, int col, int rows, int n, WeightRef w,
+                                          Store store) {
+    if (row < rows && col < n)
+        store((long)row * n + col, scaled(s, row_factor(weight_rows(w, col, 0))));
+}
+
+// One output of gate_up_swiglu from the finished gate and up sums of column col.
+__device__ __forceinline__ void gate_up_out(float g, float u, int row, int col, int rows, int n,
+                                            WeightRef wg, WeightRef wu, act_t* h) {
+    if (row < rows && col < n) {
+        const float gd = scaled(g, row_factor(weight_rows(wg, col, 0)));
+        const float ud = scaled(u, row_factor(weight_rows(wu, col, 0)));
+        h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
     }
 }
 
-// The launch this source serves: 256 threads, or (not for f32's planes) 128, and a grid whose
-// first dimension covers the rows in tiles of 64 a warpgroup. Anything else traps (loud).
-__device__ __forceinline__ void check_launch(int rows) {
+// ------------------------------------------------------------------ the split of k
+
+// The workspace of a split launch: slot j (k-block j's partial) of column tile t holds rows x 128
+// floats, row-major (KERNELS.toml's ws: nkb tiles rows 512 bytes).
+struct SplitWork {
+    float* ws;
+    int rows, tiles, nkb, per;
+    __device__ SplitWork(float* ws_, int rows_, int k, int splits, int tiles_)
+        : ws(ws_), rows(rows_), tiles(tiles_), nkb((k + K_BLOCK - 1) / K_BLOCK),
+          per((nkb + splits - 1) / splits) {}
+    __device__ float* slot(int j, int t) const { return ws + ((long)j * tiles + t) * rows * 128; }
+};
+
+// The tile's sums in the fragment layout of Place (rows m0 + [0, B::bm), columns [0, BN) of
+// weight rows wrow(b)) handed to finish(sum); or, in a split launch (splits > 1: one warpgroup,
+// rows up to 64), this split's share left in the workspace for the combine launch.
+template <class B, class WRow, class Finish>
+__device__ __forceinline__ void tile_sums(const act_t* x, int rows, int k, int m0, WRow wrow,
+                                          float* ws, int splits, Finish finish) {
+    constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
+    const int ktiles = (k + BK - 1) / BK;
+    const SplitWork sw(ws, rows, k, splits, gridDim.y);
+    // partial v into slot j: this thread's rows r0 and r0 + 8, its column pairs 8 q + 2 t; worked
+    // out from the arguments where used, so that nothing of it stays live across the loops
+    // (128 accumulators a thread, 255 registers)
+    auto leave = [&](int j, const float (&v)[64]) {
+        const int r0 = Place().row(0);
+        float* out = SplitWork(ws, rows, k, splits, gridDim.y).slot(j, blockIdx.y) + r0 * 128 +
+                     2 * Place().t;
+#pragma unroll
+        for (int i = 0; i < 64; i += 2) {
+            const int dr = i & 2 ? 8 : 0;
+            if (r0 + dr < rows) *(float2*)(out + dr * 128 + 8 * (i >> 2)) = {v[i], v[i + 1]};
+        }
+    };
+    auto none = [](int, const float (&)[64]) {};
+    if (splits == 1) {  // the whole of k
+        float sum[64];
+        wgmma_tile<B>(x, rows, k, m0, wrow, 0, ktiles, sum, none);
+        finish(sum);
+    } else if constexpr (B::threads == Block<1>::threads) {  // check_launch: splits need it
+        float unused[64];
+        const int kb0 = blockIdx.z * sw.per;
+        wgmma_tile<B, true>(x, rows, k, m0, wrow, kb0 * TILES_PER_BLOCK,
+                            min((kb0 + sw.per) * TILES_PER_BLOCK, ktiles), unused, leave);
+    }
+}
+
+// The combine launch (grid (tiles, ceil(rows / 4)), block 256): thread (row, c) adds the
+// k-blocks' partials of columns c and c + 64 of its row in column tile blockIdx.x, in k order
+// (the first as it is), and hands both sums to finish(tile, row, c, lo, hi). Nothing to do after an
+// unsplit launch (it finished its outputs).
+template <class Finish>
+__device__ __forceinline__ void combine(const float* ws, int rows, int k, int splits,
+                                        Finish finish) {
+    grid_dependency_sync();
+    const int row = blockIdx.y * 4 + (threadIdx.x >> 6), c = threadIdx.x & 63;
+    if (splits == 1 || row >= rows) return;
+    const SplitWork sw(const_cast<float*>(ws), rows, k, splits, gridDim.x);
+    const int t = blockIdx.x, at = row * 128 + c;
+    float lo = sw.slot(0, t)[at], hi = sw.slot(0, t)[at + 64];
+    for (int j = 1; j < sw.nkb; ++j) {
+        lo += sw.slot(j, t)[at];
+        hi += sw.slot(j, t)[at + 64];
+    }
+    finish(t, row, c, lo, hi);
+}
+
+// The launch this source serves: 256 threads, or (not for f32's planes) 128, a grid whose first
+// dimension covers the rows in tiles of 64 a warpgroup and whose third is the split of k (one
+// block of rows, a workspace, every split with k-blocks of its own). Anything else traps (loud).
+__device__ __forceinline__ void check_launch(int rows, int k, const float* ws, int splits) {
     const bool small = PARTS == 1 && blockDim.x == Block<1>::threads;
+    const SplitWork sw(nullptr, rows, k, max(splits, 1), gridDim.y);
     if (!(small || blockDim.x == Block<2>::threads) ||
-        (long)gridDim.x * (small ? Block<1>::bm : Block<2>::bm) < rows)
+        (long)gridDim.x * (small ? Block<1>::bm : Block<2>::bm) < rows || splits < 1 ||
+        (int)gridDim.z != splits ||
+        splits > 1 && (!small || gridDim.x != 1 || ws == nullptr || (splits - 1) * sw.per >= sw.nkb))
         __trap();
 }
 
-// body<B>(): the block's work at its size; check_launch has ruled out every other block.
+// body(B()): the block's work at its size; check_launch has ruled out every other block.
 template <class Body>
 __device__ __forceinline__ void by_block_size(Body body) {
 #if PARTS == 1
@@ -297,32 +384,42 @@ __device__ __forceinline__ void by_block_size(Body body) {
     body(Block<2>());
 }
 
-// One plain tile: grid (ceil(rows / B::bm), ceil(n / BN)).
-template <class B, class Store>
-__device__ __forceinline__ void linear_tile(const act_t* x, WeightRef w, int rows, int k, int n,
-                                            int n0, Store store) {
-    const int m0 = blockIdx.x * B::bm;
-    float sum[64];
-    wgmma_tile<B>(x, rows, k, m0, [&](int b) { return weight_rows(w, min(n0 + b, n - 1), k); },
-                  sum);
-    store_tile(sum, m0, n0, rows, n, w, store);
-}
+// A plain launch's column tile (grid y): weight w's rows n0 + [0, BN) of n.
+struct PlainTile {
+    WeightRef w;
+    int n0, n;
+};
 
-template <class Store>
-__device__ __forceinline__ void linear_tiles(const act_t* x, WeightRef w, int rows, int k, int n,
-                                             int n0, Store store) {
+// The sums of plain tile pt (rows blockIdx.x B::bm + [0, B::bm)), then out(row, col, sum) for
+// each of them, or this split's share of them.
+template <class Out>
+__device__ __forceinline__ void plain_tiles(const act_t* x, PlainTile pt, int rows, int k,
+                                            float* ws, int splits, Out out) {
     grid_dependency_sync();
-    check_launch(rows);
-    by_block_size([&](auto b) { linear_tile<decltype(b)>(x, w, rows, k, n, n0, store); });
+    check_launch(rows, k, ws, splits);
+    by_block_size([&](auto b) {
+        using B = decltype(b);
+        const int m0 = blockIdx.x * B::bm;
+        tile_sums<B>(x, rows, k, m0,
+                     [&](int r) { return weight_rows(pt.w, min(pt.n0 + r, pt.n - 1), k); }, ws,
+                     splits, [&](const float (&sum)[64]) {
+                         const Place pl;
+#pragma unroll
+                         for (int i = 0; i < 64; ++i)
+                             out(m0 + pl.row(i), pt.n0 + pl.col(i), sum[i]);
+                     });
+    });
 }
 
-// grid (ceil(rows / 128), ceil(n / 128)), block 256 (128 up to 64 rows). y = x · wᵀ.
+// grid (ceil(rows / (64 warpgroups)), ceil(n / 128), splits), block 128 warpgroups. y = x · wᵀ.
 extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_linear_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                      const void* __restrict__ w_scale, const float* __restrict__ w_global,
-                     out_t* __restrict__ y, int rows, int k, int n) {
-    linear_tiles(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
-                 [&](long i, float d) { y[i] = out_store(d); });
+                     out_t* __restrict__ y, int rows, int k, int n, float* ws, int splits) {
+    const PlainTile pt{weight_ref(w, w_scale, w_global), (int)blockIdx.y * BN, n};
+    plain_tiles(x, pt, rows, k, ws, splits, [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, n, pt.w, [&](long i, float d) { y[i] = out_store(d); });
+    });
 }
 
 // y = round(round(x · wᵀ) + r), as linear then add.
@@ -330,12 +427,30 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_linear_add_wgmma(const act_t* __restrict__ x, const void* __restrict__ w,
                          const void* __restrict__ w_scale, const float* __restrict__ w_global,
                          const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
-                         int n) {
-    linear_tiles(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.y * BN,
-                 [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+                         int n, float* ws, int splits) {
+    const PlainTile pt{weight_ref(w, w_scale, w_global), (int)blockIdx.y * BN, n};
+    plain_tiles(x, pt, rows, k, ws, splits, [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, n, pt.w, [&](long i, float d) {
+            y[i] = act_store(act_round(d) + act_load(r[i]));
+        });
+    });
 }
 
-// q, k_, v in one launch: grid y counts q's column tiles, then k_'s, then v's.
+// q, k_, v in one launch: column tiles count q's, then k_'s, then v's.
+struct QkvTiles {
+    WeightRef wq, wk, wv;
+    act_t *q, *k_, *v;
+    int nq, nk, nv;
+    // column tile `tile`'s weight, first column and width, and the output it writes
+    __device__ PlainTile at(int tile, act_t*& out) const {
+        const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN;
+        const int part = tile < tq ? 0 : tile < tq + tk ? 1 : 2;
+        out = part == 0 ? q : part == 1 ? k_ : v;
+        const int n0 = (tile - (part == 0 ? 0 : part == 1 ? tq : tq + tk)) * BN;
+        return {part == 0 ? wq : part == 1 ? wk : wv, n0, part == 0 ? nq : part == 1 ? nk : nv};
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_qkv_wgmma(const act_t* __restrict__ x,
                   const void* __restrict__ wq, const void* __restrict__ wq_scale,
@@ -345,52 +460,111 @@ metrale_qkv_wgmma(const act_t* __restrict__ x,
                   const void* __restrict__ wv, const void* __restrict__ wv_scale,
                   const float* __restrict__ wv_global,
                   act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
-                  int rows, int k, int nq, int nk, int nv) {
-    const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tile = blockIdx.y;
-    const int part = tile < tq ? 0 : tile < tq + tk ? 1 : 2;
-    const int n0 = (tile - (part == 0 ? 0 : part == 1 ? tq : tq + tk)) * BN;
-    const WeightRef w = part == 0   ? weight_ref(wq, wq_scale, wq_global)
-                        : part == 1 ? weight_ref(wk, wk_scale, wk_global)
-                                    : weight_ref(wv, wv_scale, wv_global);
-    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
-    linear_tiles(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
-                 [&](long i, float d) { out[i] = act_store(d); });
+                  int rows, int k, int nq, int nk, int nv, float* ws, int splits) {
+    const QkvTiles qt{weight_ref(wq, wq_scale, wq_global), weight_ref(wk, wk_scale, wk_global),
+                      weight_ref(wv, wv_scale, wv_global), q, k_, v, nq, nk, nv};
+    act_t* out;
+    const PlainTile pt = qt.at(blockIdx.y, out);
+    plain_tiles(x, pt, rows, k, ws, splits, [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, pt.n, pt.w, [&](long i, float d) { out[i] = act_store(d); });
+    });
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: weight tile rows
 // [0, 64) are the gate rows of columns n0 + [0, 64), rows [64, 128) the up rows of the same
 // columns, so a thread's fragment registers i and i + 32 hold the two dots of one output.
-// grid (ceil(rows / 128), ceil(n / 64)), block 256 (128 up to 64 rows).
+// grid (ceil(rows / (64 warpgroups)), ceil(n / 64), splits), block 128 warpgroups.
 extern "C" __global__ void __launch_bounds__(256, 1)
 metrale_gate_up_swiglu_wgmma(const act_t* __restrict__ x,
                              const void* __restrict__ wg, const void* __restrict__ wg_scale,
                              const float* __restrict__ wg_global,
                              const void* __restrict__ wu, const void* __restrict__ wu_scale,
                              const float* __restrict__ wu_global,
-                             act_t* __restrict__ h, int rows, int k, int n) {
+                             act_t* __restrict__ h, int rows, int k, int n, float* ws,
+                             int splits) {
     grid_dependency_sync();
-    check_launch(rows);
+    check_launch(rows, k, ws, splits);
     const WeightRef g = weight_ref(wg, wg_scale, wg_global);
     const WeightRef u = weight_ref(wu, wu_scale, wu_global);
     const int n0 = blockIdx.y * (BN / 2);
     by_block_size([&](auto b) {
         using B = decltype(b);
         const int m0 = blockIdx.x * B::bm;
-        float sum[64];
-        wgmma_tile<B>(x, rows, k, m0,
-                      [&](int r) {
-                          return weight_rows(r < 64 ? g : u, min(n0 + (r & 63), n - 1), k);
-                      },
-                      sum);
-        const Place pl;
+        tile_sums<B>(x, rows, k, m0,
+                     [&](int r) {
+                         return weight_rows(r < 64 ? g : u, min(n0 + (r & 63), n - 1), k);
+                     },
+                     ws, splits, [&](const float (&sum)[64]) {
+                         const Place pl;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-            if (row < rows && col < n) {
-                const float gd = scaled(sum[i], row_factor(weight_rows(g, col, 0)));
-                const float ud = scaled(sum[i + 32], row_factor(weight_rows(u, col, 0)));
-                h[(long)row * n + col] = act_store(silu_mul(act_round(gd), act_round(ud)));
-            }
-        }
+                         for (int i = 0; i < 32; ++i)
+                             gate_up_out(sum[i], sum[i + 32], m0 + pl.row(i), n0 + pl.col(i),
+                                         rows, n, g, u, h);
+                     });
+    });
+}
+
+// ------------------------------------------------------------------ the combine launches
+// grid (tiles, ceil(rows / 4)), block 256, after a launch of the entry above on the same
+// workspace (KERNELS.toml's `then`): its outputs where it split k, nothing where it did not.
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_linear_wgmma_combine(const float* __restrict__ ws, const void* __restrict__ w,
+                             const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                             out_t* __restrict__ y, int rows, int k, int n, int splits) {
+    const WeightRef wr = weight_ref(w, w_scale, w_global);
+    combine(ws, rows, k, splits, [&](int t, int row, int c, float lo, float hi) {
+        auto store = [&](long i, float d) { y[i] = out_store(d); };
+        plain_out(lo, row, t * BN + c, rows, n, wr, store);
+        plain_out(hi, row, t * BN + c + 64, rows, n, wr, store);
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_linear_add_wgmma_combine(const float* __restrict__ ws, const void* __restrict__ w,
+                                 const void* __restrict__ w_scale,
+                                 const float* __restrict__ w_global, const act_t* __restrict__ r,
+                                 act_t* __restrict__ y, int rows, int k, int n, int splits) {
+    const WeightRef wr = weight_ref(w, w_scale, w_global);
+    combine(ws, rows, k, splits, [&](int t, int row, int c, float lo, float hi) {
+        auto store = [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); };
+        plain_out(lo, row, t * BN + c, rows, n, wr, store);
+        plain_out(hi, row, t * BN + c + 64, rows, n, wr, store);
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_qkv_wgmma_combine(const float* __restrict__ ws,
+                          const void* __restrict__ wq, const void* __restrict__ wq_scale,
+                          const float* __restrict__ wq_global,
+                          const void* __restrict__ wk, const void* __restrict__ wk_scale,
+                          const float* __restrict__ wk_global,
+                          const void* __restrict__ wv, const void* __restrict__ wv_scale,
+                          const float* __restrict__ wv_global,
+                          act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
+                          int rows, int k, int nq, int nk, int nv, int splits) {
+    const QkvTiles qt{weight_ref(wq, wq_scale, wq_global), weight_ref(wk, wk_scale, wk_global),
+                      weight_ref(wv, wv_scale, wv_global), q, k_, v, nq, nk, nv};
+    combine(ws, rows, k, splits, [&](int t, int row, int c, float lo, float hi) {
+        act_t* out;
+        const PlainTile pt = qt.at(t, out);
+        auto store = [&](long i, float d) { out[i] = act_store(d); };
+        plain_out(lo, row, pt.n0 + c, rows, pt.n, pt.w, store);
+        plain_out(hi, row, pt.n0 + c + 64, rows, pt.n, pt.w, store);
+    });
+}
+
+// columns c of a tile are gate rows, c + 64 the up rows of the same output column
+extern "C" __global__ void __launch_bounds__(256)
+metrale_gate_up_swiglu_wgmma_combine(const float* __restrict__ ws,
+                                     const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                                     const float* __restrict__ wg_global,
+                                     const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                                     const float* __restrict__ wu_global, act_t* __restrict__ h,
+                                     int rows, int k, int n, int splits) {
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global);
+    const WeightRef u = weight_ref(wu, wu_scale, wu_global);
+    combine(ws, rows, k, splits, [&](int t, int row, int c, float lo, float hi) {
+        gate_up_out(lo, hi, row, t * (BN / 2) + c, rows, n, g, u, h);
     });
 }
