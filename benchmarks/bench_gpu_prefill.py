@@ -561,9 +561,11 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
     return kernels
 
 
-def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact") -> Any:
+def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
+                   graphs: bool = True) -> Any:
     """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
-    under ``policy``, for prefills launched one by one (no graphs)."""
+    under ``policy``; its prefills replay a captured graph, as the engine's do (``graphs``
+    False: launched one by one from the host)."""
     from bench_gpu_decode import fast_weights
 
     from metrale.plan.config import ModelConfig
@@ -572,7 +574,7 @@ def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact") 
     return Engine(ModelConfig.load(model), quant,
                   fast_weights(model, quant, np.random.default_rng(0)), hardware="sm_90",
                   backend=None, loader=None, act="bf16", max_ctx=max_ctx, slots=1,
-                  blocking=False, debug=False, graphs=False, fuse=True, policy=policy)
+                  blocking=False, debug=False, graphs=graphs, fuse=True, policy=policy)
 
 
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
@@ -592,8 +594,10 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
                 last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")
+                host = time_prefill(eng, rows, steps=5, warmup=2, replay=False)
                 flops = prefill_flops(config, rows)
                 row = {"model": model, "quant": quant, "rows": rows, "step_s": t.step_s,
+                       "graph": t.graph, "host_launched_step_s": host.step_s,
                        "last_logits_step_s": last.step_s, "launches": t.launches, "flops": flops,
                        "tflops": flops / t.step_s / 1e12,
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
@@ -606,7 +610,8 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                 print(f"prefill {model:<13} {quant:<6} {rows:>5} tokens: "
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
                       f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
-                      f"last row's logits only {last.step_s * 1e3:.2f} ms", flush=True)
+                      f"last row's logits only {last.step_s * 1e3:.2f} ms; launched from the "
+                      f"host {host.step_s * 1e3:.2f} ms", flush=True)
                 if (kernels or records is not None) and rows == max(lengths):
                     row["kernels"] = step_kernels(eng, config, rows, t.step_s, records)
                     # the kernels only the last row's logits launch (last_row, ...)
@@ -619,7 +624,8 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="8,64,512,2048")
+    ap.add_argument("--rows", default="8,64,512,2048",
+                    help="rows each launch is timed at (empty: no launches, steps only)")
     ap.add_argument("--weights", default="bf16,fp8,mxfp4,f32")
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--gemv-rows", type=int, default=64,
@@ -643,7 +649,7 @@ def main() -> None:
     import cupy as cp
     import torch
 
-    rows_list = [int(r) for r in args.rows.split(",")]
+    rows_list = [int(r) for r in args.rows.split(",") if r]
     rate = device_copy_rate()
     print(f"device copy rate {rate / 1e12:.2f} TB/s; tensor peak {TENSOR_PEAK / 1e12:.0f} TFLOP/s")
     cases = []

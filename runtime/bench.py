@@ -117,14 +117,16 @@ def prefill_program(engine: Any, rows: int, logits: str = "all") -> Any:
 
 
 def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
-                 logits: str = "all") -> StepTiming:
+                 logits: str = "all", replay: bool = True) -> StepTiming:
     """The prefill step of a ``rows``-token prompt into slot 0, timed (its logits left on the
-    device: the step, not the copy home); ``logits="last"``: the last row's only."""
+    device: the step, not the copy home); ``logits="last"``: the last row's only; ``replay``
+    False: its launches made one by one from the host even where a graph is captured."""
     prog = prefill_program(engine, rows, logits)
     plan = engine.plan("prefill", rows, logits)
-    step = median_wall(prog.run, steps, warmup)
+    step = median_wall(lambda: prog.run(replay=replay), steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
-                      plan.floor_s, plan.bytes_moved, len(prog.launches), prog._graph is not None)
+                      plan.floor_s, plan.bytes_moved, len(prog.launches),
+                      prog.captured and replay)
 
 
 def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20,

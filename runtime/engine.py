@@ -3,8 +3,10 @@
 ``Engine.load(model)`` reads a checkpoint directory (or makes seeded random weights for a
 built-in config name), binds the weights once (host: dequantized or upcast to f32 once),
 allocates a KV cache of ``slots`` sequences × ``max_ctx`` positions and the RoPE tables, and
-builds one :class:`~metrale.runtime.executor.Program` per ``(mode, rows)`` on first use (decode
-programs are captured as a graph once, when the backend can, and replayed).
+builds one :class:`~metrale.runtime.executor.Program` per ``(mode, rows)`` on first use. Programs
+are captured as a graph once, when the backend can, and replayed: decode programs when built,
+prefill programs at their first run into a cache slot, and again when a prompt goes to another
+slot (the graph holds the slot's cache pointers).
 
 Laws:
 
@@ -474,10 +476,14 @@ class Engine:
         return logits
 
     def prefill_program(self, rows: int, slot: int = 0, logits: str = "all") -> Program:
-        """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s."""
+        """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s, and
+        captured as a graph for that slot (unless ``graphs`` is off or runs are blocking): a
+        prefill is hundreds of launches, each a few tens of microseconds from the host."""
         prog = self.program("prefill", rows, logits)
         for name in self._slot_bytes:
-            prog.bind(name, self._cache_ptr(name, slot, 1))
+            prog.bind(name, self._cache_ptr(name, slot, 1))  # drops the graph of another slot
+        if self.graphs and not self.blocking and not prog.captured:
+            prog.capture()
         return prog
 
     def decode(self, token_ids: Sequence[int]) -> np.ndarray:

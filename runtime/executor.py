@@ -456,6 +456,11 @@ class Program:
             if blocking:
                 be.synchronize(stream)
 
+    @property
+    def captured(self) -> bool:
+        """Whether a captured graph is held (``run`` replays it)."""
+        return self._graph is not None
+
     def capture(self) -> bool:
         """Capture the step once as a graph, when the backend can; whether it did."""
         if not self.backend.supports_graphs:
@@ -470,13 +475,14 @@ class Program:
         self._graph = graph
         return True
 
-    def run(self, *, blocking: bool = False) -> None:
+    def run(self, *, blocking: bool = False, replay: bool = True) -> None:
         """Launch every kernel in plan order (or replay the captured graph), then synchronize.
 
         ``blocking`` synchronizes after each launch, so a fault names the kernel that caused
-        it; it never replays a graph.
+        it; it never replays a graph, nor does a run told not to ``replay`` (a benchmark's
+        launches from the host).
         """
-        if self._graph is not None and not blocking:
+        if self._graph is not None and replay and not blocking:
             self.backend.graph_launch(self._graph, self._stream)
         else:
             self._issue(blocking)

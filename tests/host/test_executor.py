@@ -107,6 +107,21 @@ def test_graph_replay_blocking_and_plain_runs_agree(mode):
         assert captured == (mode == "graph")
 
 
+@pytest.mark.parametrize("mode", ["graph", "blocking", "plain"])
+def test_prefill_replays_a_graph_captured_for_its_slot(mode):
+    """A prefill program is captured at its first run into a slot, and again when a prompt goes
+    to another slot; the logits, and the decode steps that read each slot's cache afterwards,
+    have the bytes of plain runs."""
+    kw = {"graph": {}, "blocking": {"blocking": True}, "plain": {"graphs": False}}[mode]
+    with Engine.load("tiny-llama", max_ctx=32, slots=2, **kw) as eng, \
+            Engine.load("tiny-llama", max_ctx=32, slots=2, graphs=False) as ref:
+        for slot, prompt in [(0, PROMPT), (1, PROMPT[::-1]), (0, PROMPT[1:] + PROMPT[:1])]:
+            got, want = eng.prefill(prompt, slot=slot), ref.prefill(prompt, slot=slot)
+            assert got.tobytes() == want.tobytes(), slot
+            assert eng.program("prefill", len(prompt)).captured == (mode == "graph")
+        assert eng.decode([3, 4]).tobytes() == ref.decode([3, 4]).tobytes()
+
+
 def test_generate_is_greedy_over_prefill_and_decode():
     with Engine.load("tiny-llama", max_ctx=32) as a, Engine.load("tiny-llama", max_ctx=32) as b:
         tokens = a.generate(PROMPT, 5)
