@@ -78,7 +78,7 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
     from metrale.runtime.bench import decode_program, prefill_program
 
     if prefill:
-        eng = prefill_engine(model, quant, prefill, policy)
+        eng = prefill_engine(model, quant, prefill, policy, graphs=False)
         prog = prefill_program(eng, prefill)
     else:
         eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
