@@ -259,17 +259,20 @@ def test_wgmma_reads_its_operands_through_the_swizzle(build_dir):
 
 def test_shared_memory_past_the_launch_size_faults(build_dir):
     """The emulation faults where the GPU would: the GEMM (sm_90's, on wgmma) launched with 2 KiB
-    less dynamic shared memory than its table gives writes past it once k fills all five stages
+    less dynamic shared memory than its table gives writes past it once k fills all its stages
     (the table's last KiB only aligns the first stage, and the emulation's shared memory starts
-    aligned), and the launch reports a fault."""
+    aligned), and the launch reports a fault. At 16 rows the launch splits k (three splits of a
+    k-block: four tiles, the four stages), its workspace given."""
     fam = P.family("linear")
     point = fam.point(**GEMM, weight="bf16")
     kernel = F.realize(point)
     sizes = {"rows": 16, "k": 544, "n": 128}
     _, device = inputs(fam, point, sizes, seed=2)
     grid, block, shared = kernel.launch_for(sizes)
+    env = kernel.sizes(sizes)
+    assert grid[2] == env["splits"] == 3
     args = [device["x"][0], device["w"][0], None, None, np.empty((16, 128), ml_dtypes.bfloat16),
-            16, 544, 128]
+            16, 544, 128, np.zeros(env["ws"] // 4, np.float32), env["splits"]]
     lib = library(build_dir, point)
     assert lib.run(kernel.entry, grid, block, shared, args) == 0
     assert kernel.source == "sm_90/common/gemm_wgmma.cu", kernel
