@@ -238,8 +238,8 @@ class Built:
         import cupy as cp
 
         env = self.kernel.sizes(sizes)
-        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s in
-                       self.kernel.launches_for(sizes) for a in args
+        launches = self.kernel.launches_for(sizes)
+        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s in launches for a in args
                        if a.endswith(":scratch")), default=0)
         work = cp.zeros(max(scratch, 1), cp.uint8)  # kept alive by the closure below
         null = np.uint64(0)
@@ -250,7 +250,7 @@ class Built:
             return work if ty == "scratch" else np.int32(env[arg])
 
         calls = []
-        for i, (entry, args, shape) in enumerate(self.kernel.launches_for(sizes)):
+        for i, (entry, args, shape) in enumerate(launches):
             grid, block, shared = self.launch_shape(sizes) if i == 0 else shape
             fn = self.fn if i == 0 else self.module.get_function(entry)
             fn.max_dynamic_shared_size_bytes = max(shared, 1)

@@ -128,7 +128,7 @@ def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weig
             assert shared == want[2]
 
 
-def test_a_built_kernel_launches_its_then_launches_on_one_workspace():
+def test_a_built_kernel_launches_its_then_launches_on_one_workspace(monkeypatch):
     """Where the table splits k (up to 64 rows, few column tiles), Built's launcher makes the
     split launch and the combine launch, both handed the same workspace of the table's bytes and
     the table's split count."""
@@ -155,16 +155,8 @@ def test_a_built_kernel_launches_its_then_launches_on_one_workspace():
 
     b = bench.Built.__new__(bench.Built)
     b.kernel, b.module, b.fn = kernel, Module(), Fn(kernel.entry)
-    cp = type("cp", (), {"zeros": Zeros, "uint8": "uint8"})
-    import sys
-    sys.modules["cupy"], saved = cp, sys.modules.get("cupy")
-    try:
-        b.launcher(sizes, {"x": 1, "w": 2, "y": 3})()
-    finally:
-        if saved is None:
-            del sys.modules["cupy"]
-        else:
-            sys.modules["cupy"] = saved
+    monkeypatch.setitem(sys.modules, "cupy", type("cp", (), {"zeros": Zeros, "uint8": "uint8"}))
+    b.launcher(sizes, {"x": 1, "w": 2, "y": 3})()
     assert [c[0] for c in calls] == ["metrale_linear_wgmma", "metrale_linear_wgmma_combine"]
     (_, grid, block, args, _), (_, cgrid, _, cargs, _) = calls
     assert grid == (1, env["tiles"], env["splits"]) and block == (128, 1, 1)
