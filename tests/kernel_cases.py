@@ -262,17 +262,23 @@ def matmul_point(fam: Family, shape: str, weight: str) -> Point:
                      **({"out": "f32"} if fam.name == "lm_head" else {}))
 
 
+def skip_unless_k_fits(weight: str, k: int) -> None:
+    """Skip the test where ``weight``'s block (mxfp4 32, nvfp4 16) does not divide ``k``; fp8
+    and bf16 take any k."""
+    import pytest
+
+    if weight != "bf16" and k % (QuantFormat.parse(weight).block_size or 1):
+        pytest.skip(f"{weight} needs k a multiple of its block")
+
+
 def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
                runner: Runner, shape: str = "gemm") -> None:
     """``family``'s tensor-core point (``shape`` gemm, or gemv_mma) in ``weight`` at ``dims``
     (rows and the family's own sizes) against the reference on the dequantized weights, in the
     bf16 tolerance; a format whose block does not divide k is skipped (fp8 takes any k)."""
-    import pytest
-
     fam = P.family(family)
     point = matmul_point(fam, shape, weight)
-    if weight != "bf16" and dims["k"] % (QuantFormat.parse(weight).block_size or 1):
-        pytest.skip(f"{weight} needs k a multiple of its block")
+    skip_unless_k_fits(weight, dims["k"])
     assert F.realize(point).entry.endswith(("_mma", "_wgmma")), F.realize(point)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
