@@ -133,10 +133,14 @@ def _runner(build_dir):
 
 
 # (family, sizes): two row tiles, the last ragged (70 = 64 + 6); column tiles with ragged ends;
-# k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300)
+# k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300; for
+# nvfp4, whose rows take k / 2 bytes, 336) in blocks of one warpgroup and of two (where fp8 and
+# fp4 weights are staged raw)
 GEMM_CASES = [
     ("linear", {"rows": 70, "k": 544, "n": 136}),
     ("linear", {"rows": 9, "k": 300, "n": 40}),
+    ("linear", {"rows": 70, "k": 300, "n": 40}),
+    ("linear", {"rows": 70, "k": 336, "n": 40}),
     ("lm_head", {"rows": 20, "k": 288, "n": 130}),
     ("linear_add", {"rows": 70, "k": 288, "n": 136}),
     ("qkv", {"rows": 33, "k": 288, "nq": 136, "nk": 24, "nv": 40}),
