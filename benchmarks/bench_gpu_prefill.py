@@ -98,8 +98,8 @@ GEMM_VARIANTS = [
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
 # sm_90's own GEMM (gemm_wgmma.cu): RAW_SMALL=1 stages fp8 and fp4 weights raw in the
-# one-warpgroup blocks of 1-64 rows too. (STAGES=5 and SMALL_STAGES=6, the stages of 64-column
-# tiles in flight, lost everywhere in version 27's sweep; they remain valid defines.)
+# one-warpgroup blocks of 1-64 rows too. (STAGES=5 and SMALL_STAGES=6, more stages of 64-column
+# tiles in flight, lost in versions 26 and 27's sweeps; they remain valid defines.)
 WGMMA_VARIANTS = ["", "RAW_SMALL=1"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
