@@ -134,8 +134,7 @@ def _runner(build_dir):
 
 # (family, sizes): two row tiles, the last ragged (70 = 64 + 6); column tiles with ragged ends;
 # k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300; for
-# nvfp4, whose rows take k / 2 bytes, 336) in blocks of one warpgroup and of two (where fp8 and
-# fp4 weights are staged raw)
+# nvfp4, whose rows take k / 2 bytes, 336) in blocks of one warpgroup and of two
 GEMM_CASES = [
     ("linear", {"rows": 70, "k": 544, "n": 136}),
     ("linear", {"rows": 9, "k": 300, "n": 40}),

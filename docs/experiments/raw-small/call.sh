@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The device call that lands branch exp/raw-small (the patches beside this script, on 8f541e0):
+# fp8 and mxfp4 staged raw in one-warpgroup blocks too, nvfp4's scales as one 16-bit load, and
+# gemm_wgmma.cu's comment faults mended. Device tests of every GEMM point and row invariance;
+# the prefill record run only if they pass; the register path (RAW_SMALL=0) and nvfp4 raw
+# (RAW_SMALL=1) against the source at 16 and 64 rows; the engine's tests. About 8 minutes.
+# Run from the repository root with the wheels in .whl (device tool: carry [".whl"]).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
+  || { cat "$OUT/install.log"; exit 1; }
+t0=$(date +%s)
+timeout 250 python3 -m pytest tests/cuda -q -p no:cacheprovider -k "gemm or row_invariance" \
+  > "$OUT/tests.log" 2>&1
+trc=$?; echo "tests rc $trc in $(( $(date +%s) - t0 )) s"; tail -2 "$OUT/tests.log" | cut -c1-300
+grep -E "^FAILED|^E  " "$OUT/tests.log" | head -8 | cut -c1-300
+rec=--record
+if [ $trc -ne 0 ]; then rec=""; echo "NO RECORD: tests did not pass"; fi
+t0=$(date +%s)
+timeout 200 python3 benchmarks/bench_gpu_prefill.py --weights bf16,fp8,mxfp4,nvfp4,f32 \
+  --rows 16,64,2048 --gemv-rows 0 --steps 64,2048 --step-quants bf16 --no-hf $rec \
+  > "$OUT/prefill.log" 2>&1
+echo "prefill rc $? in $(( $(date +%s) - t0 )) s"
+cp benchmarks/results/gpu_prefill.json kernels/sm_90/EVIDENCE.toml "$OUT/" 2>/dev/null
+grep -E "^prefill|appended" "$OUT/prefill.log" | cut -c1-200
+t0=$(date +%s)
+timeout 120 python3 benchmarks/bench_gpu_prefill.py --variants --wgmma-only --variant-rows 16,64 \
+  --weights fp8,mxfp4,nvfp4 > "$OUT/variants.log" 2>&1
+echo "variants rc $? in $(( $(date +%s) - t0 )) s"
+grep -E "\[" "$OUT/variants.log" | cut -c1-150
+cp benchmarks/results/gpu_prefill_variants.json "$OUT/" 2>/dev/null
+t0=$(date +%s)
+timeout 60 python3 -m pytest tests/cuda/test_engine_gpu.py -q -p no:cacheprovider \
+  -k "engine_matches_host" > "$OUT/engine.log" 2>&1
+echo "engine rc $? in $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/engine.log" | cut -c1-200
