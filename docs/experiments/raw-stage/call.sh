@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The device call that lands branch exp/raw-small (the patches beside this script, on 8f541e0):
-# fp8 and mxfp4 staged raw in one-warpgroup blocks too, nvfp4's scales as one 16-bit load, and
-# gemm_wgmma.cu's comment faults mended. Device tests of every GEMM point and row invariance;
-# the prefill record run only if they pass; the register path (RAW_SMALL=0) and nvfp4 raw
-# (RAW_SMALL=1) against the source at 16 and 64 rows; the engine's tests. About 8 minutes.
+# The device call that lands branch exp/raw-stage (the patches beside this script, on main with
+# `git am`): fp8 and fp4 weight tiles staged raw by cp.async in the wgmma GEMM at every block
+# size (docs/gpu-notes.md, version 28). Device tests of every GEMM point and row invariance; the
+# prefill record run only if they pass; the register path (RAW_SMALL=0) against the source at 16
+# and 64 rows; the engine's tests. About 8 minutes. Then compare gpu_prefill.json with version
+# 27's (benchmarks/results/gpu_prefill.json on main) and update the tables' reasons.
 # Run from the repository root with the wheels in .whl (device tool: carry [".whl"]).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
