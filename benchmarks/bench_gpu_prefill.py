@@ -97,9 +97,10 @@ GEMM_VARIANTS = [
     "MI=4 BK=64 STAGES=2 GEMM_MIN_BLOCKS=1",
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
-# sm_90's own GEMM (gemm_wgmma.cu): stages of 64-column tiles in flight (STAGES for blocks of two
-# warpgroups, SMALL_STAGES for the one-warpgroup blocks of 1-64 rows)
-WGMMA_VARIANTS = ["", "STAGES=5", "SMALL_STAGES=6"]
+# sm_90's own GEMM (gemm_wgmma.cu): RAW_SMALL=0 takes fp8 and fp4 weights through registers in
+# the one-warpgroup blocks of 1-64 rows, where the source stages them raw. (STAGES=5 and SMALL_STAGES=6, more stages of 64-column
+# tiles in flight, lost in versions 26 and 27's sweeps; they remain valid defines.)
+WGMMA_VARIANTS = ["", "RAW_SMALL=0"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
                  ("llama-3.1-8b", "qkv", 512), ("llama-3.1-8b", "o_proj", 64),
@@ -297,16 +298,24 @@ class Variant(Built):
         return (-(-sizes["rows"] // t["bm"]), cols, 1), (t["threads"], 1, 1), t["shared"]
 
 
+# bits of a weight's raw-staged slots in gemm_wgmma.cu's tables: fp8's in the tables that take
+# fp8 and nvfp4, fp4's in those that take bf16 and mxfp4 (KERNELS.toml); f32 none
+TABLE_RAW_BITS = {"fp8": 8, "nvfp4": 8, "mxfp4": 4, "bf16": 4, "f32": 0}
+
+
 def wgmma_shared(defines: str, weight: str, warpgroups: int = 2) -> int:
     """gemm_wgmma.cu's shared memory at these defines (its defaults otherwise) for blocks of
     ``warpgroups``: STAGES (SMALL_STAGES for one warpgroup) stages of an activation tile of 64
-    rows a warpgroup, 8 KiB each, and the weight planes (three for f32), 16 KiB each, and 1 KiB
-    to align the first stage."""
+    rows a warpgroup, 8 KiB each, and the weight planes (three for f32), 16 KiB each; 1 KiB to
+    align the first stage; then, as the table gives them at both block sizes, raw weights' slots
+    of 128 rows of 64 weights, one for each tile in flight (stages - 2), as wide as its table's
+    widest raw weight (a block on the register path leaves them unused)."""
     planes = 3 if weight == "f32" else 1
     d = parse_defines(defines)
     stages = int(d.get("STAGES", 3 if planes == 3 else 4) if warpgroups == 2 else
                  d.get("SMALL_STAGES", 4))
-    return stages * (8192 * warpgroups + planes * 16384) + 1024
+    slots = (stages - 2) * 128 * 64 * TABLE_RAW_BITS[weight] // 8
+    return stages * (8192 * warpgroups + planes * 16384) + 1024 + slots
 
 
 class WgmmaVariant(Built):

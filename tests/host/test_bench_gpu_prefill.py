@@ -103,7 +103,7 @@ def test_variant_tiles_follow_the_source_defaults(weight):
 
 
 @pytest.mark.parametrize("rows", [1000, 64])
-@pytest.mark.parametrize("weight", ["bf16", "fp8", "f32"])
+@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4", "f32"])
 def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weight, rows):
     """A wgmma variant launches on KERNELS.toml's grid and block, with the shared memory its
     stages take (STAGES for blocks of two warpgroups, SMALL_STAGES for one); with no defines,
@@ -114,7 +114,7 @@ def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weig
     want = kernel.launch_for(sizes)
     warpgroups = want[1][0] // 128
     assert warpgroups == (1 if rows <= 64 and weight != "f32" else 2)
-    for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6"):
+    for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6", "RAW_SMALL=0"):
         v = bench.WgmmaVariant.__new__(bench.WgmmaVariant)
         v.kernel, v.weight, v.defines = kernel, weight, defines
         grid, block, shared = v.launch_shape(sizes)
@@ -123,7 +123,9 @@ def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weig
         stages = int(d.get("STAGES", 3 if weight == "f32" else 4) if warpgroups == 2 else
                      d.get("SMALL_STAGES", 4))
         planes = 3 if weight == "f32" else 1
-        assert shared == stages * (8192 * warpgroups + 16384 * planes) + 1024
+        raw = {"fp8": 64, "nvfp4": 64, "mxfp4": 32, "bf16": 32, "f32": 0}[weight] * 128
+        slots = (stages - 2) * raw
+        assert shared == stages * (8192 * warpgroups + 16384 * planes) + 1024 + slots
         if not defines:
             assert shared == want[2]
 

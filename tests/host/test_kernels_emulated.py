@@ -134,7 +134,8 @@ def _runner(build_dir):
 
 # (family, sizes): two row tiles, the last ragged (70 = 64 + 6); column tiles with ragged ends;
 # k with a short last k-block (544 = 2 x 256 + 32), or rows not 16-byte aligned (300; for
-# nvfp4, whose rows take k / 2 bytes, 336) in blocks of one warpgroup and of two
+# nvfp4, whose rows take k / 2 bytes, 336) in blocks of one warpgroup and of two (where fp8 and
+# fp4 weights are staged raw)
 GEMM_CASES = [
     ("linear", {"rows": 70, "k": 544, "n": 136}),
     ("linear", {"rows": 9, "k": 300, "n": 40}),
@@ -262,20 +263,23 @@ def test_wgmma_reads_its_operands_through_the_swizzle(build_dir):
 
 def test_shared_memory_past_the_launch_size_faults(build_dir):
     """The emulation faults where the GPU would: the GEMM (sm_90's, on wgmma) launched with 2 KiB
-    less dynamic shared memory than its table gives writes past it once k fills all its stages
-    (the table's last KiB only aligns the first stage, and the emulation's shared memory starts
-    aligned), and the launch reports a fault. At 16 rows the launch splits k (three splits of a
-    k-block: four tiles, the four stages), its workspace given."""
+    less dynamic shared memory than its table gives writes past it once k fills its stages and
+    the mxfp4 weight's two raw slots after them (the table's 1024 bytes past those only align
+    the first stage, and the emulation's shared memory starts aligned), and the launch reports
+    a fault. At 16 rows the launch splits k (three splits of a k-block: four tiles, the four
+    stages), its workspace given."""
     fam = P.family("linear")
-    point = fam.point(**GEMM, weight="bf16")
+    point = fam.point(**GEMM, weight="mxfp4")
     kernel = F.realize(point)
     sizes = {"rows": 16, "k": 544, "n": 128}
     _, device = inputs(fam, point, sizes, seed=2)
     grid, block, shared = kernel.launch_for(sizes)
     env = kernel.sizes(sizes)
     assert grid[2] == env["splits"] == 3
-    args = [device["x"][0], device["w"][0], None, None, np.empty((16, 128), ml_dtypes.bfloat16),
-            16, 544, 128, np.zeros(env["ws"] // 4, np.float32), env["splits"]]
+    assert shared == 4 * (8192 + 16384) + 2 * 128 * 32 + 1024
+    args = [device["x"][0], device["w"][0], device["w"][1], None,
+            np.empty((16, 128), ml_dtypes.bfloat16), 16, 544, 128,
+            np.zeros(env["ws"] // 4, np.float32), env["splits"]]
     lib = library(build_dir, point)
     assert lib.run(kernel.entry, grid, block, shared, args) == 0
     assert kernel.source == "sm_90/common/gemm_wgmma.cu", kernel

@@ -10,8 +10,11 @@
 // shared-memory stages laid out as wgmma's 128-byte swizzle wants (16-byte piece p of row r at
 // piece p ^ (r % 8), 8-row groups of 1024 bytes, each stage 1024-byte aligned); tile kt + AHEAD
 // is in flight while tile kt's wgmmas run and tile kt - 1's may still. The activations, and bf16
-// weights, come by cp.async; weights of a quantized format or f32 through registers, made bf16
-// exactly on the way (mma_weights.cuh), f32 as three planes.
+// weights, come by cp.async into their stage. fp8 and fp4 weights come by cp.async too, raw,
+// into slots after the stages (AHEAD tiles in flight, as bf16's), and each thread makes its own
+// pieces of tile kt + 1 bf16 in that tile's stage while tile kt's wgmmas run; f32 weights come
+// through registers, one tile in flight. Either way exactly (mma_weights.cuh), f32 as three
+// planes.
 //
 // Up to 64 rows (KERNELS.toml launches 128 threads there) a block is one warpgroup and its tile
 // 64 x 128, in SMALL_STAGES stages of 24 KiB: two blocks share an SM where the 128-row tile's
@@ -48,6 +51,23 @@
 #define SMALL_STAGES 4
 #endif
 constexpr int TILE_BYTES = 128 * 128;  // 128 rows of 128 bytes: a weight tile (or plane)
+// bits of a weight staged raw (RawWeights below): fp8 and fp4; bf16 goes straight into its
+// stage, f32 through registers
+#if defined(WEIGHT_FP8)
+#define RAW_BITS 8
+#elif defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#define RAW_BITS 4
+#else
+#define RAW_BITS 0
+#endif
+// 1: blocks of one warpgroup (up to 64 rows) stage raw too, as blocks of two do; 0: they take
+// the register path. Version 28's variant run measured raw 1.03-1.30x as fast as registers at
+// 16-64 rows in fp8, 0.97-1.05x in mxfp4 and 0.79-0.97x in nvfp4, whose scales then came as two
+// byte loads (docs/gpu-notes.md). With the register path in one block size and the raw one in
+// the other, the qkv entry spilled (mxfp4 and nvfp4); raw in both, nothing spills.
+#ifndef RAW_SMALL
+#define RAW_SMALL 1
+#endif
 static_assert(K_BLOCK % BK == 0, "K_BLOCK must be a multiple of the tile's k");
 
 // A block of WGS warpgroups: its tile's rows, its threads and its stages. A stage holds the
@@ -61,6 +81,10 @@ struct Block {
     // tiles in flight beyond the one in use and the one before it
     static constexpr int ahead = stages - 2;
     static_assert(ahead >= 1, "at least one tile in flight");
+    // after the stages, a raw-staged weight's slots (RawWeights), one a tile in flight, each 128
+    // rows of BK weights; KERNELS.toml's launch.shared adds them
+    static constexpr bool raw = RAW_BITS > 0 && (WGS == 2 || RAW_SMALL);
+    static constexpr int raw_row_bytes = raw ? RAW_BITS * BK / 8 : 0;
 };
 
 // ------------------------------------------------------------------ wgmma
@@ -142,21 +166,48 @@ __device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, i
     }
 }
 
+// ------------------------------------------------------------------ the weight tiles
+// Three ways a weight tile reaches its stage, each with the same four steps, which wgmma_tile
+// calls at the same places: prologue(kt0 + s, s) for the first AHEAD tiles, ready(kt0, kt1) once
+// those are issued, issue(next) before tile kt's wgmmas and after(kt, kt1) once they are issued.
+
+// bf16 weights: by cp.async straight into the stage, as the activations.
+template <class B>
+struct Bf16Weights {
+    unsigned char* base;
+    int k;
+    template <class WRow>
+    __device__ __forceinline__ void issue(int kt, WRow wrow) {
+        load_tile<128, B::threads>(base + (kt % B::stages) * B::stage_bytes + B::act_bytes,
+                                   [&](int r) { return (const bf16*)wrow(r).data; }, k, kt * BK);
+    }
+    template <class WRow>
+    __device__ __forceinline__ void prologue(int kt, int, WRow wrow) { issue(kt, wrow); }
+    template <class WRow>
+    __device__ __forceinline__ void ready(int, int, WRow) {}
+    template <class WRow>
+    __device__ __forceinline__ void after(int, int, WRow) {}
+};
+
 #if !defined(WEIGHT_BF16)
-// A quantized or f32 weight tile in flight: this thread's raw pieces (piece p of tile row r for
-// r, p = idx / 8, idx % 8), fetched before the wgmmas of the tile in use and stored (as bf16,
-// or f32's bf16 planes) after them, by THREADS threads. THREADS is a multiple of 8, so every
-// piece of a thread lies at the same columns, k0 + 8 (threadIdx.x % 8), and is live (inside k)
-// or not together.
-template <int THREADS>
-struct QuantTile {
-    static constexpr int PIECES = 128 * 8 / THREADS;
+// A quantized or f32 weight through registers: issue loads this thread's raw pieces of tile
+// next (piece p of tile row r for r, p = idx / 8, idx % 8), after stores them as bf16 (or
+// f32's bf16 planes) once tile kt's wgmmas are issued, so their loads wait there: one tile in
+// flight. THREADS is a multiple of 8, so every piece of a thread lies at the same columns,
+// k0 + 8 (threadIdx.x % 8), and is live (inside k) or not together.
+template <class B>
+struct RegisterWeights {
+    static constexpr int THREADS = B::threads, PIECES = 128 * 8 / THREADS;
+    unsigned char* base;
+    int k;
     WeightRaw8 raw[PIECES];
     bool live;
+    int next;
     template <class WRow>
-    __device__ __forceinline__ void fetch(WRow wrow, int k, int k0) {
-        const int c = k0 + 8 * (threadIdx.x & 7);
+    __device__ __forceinline__ void issue(int kt, WRow wrow) {
+        const int c = kt * BK + 8 * (threadIdx.x & 7);
         live = c < k;
+        next = kt;
         // threadIdx.x < THREADS (check_launch), said so: the compiler then knows which rows,
         // gate's or up's, each piece reads
         const int t = threadIdx.x & (THREADS - 1);
@@ -166,7 +217,8 @@ struct QuantTile {
                 raw[i] = weight8_fetch(wrow((t + THREADS * i) >> 3), c, k);
         }
     }
-    __device__ __forceinline__ void store(unsigned char* planes0) const {
+    __device__ __forceinline__ void store() const {
+        unsigned char* planes0 = base + (next % B::stages) * B::stage_bytes + B::act_bytes;
 #pragma unroll
         for (int i = 0; i < PIECES; ++i) {
             const int idx = threadIdx.x + THREADS * i;
@@ -178,62 +230,206 @@ struct QuantTile {
                     live ? planes[p] : make_uint4(0, 0, 0, 0);
         }
     }
+    template <class WRow>
+    __device__ __forceinline__ void prologue(int kt, int, WRow wrow) {
+        issue(kt, wrow);
+        store();
+    }
+    template <class WRow>
+    __device__ __forceinline__ void ready(int, int, WRow) {}
+    template <class WRow>
+    __device__ __forceinline__ void after(int kt, int kt1, WRow) {
+        if (kt + B::ahead < kt1) store();
+    }
 };
+#endif
+
+#if defined(WEIGHT_FP8) || defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+// A quantized weight staged raw: issue copies tile next's bytes by cp.async into a slot of their
+// own after the stages (AHEAD tiles in flight, as bf16's), in 16-byte units a thread owns (fp8:
+// 16 columns of a row, fp4: 32), and loads the units' fp4 block scales into registers, which a
+// ring keeps until they are used a tile later; rows not 16-byte aligned come through registers
+// (weight8_fetch, zeros past k). after, once the thread's copies of tile kt + 1 have landed
+// (tile kt's wgmmas running), reads its units back and stores them into that tile's stage as
+// bf16, exactly (mma_weights.cuh), swizzled. Only the thread that copied a unit reads it, so its
+// own cp.async wait is all the slot needs; the stage's stores reach the wgmmas through the next
+// iteration's fence and barrier. That stage held tile kt + 1 - stages, which every warpgroup
+// finished before this iteration's barrier.
+template <class B>
+struct RawWeights {
+#if defined(WEIGHT_FP8)
+    static constexpr int UNIT_COLS = 16, SCALE_COLS = 16;  // (SCALE_COLS unused: no scales)
+#elif defined(WEIGHT_MXFP4)
+    static constexpr int UNIT_COLS = 32, SCALE_COLS = 32;  // columns a scale byte
+#else
+    static constexpr int UNIT_COLS = 32, SCALE_COLS = 16;
+#endif
+    static constexpr int PER_ROW = BK / UNIT_COLS, UNITS = 128 * PER_ROW / B::threads;
+    static constexpr int PIECES = UNIT_COLS / 8, PIECE_BYTES = 16 / PIECES, AHEAD = B::ahead;
+    static_assert(UNITS * B::threads == 128 * PER_ROW, "whole units a thread");
+    static_assert(128 * PER_ROW * 16 == 128 * B::raw_row_bytes, "Block sizes the raw slots");
+    static_assert(PARTS == 1, "one bf16 plane");
+    unsigned char* base;
+    int k;
+    // ring[j]: the scale bytes of tile kt + 1 + j's units (mxfp4 one, nvfp4 two a unit)
+    uint32_t ring[AHEAD][UNITS];
+
+    __device__ __forceinline__ unsigned char* slot(int kt) const {
+        return base + B::stages * B::stage_bytes + (kt % AHEAD) * 128 * B::raw_row_bytes;
+    }
+    // bytes of a row's first c columns
+    static __device__ __forceinline__ long bytes_of(long c) { return c * 16 / UNIT_COLS; }
+    // threadIdx.x, which is below B::threads (check_launch), said so: the compiler then knows
+    // which rows, gate's or up's, each unit reads
+    static __device__ __forceinline__ int thread() { return threadIdx.x & (B::threads - 1); }
+
+    // tile kt's copies, and its scales into ring[j]
+    template <class WRow>
+    __device__ __forceinline__ void fetch(int kt, int j, WRow wrow) {
+        const bool aligned = bytes_of(k) % 16 == 0;
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            const int idx = thread() + B::threads * u;
+            const int c = kt * BK + UNIT_COLS * (idx % PER_ROW);
+            unsigned char* dst = slot(kt) + idx * 16;
+            const WeightRef w = wrow(idx / PER_ROW);
+            if (aligned) {
+                const long at = bytes_of(c), n = min(16l, max(0l, bytes_of(k) - at));
+                cp_async16(dst, n > 0 ? (const unsigned char*)w.data + at : w.data, (int)n);
+            } else {
+#pragma unroll
+                for (int p = 0; p < PIECES; ++p) {
+                    const int cp = c + 8 * p;
+                    WeightRaw8 raw = {};
+                    if (cp < k) raw = weight8_fetch(w, cp, k);
+#if defined(WEIGHT_FP8)
+                    *(uint2*)(dst + p * PIECE_BYTES) = raw.v;
+#else
+                    *(uint32_t*)(dst + p * PIECE_BYTES) = raw.v;  // the data, not the scale
+#endif
+                }
+            }
+#if defined(WEIGHT_MXFP4)
+            ring[j][u] = c < k ? ((const uint8_t*)w.scale)[c / 32] : 0u;
+#elif defined(WEIGHT_NVFP4)
+            // an aligned row (k a multiple of 32) has its unit's two scales at an even offset
+            const uint8_t* sc = (const uint8_t*)w.scale;
+            ring[j][u] = c >= k      ? 0u
+                         : aligned   ? *(const uint16_t*)(sc + c / 16)
+                         : sc[c / 16] | (c + 16 < k ? (uint32_t)sc[c / 16 + 1] << 8 : 0u);
+#endif
+        }
+    }
+    // tile kt's units, landed, into its stage with the scales of ring[0]; the ring moves on
+    template <class WRow>
+    __device__ __forceinline__ void convert(int kt, WRow) {
+        cp_async_wait<AHEAD - 1>();  // this thread's groups up to tile kt's
+        unsigned char* planes0 = base + (kt % B::stages) * B::stage_bytes + B::act_bytes;
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) {
+            const int idx = thread() + B::threads * u, r = idx / PER_ROW, s = idx % PER_ROW;
+            const int c = kt * BK + UNIT_COLS * s;
+            const uint4 v = *(const uint4*)(slot(kt) + idx * 16);
+            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int p = 0; p < PIECES; ++p) {
+                const int cp = c + 8 * p;
+                WeightRaw8 raw;
+#if defined(WEIGHT_FP8)
+                raw.v = make_uint2(words[2 * p], words[2 * p + 1]);
+#else
+                raw.v = words[p];
+                raw.s = (uint8_t)(ring[0][u] >> (8 * (p * 8 / SCALE_COLS)));
+#endif
+                uint4 planes[PARTS];
+                weight8_planes(raw, planes);
+                *(uint4*)(planes0 + swizzled(r, s * PIECES + p)) =
+                    cp < k ? planes[0] : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j + 1 < AHEAD; ++j)
+#pragma unroll
+            for (int u = 0; u < UNITS; ++u) ring[j][u] = ring[j + 1][u];
+    }
+    // the prologue's tile kt0 + s into ring[s]
+    template <class WRow>
+    __device__ __forceinline__ void prologue(int kt, int s, WRow wrow) { fetch(kt, s, wrow); }
+    template <class WRow>
+    __device__ __forceinline__ void ready(int kt0, int kt1, WRow wrow) {
+        if (kt0 < kt1) convert(kt0, wrow);
+    }
+    template <class WRow>
+    __device__ __forceinline__ void issue(int next, WRow wrow) { fetch(next, AHEAD - 1, wrow); }
+    template <class WRow>
+    __device__ __forceinline__ void after(int kt, int kt1, WRow wrow) {
+        if (kt + 1 < kt1) convert(kt + 1, wrow);
+    }
+};
+#endif
+
+// Which of the three a block of B takes: bf16 straight; fp8 and fp4 raw (in blocks of one
+// warpgroup unless RAW_SMALL is 0); the rest through registers.
+template <bool C, class T, class F>
+struct Pick {
+    using type = T;
+};
+template <class T, class F>
+struct Pick<false, T, F> {
+    using type = F;
+};
+#if defined(WEIGHT_BF16)
+template <class B>
+using WeightsOf = Bf16Weights<B>;
+#elif RAW_BITS
+template <class B>
+using WeightsOf = typename Pick<B::raw, RawWeights<B>, RegisterWeights<B>>::type;
+#else
+template <class B>
+using WeightsOf = RegisterWeights<B>;
 #endif
 
 // x rows m0 + [0, B::bm) (clamped to rows) against weight rows wrow(b), b in [0, BN) (clamped
 // to real rows by the caller), over k tiles [kt0, kt1) (kt0 opens a k-block; kt1 closes one, or
 // is the last tile): in the fragment layout of Place, the sum of those k-blocks in order into
-// `sum`, or (EACH) each k-block's partial handed to each(k-block, partial) as it closes.
-template <class B, bool EACH = false, class WRow, class Each>
+// `sum`, or (each_block, which a split launch sets) each k-block's partial handed to each(k-block,
+// partial) as it closes.
+template <class B, class WRow, class Each>
 __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int m0, WRow wrow,
-                                           int kt0, int kt1, float (&sum)[64], Each each) {
+                                           int kt0, int kt1, float (&sum)[64], bool each_block,
+                                           Each each) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_at = smem_addr(smem_raw), base_at = (raw_at + 1023) & ~1023u;
     unsigned char* base = smem_raw + (base_at - raw_at);
     const Place pl;
-    auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
-    auto stage = [&](int kt) { return base + (kt % B::stages) * B::stage_bytes; };
-    auto load_x = [&](int kt) { load_tile<B::bm, B::threads>(stage(kt), xrow, k, kt * BK); };
-#if defined(WEIGHT_BF16)
-    auto load_w = [&](int kt) {
-        load_tile<128, B::threads>(stage(kt) + B::act_bytes,
-                                   [&](int r) { return (const bf16*)wrow(r).data; }, k, kt * BK);
-    };
-#else
-    auto load_w = [&](int kt) {
-        QuantTile<B::threads> q;
-        q.fetch(wrow, k, kt * BK);
-        q.store(stage(kt) + B::act_bytes);
-    };
-#endif
     constexpr int TILES_PER_BLOCK = K_BLOCK / BK, AHEAD = B::ahead;
+    auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
+    auto load_x = [&](int kt) {
+        load_tile<B::bm, B::threads>(base + (kt % B::stages) * B::stage_bytes, xrow, k, kt * BK);
+    };
+    WeightsOf<B> w;
+    w.base = base;
+    w.k = k;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
         if (kt0 + s < kt1) {
             load_x(kt0 + s);
-            load_w(kt0 + s);
+            w.prologue(kt0 + s, s, wrow);
         }
         cp_async_commit();
     }
+    w.ready(kt0, kt1, wrow);
     float acc[64];
     for (int kt = kt0; kt < kt1; ++kt) {
         cp_async_wait<AHEAD - 1>();  // this thread's pieces of tile kt have landed
-        fence_async_shared();  // its cp.async pieces (and stored planes) seen by the wgmmas
+        fence_async_shared();  // its cp.async pieces (and stored weights) seen by the wgmmas
         // every thread's pieces of tile kt are in; every warpgroup has finished tile kt - 2's
         // wgmmas (its wait after tile kt - 1), so that stage can be filled again
         __syncthreads();
         const int next = kt + AHEAD;
-#if !defined(WEIGHT_BF16)
-        QuantTile<B::threads> q;  // fetched now, stored after this tile's wgmmas are issued
-#endif
         if (next < kt1) {
             load_x(next);
-#if defined(WEIGHT_BF16)
-            load_w(next);
-#else
-            q.fetch(wrow, k, next * BK);
-#endif
+            w.issue(next, wrow);
         }
         cp_async_commit();
         const bool opens = kt % TILES_PER_BLOCK == 0;
@@ -253,12 +449,10 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
                                  operand_desc(b_at + p * TILE_BYTES + 32 * kk),
                                  !(opens && kk == 0 && p == PARTS - 1));
         wgmma_commit();
-#if !defined(WEIGHT_BF16)
-        if (next < kt1) q.store(stage(next) + B::act_bytes);
-#endif
+        w.after(kt, kt1, wrow);
         if (closes) {
             wgmma_wait<0>();
-            if constexpr (EACH) {
+            if (each_block) {
                 each(kt / TILES_PER_BLOCK, acc);
             } else {
                 const bool first = kt < kt0 + TILES_PER_BLOCK;
@@ -306,13 +500,14 @@ struct SplitWork {
 
 // The tile's sums in the fragment layout of Place (rows m0 + [0, B::bm), columns [0, BN) of
 // weight rows wrow(b)) handed to finish(sum); or, in a split launch (splits > 1: one warpgroup,
-// rows up to 64), this split's share left in the workspace for the combine launch.
+// rows up to 64), the partial of each k-block of this split left in the workspace for the
+// combine launch. A one-warpgroup block runs the same k-loop either way (split 0 of one
+// covers all of k), so that the source holds that loop once a block size.
 template <class B, class WRow, class Finish>
 __device__ __forceinline__ void tile_sums(const act_t* x, int rows, int k, int m0, WRow wrow,
                                           float* ws, int splits, Finish finish) {
     constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
     const int ktiles = (k + BK - 1) / BK;
-    const SplitWork sw(ws, rows, k, splits, gridDim.y);
     // partial v into slot j: this thread's rows r0 and r0 + 8, its column pairs 8 q + 2 t; worked
     // out from the arguments where used, so that nothing of it stays live across the loops
     // (128 accumulators a thread, 255 registers)
@@ -326,16 +521,15 @@ __device__ __forceinline__ void tile_sums(const act_t* x, int rows, int k, int m
             if (r0 + dr < rows) *(float2*)(out + dr * 128 + 8 * (i >> 2)) = {v[i], v[i + 1]};
         }
     };
-    auto none = [](int, const float (&)[64]) {};
-    if (splits == 1) {  // the whole of k
-        float sum[64];
-        wgmma_tile<B>(x, rows, k, m0, wrow, 0, ktiles, sum, none);
+    float sum[64];
+    if constexpr (B::threads == Block<1>::threads) {
+        const int per = SplitWork(ws, rows, k, splits, gridDim.y).per, kb0 = blockIdx.z * per;
+        wgmma_tile<B>(x, rows, k, m0, wrow, kb0 * TILES_PER_BLOCK,
+                      min((kb0 + per) * TILES_PER_BLOCK, ktiles), sum, splits > 1, leave);
+        if (splits == 1) finish(sum);
+    } else {  // check_launch: never split
+        wgmma_tile<B>(x, rows, k, m0, wrow, 0, ktiles, sum, false, leave);
         finish(sum);
-    } else if constexpr (B::threads == Block<1>::threads) {  // check_launch: splits need it
-        float unused[64];
-        const int kb0 = blockIdx.z * sw.per;
-        wgmma_tile<B, true>(x, rows, k, m0, wrow, kb0 * TILES_PER_BLOCK,
-                            min((kb0 + sw.per) * TILES_PER_BLOCK, ktiles), unused, leave);
     }
 }
 
@@ -368,7 +562,8 @@ __device__ __forceinline__ void check_launch(int rows, int k, const float* ws, i
     if (!(small || blockDim.x == Block<2>::threads) ||
         (long)gridDim.x * (small ? Block<1>::bm : Block<2>::bm) < rows || splits < 1 ||
         (int)gridDim.z != splits ||
-        splits > 1 && (!small || gridDim.x != 1 || ws == nullptr || (splits - 1) * sw.per >= sw.nkb))
+        splits > 1 &&
+            (!small || gridDim.x != 1 || ws == nullptr || (splits - 1) * sw.per >= sw.nkb))
         __trap();
 }
 
