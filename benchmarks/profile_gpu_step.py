@@ -18,8 +18,10 @@ prefill of a ROWS-token prompt, one sequence from position 0, in place of the de
 ``benchmarks/results/gpu_profile.json`` (the summary; ``gpu_profile_bounded.json`` under
 ``--policy bounded``, ``gpu_profile_prefill.json`` under ``--prefill``), and per target
 ``DIR/<model>_<quant>.csv`` (``..._prefill<ROWS>.csv`` under ``--prefill``)
-(ncu's details page) and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples
-of the kernels ``--source`` names).
+(ncu's details page), ``DIR/<model>_<quant>.raw.csv`` (its raw page: every metric collected)
+and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples of the kernels
+``--source`` names). The summary also keeps L2's and the SM's throughput and the wgmma pipe's
+busy share, which say whether a tensor-core kernel is fed or computing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ KEEP = {
     "lts__t_sector_hit_rate.pct": "l2_hit_pct",
     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "global_load_requests",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "global_load_sectors",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2_pct",
+    "lts__t_bytes.sum": "l2_bytes",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "gmma_pct",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active": "l1_pct",
 }
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond": 1e-6,
          "msecond": 1e-3, "second": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
@@ -233,7 +240,9 @@ def main() -> None:
             (a.out / f"{stem}_{tag}.sass.csv").write_text(sass)
         except subprocess.CalledProcessError as e:
             print("source page:", e.stderr[-1000:])
-        kernels = summarize(ncu_csv(report, "--page", "raw"))
+        raw = ncu_csv(report, "--page", "raw")
+        (a.out / f"{stem}.raw.csv").write_text(raw)
+        kernels = summarize(raw)
         if launches.exists():
             plan = json.loads(launches.read_text())
             if len(plan) != len(kernels):  # said, not silent: the rows keep ncu's names only
@@ -250,7 +259,7 @@ def main() -> None:
                   f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
                   f"ipc {k['ipc'] or 0:4.2f} l2hit {k['l2_hit_pct'] or 0:4.1f}% "
                   f"sect/req {(k['global_load_sectors'] or 0) / (k['global_load_requests'] or 1):4.1f}"
-                  f" | {top}")
+                  f" l2 {k['l2_pct'] or 0:4.1f}% gmma {k['gmma_pct'] or 0:4.1f}% | {top}")
         report.unlink()
     name = "gpu_profile" + ("" if a.policy == "exact" else f"_{a.policy}") + (
         "_prefill" if a.prefill else "")
