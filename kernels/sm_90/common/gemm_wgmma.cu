@@ -100,6 +100,10 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t at) {
            (uint64_t)1 << 62;
 }
 
+// The descriptor of the operand `bytes` further on: its address field, in 16-byte units, is the
+// low 14 bits, and shared memory (under 256 KiB) never carries out of them.
+__host__ __device__ constexpr uint64_t desc_step(uint32_t bytes) { return bytes >> 4; }
+
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -419,6 +423,9 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         cp_async_commit();
     }
     w.ready(kt0, kt1, wrow);
+    // -0 + a is a for every a (+0 and -0 included), so the first k-block's partial lands as is
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] = -0.0f;
     float acc[64];
     for (int kt = kt0; kt < kt1; ++kt) {
         cp_async_wait<AHEAD - 1>();  // this thread's pieces of tile kt have landed
@@ -438,15 +445,16 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
         // clamped, and not stored): a wgmma under a branch ptxas cannot prove uniform is
         // serialized, each waiting for the one before (ptxas C7518); that build was 3-6 %
         // slower at 2048 rows and up to 15 % faster at 64 (docs/gpu-notes.md, version 25)
-        const uint32_t a_at = base_at + (kt % B::stages) * B::stage_bytes + pl.wg * 64 * 128;
-        const uint32_t b_at = base_at + (kt % B::stages) * B::stage_bytes + B::act_bytes;
+        const uint32_t stage_at = base_at + (kt % B::stages) * B::stage_bytes;
+        const uint64_t a_desc = operand_desc(stage_at + pl.wg * 64 * 128),
+                       b_desc = operand_desc(stage_at + B::act_bytes);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)
 #pragma unroll
             for (int p = PARTS - 1; p >= 0; --p)  // f32: lo, mid, then hi
-                wgmma_m64n128k16(acc, operand_desc(a_at + 32 * kk),
-                                 operand_desc(b_at + p * TILE_BYTES + 32 * kk),
+                wgmma_m64n128k16(acc, a_desc + desc_step(32 * kk),
+                                 b_desc + desc_step(p * TILE_BYTES + 32 * kk),
                                  !(opens && kk == 0 && p == PARTS - 1));
         wgmma_commit();
         w.after(kt, kt1, wrow);
@@ -455,9 +463,8 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
             if (each_block) {
                 each(kt / TILES_PER_BLOCK, acc);
             } else {
-                const bool first = kt < kt0 + TILES_PER_BLOCK;
 #pragma unroll
-                for (int i = 0; i < 64; ++i) sum[i] = first ? acc[i] : sum[i] + acc[i];
+                for (int i = 0; i < 64; ++i) sum[i] += acc[i];
             }
         } else {
             wgmma_wait<1>();
