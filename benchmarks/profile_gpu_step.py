@@ -93,7 +93,7 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
         prog = decode_program(eng, batch)
     prog.run()
     families = [ln.kernel.family for ln in prog.launches]
-    lo, hi = second_layer(families)
+    lo, hi = second_layer([ln.kernel.layer for ln in prog.launches])
     be = eng.backend
     stream = be.stream()
     for i, (ln, args) in enumerate(zip(prog.launches, prog.arguments)):
@@ -113,21 +113,26 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
     eng.close()
 
 
-def second_layer(families: list[str]) -> tuple[int, int]:
-    """The launches ``[lo, hi)`` of a decode step's second layer, from its input norm on: the
-    layers repeat from the launch after the step's first norm (launch 2, the first layer's first
-    projection), so the second layer starts one launch before that family's second launch.
+def second_layer(layers: list[int | None]) -> tuple[int, int]:
+    """The launches ``[lo, hi)`` of a step's second layer, from its input norm on, given each
+    launch's layer in the plan (``None`` for the embedding and the head). The plan's layers,
+    not the families' order: a prefill plan's first launches repeat inside a layer (fp8's
+    dequant before each GEMM under the exact policy).
 
-    >>> second_layer(["embedding", "rmsnorm", "qkv", "attention", "linear", "add_rmsnorm",
-    ...               "gate_up_swiglu", "linear", "add_rmsnorm", "qkv", "attention", "linear",
-    ...               "add_rmsnorm", "gate_up_swiglu", "linear", "add_rmsnorm", "lm_head"])
+    >>> second_layer([None, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2, None])
     (8, 15)
+    >>> second_layer([None, 0, 0, None])
+    Traceback (most recent call last):
+    ...
+    ValueError: one layer only: no launch of layer 1
     """
-    firsts = [i for i, f in enumerate(families) if f == families[2]]
-    if len(firsts) < 2:
-        raise ValueError(f"one layer only: {families[2]!r} launches once")
-    lo = firsts[1] - 1
-    return lo, lo + firsts[1] - firsts[0]
+    at = [i for i, layer in enumerate(layers) if layer == 1]
+    if not at:
+        raise ValueError("one layer only: no launch of layer 1")
+    lo, hi = at[0], at[-1] + 1
+    if len(at) != hi - lo:
+        raise ValueError(f"layer 1's launches are not contiguous: {at}")
+    return lo, hi
 
 
 def target(text: str) -> tuple[str, str]:

@@ -83,7 +83,23 @@ def test_the_profiled_window_is_one_whole_layer(model, mode):
     with Engine.load(model, max_ctx=40) as eng:
         prog = decode_program(eng, 1) if mode == "decode" else prefill_program(eng, 24)
         families = [ln.kernel.family for ln in prog.launches]
-    lo, hi = second_layer(families)
+        lo, hi = second_layer([ln.kernel.layer for ln in prog.launches])
     assert families[lo] == "add_rmsnorm"  # the second layer's input norm
     assert families[lo + 1:hi] == families[2:2 + hi - lo - 1]  # the first layer, norm aside
     assert families[lo:hi].count(families[2]) == 1
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8"])
+def test_the_window_of_an_sm_90_prefill_is_its_second_layer(quant):
+    """sm_90's prefill plans at 2048 rows, where fp8 (exact policy) dequantizes before every
+    GEMM, so a layer's first family repeats inside it: the window is layer 1, from its norm."""
+    from metrale.plan.config import ModelConfig
+    from metrale.plan.plan import plan_for
+
+    plan = plan_for(ModelConfig.load("llama-3.1-8b"), quant, "sm_90", mode="prefill", rows=2048,
+                    act="bf16", context=2048, fuse=True, policy="exact", logits="all")
+    families = [k.family for k in plan.launches]
+    lo, hi = second_layer([k.layer for k in plan.launches])
+    assert families[lo] == "add_rmsnorm"
+    assert families[lo:hi].count("kv_append_attention") == 1
+    assert families[hi] == "add_rmsnorm" and hi - lo == (len(families) - 3) // 32
