@@ -20,7 +20,7 @@ prefill of a ROWS-token prompt, one sequence from position 0, in place of the de
 ``DIR/<model>_<quant>.csv`` (``..._prefill<ROWS>.csv`` under ``--prefill``)
 (ncu's details page), ``DIR/<model>_<quant>.raw.csv`` (its raw page: every metric collected)
 and ``DIR/<model>_<quant>_<source>.sass.csv`` (per-instruction stall samples of the kernels
-``--source`` names). The summary also keeps L2's and the SM's throughput and the wgmma pipe's
+``--source`` names). The summary also keeps L2's and the SM's throughput and the tensor pipe's
 busy share, which say whether a tensor-core kernel is fed or computing.
 """
 
@@ -60,7 +60,7 @@ KEEP = {
     "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2_pct",
     "lts__t_bytes.sum": "l2_bytes",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "gmma_pct",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pct",
     "l1tex__throughput.avg.pct_of_peak_sustained_active": "l1_pct",
 }
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond": 1e-6,
@@ -264,7 +264,7 @@ def main() -> None:
                   f"dram {k['dram_pct'] or 0:5.1f}% occ {k['occupancy_pct'] or 0:5.1f}% "
                   f"ipc {k['ipc'] or 0:4.2f} l2hit {k['l2_hit_pct'] or 0:4.1f}% "
                   f"sect/req {(k['global_load_sectors'] or 0) / (k['global_load_requests'] or 1):4.1f}"
-                  f" l2 {k['l2_pct'] or 0:4.1f}% gmma {k['gmma_pct'] or 0:4.1f}% | {top}")
+                  f" l2 {k['l2_pct'] or 0:4.1f}% tensor {k['tensor_pct'] or 0:4.1f}% | {top}")
         report.unlink()
     name = "gpu_profile" + ("" if a.policy == "exact" else f"_{a.policy}") + (
         "_prefill" if a.prefill else "")
