@@ -707,7 +707,7 @@ def main() -> None:
                                         "cases": cases, "steps": steps})
     print(f"wrote {path}")
     if args.record:
-        record(cases, max(rows_list), records or [])
+        record(cases, max(rows_list, default=0), records or [])  # --rows "": the steps' alone
 
 
 def record(cases: list[dict], rows: int, more: list) -> None:
