@@ -6,12 +6,7 @@
 # and 64 rows; the engine's tests. About 8 minutes. Then compare gpu_prefill.json with version
 # 27's (benchmarks/results/gpu_prefill.json on main) and update the tables' reasons.
 # Run from the repository root with the wheels in .whl (device tool: carry [".whl"]).
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
-  || { cat "$OUT/install.log"; exit 1; }
+source docs/experiments/device_setup.sh
 t0=$(date +%s)
 timeout 250 python3 -m pytest tests/cuda -q -p no:cacheprovider -k "gemm or row_invariance" \
   > "$OUT/tests.log" 2>&1

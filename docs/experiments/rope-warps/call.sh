@@ -7,12 +7,7 @@
 # at 2048 tokens, gpu_prefill.json on main), then keep the steps' JSON under its own name:
 # `--rows ""` writes benchmarks/results/gpu_prefill.json without the GEMM cases.
 # Run from the repository root with the wheels in .whl (device tool: carry [".whl"]).
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site METRALE_CACHE=/tmp/metrale-cache PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
-  || { cat "$OUT/install.log"; exit 1; }
+source docs/experiments/device_setup.sh
 t0=$(date +%s)
 timeout 200 python3 -m pytest tests/cuda -q -p no:cacheprovider -k "rope" > "$OUT/tests.log" 2>&1
 trc=$?; echo "tests rc $trc in $(( $(date +%s) - t0 )) s"; tail -1 "$OUT/tests.log" | cut -c1-300
