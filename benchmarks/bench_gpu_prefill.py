@@ -98,8 +98,9 @@ GEMM_VARIANTS = [
     "BK=64 STAGES=3 GEMM_MIN_BLOCKS=1",
 ]
 # sm_90's own GEMM (gemm_wgmma.cu): RAW_SMALL=0 takes fp8 and fp4 weights through registers in
-# the one-warpgroup blocks of 1-64 rows, where the source stages them raw. (STAGES=5 and SMALL_STAGES=6, more stages of 64-column
-# tiles in flight, lost in versions 26 and 27's sweeps; they remain valid defines.)
+# the one-warpgroup blocks of 1-64 rows, where the source stages them raw. (STAGES=5 and
+# SMALL_STAGES=6, more stages of 64-column tiles in flight, lost in versions 26 and 27's sweeps;
+# they remain valid defines.)
 WGMMA_VARIANTS = ["", "RAW_SMALL=0"]
 # (model, launch, rows) the variants run at
 VARIANT_CASES = [("llama-3.1-8b", "gate_up", 2048), ("llama-3.1-8b", "down", 2048),
