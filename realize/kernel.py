@@ -82,11 +82,12 @@ class LaunchRule:
         return frozenset().union(*(formula_names(f) for f in (*self.grid, *self.block,
                                                                self.shared)))
 
-    def bind(self, sizes: Mapping[str, int | float]
+    def bind(self, sizes: Mapping[str, int | float], *, empty: bool = False
              ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-        """``(grid, block, shared)`` at these sizes; grid and block are >= 1, shared >= 0."""
-        grid = tuple(_integral(eval_formula(f, sizes, key=f"launch.grid[{i}]"), 1, f,
-                               f"launch.grid[{i}]") for i, f in enumerate(self.grid))
+        """``(grid, block, shared)`` at these sizes; grid and block are >= 1, shared >= 0. With
+        ``empty``, a grid dimension may be 0: a launch of no blocks, which is not made."""
+        grid = tuple(_integral(eval_formula(f, sizes, key=f"launch.grid[{i}]"), 0 if empty else 1,
+                               f, f"launch.grid[{i}]") for i, f in enumerate(self.grid))
         block = tuple(_integral(eval_formula(f, sizes, key=f"launch.block[{i}]"), 1, f,
                                 f"launch.block[{i}]") for i, f in enumerate(self.block))
         shared = _integral(eval_formula(self.shared, sizes, key="launch.shared"), 0,
@@ -99,7 +100,10 @@ class ThenLaunch:
     """A launch that follows the kernel's own, from the same compiled module: ``entry`` with its
     launch rule and arguments, formulas and argument names read as the kernel's. A kernel whose
     work ends in a reduction over its blocks (decode attention's merge of its chunks) may hand
-    that to a second launch spread over more blocks, instead of to its last block."""
+    that to a second launch spread over more blocks, instead of to its last block.
+
+    Its grid may be 0 at some sizes: there it has nothing to do (a GEMM's combine of k splits
+    when k is not split) and the launch is left out, not made empty."""
 
     entry: str
     launch: LaunchRule
@@ -220,7 +224,8 @@ class Kernel:
     def launches_for(self, sizes: Mapping[str, int | float]
                      ) -> tuple[tuple[str, tuple[str, ...], tuple], ...]:
         """Every launch the kernel makes at these sizes, in order: ``(entry, args, (grid,
-        block, shared))``, its own first, then its ``then`` launches.
+        block, shared))``, its own first, then its ``then`` launches, less those whose grid is
+        0 there (nothing to do: not launched).
 
         >>> from metrale.realize.functor import realization
         >>> k = realization("sm_90").realize(Point("rmsnorm", (("act", "bf16"), ("h_block", 256))))
@@ -228,9 +233,9 @@ class Kernel:
         [('metrale_rmsnorm', (3, 1, 1))]
         """
         env = self._launch_env(sizes)
-        rules = (self.launch, *(t.launch for t in self.then))
-        return tuple((entry, args, rule.bind(env))
-                     for (entry, args), rule in zip(self.calls, rules, strict=True))
+        shapes = (self.launch.bind(env), *(t.launch.bind(env, empty=True) for t in self.then))
+        return tuple((entry, args, shape) for (entry, args), shape
+                     in zip(self.calls, shapes, strict=True) if 0 not in shape[0])
 
     def _launch_env(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
         """:meth:`sizes`, once the kernel's limits are found to hold there."""
@@ -547,8 +552,11 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     for i, limit in enumerate(limits or ()):
         _check_formula(f, f"limits[{i}]", limit, names, what="limit")
     _check_args(f, args or (), family, values or {})
-    then = tuple(t for i, raw_t in enumerate(then_raw or [])
-                 if (t := _read_then(raw_t, f, i, names, family, values or {})) is not None)
+    then: list[ThenLaunch] = []
+    for i, raw_t in enumerate(then_raw or []):
+        taken = {entry, *(t.entry for t in then)}
+        if (t := _read_then(raw_t, f, i, names, family, values or {}, taken)) is not None:
+            then.append(t)
     if row_inv and not family.row_invariant:
         f.fail("row_invariant", "claims row-invariance its family does not have", "false",
                "true")
@@ -557,7 +565,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     table = KernelTable(name, family.name, tuple(when), source, entry,
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
-                        folder, str(file), bool(dependent), tuple(limits or ()), then)
+                        folder, str(file), bool(dependent), tuple(limits or ()), tuple(then))
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)
@@ -565,8 +573,9 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
 
 
 def _read_then(raw: Any, f: Fields, i: int, names: frozenset[str], fam: Family,
-               values: Mapping[str, str]) -> ThenLaunch | None:
-    """One ``then`` launch: ``{entry, launch, args}``, checked as the table's own are."""
+               values: Mapping[str, str], taken: set[str | None]) -> ThenLaunch | None:
+    """One ``then`` launch: ``{entry, launch, args}``, checked as the table's own are; its entry
+    is none of ``taken`` (the kernel's launches are told apart by their entries)."""
     if not isinstance(raw, dict):
         f.fail(f"then[{i}]", "wrong type", "a table {entry, launch, args}", type(raw).__name__)
         return None
@@ -577,6 +586,9 @@ def _read_then(raw: Any, f: Fields, i: int, names: frozenset[str], fam: Family,
     tf.close()
     if entry is not None and not re.fullmatch(r"[A-Za-z_]\w*", entry):
         tf.fail("entry", "not a symbol", "an identifier (an extern \"C\" kernel)", repr(entry))
+    elif entry is not None and entry in taken:
+        tf.fail("entry", "launched twice", "an entry the kernel does not launch already",
+                repr(entry))
     launch = _read_launch(launch_raw, tf, names)
     _check_args(tf, args or (), fam, values)
     if not tf.ok or entry is None or launch is None or args is None:

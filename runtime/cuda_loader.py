@@ -57,6 +57,16 @@ class BoundKernel:
     args: tuple[Arg, ...]
     then: tuple[tuple[Any, tuple[Arg, ...]], ...] = ()
 
+    def call(self, entry: str) -> tuple[Any, tuple[Arg, ...]]:
+        """``(handle, args)`` of the launch of ``entry``: the kernel's own or a ``then`` one."""
+        for name, call in zip(self.kernel.entries, ((self.handle, self.args), *self.then),
+                              strict=True):
+            if name == entry:
+                return call
+        raise LaunchError(f"kernel {self.kernel.entry} makes no launch of {entry}",
+                          key=str(self.kernel.point), expected="one of "
+                          + ", ".join(self.kernel.entries), found=entry)
+
     def scratch_bytes(self, numbers: Mapping[str, int | float]) -> dict[str, int]:
         """Bytes of each ``scratch`` argument at these sizes (empty when the kernel has none)."""
         env = self.kernel.sizes(numbers)
@@ -96,10 +106,9 @@ class BoundKernel:
     def launch(self, backend: Any, pointers: Mapping[str, Any],
                numbers: Mapping[str, int | float], stream: Any = None) -> None:
         """Launch with the kernel's own launch rule at ``numbers``, then its ``then``
-        launches."""
-        shapes = [shape for _, _, shape in self.kernel.launches_for(numbers)]
-        for (handle, args), (grid, block, shared) in zip(
-                ((self.handle, self.args), *self.then), shapes, strict=True):
+        launches (those it makes there)."""
+        for entry, _, (grid, block, shared) in self.kernel.launches_for(numbers):
+            handle, args = self.call(entry)
             backend.launch(handle, grid, block, shared, self.pack(pointers, numbers, args),
                            stream)
 
@@ -230,8 +239,8 @@ class CudaPlanLoader:
             env = k.kernel.sizes(numbers)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))
-            for i, (_, _, (grid, block, shared)) in enumerate(k.kernel.launches_for(numbers)):
-                handle, args = self.bind(backend, k, grid, block, shared, i)
+            for entry, _, (grid, block, shared) in k.kernel.launches_for(numbers):
+                handle, args = self.bind(backend, k, grid, block, shared, entry)
                 names: list[Any] = []
                 for a in args:
                     if a.kind == "ptr":
@@ -249,10 +258,9 @@ class CudaPlanLoader:
         return tuple(out)
 
     def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
-             block: tuple[int, int, int], shared: int, step: int = 0
+             block: tuple[int, int, int], shared: int, entry: str | None = None
              ) -> tuple[Any, tuple[Any, ...]]:
-        """The handle of planned kernel ``k``'s launch ``step`` (0 its own, then its ``then``
-        launches) on ``backend`` (compiled and loaded once per source and defines) and its
-        parsed arguments; the launch shape is the planned one."""
-        bound = self._loader(backend).bind(k.kernel)
-        return ((bound.handle, bound.args) if step == 0 else bound.then[step - 1])
+        """The handle of planned kernel ``k``'s launch of ``entry`` (default its own) on
+        ``backend`` (compiled and loaded once per source and defines) and its parsed
+        arguments; the launch shape is the planned one."""
+        return self._loader(backend).bind(k.kernel).call(entry or k.kernel.entry)

@@ -452,6 +452,42 @@ def test_decode_attention_launches_its_merge_after_it_on_the_same_workspace() ->
         assert {"work:scratch", "o:ptr"} <= set(a0) & set(a1)
 
 
+@pytest.mark.parametrize("rows,combined", [(16, True), (64, True), (65, False), (2048, False)])
+def test_a_wgmma_gemm_makes_its_combine_launch_only_when_k_is_split(rows: int,
+                                                                     combined: bool) -> None:
+    """Up to 64 rows the wgmma GEMM splits k over its grid and a second launch sums the splits;
+    above, k is not split and that launch (a grid of 0 there) is not made at all."""
+    from metrale.runtime.cuda_loader import BoundKernel, parse_args
+
+    F = realization("sm_90")
+    for family in ("linear", "linear_add", "qkv", "gate_up_swiglu"):
+        point = next(p for p in P.family(family).points if dict(p.params)["shape"] == "gemm"
+                     and dict(p.params)["act"] == "bf16" and dict(p.params)["weight"] == "fp8")
+        k = F.realize(point)
+        numbers = {"rows": rows, "k": 4096, "n": 4096, "nq": 4096, "nk": 1024, "nv": 1024}
+        launches = k.launches_for(numbers)
+        assert k.entries == (k.entry, k.entry + "_combine"), k.entries
+        assert [e for e, _, _ in launches] == list(k.entries[:1 + combined]), (family, rows)
+        assert (k.sizes(numbers)["splits"] > 1) == combined
+        bound = BoundKernel(k, "own", parse_args(k.args),
+                            tuple(("then", parse_args(t.args)) for t in k.then))
+        assert bound.call(k.entry + "_combine")[0] == "then"
+        with pytest.raises(LaunchError, match="makes no launch of metrale_rmsnorm"):
+            bound.call("metrale_rmsnorm")
+
+
+def test_a_then_launch_of_an_entry_launched_already_is_refused(tree: Path) -> None:
+    """A kernel's launches are told apart by their entries: a ``then`` launch may not repeat
+    the kernel's own entry (nor an earlier ``then``'s)."""
+    then = ('entry = "metrale_rmsnorm"\nargs = ["x:ptr"]\nlaunch = { grid = ["1", "1", "1"], '
+            'block = ["1", "1", "1"] }')
+    add_folder(tree, "sm_90/common",
+               table_text("rmsnorm") + "\n[[kernel.rmsnorm.then]]\n" + then + "\n",
+               {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=r"kernel.rmsnorm.then\[0\].entry: launched twice"):
+        realization("sm_90", kernels_dir=tree)
+
+
 @pytest.mark.parametrize("then,words", [
     ('args = ["x:ptr"]\nlaunch = { grid = ["1", "1", "1"], block = ["1", "1", "1"] }',
      r"then\[0\].entry: missing key"),

@@ -290,13 +290,14 @@ def plan_loader(build_dir: Path) -> Any:
             super().__init__("emulated")
 
         def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
-                 block: tuple[int, int, int], shared: int, step: int = 0
+                 block: tuple[int, int, int], shared: int, entry: str | None = None
                  ) -> tuple[Any, tuple[Any, ...]]:
             kernel = k.kernel
             lib = build(build_dir, kernel.source,
                         tuple(d.removeprefix("-D") for d in kernel.defines),
                         class_entries(kernel.hw)[(kernel.source, kernel.defines)])
-            entry, args = kernel.calls[step]
+            entry = entry or kernel.entry
+            args = dict(kernel.calls)[entry]
 
             def run(*values: Any) -> None:
                 lib.launch(entry, grid, block, shared, list(values))
