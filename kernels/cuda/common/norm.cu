@@ -144,11 +144,30 @@ metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
     norm_block_row<true>(x, r, w, s, y, rows, h, eps);
 }
 
-// The block's head (QkHead: q heads first) normalized into buf, after the wait; false when the
-// block has no head.
-__device__ __forceinline__ bool norm_block_head(const act_t* q, const act_t* k,
-                                                const __nv_bfloat16* wq, const __nv_bfloat16* wk,
-                                                const QkHead& hd, int d, float eps, float* buf) {
+// The per-head norms: a warp a head, HEADS heads a block, grid (ceil((hq + hkv) / HEADS), rows),
+// block 32 * HEADS; q heads first, then k heads. A block of one warp a head (version 29 and
+// before) moved Qwen3-0.6B's 2048-token prefill at 0.41 TB/s: 49152 one-warp blocks, at most
+// 32 resident an SM, each waiting on its loads and shuffles alone (docs/gpu-notes.md, version
+// 30). Each warp normalizes its head into its own slice of shared memory and syncs alone.
+constexpr int HEADS = 8;
+
+// The head of this warp: its row, which of q and k, and where it starts in either.
+struct WarpHead {
+    int row;
+    bool isq, valid;
+    long at;
+    __device__ __forceinline__ WarpHead(int rows, int hq, int hkv, int d) : row(blockIdx.y) {
+        const int head = (int)blockIdx.x * HEADS + (int)(threadIdx.x >> 5);
+        isq = head < hq;
+        valid = row < rows && head < hq + hkv && d <= MAX_HEAD_DIM;
+        at = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
+    }
+};
+
+// The warp's head normalized into buf, after the wait; false when the warp has no head.
+__device__ __forceinline__ bool norm_warp_head(const act_t* q, const act_t* k,
+                                               const __nv_bfloat16* wq, const __nv_bfloat16* wk,
+                                               const WarpHead& hd, int d, float eps, float* buf) {
     grid_dependency_sync();
     if (!hd.valid) return false;
     head_norm((hd.isq ? q : k) + hd.at, hd.isq ? wq : wk, d, eps, buf);
@@ -156,35 +175,35 @@ __device__ __forceinline__ bool norm_block_head(const act_t* q, const act_t* k,
     return true;
 }
 
-// grid (hq + hkv, rows), block 32: one warp per head, q heads first.
-extern "C" __global__ void __launch_bounds__(32)
+extern "C" __global__ void __launch_bounds__(32 * HEADS)
 metrale_qk_norm(const act_t* __restrict__ q, const act_t* __restrict__ k,
                 const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
                 act_t* __restrict__ qn, act_t* __restrict__ kn, int rows, int hq, int hkv,
                 int d, float eps) {
-    __shared__ float buf[MAX_HEAD_DIM];
-    const QkHead hd(rows, hq, hkv, d, MAX_HEAD_DIM);
-    if (!norm_block_head(q, k, wq, wk, hd, d, eps, buf)) return;
+    __shared__ float buf[HEADS][MAX_HEAD_DIM];
+    const WarpHead hd(rows, hq, hkv, d);
+    float* mine = buf[threadIdx.x >> 5];
+    if (!norm_warp_head(q, k, wq, wk, hd, d, eps, mine)) return;
     act_t* out = (hd.isq ? qn : kn) + hd.at;
-    for (int i = threadIdx.x; i < d; i += 32) out[i] = act_store(buf[i]);
+    for (int i = threadIdx.x & 31; i < d; i += 32) out[i] = act_store(mine[i]);
 }
 
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
 #include "rope.cuh"
 
-// qk_norm then rope, the normalized head kept in shared memory between the two.
-// grid (hq + hkv, rows), block 32.
-extern "C" __global__ void __launch_bounds__(32)
+// qk_norm then rope, the normalized head kept in the warp's shared memory between the two.
+extern "C" __global__ void __launch_bounds__(32 * HEADS)
 metrale_qk_norm_rope(const act_t* __restrict__ q, const act_t* __restrict__ k,
                      const __nv_bfloat16* __restrict__ wq, const __nv_bfloat16* __restrict__ wk,
                      const int* __restrict__ positions, const float* __restrict__ cos_t,
                      const float* __restrict__ sin_t, act_t* __restrict__ qr,
                      act_t* __restrict__ kr, int rows, int hq, int hkv, int d, int max_pos,
                      float eps) {
-    __shared__ float buf[MAX_HEAD_DIM];
-    const QkHead hd(rows, hq, hkv, d, MAX_HEAD_DIM);
-    if (!norm_block_head(q, k, wq, wk, hd, d, eps, buf)) return;
-    rotate_head_at(buf, cos_t, sin_t, positions[hd.row], max_pos, d, (hd.isq ? qr : kr) + hd.at,
-                   threadIdx.x, 32);
+    __shared__ float buf[HEADS][MAX_HEAD_DIM];
+    const WarpHead hd(rows, hq, hkv, d);
+    float* mine = buf[threadIdx.x >> 5];
+    if (!norm_warp_head(q, k, wq, wk, hd, d, eps, mine)) return;
+    rotate_head_at(mine, cos_t, sin_t, positions[hd.row], max_pos, d,
+                   (hd.isq ? qr : kr) + hd.at, threadIdx.x & 31, 32);
 }
 #endif
