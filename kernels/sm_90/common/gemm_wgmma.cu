@@ -155,20 +155,36 @@ struct Place {
     __device__ int col(int i) const { return 8 * (i >> 2) + 2 * t + (i & 1); }
 };
 
-// ROWS rows of a bf16 matrix (row(r): rows already clamped to real ones), columns k0 + [0, BK),
-// into a swizzled tile by THREADS threads; zeros past k. Rows not 16-byte aligned (k % 8) go
-// through registers.
-template <int ROWS, int THREADS, class Row>
-__device__ __forceinline__ void load_tile(unsigned char* tile, Row row, int k, int k0) {
+// The 16-byte pieces a thread copies of ROWS rows of a bf16 matrix into a swizzled tile, tile
+// after tile: piece i is row r0 + i STEP (r0 = thread / 8, STEP = THREADS / 8), piece p = thread
+// % 8 of the tile's 128 bytes, so every piece of a thread lies at the same columns and the same
+// swizzle. The rows' addresses (row(r): rows already clamped to real ones) are found once; a
+// tile adds its columns to them. Zeros past k; rows not 16-byte aligned (k % 8) go through
+// registers. An Nsight Compute profile had the GEMM bound by instruction issue, with each
+// piece's row, bounds and swizzle worked out again every tile (docs/gpu-notes.md, version 29).
+template <int ROWS, int THREADS>
+struct TileRows {
+    static constexpr int N = ROWS * 8 / THREADS, STEP = THREADS / 8;
+    static_assert(N * THREADS == ROWS * 8 && STEP % 8 == 0, "whole pieces, one swizzle");
+    const bf16* src[N];
+    template <class Row>
+    __device__ __forceinline__ explicit TileRows(Row row) {
 #pragma unroll
-    for (int i = 0; i < ROWS * 8 / THREADS; ++i) {
-        const int idx = threadIdx.x + THREADS * i, r = idx >> 3, p = idx & 7, c = k0 + 8 * p;
-        const bf16* src = row(r);
-        unsigned char* dst = tile + swizzled(r, p);
-        if ((k & 7) == 0) cp_async16(dst, src + (c < k ? c : 0), c < k ? 16 : 0);
-        else *(uint4*)dst = bf16x8_any(src, c, k);
+        for (int i = 0; i < N; ++i) src[i] = row((int)(threadIdx.x / 8) + STEP * i);
     }
-}
+    __device__ __forceinline__ void issue(unsigned char* tile, int k, int k0) const {
+        const int p = threadIdx.x & 7, c = k0 + 8 * p;
+        unsigned char* dst = tile + swizzled(threadIdx.x / 8, p);
+        if ((k & 7) == 0) {
+            const int at = c < k ? c : 0, bytes = c < k ? 16 : 0;
+#pragma unroll
+            for (int i = 0; i < N; ++i) cp_async16(dst + STEP * 128 * i, src[i] + at, bytes);
+        } else {
+#pragma unroll
+            for (int i = 0; i < N; ++i) *(uint4*)(dst + STEP * 128 * i) = bf16x8_any(src[i], c, k);
+        }
+    }
+};
 
 // ------------------------------------------------------------------ the weight tiles
 // Three ways a weight tile reaches its stage, each with the same four steps, which wgmma_tile
@@ -180,10 +196,13 @@ template <class B>
 struct Bf16Weights {
     unsigned char* base;
     int k;
+    TileRows<128, B::threads> rows;
     template <class WRow>
-    __device__ __forceinline__ void issue(int kt, WRow wrow) {
-        load_tile<128, B::threads>(base + (kt % B::stages) * B::stage_bytes + B::act_bytes,
-                                   [&](int r) { return (const bf16*)wrow(r).data; }, k, kt * BK);
+    __device__ __forceinline__ Bf16Weights(unsigned char* base_, int k_, WRow wrow)
+        : base(base_), k(k_), rows([&](int r) { return (const bf16*)wrow(r).data; }) {}
+    template <class WRow>
+    __device__ __forceinline__ void issue(int kt, WRow) {
+        rows.issue(base + (kt % B::stages) * B::stage_bytes + B::act_bytes, k, kt * BK);
     }
     template <class WRow>
     __device__ __forceinline__ void prologue(int kt, int, WRow wrow) { issue(kt, wrow); }
@@ -207,6 +226,9 @@ struct RegisterWeights {
     WeightRaw8 raw[PIECES];
     bool live;
     int next;
+    template <class WRow>
+    __device__ __forceinline__ RegisterWeights(unsigned char* base_, int k_, WRow)
+        : base(base_), k(k_) {}
     template <class WRow>
     __device__ __forceinline__ void issue(int kt, WRow wrow) {
         const int c = kt * BK + 8 * (threadIdx.x & 7);
@@ -277,6 +299,14 @@ struct RawWeights {
     int k;
     // ring[j]: the scale bytes of tile kt + 1 + j's units (mxfp4 one, nvfp4 two a unit)
     uint32_t ring[AHEAD][UNITS];
+    // the rows of this thread's units, found once (the tiles step along them)
+    WeightRef rows[UNITS];
+    template <class WRow>
+    __device__ __forceinline__ RawWeights(unsigned char* base_, int k_, WRow wrow)
+        : base(base_), k(k_) {
+#pragma unroll
+        for (int u = 0; u < UNITS; ++u) rows[u] = wrow((thread() + B::threads * u) / PER_ROW);
+    }
 
     __device__ __forceinline__ unsigned char* slot(int kt) const {
         return base + B::stages * B::stage_bytes + (kt % AHEAD) * 128 * B::raw_row_bytes;
@@ -288,15 +318,14 @@ struct RawWeights {
     static __device__ __forceinline__ int thread() { return threadIdx.x & (B::threads - 1); }
 
     // tile kt's copies, and its scales into ring[j]
-    template <class WRow>
-    __device__ __forceinline__ void fetch(int kt, int j, WRow wrow) {
+    __device__ __forceinline__ void fetch(int kt, int j) {
         const bool aligned = bytes_of(k) % 16 == 0;
 #pragma unroll
         for (int u = 0; u < UNITS; ++u) {
             const int idx = thread() + B::threads * u;
             const int c = kt * BK + UNIT_COLS * (idx % PER_ROW);
             unsigned char* dst = slot(kt) + idx * 16;
-            const WeightRef w = wrow(idx / PER_ROW);
+            const WeightRef w = rows[u];
             if (aligned) {
                 const long at = bytes_of(c), n = min(16l, max(0l, bytes_of(k) - at));
                 cp_async16(dst, n > 0 ? (const unsigned char*)w.data + at : w.data, (int)n);
@@ -358,13 +387,13 @@ struct RawWeights {
     }
     // the prologue's tile kt0 + s into ring[s]
     template <class WRow>
-    __device__ __forceinline__ void prologue(int kt, int s, WRow wrow) { fetch(kt, s, wrow); }
+    __device__ __forceinline__ void prologue(int kt, int s, WRow) { fetch(kt, s); }
     template <class WRow>
     __device__ __forceinline__ void ready(int kt0, int kt1, WRow wrow) {
         if (kt0 < kt1) convert(kt0, wrow);
     }
     template <class WRow>
-    __device__ __forceinline__ void issue(int next, WRow wrow) { fetch(next, AHEAD - 1, wrow); }
+    __device__ __forceinline__ void issue(int next, WRow) { fetch(next, AHEAD - 1); }
     template <class WRow>
     __device__ __forceinline__ void after(int kt, int kt1, WRow wrow) {
         if (kt + 1 < kt1) convert(kt + 1, wrow);
@@ -407,13 +436,10 @@ __device__ __forceinline__ void wgmma_tile(const act_t* x, int rows, int k, int 
     unsigned char* base = smem_raw + (base_at - raw_at);
     const Place pl;
     constexpr int TILES_PER_BLOCK = K_BLOCK / BK, AHEAD = B::ahead;
-    auto xrow = [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); };
-    auto load_x = [&](int kt) {
-        load_tile<B::bm, B::threads>(base + (kt % B::stages) * B::stage_bytes, xrow, k, kt * BK);
-    };
-    WeightsOf<B> w;
-    w.base = base;
-    w.k = k;
+    const TileRows<B::bm, B::threads> xs(
+        [&](int r) { return (const bf16*)(x + (long)min(m0 + r, rows - 1) * k); });
+    auto load_x = [&](int kt) { xs.issue(base + (kt % B::stages) * B::stage_bytes, k, kt * BK); };
+    WeightsOf<B> w(base, k, wrow);
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
         if (kt0 + s < kt1) {
