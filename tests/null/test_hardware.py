@@ -336,3 +336,23 @@ def test_broken_parent_is_not_also_missing(tmp_path: Path) -> None:
     errs = errors_of(root)
     assert [e.key for e in errs] == ["capabilities.warp_size", "capabilities.warp_sise"]
     assert errs[1].suggestion == "warp_size"
+
+
+def test_the_repository_root_on_sys_path_leaves_the_name_kernels_to_its_distribution(tmp_path):
+    """pytest runs from the repository root and the notebooks add it to ``sys.path``, so this
+    project's ``kernels/`` folder is found there as a top-level ``kernels``: the name of Hugging
+    Face's distribution, which transformers imports. Imported under that name, the folder hands
+    it to the installed distribution (here a stand-in placed after the root on the path), and
+    ``metrale.kernels`` is still the folder."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text('WHO = "the distribution"\n')
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import kernels; "
+            "print(kernels.WHO); from metrale.realize.hardware import default_kernels_dir; "
+            "print((default_kernels_dir() / 'sm_90' / 'HARDWARE.toml').is_file())")
+    out = subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:2] == ["the distribution", "True"], out
