@@ -27,6 +27,35 @@ def median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def result_name(name: str) -> str:
+    """``name`` as a results file's stem (letters, digits, ``_``, ``-``, ``.``; no folders), for
+    argparse's ``type=``.
+
+    >>> result_name("gpu_prefill_late_v30")
+    'gpu_prefill_late_v30'
+    >>> result_name("../x")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: results name '../x': letters, digits, '_', '-' and '.' only, not starting with '.'
+    """
+    import argparse
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name):
+        raise argparse.ArgumentTypeError(f"results name {name!r}: letters, digits, '_', '-' and "
+                                         "'.' only, not starting with '.'")
+    return name
+
+
+def cache_keyword(forward: Any) -> str:
+    """The keyword a transformers model's ``forward`` takes its KV cache by, which is also the
+    output's field: ``cache`` from transformers 5 on, ``past_key_values`` before (deprecated
+    there, to be removed)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (plus the machine) to ``benchmarks/results/<name>.json`` atomically."""
     payload = {"benchmark": name, "machine": platform.platform(),

@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import device_copy_rate, write_result  # noqa: E402
+from _common import cache_keyword, device_copy_rate, write_result  # noqa: E402
 
 from metrale.runtime.bench import median_wall  # noqa: E402
 
@@ -242,16 +242,16 @@ def hf_steps(model: str, batch: int, compile_too: bool, out: dict,
     torch.manual_seed(0)
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    cache = StaticCache(config=cfg, max_cache_len=CONTEXT + HF_HEADROOM)
+    cache = {cache_keyword(m.forward): StaticCache(config=cfg,
+                                                   max_cache_len=CONTEXT + HF_HEADROOM)}
     ids = torch.randint(0, cfg.vocab_size, (batch, CONTEXT), device=device)
     with torch.no_grad():
-        m(ids, past_key_values=cache, use_cache=True,
-          cache_position=torch.arange(CONTEXT, device=device))
+        m(ids, **cache, use_cache=True, cache_position=torch.arange(CONTEXT, device=device))
     tok = torch.randint(0, cfg.vocab_size, (batch, 1), device=device)
     pos = torch.tensor([CONTEXT], device=device)
     position_ids = pos.view(1, 1).expand(batch, 1).contiguous()
     _time_eager_and_compiled(
-        m, lambda fn: fn(tok, past_key_values=cache, use_cache=True, cache_position=pos,
+        m, lambda fn: fn(tok, **cache, use_cache=True, cache_position=pos,
                          position_ids=position_ids),
         out, "", compile_too, fullgraph=False, device=device)
 

@@ -47,7 +47,7 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import device_copy_rate, write_result  # noqa: E402
+from _common import device_copy_rate, result_name, write_result  # noqa: E402
 from bench_gpu_variants import (  # noqa: E402
     LAUNCHES,
     REPEATS,
@@ -655,6 +655,9 @@ def main() -> None:
                     help="with --variants: gemm_wgmma.cu's variants only")
     ap.add_argument("--record", action="store_true",
                     help="append evidence records (throughput at the largest rows) to sm_90")
+    ap.add_argument("--name", default="gpu_prefill", type=result_name,
+                    help="write benchmarks/results/NAME.json (an experiment's run beside the "
+                         "record's; --variants writes gpu_prefill_variants.json)")
     args = ap.parse_args()
     import cupy as cp
     import torch
@@ -702,10 +705,10 @@ def main() -> None:
                           [int(r) for r in args.steps.split(",") if r],
                           args.step_quants.split(","), not args.no_hf, args.kernels,
                           records) if args.steps else []
-    path = write_result("gpu_prefill", {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
-                                        .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
-                                        "launches": LAUNCHES, "repeats": REPEATS,
-                                        "cases": cases, "steps": steps})
+    path = write_result(args.name, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
+                                    .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
+                                    "launches": LAUNCHES, "repeats": REPEATS,
+                                    "cases": cases, "steps": steps})
     print(f"wrote {path}")
     if args.record:
         record(cases, max(rows_list, default=0), records or [])  # --rows "": the steps' alone

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_result  # noqa: E402
+from _common import cache_keyword, write_result  # noqa: E402
 
 from metrale.plan.models import builtin_config  # noqa: E402
 from metrale.runtime.engine import Engine  # noqa: E402
@@ -55,10 +55,7 @@ def torch_times(model: str, repeat: int) -> tuple[list[float], dict]:
     config = getattr(transformers, classes[data["model_type"]])(**data)
     with torch.device("cpu"):
         net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    import inspect
-
-    # transformers 5 renamed past_key_values to cache, in the arguments and in the outputs
-    kw = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
+    kw = cache_keyword(net.forward)
     with torch.inference_mode():
         out = net(torch.tensor([PROMPT]), use_cache=True)
         cache = getattr(out, kw)

@@ -207,3 +207,20 @@ def test_step_kernels_give_attention_its_throughput(capsys):
     assert attention and all(k["tflops"] > 0 for k in attention)
     assert all("tflops" not in k for k in kernels if "attention" not in k["point"])
     assert "sum of kernel medians" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,ok", [("gpu_prefill_late_v30", True), ("gpu-prefill.v2", True),
+                                     ("../gpu_prefill", False), (".hidden", False),
+                                     ("a/b", False), ("", False)])
+def test_a_results_name_stays_a_file_in_the_results_folder(name, ok):
+    """--name NAME writes benchmarks/results/NAME.json: a name that would leave the folder, or
+    hide the file, is refused by the parser before anything runs."""
+    import argparse
+
+    from _common import result_name
+
+    if ok:
+        assert result_name(name) == name
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="results name"):
+            result_name(name)
