@@ -8,15 +8,16 @@
 # [".whl"]). About 3 minutes on a started machine.
 dir=${1:?usage: time_gemm_patch.sh DIR}
 source docs/experiments/device_setup.sh > /dev/null 2>&1
-cases() {
+cases() {  # $1: main or patch, into benchmarks/results/gpu_prefill_$1.json and $OUT
+  t0=$(date +%s)
   timeout 120 python3 benchmarks/bench_gpu_prefill.py --weights bf16,mxfp4 --rows 2048 \
-    --gemv-rows 0 --steps "" --no-hf
+    --gemv-rows 0 --steps "" --no-hf --name "gpu_prefill_$1" > "$OUT/$1.log" 2>&1
+  echo "$1 rc $? in $(( $(date +%s) - t0 )) s"
+  cp "benchmarks/results/gpu_prefill_$1.json" "$OUT/"
 }
-t0=$(date +%s); cases > "$OUT/main.log" 2>&1; echo "main rc $? in $(( $(date +%s) - t0 )) s"
-cp benchmarks/results/gpu_prefill.json "$OUT/gpu_prefill_main.json"
+cases main
 git apply "$dir"/0001-*.patch || exit 1
-t0=$(date +%s); cases > "$OUT/patch.log" 2>&1; echo "patch rc $? in $(( $(date +%s) - t0 )) s"
-cp benchmarks/results/gpu_prefill.json "$OUT/gpu_prefill_patch.json"
+cases patch
 git apply -R "$dir"/0001-*.patch
 python3 - "$OUT" <<'PY'
 import json, statistics, sys
