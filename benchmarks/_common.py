@@ -36,14 +36,14 @@ def result_name(name: str) -> str:
     >>> result_name("../x")
     Traceback (most recent call last):
     ...
-    argparse.ArgumentTypeError: results name '../x': letters, digits, '_', '-' and '.' only, not starting with '.'
+    argparse.ArgumentTypeError: results name '../x': letters, digits, '_', '-', '.' (not first)
     """
     import argparse
     import re
 
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name):
-        raise argparse.ArgumentTypeError(f"results name {name!r}: letters, digits, '_', '-' and "
-                                         "'.' only, not starting with '.'")
+        raise argparse.ArgumentTypeError(f"results name {name!r}: letters, digits, '_', '-', "
+                                         "'.' (not first)")
     return name
 
 
