@@ -127,6 +127,23 @@ def test_kernel_matches_reference_on_the_emulation(build_dir, fam, point):
     compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
 
 
+@pytest.mark.parametrize("family", ["rope", "qk_norm", "qk_norm_rope"])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (12, 2, 64)])
+def test_per_head_kernels_write_every_head_past_one_block(build_dir, family, hq, hkv, d):
+    """rope and the per-head norms take eight heads a block (a warp each): at a model's head
+    count (40 heads, five blocks) and at one that leaves the last block part empty (14), every
+    head of every row is written as the reference's. The families' example shapes have six
+    heads, one block."""
+    fam = P.family(family)
+    point = next(p for p in fam.points if p.as_dict()["act"] == "bf16")
+    sizes = sizes_for(fam, 3)
+    sizes.update({k: v for k, v in {"hq": hq, "hkv": hkv, "d": d, "half": d // 2}.items()
+                  if k in sizes})
+    host, device = inputs(fam, point, sizes, seed=hq * 1000 + hkv)
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
+    compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
+
+
 def _runner(build_dir):
     return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
                                                              device, attrs)
