@@ -73,6 +73,9 @@ class PlannedKernel:
     row_invariant: bool
     bytes_moved: int
     view: bool
+    launched: tuple[str, ...] = ()
+    """The entries launched at the plan's sizes: the kernel's own, then the ``then`` launches it
+    makes there (a GEMM's combine only where k is split); empty for views and host callables."""
 
     @property
     def label(self) -> str:
@@ -268,7 +271,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     step("rewrite")
     kernels, buffers = _realize(circuit, fused.diagram, fused.origin, fused.applied, F, P, sizes,
                                 kernels_dir)
-    _check_launches(kernels, P, sizes, F.hw)
+    kernels = _check_launches(kernels, P, sizes, F.hw)
     step("realize")
     bound = _compose_bound(fused.applied, P, sizes, act)
     hw = F.hw
@@ -281,15 +284,18 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
 
 
 def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
-                    sizes: Mapping[str, int], hw: Any) -> None:
+                    sizes: Mapping[str, int], hw: Any) -> tuple[PlannedKernel, ...]:
     """Every launch binds at the plan's sizes, inside its kernel's limits and the class's shared
     memory (as the runtime will bind it): a plan that could not run is refused here, with a
-    LaunchError naming the kernel, rather than when it is loaded or launched."""
+    LaunchError naming the kernel, rather than when it is loaded or launched. Returns the
+    kernels with the entries they launch there (``launched``)."""
     from metrale.lkb.errors import LaunchError
     from metrale.realize.kernel import box_numbers
 
+    out = []
     for k in kernels:
         if k.view or k.kernel is None or k.kernel.launch is None:
+            out.append(k)
             continue
         where = f"kernel #{k.index} {k.point}"
         try:
@@ -303,6 +309,8 @@ def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
             entry, shared, cap = over
             raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
                               key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
+        out.append(attrs.evolve(k, launched=tuple(entry for entry, _, _ in launches)))
+    return tuple(out)
 
 
 def _no_relations(P: Presentation) -> Presentation:

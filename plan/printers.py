@@ -94,7 +94,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "params": {a: b for a, b in k.point.params}, "layer": k.layer,
             "inputs": list(k.inputs), "outputs": list(k.outputs),
             "entry": None if k.kernel is None else k.kernel.entry,
-            "then": [] if k.kernel is None else [t.entry for t in k.kernel.then],
+            "then": list(k.launched[1:]),
             "source": None if k.kernel is None else k.kernel.source,
             "provenance": k.provenance, "shadow": k.shadow, "residual": k.residual,
             "evidence": k.evidence, "relation": k.relation, "numerics": k.numerics,

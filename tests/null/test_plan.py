@@ -243,6 +243,21 @@ def test_the_plan_json_names_the_launches_after_a_kernel():
 
 
 
+@pytest.mark.parametrize("rows,combined", [(16, True), (2048, False)])
+def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined):
+    """The launches after a kernel's own are the ones made at the plan's sizes: Llama-3.1-8B's
+    prefill GEMMs split k over the grid at 16 rows, and their combine launch follows; at 2048
+    they do not, and it is not launched."""
+    from metrale.plan.printers import plan_json
+
+    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=rows)
+    kernels = plan_json(p)["kernels"]
+    qkv = [k for k in kernels if k["family"] == "qkv"]
+    assert qkv and all(k["then"] == (["metrale_qkv_wgmma_combine"] if combined else [])
+                       for k in qkv), {tuple(k["then"]) for k in qkv}
+    assert [k.launched for k in p.launches if k.family == "qkv"][0][0] == "metrale_qkv_wgmma"
+
+
 def test_a_plan_of_known_kernels_parses_no_formula_again():
     """Every launch binds its kernel's formulas and limits; they are parsed once per process,
     not once per launch (re-parsing them put Llama-3.1-70B's planning past its 0.5 s goal;
