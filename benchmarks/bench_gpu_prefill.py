@@ -113,6 +113,8 @@ WEIGHT_PORTS = {"qkv": ("wq", "wk", "wv"), "linear": ("w",), "linear_add": ("w",
 OUT_PORTS = {"qkv": ("q", "k_", "v"), "linear": ("y",), "linear_add": ("y",),
              "gate_up_swiglu": ("h",), "lm_head": ("logits",)}
 GEMM_FAMILIES = frozenset(WEIGHT_PORTS)
+ATTENTION_FAMILIES = frozenset({"attention", "kv_append_attention", "kv_append_attention_online"})
+"""The families whose prefill kernels are measured in tensor throughput (TFLOP/s)."""
 
 
 def runs_in(family: str, fmt: str) -> bool:
@@ -550,7 +552,7 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
     for k in timings:
         row = {"kernel": k.label, "point": k.point, "count": k.count, "seconds": k.seconds,
                "bytes": k.bytes_moved, "bytes_per_s": k.bytes_per_s}
-        if k.family in ("attention", "kv_append_attention"):
+        if k.family in ATTENTION_FAMILIES:
             row["tflops"] = attention_flops / k.seconds / 1e12
         kernels.append(row)
     print_kernels(kernels, step_s)
@@ -588,46 +590,57 @@ def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
 
 
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
-                  hf: bool, kernels: bool = False, records: list | None = None) -> list[dict]:
-    """Whole prefill steps on the sm_90 plans (random weights, one sequence from position 0),
-    against the tensor-core floor of their FLOPs and, in bf16, transformers' forward (which,
-    like the first timing, gives every row's logits); then the plan with the last row's only.
-    With ``kernels`` (or ``records``), the longest prompt's kernels one by one (step_kernels)."""
+                  hf: bool, kernels: bool = False, records: list | None = None,
+                  policies: tuple[str, ...] = ("exact",)) -> list[dict]:
+    """Whole prefill steps on the sm_90 plans under each of ``policies`` (random weights, one
+    sequence from position 0), against the tensor-core floor of their FLOPs and, in bf16,
+    transformers' forward (which, like the first timing, gives every row's logits; once a
+    model and length); then the plan with the last row's only. With ``kernels`` (or
+    ``records``), the longest prompt's kernels one by one (step_kernels), each point once a
+    model: a later policy's plan times only the kernels it adds."""
     from metrale.plan.config import ModelConfig
     from metrale.runtime.bench import time_prefill
 
     out = []
+    hf_seconds: dict[tuple[str, int], float] = {}
     for model in models:
         config = ModelConfig.load(model)
-        for quant in quants:
-            eng = prefill_engine(model, quant, max(lengths))
+        timed: set[str] = set()  # points whose kernels this model's steps have timed
+        for quant, policy in ((q, p) for q in quants for p in policies):
+            eng = prefill_engine(model, quant, max(lengths), policy)
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
                 last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")
                 host = time_prefill(eng, rows, steps=5, warmup=2, replay=False)
                 flops = prefill_flops(config, rows)
-                row = {"model": model, "quant": quant, "rows": rows, "step_s": t.step_s,
+                row = {"model": model, "quant": quant, "policy": policy, "rows": rows,
+                       "step_s": t.step_s,
                        "graph": t.graph, "host_launched_step_s": host.step_s,
                        "last_logits_step_s": last.step_s, "launches": t.launches, "flops": flops,
                        "tflops": flops / t.step_s / 1e12,
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
                 if hf and quant == "bf16":
-                    row["hf_eager_s"] = hf_prefill(torch, model, rows)
+                    if (model, rows) not in hf_seconds:
+                        hf_seconds[model, rows] = hf_prefill(torch, model, rows)
+                    row["hf_eager_s"] = hf_seconds[model, rows]
                     row["vs_hf_eager"] = row["hf_eager_s"] / t.step_s
                 out.append(row)
                 peer = (f", HF eager {row['hf_eager_s'] * 1e3:.2f} ms (x{row['vs_hf_eager']:.2f})"
                         if "hf_eager_s" in row else "")
-                print(f"prefill {model:<13} {quant:<6} {rows:>5} tokens: "
+                print(f"prefill {model:<13} {quant:<6} {policy:<7} {rows:>5} tokens: "
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
                       f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
                       f"last row's logits only {last.step_s * 1e3:.2f} ms; launched from the "
                       f"host {host.step_s * 1e3:.2f} ms", flush=True)
                 if (kernels or records is not None) and rows == max(lengths):
-                    row["kernels"] = step_kernels(eng, config, rows, t.step_s, records)
+                    row["kernels"] = step_kernels(eng, config, rows, t.step_s, records,
+                                                  skip=frozenset(timed))
+                    timed.update(k["point"] for k in row["kernels"])
                     # the kernels only the last row's logits launch (last_row, ...)
                     row["last_logits_kernels"] = step_kernels(
                         eng, config, rows, last.step_s, records, logits="last",
-                        skip=frozenset(k["point"] for k in row["kernels"]))
+                        skip=frozenset(timed))
+                    timed.update(k["point"] for k in row["last_logits_kernels"])
             eng.close()
     return out
 
@@ -643,6 +656,8 @@ def main() -> None:
     ap.add_argument("--steps", default="512,2048",
                     help="prompt lengths of whole prefill steps (empty: none)")
     ap.add_argument("--step-quants", default="bf16,mxfp4")
+    ap.add_argument("--policies", default="exact",
+                    help="plan the steps under each of these policies (exact, bounded)")
     ap.add_argument("--no-hf", action="store_true", help="no transformers peer for the steps")
     ap.add_argument("--kernels", action="store_true",
                     help="time each kernel of the longest prefill step alone")
@@ -704,7 +719,7 @@ def main() -> None:
     steps = prefill_steps(torch, args.models.split(","),
                           [int(r) for r in args.steps.split(",") if r],
                           args.step_quants.split(","), not args.no_hf, args.kernels,
-                          records) if args.steps else []
+                          records, tuple(args.policies.split(","))) if args.steps else []
     path = write_result(args.name, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                     .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
                                     "launches": LAUNCHES, "repeats": REPEATS,

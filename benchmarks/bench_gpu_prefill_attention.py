@@ -16,7 +16,8 @@ instance an earlier revision's, ``git archive REV kernels | tar -x -C /tmp/base`
 its output bytes equal this tree's: a change that claims to keep the bytes is checked here on
 the device, not only on the emulation. ``--row-tiles 1,2,4`` also runs this tree's kernel with
 blocks of that many tiles of 16 rows (the launch rule's choice is the kernel's own), and says
-the same of each.
+the same of each. ``--online`` also runs the bounded policy's online-softmax point
+(kv_append_attention_online, variant ``online``; its row tiles as ``online_rt<N>``).
 
 Run on the lent GPU: ``python3 benchmarks/bench_gpu_prefill_attention.py [--rows 512,2048]
 [--baseline DIR] [--row-tiles 1,2,4]``. Writes ``benchmarks/results/gpu_prefill_attention.json``.
@@ -40,17 +41,20 @@ from bench_gpu_prefill import TENSOR_PEAK  # noqa: E402
 LAUNCHES = 5  # launches per timed run
 REPEATS = 7
 FAMILY = "kv_append_attention"
-POINT = {"act": "bf16", "mode": "prefill", "kv_block": 256}
+ONLINE = "kv_append_attention_online"
+POINTS = {FAMILY: {"act": "bf16", "mode": "prefill", "kv_block": 256},
+          ONLINE: {"act": "bf16", "mode": "prefill", "kv_block": 64}}
 
 
-def realized(kernels_dir: Path | None) -> Any:
-    """The sm_90 kernel of FAMILY's bf16 prefill point, from ``kernels_dir`` (None: this tree's)."""
+def realized(kernels_dir: Path | None, family: str = FAMILY) -> Any:
+    """The sm_90 kernel of ``family``'s bf16 prefill point, from ``kernels_dir`` (None: this
+    tree's)."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
 
     P = Presentation.load()
     return realization("sm_90", kernels_dir=kernels_dir,
-                       presentation=P).realize(P.family(FAMILY).point(**POINT))
+                       presentation=P).realize(P.family(family).point(**POINTS[family]))
 
 
 def load(cp: Any, kernel: Any, kernels_dir: Path | None, tmp: Path) -> Any:
@@ -65,7 +69,7 @@ def load(cp: Any, kernel: Any, kernels_dir: Path | None, tmp: Path) -> Any:
     text, _, headers, _ = source_identity(root, kernel.source,
                                           ("sm_90/common", "sm_80/common", "cuda/common"))
     defines = dict((d.removeprefix("-D").split("=") + ["1"])[:2] for d in kernel.defines)
-    out = tmp / f"{'base' if kernels_dir else 'tree'}.cubin"
+    out = tmp / f"{'base' if kernels_dir else 'tree'}_{kernel.entry}.cubin"
     out.write_bytes(NvidiaTarget("cubin").compile(text, "sm_90a", defines, name=out.stem,
                                                   headers=headers).data)
     fn = cp.RawModule(path=str(out)).get_function(kernel.entry)
@@ -113,8 +117,9 @@ def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> t
 def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
          row_tiles: list[int]) -> dict:
     """One model's heads at ``rows``: each variant (name -> (function, kernel)) and the peer;
-    this tree's kernel also at each block of ``row_tiles`` tiles of 16 rows (``tree_rt<N>``,
-    where the group's warps for them fit a block), which gives the same bytes."""
+    this tree's kernels (``tree``, and ``online`` where given) also at each block of
+    ``row_tiles`` tiles of 16 rows (``tree_rt<N>``, ``online_rt<N>``, where the group's warps for
+    them fit a block), which must give the same bytes as the table's blocks."""
     from metrale.plan.config import ModelConfig
 
     config = ModelConfig.load(model)
@@ -135,11 +140,14 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
     out: dict = {"model": model, "rows": rows, "hq": hq, "hkv": hkv, "d": d, "flops": flops}
     outputs = {}
     runs = [(name, fn, kernel, kernel.launch_for(sizes)) for name, (fn, kernel) in variants.items()]
-    fn, kernel = variants["tree"]
-    for rt in row_tiles:
-        shape = row_tile_launch(kernel.launch_for(sizes), sizes, rt)
-        if shape is not None:
-            runs.append((f"tree_rt{rt}", fn, kernel, shape))
+    for own in ("tree", "online"):
+        if own not in variants:
+            continue
+        fn, kernel = variants[own]
+        for rt in row_tiles:
+            shape = row_tile_launch(kernel.launch_for(sizes), sizes, rt)
+            if shape is not None:
+                runs.append((f"{own}_rt{rt}", fn, kernel, shape))
     for name, fn, kernel, (grid, block, shared) in runs:
         o = torch.empty(rows, hq, d, device="cuda", dtype=torch.bfloat16)
         o.view(torch.int16).fill_(-1)  # poison: NaN bits
@@ -172,10 +180,11 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
     for name, o in outputs.items():
         out[name]["max_rel_err_vs_peer"] = float((o.float() - ref).abs().max()) / top
         out[name]["vs_peer"] = t / out[name]["seconds"]
-    for name, o in outputs.items():
-        if name != "tree":
-            out[name]["bytes_equal_to_tree"] = bool(torch.equal(o.view(torch.int16),
-                                                                outputs["tree"].view(torch.int16)))
+    for name, o in outputs.items():  # a row-tile variant against its kernel's table blocks
+        own = name.split("_rt")[0] if "_rt" in name else "tree" if name == "baseline" else name
+        if name != own:
+            out[name][f"bytes_equal_to_{own}"] = bool(torch.equal(
+                o.view(torch.int16), outputs[own].view(torch.int16)))
     return out
 
 
@@ -185,7 +194,9 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--baseline", type=Path, help="another kernels folder's kernel, beside")
     ap.add_argument("--row-tiles", default="",
-                    help="also this tree's kernel with blocks of these many 16-row tiles")
+                    help="also this tree's kernels with blocks of these many 16-row tiles")
+    ap.add_argument("--online", action="store_true",
+                    help=f"also the bounded policy's {ONLINE} point (variant `online`)")
     args = ap.parse_args()
     import cupy as cp
     import torch
@@ -197,6 +208,9 @@ def main() -> None:
         if args.baseline:
             base = realized(args.baseline)
             variants["baseline"] = (load(cp, base, args.baseline, Path(tmp)), base)
+        if args.online:
+            online = realized(None, ONLINE)
+            variants["online"] = (load(cp, online, None, Path(tmp)), online)
         for model in args.models.split(","):
             for rows in (int(r) for r in args.rows.split(",")):
                 c = case(cp, torch, model, rows, variants,
@@ -206,8 +220,8 @@ def main() -> None:
                       f"{c['peer']['tflops']:5.1f} TFLOP/s", flush=True)
                 for name, r in c.items():
                     if isinstance(r, dict) and "entry" in r:
-                        same = ("" if "bytes_equal_to_tree" not in r else
-                                f", bytes equal to tree: {r['bytes_equal_to_tree']}")
+                        same = "".join(f", {k.replace('_', ' ')}: {v}" for k, v in r.items()
+                                       if k.startswith("bytes_equal_to_"))
                         print(f"    {name:<9} block {r['block'][0]:>3} grid {r['grid']}: "
                               f"{r['seconds'] * 1e6:8.1f} us {r['tflops']:5.1f} TFLOP/s "
                               f"(x{r['vs_peer']:.2f} of peer; rel err {r['max_rel_err_vs_peer']:.1e}"

@@ -372,6 +372,90 @@ def kv_append_attention(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cache: np
     return o, k_cache, v_cache
 
 
+def _online_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
+    kv_block = p.get("kv_block", 64)
+    return (
+        Reduction("head_dim", "f32", 0, "sequential", within="gemm", of="q·k"),
+        Reduction("kv_len", "f32", kv_block, "sequential", within="pairwise",
+                  of="softmax denominator, online: weights against the running max, in act"),
+        Reduction("kv_len", "f32", kv_block, "sequential", within="gemm",
+                  of="p·v, online: weights against the running max, in act"),
+    )
+
+
+def _attend_online(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.ndarray,
+                   slot: np.ndarray, scale: float, window: int, kv_block: int,
+                   dt: np.dtype) -> np.ndarray:
+    """Attention of f32 ``qf`` [rows, hq, d] with an online softmax, one row at a time: blocks
+    cut as :func:`_attend` cuts them, each folded into the running state once."""
+    rows, hq, d = qf.shape
+    hkv = k_cache.shape[2]
+    out = np.empty((rows, hq, d), dt)
+    sc = np.float32(scale)
+    for r in range(rows):
+        p = int(pos[r])
+        lo = max(0, p - window + 1) if window else 0
+        ks = k_cache[slot[r], lo : p + 1].astype(F32)  # (n, hkv, d)
+        vs = v_cache[slot[r], lo : p + 1].astype(F32)
+        qr = qf[r].reshape(hkv, hq // hkv, d)
+        m = np.full(qr.shape[:2], -np.inf, F32)
+        l = np.zeros(qr.shape[:2], F32)
+        acc = np.zeros(qr.shape, F32)
+        start = lo
+        while start <= p:
+            end = min(p + 1, (start // kv_block + 1) * kv_block)
+            kb = ks[start - lo : end - lo].transpose(1, 2, 0)  # (hkv, d, n)
+            vb = vs[start - lo : end - lo].transpose(1, 0, 2)  # (hkv, n, d)
+            s = np.matmul(qr, kb) * sc
+            mn = np.maximum(m, s.max(axis=-1))
+            a = np.exp(m - mn)  # 0 at the first block (m = -inf), where l and acc are 0
+            e = round_to(np.exp(s - mn[..., None]), dt)
+            l = l * a + np.add.reduce(e, axis=-1)
+            acc = acc * a[..., None] + np.matmul(e, vb)
+            m = mn
+            start = end
+        out[r] = (acc / l[..., None]).reshape(hq, d).astype(dt)
+    return out
+
+
+def _ex_kv_append_attention_online(rng, rows, act):
+    args, p = _ex_kv_append_attention(rng, rows, act)
+    return args, {**p, "kv_block": 4}
+
+
+@semantics("kv_append_attention_online", rows=(0, 1, 2, 5, 6), row_outputs=(0,),
+           orders=_online_orders, example=_ex_kv_append_attention_online)
+def kv_append_attention_online(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cache: np.ndarray,
+                               v_cache: np.ndarray, positions: np.ndarray, slots: np.ndarray, *,
+                               scale: float, window: int = 0, kv_block: int = 64,
+                               act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``kv_append`` (in place) then attention with an online softmax: returns ``(o, k_cache,
+    v_cache)``, the caches byte-identical to ``kv_append_attention``'s.
+
+    Each block of ``kv_block`` positions (cut as ``attention`` cuts them) is seen once: its scores
+    raise the running max ``m' = max(m, max s)``, the state so far is scaled by ``exp(m - m')``,
+    and its weights ``exp(s - m')``, rounded to act, add to the sum ``l`` and weigh its values
+    into ``acc``; the output is ``acc / l`` rounded to act. Against ``attention``'s exact weights
+    the output moves by about a unit of act's roundoff (the relation online_prefill_attention).
+
+    >>> kc = np.zeros((1, 4, 1, 2), np.float32)
+    >>> x = np.ones((1, 1, 2), np.float32)
+    >>> o, kc2, _ = kv_append_attention_online(x, 2 * x, x, kc, kc.copy(),
+    ...                                        np.array([0], np.int32), np.array([0], np.int32),
+    ...                                        scale=1.0, act="f32")
+    >>> o.tolist(), kc2 is kc
+    ([[[2.0, 2.0]]], True)
+    """
+    fam, sizes = "kv_append_attention_online", {}
+    dt = act_dtype(fam, act)
+    _shape(fam, "q", q, ("rows", "hq", "d"), sizes, (dt,))
+    pos, slot = _cache_args(fam, dt, k, v, k_cache, v_cache, positions, slots, sizes)
+    _attention_params(fam, sizes, scale, window, kv_block)
+    kv_append(k, v, k_cache, v_cache, positions, slots, act=act)
+    return (_attend_online(q.astype(F32), k_cache, v_cache, pos, slot, scale, window, kv_block,
+                           dt), k_cache, v_cache)
+
+
 def _ex_rope_attention(rng, rows, act):
     e = _ex_kv(rng, rows, act)
     cos, sin = rope_tables(40, 16)

@@ -208,6 +208,25 @@ PREFILL_SHAPES = [(32, 8, 128, 0), (16, 8, 128, 100), (12, 4, 80, 0), (8, 4, 256
                   (8, 8, 64, 0), (16, 2, 64, 0)]
 
 
+PREFILL_FAMILIES = ["attention", "kv_append_attention", "kv_append_attention_online"]
+"""The families with tensor-core prefill kernels: the declared two-pass order's and the bounded
+policy's online softmax (kv_append only, head dim up to 128)."""
+
+
+def prefill_point(fam: Family) -> Point:
+    """``fam``'s bf16 prefill point (its one KV block size: 256, or the online softmax's 64)."""
+    return fam.point(act="bf16", mode="prefill", kv_block=fam.domains["kv_block"][0])
+
+
+def skip_past_online_head_dim(family: str, d: int) -> None:
+    """Skip the online softmax's cases past its head dim of 128 (KERNELS.toml's limits: the
+    plans keep the two-pass kernel there)."""
+    import pytest
+
+    if family.endswith("_online") and d > 128:
+        pytest.skip("the online kernel serves head dims up to 128")
+
+
 def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
                             runner: Runner, F: Any, scattered: bool = False) -> None:
     """``fam``'s bf16 prefill point on a prompt's rows: 30 consecutive positions of one slot
@@ -216,10 +235,10 @@ def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
     shuffles the rows, so no slot's positions follow the launch's row order (kv_append_attention
     then finds the rows that append a position by scanning, not by offset). Within the
     reference's tolerance, and to the last bf16 bit in all but 1 % of the outputs: the
-    tensor-core kernel takes exp's weights into its MMAs exactly (in bf16 alone, 35 % of the
-    outputs move by a bit)."""
-    point = fam.point(act="bf16", mode="prefill", kv_block=256)
-    assert F.realize(point).entry.endswith("_prefill"), F.realize(point).entry
+    two-pass kernel takes exp's weights into its MMAs exactly (in bf16 alone, 35 % of the
+    outputs move by a bit), and the online one rounds them to bf16 as its reference does."""
+    point = prefill_point(fam)
+    assert F.realize(point).entry.endswith(("_prefill", "_online")), F.realize(point).entry
     sizes = {**sizes_for(fam, 40), "hq": hq, "hkv": hkv, "d": d, "slots": 2, "max_ctx": 600}
     host, device = inputs(fam, point, sizes, seed=hq + d + window)
     positions = np.concatenate([np.arange(490, 520), np.arange(10)]).astype(np.int32)
@@ -244,6 +263,43 @@ def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
     compare(point, fam, ref, got)
     moved = float(np.mean(got[0].view(np.uint16) != ref[0].view(np.uint16)))
     assert moved < 0.01, f"{point}: {moved:.1%} of the outputs differ from the reference's bits"
+
+
+def check_online_attention_bound(hq: int, hkv: int, d: int, P: Any, F: Any,
+                                 runner: Runner) -> None:
+    """The relation online_prefill_attention's two sides on one class, on the same 300-row
+    prompt from position 200 (tiles and KV blocks crossed): the online kernel against the
+    two-pass one, within the relation's declared bound (rel |lhs| + abs rms(lhs), eps_act
+    bf16's), and their caches byte-equal."""
+    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
+
+    rel = P.relation("online_prefill_attention")
+    lhs_fam, rhs_fam = P.family("kv_append_attention"), P.family("kv_append_attention_online")
+    lhs, rhs = prefill_point(lhs_fam), prefill_point(rhs_fam)
+    assert F.realize(lhs).entry.endswith("_prefill") and F.realize(rhs).entry.endswith("_online")
+    rows = 300
+    sizes = {**sizes_for(lhs_fam, rows), "hq": hq, "hkv": hkv, "d": d, "slots": 1,
+             "max_ctx": 512}
+    _, device = inputs(lhs_fam, lhs, sizes, seed=hq * 13 + d)
+    positions = np.arange(200, 200 + rows, dtype=np.int32)
+    device["positions"], device["slots"] = (positions,), (np.zeros(rows, np.int32),)
+    attrs = {"window": 0, "scale": d ** -0.5}
+
+    def run(fam: Family, point: Point) -> list:
+        fresh = {k: tuple(None if x is None else np.copy(x) for x in v) for k, v in device.items()}
+        return runner(fam, point, sizes, fresh, attrs)
+
+    a_out, b_out = run(lhs_fam, lhs), run(rhs_fam, rhs)
+    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()}, "eps_act": UNIT_ROUNDOFF["bf16"]}
+    rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
+    a, b = (np.asarray(x.astype(np.float32), np.float64) for x in (a_out[0], b_out[0]))
+    assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
+    allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
+    worst = float((np.abs(a - b) - allowed).max())
+    assert worst <= 0, f"{rel.name}: outside its bound by {worst:.3g}"
+    assert (a != b).any(), "the two kernels gave equal outputs: the online one did not run"
+    for name, x, y in zip(("k_cache", "v_cache"), a_out[1:], b_out[1:], strict=True):
+        assert x.tobytes() == y.tobytes(), name
 
 
 GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}

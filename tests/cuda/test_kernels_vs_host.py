@@ -23,12 +23,14 @@ from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
     GEMM_ROW_WINDOWS,
+    PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
+    check_online_attention_bound,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -40,6 +42,7 @@ from tests.kernel_cases import (  # noqa: E402
     relation_cases,
     row_invariant_points,
     sizes_for,
+    skip_past_online_head_dim,
     skip_unless_k_fits,
 )
 
@@ -372,17 +375,25 @@ def test_gemv_mma_is_exact_where_every_sum_is(gpu, weight):
     check_gemm_exact(weight, 8, 1280, 200, P, lambda *a: _run_gpu(gpu, *a), shape="gemv_mma")
 
 
-@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):
+    skip_past_online_head_dim(family, d)
     check_prefill_attention(P.family(family), hq, hkv, d, window,
                             lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                        attrs=attrs), F)
 
 
-@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
 def test_prefill_attention_over_rows_out_of_position_order(gpu, family):
     check_prefill_attention(P.family(family), 16, 8, 128, 100,
                             lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                        attrs=attrs), F,
                             scattered=True)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (16, 8, 128), (32, 8, 128)])
+def test_online_prefill_attention_holds_its_declared_bound_on_device(gpu, hq, hkv, d):
+    check_online_attention_bound(hq, hkv, d, P, F,
+                                 lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
+                                                                            attrs=attrs))

@@ -23,12 +23,14 @@ from tests.host import simt
 from tests.kernel_cases import (
     GEMM,
     GEMM_ROW_WINDOWS,
+    PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
+    check_online_attention_bound,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -36,9 +38,11 @@ from tests.kernel_cases import (
     inputs,
     kwargs,
     matmul_point,
+    prefill_point,
     relation_cases,
     row_invariant_points,
     sizes_for,
+    skip_past_online_head_dim,
 )
 
 ok, why = simt.available()
@@ -320,28 +324,35 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
     check_relation(rel, rhs, P, _runner(build_dir))
 
 
-@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hkv, d, window):
+    skip_past_online_head_dim(family, d)
     check_prefill_attention(P.family(family), hq, hkv, d, window, _runner(build_dir), F)
 
 
-@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
 def test_prefill_attention_over_rows_out_of_position_order(build_dir, family):
     check_prefill_attention(P.family(family), 16, 8, 128, 100, _runner(build_dir), F,
                             scattered=True)
 
 
-@pytest.mark.parametrize("family", ["attention", "kv_append_attention"])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (16, 8, 128)])
+def test_online_prefill_attention_holds_its_declared_bound(build_dir, hq, hkv, d):
+    check_online_attention_bound(hq, hkv, d, P, F, _runner(build_dir))
+
+
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 8), (32, 8), (12, 4)])
 def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_dir, family, hq,
                                                                          hkv):
     """The prefill attention with blocks of 1 to 4 tiles of 16 rows (as many as 8 warps take),
     the table's choice among them, gives the same bytes: a warp's computation is its own rows',
-    whatever else its block holds. A 70-row prompt from position 0, so that blocks are partly
-    past the rows, then the same across two slots."""
+    whatever else its block holds (the online kernel's tiles that none of a warp's rows attends
+    to included). A 70-row prompt from position 0, so that blocks are partly past the rows, then
+    the same across two slots."""
     fam = P.family(family)
-    point = fam.point(act="bf16", mode="prefill", kv_block=256)
+    point = prefill_point(fam)
     kernel = F.realize(point)
     rows, d, g = 70, 64, hq // hkv
     for case, positions, slots in (
