@@ -17,7 +17,9 @@ its output bytes equal this tree's: a change that claims to keep the bytes is ch
 the device, not only on the emulation. ``--row-tiles 1,2,4`` also runs this tree's kernel with
 blocks of that many tiles of 16 rows (the launch rule's choice is the kernel's own), and says
 the same of each. ``--online`` also runs the bounded policy's online-softmax point
-(kv_append_attention_online, variant ``online``; its row tiles as ``online_rt<N>``).
+(kv_append_attention_online, variant ``online``; its row tiles as ``online_rt<N>``; with
+``--baseline``, the baseline folder's as ``baseline_online``, its bytes compared with
+``online``'s).
 
 Run on the lent GPU: ``python3 benchmarks/bench_gpu_prefill_attention.py [--rows 512,2048]
 [--baseline DIR] [--row-tiles 1,2,4]``. Writes ``benchmarks/results/gpu_prefill_attention.json``.
@@ -181,7 +183,8 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
         out[name]["max_rel_err_vs_peer"] = float((o.float() - ref).abs().max()) / top
         out[name]["vs_peer"] = t / out[name]["seconds"]
     for name, o in outputs.items():  # a row-tile variant against its kernel's table blocks
-        own = name.split("_rt")[0] if "_rt" in name else "tree" if name == "baseline" else name
+        own = (name.split("_rt")[0] if "_rt" in name else "tree" if name == "baseline" else
+               "online" if name == "baseline_online" else name)
         if name != own:
             out[name][f"bytes_equal_to_{own}"] = bool(torch.equal(
                 o.view(torch.int16), outputs[own].view(torch.int16)))
@@ -211,6 +214,9 @@ def main() -> None:
         if args.online:
             online = realized(None, ONLINE)
             variants["online"] = (load(cp, online, None, Path(tmp)), online)
+            if args.baseline:
+                base = realized(args.baseline, ONLINE)
+                variants["baseline_online"] = (load(cp, base, args.baseline, Path(tmp)), base)
         for model in args.models.split(","):
             for rows in (int(r) for r in args.rows.split(",")):
                 c = case(cp, torch, model, rows, variants,

@@ -106,21 +106,25 @@ __device__ __forceinline__ RowInfo row_info(int row, int rows, const int* positi
 // scans every row of the launch. run_of decides it once per slot, every thread together.
 struct AppendRun {
     bool direct;
+    bool alone;  // every row of the launch is of this slot: with direct, row c appends base + c
     int base;
 };
 
 __device__ __forceinline__ AppendRun run_of(const int* positions, const int* slots, int rows,
                                             int slot, int first_row) {
-    __shared__ int irregular;
+    __shared__ int irregular, others;
     AppendRun run;
     run.base = positions[first_row] - first_row;
-    if (threadIdx.x == 0) irregular = 0;
+    if (threadIdx.x == 0) irregular = others = 0;
     __syncthreads();
-    for (int r = threadIdx.x; r < rows; r += blockDim.x)
-        if (slots[r] == slot && positions[r] - r != run.base) atomicAdd(&irregular, 1);
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        if (slots[r] != slot) atomicAdd(&others, 1);
+        else if (positions[r] - r != run.base) atomicAdd(&irregular, 1);
+    }
     __syncthreads();
     run.direct = !irregular;
-    __syncthreads();  // every thread has read it before the next slot's run_of resets it
+    run.alone = !others;
+    __syncthreads();  // every thread has read them before the next slot's run_of resets them
     return run;
 }
 
@@ -176,8 +180,9 @@ __device__ __forceinline__ void issue_kv_tile(const KvTile& s, const act_t* k_ca
         const int pos = start + j;
         int r = -1;
         if (k_new && run.direct) {  // a prompt in launch order: only row pos - base can append
-            const int c = pos - run.base;
-            r = c >= 0 && c < rows && slots[c] == slot && positions[c] == pos ? c : -1;
+            const int c = pos - run.base;  // (a launch of one slot: it does, with no loads)
+            r = c >= 0 && c < rows && (run.alone || (slots[c] == slot && positions[c] == pos))
+                    ? c : -1;
         } else if (k_new) {
             r = s.src[j];
         }
@@ -300,7 +305,7 @@ __device__ __forceinline__ void for_each_slot(const int* positions, const int* s
             }
         }
         const AppendRun run = k_new ? run_of(positions, slots, rows, slot, row0 + i)
-                                    : AppendRun{false, 0};
+                                    : AppendRun{false, false, 0};
         body(slot, lo, hi, run);
     }
 }
