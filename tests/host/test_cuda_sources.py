@@ -310,6 +310,8 @@ TENSOR_CORE_BUILDS = [
         "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA) for w in WEIGHTS),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
      {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
+    ("attention_online.cu", ("ACT_BF16", "KV_BLOCK=64"),
+     {"metrale_kv_append_attention_online_prefill"}, "sm_90", MMA_SYNC),
 ]
 
 

@@ -11,6 +11,8 @@ pipeline that waits one cp.async group short reads poison.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -51,25 +53,29 @@ pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)
+F_CUDA = realization("cuda", presentation=P)
+"""The common layer alone: a class with no tensor cores, which runs the plain kernels."""
 
 
 ENTRIES = simt.class_entries("sm_90")
 
 
-def library(build_dir, point: Point, extra: tuple[str, ...] = ()) -> simt.Library:
-    k = F.realize(point)
+def library(build_dir, point: Point, extra: tuple[str, ...] = (), F_: Any = F) -> simt.Library:
+    k = F_.realize(point)
+    entries = ENTRIES if F_ is F else simt.class_entries(F_.hw.name)
     return simt.build(build_dir, k.source, tuple(d.removeprefix("-D") for d in k.defines) + extra,
-                      ENTRIES[(k.source, k.defines)])
+                      entries[(k.source, k.defines)])
 
 
 def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dict,
         attrs: dict | None = None, extra: tuple[str, ...] = (),
-        launch_shape: tuple | None = None) -> list[np.ndarray]:
-    """``point``'s kernel on the emulation: inputs from ``device`` (port -> data, scale, global),
-    outputs poisoned, scratch zeroed; returns the outputs. ``launch_shape`` (grid, block,
-    shared), for a kernel of one launch, replaces its launch rule's."""
-    kernel = F.realize(point)
-    lib = library(build_dir, point, extra)
+        launch_shape: tuple | None = None, F_: Any = F) -> list[np.ndarray]:
+    """``point``'s kernel on the emulation (the one realization ``F_`` gives: sm_90's unless
+    told): inputs from ``device`` (port -> data, scale, global), outputs poisoned, scratch
+    zeroed; returns the outputs. ``launch_shape`` (grid, block, shared), for a kernel of one
+    launch, replaces its launch rule's."""
+    kernel = F_.realize(point)
+    lib = library(build_dir, point, extra, F_)
     params = point.as_dict()
     arrays: dict[str, np.ndarray | None] = {}
     for name, parts in device.items():
@@ -335,6 +341,18 @@ def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hk
 def test_prefill_attention_over_rows_out_of_position_order(build_dir, family):
     check_prefill_attention(P.family(family), 16, 8, 128, 100, _runner(build_dir), F,
                             scattered=True)
+
+
+@pytest.mark.parametrize("hq,hkv,d,window", [(16, 8, 128, 100), (8, 4, 256, 300)])
+def test_online_prefill_attention_without_tensor_cores_matches_reference(build_dir, hq, hkv, d,
+                                                                          window):
+    """The common layer's plain online softmax (attention.cu, for a class with no tensor cores;
+    head dims past 128 too) against its semantics, as the tensor-core kernel is checked."""
+    fam = P.family("kv_append_attention_online")
+    assert F_CUDA.realize(prefill_point(fam)).entry == "metrale_kv_append_attention_online"
+    check_prefill_attention(fam, hq, hkv, d, window,
+                            lambda f, p, sz, dev, attrs=None: run(build_dir, f, p, sz, dev, attrs,
+                                                                  F_=F_CUDA), F_CUDA)
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (16, 8, 128)])

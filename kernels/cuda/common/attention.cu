@@ -1,13 +1,15 @@
 // Metrale CUDA: the KV cache append and split-KV attention (kv_append, attention,
-// kv_append_attention).
+// kv_append_attention, kv_append_attention_online).
 //
 // Attention: one block of ATT_THREADS threads per (q head, row). The positions a row attends
 // to are cut at absolute multiples of KV_BLOCK; per block: scores s_j = (q · k_j) * scale (the
 // dot left to right over head_dim, f32), m_b = max, e_j = exp(s_j - m_b), l_b = sum e_j (thread
 // partials, warp trees, warp order), acc_b[c] = sum_j e_j v_j[c] (left to right over j); the
 // blocks merge left to right by the log-sum-exp rule of metrale.lkb.semantics_attention, and
-// o = acc / l rounded to act. GQA: q head h reads kv head h / (hq / hkv). Defines: ACT_*,
-// KV_BLOCK.
+// o = acc / l rounded to act. The online softmax (kv_append_attention_online, for classes
+// without tensor cores) takes each block's weights against the running max instead,
+// m' = max(m, m_b), e_j = exp(s_j - m') rounded to act, and scales what came before by
+// exp(m - m'). GQA: q head h reads kv head h / (hq / hkv). Defines: ACT_*, KV_BLOCK.
 #include "metrale.cuh"
 
 #ifndef KV_BLOCK
@@ -39,6 +41,7 @@ metrale_kv_append(const act_t* __restrict__ k, const act_t* __restrict__ v,
 // that some row of this launch appends are read from k_new / v_new instead of the cache, so no
 // block reads an entry another block is writing: `src[j]` names the row that appends position
 // start + j of this slot, or -1.
+template <bool ONLINE>
 __device__ __forceinline__ void attend(const act_t* q, const act_t* k_cache,
                                        const act_t* v_cache, const int* positions,
                                        const int* slots, const act_t* k_new,
@@ -84,16 +87,24 @@ __device__ __forceinline__ void attend(const act_t* q, const act_t* k_cache,
             sp[j] = s;
             mloc = fmaxf(mloc, s);
         }
-        const float mb = block_max(mloc, scratch);
+        float mb = block_max(mloc, scratch);
+        float a = 1.0f, b = 1.0f;
+        if (ONLINE && !first) {  // the weights against the running max: b stays 1
+            mb = fmaxf(m, mb);
+            a = expf(m - mb);
+        }
         float lloc = 0.0f;
         for (int j = threadIdx.x; j < nb; j += blockDim.x) {
-            const float e = expf(sp[j] - mb);
+            const float x = expf(sp[j] - mb);
+            const float e = ONLINE ? act_load(act_store(x)) : x;  // online: rounded to act
             sp[j] = e;
             lloc += e;
         }
         const float lb = block_sum(lloc, scratch);  // its barriers publish sp[] too
-        float a = 1.0f, b = 1.0f;
-        if (!first) {
+        if (ONLINE && !first) {
+            l = l * a + lb;
+            m = mb;
+        } else if (!first) {
             const float mn = fmaxf(m, mb);
             a = expf(m - mn);
             b = expf(mb - mn);
@@ -137,20 +148,19 @@ metrale_attention(const act_t* __restrict__ q, const act_t* __restrict__ k_cache
     grid_dependency_sync();
     if (blockIdx.y >= rows || blockIdx.x >= hq) return;
     if (d > MAX_HEAD_DIM) __trap();  // a head_dim the kernel cannot serve: a loud fault
-    attend(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
-           max_ctx, scale, window);
+    attend<false>(q, k_cache, v_cache, positions, slots, nullptr, nullptr, o, rows, hq, hkv, d,
+                  max_ctx, scale, window);
 }
 
 // kv_append then attention in one launch, grid (hq, rows), block 128: the first q head of
 // each kv group writes its row's k, v into the cache; attention reads the appended entries
 // from k, v themselves (see attend), so the order of blocks does not matter.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-metrale_kv_append_attention(const act_t* __restrict__ k, const act_t* __restrict__ v,
-                            const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
-                            const int* __restrict__ positions, const int* __restrict__ slots,
-                            act_t* __restrict__ o, int rows, int hq, int hkv, int d,
-                            int max_ctx, float scale, int window) {
-    grid_dependency_sync();
+template <bool ONLINE>
+__device__ __forceinline__ void append_attend(const act_t* k, const act_t* v, const act_t* q,
+                                              act_t* k_cache, act_t* v_cache,
+                                              const int* positions, const int* slots, act_t* o,
+                                              int rows, int hq, int hkv, int d, int max_ctx,
+                                              float scale, int window) {
     const int head = blockIdx.x, row = blockIdx.y;
     if (row >= rows || head >= hq) return;
     if (d > MAX_HEAD_DIM) __trap();
@@ -164,6 +174,30 @@ metrale_kv_append_attention(const act_t* __restrict__ k, const act_t* __restrict
             v_cache[t + c] = v[s + c];
         }
     }
-    attend(q, k_cache, v_cache, positions, slots, k, v, o, rows, hq, hkv, d, max_ctx, scale,
-           window);
+    attend<ONLINE>(q, k_cache, v_cache, positions, slots, k, v, o, rows, hq, hkv, d, max_ctx,
+                   scale, window);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+metrale_kv_append_attention(const act_t* __restrict__ k, const act_t* __restrict__ v,
+                            const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
+                            const int* __restrict__ positions, const int* __restrict__ slots,
+                            act_t* __restrict__ o, int rows, int hq, int hkv, int d,
+                            int max_ctx, float scale, int window) {
+    grid_dependency_sync();
+    append_attend<false>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                         max_ctx, scale, window);
+}
+
+// The same with the online softmax (kv_append_attention_online), grid (hq, rows), block 128.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+metrale_kv_append_attention_online(const act_t* __restrict__ k, const act_t* __restrict__ v,
+                                   const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
+                                   const int* __restrict__ positions,
+                                   const int* __restrict__ slots, act_t* __restrict__ o,
+                                   int rows, int hq, int hkv, int d, int max_ctx, float scale,
+                                   int window) {
+    grid_dependency_sync();
+    append_attend<true>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                        max_ctx, scale, window);
 }

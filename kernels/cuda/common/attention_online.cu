@@ -179,12 +179,11 @@ __device__ __forceinline__ void attend_online(const act_t* q, const act_t* k_cac
 // grid (hkv, ceil(rows / 16 RT), 1), block 32 G RT (G = hq / hkv; the table's RT is
 // min(4, max(1, 8 // G))): kv_append then attention, as attention_prefill.cu's entry.
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
-metrale_kv_append_attention_online(const act_t* __restrict__ k, const act_t* __restrict__ v,
-                                   const act_t* __restrict__ q, act_t* k_cache, act_t* v_cache,
-                                   const int* __restrict__ positions,
-                                   const int* __restrict__ slots, act_t* __restrict__ o,
-                                   int rows, int hq, int hkv, int d, int max_ctx, float scale,
-                                   int window) {
+metrale_kv_append_attention_online_prefill(
+    const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
+    act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
+    const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq, int hkv, int d,
+    int max_ctx, float scale, int window) {
     grid_dependency_sync();
     // a launch the kernel cannot serve: loud
     if (!prefill_launch_ok(rows, d, hq, hkv, ONLINE_HEAD_DIM) || gridDim.z != 1) __trap();
