@@ -53,15 +53,19 @@ def _head_norm_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
                       of="x²"),)
 
 
-def _attention_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    kv_block = p.get("kv_block", 256)
+def _kv_orders(kv_block: int, combine: str) -> tuple[Reduction, ...]:
+    """q·k over head_dim, then the softmax denominator and p·v over kv_len in blocks of
+    ``kv_block``, the blocks combined as ``combine`` says."""
     return (
         Reduction("head_dim", "f32", 0, "sequential", within="gemm", of="q·k"),
         Reduction("kv_len", "f32", kv_block, "sequential", within="pairwise",
-                  of="softmax denominator, log-sum-exp merge"),
-        Reduction("kv_len", "f32", kv_block, "sequential", within="gemm",
-                  of="p·v, log-sum-exp merge"),
+                  of=f"softmax denominator, {combine}"),
+        Reduction("kv_len", "f32", kv_block, "sequential", within="gemm", of=f"p·v, {combine}"),
     )
+
+
+def _attention_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
+    return _kv_orders(p.get("kv_block", 256), "log-sum-exp merge")
 
 
 def rope_tables(max_pos: int, head_dim: int, theta: float = 1e6) -> tuple[np.ndarray, np.ndarray]:
@@ -255,26 +259,41 @@ def kv_append(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
     return k_cache, v_cache
 
 
-def _attend(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.ndarray,
-            slot: np.ndarray, scale: float, window: int, kv_block: int,
-            dt: np.dtype) -> np.ndarray:
-    """Split-KV attention of f32 ``qf`` [rows, hq, d], one row at a time (row-invariant)."""
+def _row_blocks(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.ndarray,
+                slot: np.ndarray, window: int, kv_block: int):
+    """For each row r of f32 ``qf`` [rows, hq, d]: ``(r, q, blocks)``, its q heads grouped by the
+    kv head they read [hkv, hq / hkv, d] and an iterator over the blocks of the positions it
+    attends to, cut at absolute multiples of ``kv_block`` (so the cut does not depend on the
+    window), each as f32 keys [hkv, d, n] and values [hkv, n, d]."""
     rows, hq, d = qf.shape
     hkv = k_cache.shape[2]
-    out = np.empty((rows, hq, d), dt)
-    sc = np.float32(scale)
     for r in range(rows):
         p = int(pos[r])
         lo = max(0, p - window + 1) if window else 0
         ks = k_cache[slot[r], lo : p + 1].astype(F32)  # (n, hkv, d)
         vs = v_cache[slot[r], lo : p + 1].astype(F32)
-        qr = qf[r].reshape(hkv, hq // hkv, d)  # q head h reads kv head h // (hq / hkv)
+
+        def blocks(p: int = p, lo: int = lo, ks: np.ndarray = ks, vs: np.ndarray = vs):
+            start = lo
+            while start <= p:
+                end = min(p + 1, (start // kv_block + 1) * kv_block)
+                yield (ks[start - lo : end - lo].transpose(1, 2, 0),  # (hkv, d, n)
+                       vs[start - lo : end - lo].transpose(1, 0, 2))  # (hkv, n, d)
+                start = end
+
+        # q head h reads kv head h // (hq / hkv)
+        yield r, qf[r].reshape(hkv, hq // hkv, d), blocks()
+
+
+def _attend(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.ndarray,
+            slot: np.ndarray, scale: float, window: int, kv_block: int,
+            dt: np.dtype) -> np.ndarray:
+    """Split-KV attention of f32 ``qf`` [rows, hq, d], one row at a time (row-invariant)."""
+    out = np.empty(qf.shape, dt)
+    sc = np.float32(scale)
+    for r, qr, blocks in _row_blocks(qf, k_cache, v_cache, pos, slot, window, kv_block):
         m = l = acc = None
-        start = lo
-        while start <= p:
-            end = min(p + 1, (start // kv_block + 1) * kv_block)
-            kb = ks[start - lo : end - lo].transpose(1, 2, 0)  # (hkv, d, n)
-            vb = vs[start - lo : end - lo].transpose(1, 0, 2)  # (hkv, n, d)
+        for kb, vb in blocks:
             s = np.matmul(qr, kb) * sc
             mb = s.max(axis=-1)
             e = np.exp(s - mb[..., None])
@@ -288,8 +307,7 @@ def _attend(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.nd
                 l = l * a + lb * b
                 acc = acc * a[..., None] + ab * b[..., None]
                 m = mn
-            start = end
-        out[r] = (acc / l[..., None]).reshape(hq, d).astype(dt)
+        out[r] = (acc / l[..., None]).reshape(qf.shape[1:]).astype(dt)
     return out
 
 
@@ -373,14 +391,7 @@ def kv_append_attention(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cache: np
 
 
 def _online_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    kv_block = p.get("kv_block", 64)
-    return (
-        Reduction("head_dim", "f32", 0, "sequential", within="gemm", of="q·k"),
-        Reduction("kv_len", "f32", kv_block, "sequential", within="pairwise",
-                  of="softmax denominator, online: weights against the running max, in act"),
-        Reduction("kv_len", "f32", kv_block, "sequential", within="gemm",
-                  of="p·v, online: weights against the running max, in act"),
-    )
+    return _kv_orders(p.get("kv_block", 64), "online: weights against the running max, in act")
 
 
 def _attend_online(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos: np.ndarray,
@@ -388,24 +399,13 @@ def _attend_online(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
                    dt: np.dtype) -> np.ndarray:
     """Attention of f32 ``qf`` [rows, hq, d] with an online softmax, one row at a time: blocks
     cut as :func:`_attend` cuts them, each folded into the running state once."""
-    rows, hq, d = qf.shape
-    hkv = k_cache.shape[2]
-    out = np.empty((rows, hq, d), dt)
+    out = np.empty(qf.shape, dt)
     sc = np.float32(scale)
-    for r in range(rows):
-        p = int(pos[r])
-        lo = max(0, p - window + 1) if window else 0
-        ks = k_cache[slot[r], lo : p + 1].astype(F32)  # (n, hkv, d)
-        vs = v_cache[slot[r], lo : p + 1].astype(F32)
-        qr = qf[r].reshape(hkv, hq // hkv, d)
+    for r, qr, blocks in _row_blocks(qf, k_cache, v_cache, pos, slot, window, kv_block):
         m = np.full(qr.shape[:2], -np.inf, F32)
         l = np.zeros(qr.shape[:2], F32)
         acc = np.zeros(qr.shape, F32)
-        start = lo
-        while start <= p:
-            end = min(p + 1, (start // kv_block + 1) * kv_block)
-            kb = ks[start - lo : end - lo].transpose(1, 2, 0)  # (hkv, d, n)
-            vb = vs[start - lo : end - lo].transpose(1, 0, 2)  # (hkv, n, d)
+        for kb, vb in blocks:
             s = np.matmul(qr, kb) * sc
             mn = np.maximum(m, s.max(axis=-1))
             a = np.exp(m - mn)  # 0 at the first block (m = -inf), where l and acc are 0
@@ -413,8 +413,7 @@ def _attend_online(qf: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
             l = l * a + np.add.reduce(e, axis=-1)
             acc = acc * a[..., None] + np.matmul(e, vb)
             m = mn
-            start = end
-        out[r] = (acc / l[..., None]).reshape(hq, d).astype(dt)
+        out[r] = (acc / l[..., None]).reshape(qf.shape[1:]).astype(dt)
     return out
 
 
