@@ -597,7 +597,7 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
     transformers' forward (which, like the first timing, gives every row's logits; once a
     model and length); then the plan with the last row's only. With ``kernels`` (or
     ``records``), the longest prompt's kernels one by one (step_kernels), each point once a
-    model: a later policy's plan times only the kernels it adds."""
+    model and quant: a later policy's plan times only the kernels it adds."""
     from metrale.plan.config import ModelConfig
     from metrale.runtime.bench import time_prefill
 
@@ -605,7 +605,7 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
     hf_seconds: dict[tuple[str, int], float] = {}
     for model in models:
         config = ModelConfig.load(model)
-        timed: set[str] = set()  # points whose kernels this model's steps have timed
+        timed: dict[str, set[str]] = {}  # quant -> points whose kernels its steps have timed
         for quant, policy in ((q, p) for q in quants for p in policies):
             eng = prefill_engine(model, quant, max(lengths), policy)
             for rows in lengths:
@@ -633,14 +633,15 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                       f"last row's logits only {last.step_s * 1e3:.2f} ms; launched from the "
                       f"host {host.step_s * 1e3:.2f} ms", flush=True)
                 if (kernels or records is not None) and rows == max(lengths):
+                    done = timed.setdefault(quant, set())
                     row["kernels"] = step_kernels(eng, config, rows, t.step_s, records,
-                                                  skip=frozenset(timed))
-                    timed.update(k["point"] for k in row["kernels"])
+                                                  skip=frozenset(done))
+                    done.update(k["point"] for k in row["kernels"])
                     # the kernels only the last row's logits launch (last_row, ...)
                     row["last_logits_kernels"] = step_kernels(
                         eng, config, rows, last.step_s, records, logits="last",
-                        skip=frozenset(timed))
-                    timed.update(k["point"] for k in row["last_logits_kernels"])
+                        skip=frozenset(done))
+                    done.update(k["point"] for k in row["last_logits_kernels"])
             eng.close()
     return out
 
