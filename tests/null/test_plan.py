@@ -231,6 +231,37 @@ def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan
     assert shapes.count("gemv_mma") == 2 and shapes.count("gemv") == 2, shapes
 
 
+def test_the_bounded_prefill_takes_the_online_attention_where_a_kernel_serves_it():
+    """Under the bounded policy the prefill attention is the online softmax (relation
+    online_prefill_attention): sm_90's tensor-core kernel, the cuda class's plain one. The exact
+    policy and decode keep their own attention. At a head dim past the tensor-core kernel's 128
+    the relation is declined, saying why, and the two-pass kernel stays."""
+    import attrs
+
+    from metrale.plan.config import ModelConfig
+
+    def attention(p):
+        return [k for k in p.kernels if "attention" in k.family]
+
+    for hw, entry in (("sm_90", "metrale_kv_append_attention_online_prefill"),
+                      ("cuda", "metrale_kv_append_attention_online")):
+        p = plan_for("tiny-llama", "bf16", hw, mode="prefill", rows=40, policy="bounded")
+        assert attention(p) and all(k.family == "kv_append_attention_online" and
+                                    k.kernel.entry == entry for k in attention(p)), hw
+        assert {a.numerics for a in p.applied if a.relation == "online_prefill_attention"} == \
+            {"bounded"}
+        assert not p.exact
+    exact = plan_for("tiny-llama", "bf16", "sm_90", mode="prefill", rows=40)
+    assert {k.family for k in attention(exact)} == {"kv_append_attention"}
+    decode = plan_for("tiny-llama", "bf16", "sm_90", mode="decode", rows=1, policy="bounded")
+    assert "kv_append_attention_online" not in {k.family for k in decode.kernels}
+    wide = attrs.evolve(ModelConfig.load("tiny-llama"), head_dim=256)
+    p = plan_for(wide, "bf16", "sm_90", mode="prefill", rows=40, policy="bounded")
+    assert {k.family for k in attention(p)} == {"kv_append_attention"}
+    why = {x.reason for x in p.declined if x.relation == "online_prefill_attention"}
+    assert "rhs kernel cannot serve these sizes: d <= 128 does not hold (d=256)" in why, why
+
+
 def test_the_plan_json_names_the_launches_after_a_kernel():
     """A kernel that is a chain of launches shows the entries after its own: decode attention's
     merge, and nothing for the rest."""
