@@ -218,13 +218,20 @@ def prefill_point(fam: Family) -> Point:
     return fam.point(act="bf16", mode="prefill", kv_block=fam.domains["kv_block"][0])
 
 
-def skip_past_online_head_dim(family: str, d: int) -> None:
-    """Skip the online softmax's cases past its head dim of 128 (KERNELS.toml's limits: the
-    plans keep the two-pass kernel there)."""
+def skip_where_the_prefill_kernel_refuses(fam: Family, F: Any, hq: int, hkv: int,
+                                          d: int) -> None:
+    """Skip a prefill attention case whose heads ``fam``'s kernel on ``F``'s class refuses (its
+    KERNELS.toml limits: the online kernel's head dim up to 128), as the fuser declines its
+    relation there and the plans keep the two-pass kernel."""
     import pytest
 
-    if family.endswith("_online") and d > 128:
-        pytest.skip("the online kernel serves head dims up to 128")
+    from metrale.plan.fuser import launch_refusal
+
+    sizes = {**sizes_for(fam, 40), "hq": hq, "hkv": hkv, "d": d, "slots": 2, "max_ctx": 600}
+    why = launch_refusal(F.realize(prefill_point(fam)), {**dict(fam.attr_examples), **sizes},
+                         F.hw)
+    if why:
+        pytest.skip(f"{fam.name}'s kernel refuses these heads: {why}")
 
 
 def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
@@ -266,14 +273,29 @@ def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
     assert moved < 0.01, f"{point}: {moved:.1%} of the outputs differ from the reference's bits"
 
 
+def assert_within_bound(rel: Any, lhs: np.ndarray, rhs: np.ndarray, dims: dict[str, int],
+                        where: str) -> None:
+    """``rhs`` within bounded relation ``rel``'s declared bound of ``lhs``: |lhs - rhs| <= rel
+    |lhs| + abs rms(lhs), the formulas at ``dims`` with eps_act bf16's; both finite, and lhs not
+    all zeros (a bound on zeros says nothing)."""
+    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
+
+    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()}, "eps_act": UNIT_ROUNDOFF["bf16"],
+           **dims}
+    rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
+    a, b = (np.asarray(np.asarray(x).astype(np.float32), np.float64) for x in (lhs, rhs))
+    assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
+    allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
+    worst = float((np.abs(a - b) - allowed).max())
+    assert worst <= 0, f"{rel.name} {where}: outside its bound by {worst:.3g}"
+
+
 def check_online_attention_bound(hq: int, hkv: int, d: int, P: Any, F: Any,
                                  runner: Runner) -> None:
     """The relation online_prefill_attention's two sides on one class, on the same 300-row
     prompt from position 200 (tiles and KV blocks crossed): the online kernel against the
-    two-pass one, within the relation's declared bound (rel |lhs| + abs rms(lhs), eps_act
-    bf16's), and their caches byte-equal."""
-    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
-
+    two-pass one, within the relation's declared bound (assert_within_bound), and their caches
+    byte-equal."""
     rel = P.relation("online_prefill_attention")
     lhs_fam, rhs_fam = P.family("kv_append_attention"), P.family("kv_append_attention_online")
     lhs, rhs = prefill_point(lhs_fam), prefill_point(rhs_fam)
@@ -292,14 +314,9 @@ def check_online_attention_bound(hq: int, hkv: int, d: int, P: Any, F: Any,
         return runner(fam, point, sizes, fresh, attrs)
 
     a_out, b_out = run(lhs_fam, lhs), run(rhs_fam, rhs)
-    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()}, "eps_act": UNIT_ROUNDOFF["bf16"]}
-    rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
-    a, b = (np.asarray(x.astype(np.float32), np.float64) for x in (a_out[0], b_out[0]))
-    assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
-    allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
-    worst = float((np.abs(a - b) - allowed).max())
-    assert worst <= 0, f"{rel.name}: outside its bound by {worst:.3g}"
-    assert (a != b).any(), "the two kernels gave equal outputs: the online one did not run"
+    assert_within_bound(rel, a_out[0], b_out[0], {}, f"at {hq}/{hkv} heads, d {d}")
+    assert (a_out[0] != b_out[0]).any(), \
+        "the two kernels gave equal outputs: the online one did not run"
     for name, x, y in zip(("k_cache", "v_cache"), a_out[1:], b_out[1:], strict=True):
         assert x.tobytes() == y.tobytes(), name
 
@@ -348,9 +365,7 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
                          runner: Runner) -> None:
     """The relation mma_gemv_<family>'s two sides on one class, on the same inputs: the CUDA-core
     GEMV (``gemv``) and the tensor-core one (``gemv_mma``) agree within the relation's declared
-    bound, rel |lhs| + abs rms(lhs), with k the launch's and eps_act bf16's."""
-    from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
-
+    bound (assert_within_bound), with k the launch's."""
     fam = P.family(family)
     rel = P.relation(f"mma_gemv_{family}")
     lhs, rhs = matmul_point(fam, "gemv", weight), matmul_point(fam, "gemv_mma", weight)
@@ -358,16 +373,9 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
     assert not F.realize(lhs).entry.endswith("mma"), F.realize(lhs)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     _, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
-    env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()},
-           "eps_act": UNIT_ROUNDOFF["bf16"], "k": sizes["k"]}
-    rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
     for a, b in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device),
                     strict=True):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
-        allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
-        worst = float((np.abs(a - b) - allowed).max())
-        assert worst <= 0, f"{rel.name} at {weight}: outside its bound by {worst:.3g}"
+        assert_within_bound(rel, a, b, {"k": sizes["k"]}, f"at {weight}")
 
 
 def mxfp4_scaled_inputs(fam: Family, rows: int, k: int, n: int, seed: int,

@@ -42,8 +42,8 @@ from tests.kernel_cases import (  # noqa: E402
     relation_cases,
     row_invariant_points,
     sizes_for,
-    skip_past_online_head_dim,
     skip_unless_k_fits,
+    skip_where_the_prefill_kernel_refuses,
 )
 
 ok, why = CupyBackend.available()
@@ -378,7 +378,7 @@ def test_gemv_mma_is_exact_where_every_sum_is(gpu, weight):
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
 @pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
 def test_prefill_attention_on_tensor_cores(gpu, family, hq, hkv, d, window):
-    skip_past_online_head_dim(family, d)
+    skip_where_the_prefill_kernel_refuses(P.family(family), F, hq, hkv, d)
     check_prefill_attention(P.family(family), hq, hkv, d, window,
                             lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                        attrs=attrs), F)
