@@ -65,6 +65,7 @@ GEMV_VARIANTS = {
             "GEMV_MIN_BLOCKS=6 DOT_AHEAD=6"],
     "mxfp4": ["", "DOT_RING=1", "DOT_CHUNKS=1 DOT_AHEAD=4 DOT_RING=0", "DOT_AHEAD=2",
               "DOT_AHEAD=4"],
+    "nvfp4": [""],
 }
 # the tensor-core GEMV (gemv_mma.cu), against gemv.cu's default on the same weights: the L2 fetch
 # size of the weight loads (the source's 128 bytes, plain loads, 256) and rounds of loads in
@@ -187,19 +188,24 @@ def bf16_bits(cp: Any, shape: tuple[int, ...], std: float = 1.0) -> Any:
 
 
 def gemv_weights(cp: Any, fmt: str, n: int, k: int, copies: int) -> tuple[list, int]:
-    """`copies` weight triples (data, scale, global) in `fmt`, and the bytes one launch reads."""
+    """`copies` weight triples (data, scale, global; None where the format has none) in `fmt`,
+    and the bytes one launch reads."""
     out = []
     for _ in range(copies):
+        scale = glob = None
         if fmt == "bf16":
             data = bf16_bits(cp, (n, k), 0.02)
-            scale = None
         elif fmt == "fp8":
             data = cp.random.randint(0, 0x7E, (n, k), dtype=cp.int32).astype(cp.uint8)  # finite e4m3
             scale = cp.full(n, 0.01, cp.float32)
-        else:
+        elif fmt == "mxfp4":
             data = cp.random.randint(0, 256, (n, k // 2), dtype=cp.int32).astype(cp.uint8)
             scale = cp.full((n, k // 32), 120, cp.uint8)
-        out.append((data, scale))
+        else:  # nvfp4: e4m3 block scales from 2^-2 to 2^2, one f32 global
+            data = cp.random.randint(0, 256, (n, k // 2), dtype=cp.int32).astype(cp.uint8)
+            scale = cp.random.randint(0x28, 0x48, (n, k // 16), dtype=cp.int32).astype(cp.uint8)
+            glob = cp.full(1, 0.01, cp.float32)
+        out.append((data, scale, glob))
     nbytes = out[0][0].nbytes + (out[0][1].nbytes if out[0][1] is not None else 0)
     return out, nbytes
 
@@ -212,14 +218,15 @@ def gemv_launcher(fn: Any, pair: bool, grid: tuple, threads: int, ws: list, x: A
     rows, k = np.int32(x.shape[0]), np.int32(x.shape[1])
 
     def launch(i: int) -> None:
-        d, s = ws[i]
+        d, s, g = ws[i]
         sp = s if s is not None else null
+        gp = g if g is not None else null
         if pair:
             su = s[n:] if s is not None else null
-            fn(grid, (threads,), (x, d, sp, null, d[n:], su, null, y, rows, k, np.int32(n)),
+            fn(grid, (threads,), (x, d, sp, gp, d[n:], su, gp, y, rows, k, np.int32(n)),
                shared_mem=shared)
         else:
-            fn(grid, (threads,), (x, d, sp, null, y, rows, k, np.int32(n)), shared_mem=shared)
+            fn(grid, (threads,), (x, d, sp, gp, y, rows, k, np.int32(n)), shared_mem=shared)
     return launch
 
 
@@ -342,11 +349,18 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict
 
 
 def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
-                   row_counts: tuple[int, ...] = (1, 8)) -> list[dict]:
-    """gemv_mma.cu's variants at the decode shapes and ``row_counts``, each beside gemv.cu's
-    default kernel on the same weights (``variant`` "gemv.cu"); outputs are compared with gemv.cu's
-    within the bf16 tolerance of the largest output (the orders differ, so bytes may)."""
-    kernels = [("gemv.cu", "ACROSS_SEQUENTIAL")] + [("gemv_mma.cu", v) for v in GEMV_MMA_VARIANTS]
+                   row_counts: tuple[int, ...] = (1, 8), baseline: str | None = None,
+                   variants: list[str] | None = None) -> list[dict]:
+    """gemv_mma.cu's variants (``variants``, else GEMV_MMA_VARIANTS) at the decode shapes and
+    ``row_counts``, each beside gemv.cu's default kernel on the same weights (``variant``
+    "gemv.cu"); outputs are compared with gemv.cu's within the bf16 tolerance of the largest
+    output (the orders differ, so bytes may). ``baseline``, another gemv_mma source in cuda/common
+    (the previous revision, for one), runs as the variant "baseline", and every gemv_mma variant
+    says whether its bytes equal the baseline's."""
+    kernels = [("gemv.cu", "ACROSS_SEQUENTIAL")] + [
+        ("gemv_mma.cu", v) for v in (GEMV_MMA_VARIANTS if variants is None else variants)]
+    if baseline:
+        kernels.append((baseline, ""))
     modules = build_modules(cp, tmp, [(fmt, src, v) for fmt in formats for src, v in kernels])
     rows_out = []
     for fmt in formats:
@@ -356,9 +370,10 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
                 case = gemv_case(cp, fmt, name, n, k, rows)
                 ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
                 ref = None
+                outputs = []  # (row, source, bytes) of each gemv_mma kernel
                 for source, v in kernels:
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
-                    mma = source == "gemv_mma.cu"
+                    mma = source != "gemv.cu"
                     entry = ("metrale_gate_up_swiglu" if pair else "metrale_linear") + (
                         "_gemv_mma" if mma else "")
                     fn = modules[fmt, source, v].get_function(entry)
@@ -375,7 +390,8 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
                     got = cp.asnumpy(got.view(cp.float32))
                     ref = got if ref is None else ref
                     err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-                    label = source if not mma else f"gemv_mma {v or 'default'}"
+                    label = (source if not mma else "gemv_mma baseline" if source == baseline
+                             else f"gemv_mma {v or 'default'}")
                     rows_out.append({"kind": "gemv_mma", "weight": fmt, "variant": label,
                                      "model": model, "kernel": name, "n": n, "k": k,
                                      "rows": rows, "seconds": sec, "bytes": total,
@@ -383,9 +399,15 @@ def bench_gemv_mma(cp: Any, tmp: Path, rate: float, formats: list[str],
                                      "of_copy_rate": total / sec / rate,
                                      "finite": bool(np.isfinite(got).all()),
                                      "max_rel_diff_vs_gemv": err})
+                    if mma:
+                        outputs.append((rows_out[-1], source, y.copy()))
                     print(f"{fmt:5} {label:28} {model:12} {name:7} rows={rows} "
                           f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s "
                           f"diff {err:.1e}", flush=True)
+                if baseline:
+                    base = next(got for _, source, got in outputs if source == baseline)
+                    for row, _, got in outputs:
+                        row["same_bytes_as_baseline"] = bool((got == base).all())
                 del ws, case
     return rows_out
 
@@ -436,6 +458,10 @@ def main() -> None:
     ap.add_argument("--weights", default=",".join(GEMV_VARIANTS),
                     help="the GEMV weight formats to sweep, comma-separated")
     ap.add_argument("--rows", default="1,8", help="gemv_mma: the row counts, comma-separated")
+    ap.add_argument("--baseline", help="gemv_mma: another source in kernels/cuda/common (e.g. "
+                    "the previous revision's gemv_mma.cu), timed on the same weights")
+    ap.add_argument("--mma-variants", help="gemv_mma: the variants' defines, ';'-separated "
+                    "('' is the source's own choice); default: GEMV_MMA_VARIANTS")
     args = ap.parse_args()
     formats = args.weights.split(",")
     if unknown := set(formats) - set(GEMV_VARIANTS):
@@ -452,8 +478,10 @@ def main() -> None:
         if args.only in (None, "gemv"):
             rows += bench_gemv(cp, Path(t), rate, formats)
         if args.only in (None, "gemv_mma"):
+            variants = None if args.mma_variants is None else args.mma_variants.split(";")
             rows += bench_gemv_mma(cp, Path(t), rate, formats,
-                                   tuple(int(r) for r in args.rows.split(",")))
+                                   tuple(int(r) for r in args.rows.split(",")), args.baseline,
+                                   variants)
     name = f"gpu_variants_{args.only}" if args.only else "gpu_variants"  # a part: its own file
     path = write_result(name, {"copy_rate_bytes_per_s": rate, "launches_per_graph": LAUNCHES,
                                "rows": rows})

@@ -7,7 +7,7 @@
 // the exact policy needs; for fp8 and fp4 weights that costs 8-9 instructions a weight and lane,
 // and the H200 issues them slower than HBM delivers the bytes (docs/gpu-notes.md, version 12).
 // Here a weight becomes bf16 exactly (none for bf16, 2 instructions for fp8, about 2.5 for
-// fp4: its bits placed, then the scale's bf16x2 product) and the products and sums run in
+// fp4: its bits placed, then one bf16x2 product by the scale) and the products and sums run in
 // m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows of a launch (up to 8) are
 // the MMA's n columns, so 8 rows cost about what 1 row costs.
 //
@@ -29,9 +29,9 @@
 // Order (declared in KERNELS.toml): k in blocks of K_BLOCK, the last possibly shorter; a block's
 // partial from zero through its MMAs; the partials combined sequentially in f32. Weights reach
 // the MMA exactly as bf16: bf16 as stored, fp8's e4m3 values, mxfp4's e2m1 times its power-of-two
-// scale, nvfp4's e2m1 times its e4m3 scale. The f32 factor left (fp8's row scale, nvfp4's global
-// scale) multiplies the finished sum, where the reference multiplies each weight ("the row's f32
-// scale times the finished sum"). Row-invariant: an output row is made of its own activation
+// scale, nvfp4's e2m1 times its e4m3 scale and 2^-7 (LoadScale; the finished sum takes 2^7 back,
+// exactly). The f32 factor left (fp8's row scale, nvfp4's global scale) multiplies the finished
+// sum, where the reference multiplies each weight ("the row's f32 scale times the finished sum"). Row-invariant: an output row is made of its own activation
 // row by the same instructions whatever the other rows hold (an MMA's n columns do not mix).
 //
 // Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
@@ -70,30 +70,51 @@ __device__ __forceinline__ uint32_t bf16_pow2(int e) {  // 2^e as bf16 bits, -12
     return (uint32_t)(e + 127) << 7;
 }
 
-// The factors the chunks of one load share, as bf16x2 (both halves alike): fp4's values come as
-// bf16 times 2^-126 (e2m1x8_bf16), so mxfp4's 2^(b - 127) is the product by 2^(b - 1), or for
-// b > 128 by 2^127 and then 2^(b - 128) (b = 255, e8m0's NaN, by NaN); nvfp4's e4m3 scale s by
-// 2^126 then s (one per 16 columns, s exact in bf16). fp8 and bf16 take none.
+// The factor the chunks of one load share, as bf16x2 (both halves alike; nvfp4: one per 16
+// columns). fp4's values come as bf16 times 2^-126 (e2m1x8_bf16), and one product by f scales them:
+// - mxfp4: f = 2^(b - 1) gives the value times 2^(b - 127) for b <= 128. Past that bf16 has no
+//   power of two large enough, so b > 128 takes a second product, by 2^(b - 128) (b = 255, e8m0's
+//   NaN, by NaN), on the path a warp takes only when one of its loads has such a scale (WIDE):
+//   scales past 2 are rare in checkpoints, and the second product, predicated, cost an
+//   instruction a weight pair on every path.
+// - nvfp4: f = s 2^119 (s the e4m3 scale, at most 448, so f < 2^128) gives the value times
+//   s 2^-7, a normal bf16 with at most six significant bits, so exact; the finished sum takes the
+//   2^7 back (SUM_FACTOR), a product by a power of two, exact. One product where there were two.
+// fp8 and bf16 take none.
 struct LoadScale {
-    uint32_t f[2], g[2];
+    uint32_t f[2], g;  // g: mxfp4's second factor, on the WIDE path only
 };
 
+#if defined(WEIGHT_NVFP4)
+#define SUM_FACTOR 0x1p7f
+#else
+#define SUM_FACTOR 1.0f
+#endif
+
+__device__ __forceinline__ uint32_t bf16x2_dup(uint32_t h) { return h | (h << 16); }
+
+// mxfp4: whether chunk r's scale needs the second product (b > 128).
+__device__ __forceinline__ bool wide_scale(const WeightChunks<C>& r) {
+#if defined(WEIGHT_MXFP4)
+    return (r.s & 0xffu) > 128u;
+#else
+    (void)r;
+    return false;
+#endif
+}
+
+template <bool WIDE>
 __device__ __forceinline__ LoadScale load_scale(const WeightChunks<C>& r) {
-    LoadScale s{{0u, 0u}, {0u, 0u}};
+    LoadScale s{{0u, 0u}, 0u};
 #if defined(WEIGHT_MXFP4)
     const int b = (int)(r.s & 0xffu);
-    const uint32_t f = b <= 128 ? bf16_pow2(b - 1) : bf16_pow2(127);
-    const uint32_t g = b <= 128 ? 0u : b == 255 ? 0x7fc0u : bf16_pow2(b - 128);
-    s.f[0] = s.f[1] = f | (f << 16);
-    s.g[0] = s.g[1] = g | (g << 16);  // 0: no second product
+    s.f[0] = s.f[1] = bf16x2_dup(bf16_pow2(min(b, 128) - 1));
+    if (WIDE) s.g = bf16x2_dup(b <= 128 ? 0u : b == 255 ? 0x7fc0u : bf16_pow2(b - 128));
 #elif defined(WEIGHT_NVFP4)
-    const uint32_t f = bf16_pow2(126);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_load((r.s >> (8 * h)) & 0xffu));
-        const uint32_t g = *reinterpret_cast<const unsigned short*>(&sc);
-        s.f[h] = f | (f << 16);
-        s.g[h] = g | (g << 16);
+        const __nv_bfloat16 f = __float2bfloat16_rn(e4m3_load((r.s >> (8 * h)) & 0xffu) * 0x1p119f);
+        s.f[h] = bf16x2_dup(*reinterpret_cast<const unsigned short*>(&f));
     }
 #endif
     return s;
@@ -120,6 +141,7 @@ __device__ __forceinline__ void e2m1x8_bf16(uint32_t w, uint32_t (&out)[4]) {
 
 // Chunk i (eight columns) of a load as four bf16 pairs, exactly (see the header; fp4 pairs
 // columns (p, p + 4), PAIRED).
+template <bool WIDE>
 __device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const LoadScale& s, int i) {
 #if defined(WEIGHT_BF16)
     return r.one.v;
@@ -145,8 +167,8 @@ __device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const Load
 #endif
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-        q[p] = bf16x2_mul(q[p], s.f[h]);  // exact: a power-of-two product, no overflow
-        if (s.g[h]) q[p] = bf16x2_mul(q[p], s.g[h]);  // exact where the reference's v * s is
+        q[p] = bf16x2_mul(q[p], s.f[h]);  // exact (see LoadScale)
+        if (WIDE && s.g) q[p] = bf16x2_mul(q[p], s.g);  // exact where the reference's v * s is
     }
     return make_uint4(q[0], q[1], q[2], q[3]);
 #endif
@@ -234,19 +256,20 @@ __device__ __forceinline__ float& partial(float* part, int b, int j, int m, int 
 
 // The MMAs of one round: tile j's rows g and g + 8 (w[j][0], w[j][1], raw) against the activation
 // chunks xa (lane group g's row), into acc[j]; chunk i's bf16 pairs (0, 1) feed one MMA and
-// (2, 3) the next, as the header says.
-template <int T>
-__device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunks<C> (&w)[T][2],
-                                           const uint4 (&xa)[C]) {
+// (2, 3) the next, as the header says. WIDE: mxfp4 scales past 2 (LoadScale).
+template <int T, bool WIDE>
+__device__ __forceinline__ void round_mmas_scaled(float (&acc)[T][4],
+                                                  const WeightChunks<C> (&w)[T][2],
+                                                  const uint4 (&xa)[C]) {
     uint4 xp[C];
 #pragma unroll
     for (int i = 0; i < C; ++i) xp[i] = pair_x(xa[i]);
 #pragma unroll
     for (int j = 0; j < T; ++j) {
-        const LoadScale s0 = load_scale(w[j][0]), s8 = load_scale(w[j][1]);
+        const LoadScale s0 = load_scale<WIDE>(w[j][0]), s8 = load_scale<WIDE>(w[j][1]);
 #pragma unroll
         for (int i = 0; i < C; ++i) {
-            const uint4 a0 = chunk_bf16(w[j][0], s0, i), a8 = chunk_bf16(w[j][1], s8, i);
+            const uint4 a0 = chunk_bf16<WIDE>(w[j][0], s0, i), a8 = chunk_bf16<WIDE>(w[j][1], s8, i);
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
                 const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
@@ -255,6 +278,23 @@ __device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunk
             }
         }
     }
+}
+
+// The round on the path its scales need: the WIDE one only where a lane of the warp loaded an
+// mxfp4 scale past 2 (a warp-uniform branch: the warp's lanes run every round together).
+template <int T>
+__device__ __forceinline__ void round_mmas(float (&acc)[T][4], const WeightChunks<C> (&w)[T][2],
+                                           const uint4 (&xa)[C]) {
+#if defined(WEIGHT_MXFP4)
+    bool wide = false;
+#pragma unroll
+    for (int j = 0; j < T; ++j) wide = wide || wide_scale(w[j][0]) || wide_scale(w[j][1]);
+    if (__any_sync(0xffffffffu, wide)) {
+        round_mmas_scaled<T, true>(acc, w, xa);
+        return;
+    }
+#endif
+    round_mmas_scaled<T, false>(acc, w, xa);
 }
 
 // A k-block's partials (acc, fresh for each k-block) into `part`: acc e is output column
@@ -348,7 +388,7 @@ __device__ __forceinline__ float gemv_mma_sum(float* part, int k, int j, int m, 
     const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
     float s = partial<T>(part, 0, j, m, r);
     for (int b = 1; b < nkb; ++b) s = s + partial<T>(part, b, j, m, r);
-    return s;
+    return s * SUM_FACTOR;
 }
 
 extern __shared__ __align__(16) float gemv_mma_part[];
