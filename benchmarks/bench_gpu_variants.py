@@ -312,29 +312,37 @@ def gemv_case(cp: Any, fmt: str, name: str, n: int, k: int, rows: int) -> Simple
     return SimpleNamespace(ws=ws, copies=copies, x=x, y=y, total=wbytes + x.nbytes + y.nbytes)
 
 
-def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str]) -> list[dict]:
-    variants_of = {fmt: GEMV_VARIANTS[fmt] for fmt in formats}
-    modules = build_modules(cp, tmp, [(fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}")
-                                      for fmt, vs in variants_of.items() for v in vs])
+def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str],
+               baseline: str | None = None, variants: list[str] | None = None) -> list[dict]:
+    """gemv.cu's variants (``variants``, else GEMV_VARIANTS of the format) at the decode shapes,
+    on the same weights, each output compared byte for byte with the default's; ``baseline``,
+    another gemv.cu-like source in cuda/common, runs as the variant "baseline"."""
+    variants_of = {fmt: GEMV_VARIANTS[fmt] if variants is None else variants for fmt in formats}
+    kernels_of = {fmt: [("gemv.cu", v) for v in vs] + ([(baseline, "")] if baseline else [])
+                  for fmt, vs in variants_of.items()}
+    modules = build_modules(cp, tmp, [(fmt, src, f"ACROSS_SEQUENTIAL {v}")
+                                      for fmt, ks in kernels_of.items() for src, v in ks])
     rows_out = []
-    for fmt, variants in variants_of.items():
+    for fmt, kernels in kernels_of.items():
         for model, name, n, k in GEMV_SHAPES:
             for rows in (1, 8) if name in ("gate_up", "down") else (1,):
                 case = gemv_case(cp, fmt, name, n, k, rows)
                 ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
                 ref = None  # the default's output: a variant changes the speed, never a byte
-                for v in variants:  # every variant on the same weights
+                for source, v in kernels:  # every variant on the same weights
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
                     defs = parse_defines(v)
                     warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
-                    grid = (-(-n // warps), -(-rows // rpw), 1)
+                    cols = 1 if name == "gate_up" else int(defs.get("GEMV_COLS", 1))
+                    grid = (-(-n // (warps * cols)), -(-rows // rpw), 1)
                     entry = "metrale_gate_up_swiglu" if name == "gate_up" else "metrale_linear"
-                    fn = modules[fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}"].get_function(entry)
+                    fn = modules[fmt, source, f"ACROSS_SEQUENTIAL {v}"].get_function(entry)
                     launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n)
                     sec = time_graph(cp, launch, copies)
                     got = y.copy()
                     same = ref is None or bool((got == ref).all())
                     ref = got if ref is None else ref
+                    v = "baseline" if source == baseline else v
                     rows_out.append({"kind": "gemv", "weight": fmt, "variant": v or "default",
                                      "model": model, "kernel": name, "n": n, "k": k,
                                      "rows": rows, "seconds": sec, "bytes": total,
@@ -458,8 +466,10 @@ def main() -> None:
     ap.add_argument("--weights", default=",".join(GEMV_VARIANTS),
                     help="the GEMV weight formats to sweep, comma-separated")
     ap.add_argument("--rows", default="1,8", help="gemv_mma: the row counts, comma-separated")
-    ap.add_argument("--baseline", help="gemv_mma: another source in kernels/cuda/common (e.g. "
-                    "the previous revision's gemv_mma.cu), timed on the same weights")
+    ap.add_argument("--baseline", help="gemv or gemv_mma: another source in kernels/cuda/common "
+                    "(e.g. the previous revision's), timed on the same weights")
+    ap.add_argument("--gemv-variants", help="gemv: the variants' defines, ';'-separated "
+                    "('' is the source's own choice); default: GEMV_VARIANTS")
     ap.add_argument("--mma-variants", help="gemv_mma: the variants' defines, ';'-separated "
                     "('' is the source's own choice); default: GEMV_MMA_VARIANTS")
     args = ap.parse_args()
@@ -476,7 +486,8 @@ def main() -> None:
         if args.only in (None, "attention"):
             rows += bench_attention(cp, Path(t), rate)
         if args.only in (None, "gemv"):
-            rows += bench_gemv(cp, Path(t), rate, formats)
+            gv = None if args.gemv_variants is None else args.gemv_variants.split(";")
+            rows += bench_gemv(cp, Path(t), rate, formats, args.baseline, gv)
         if args.only in (None, "gemv_mma"):
             variants = None if args.mma_variants is None else args.mma_variants.split(";")
             rows += bench_gemv_mma(cp, Path(t), rate, formats,

@@ -105,9 +105,11 @@ def test_unrealized_rhs_point_is_declined_with_why(tmp_path):
     shutil.copytree(default_kernels_dir(), root)
     toml = root / "cuda" / "common" / "KERNELS.toml"
     text = toml.read_text()
-    start = text.index("[kernel.qkv]")
-    end = text.index("\n[kernel.", start + 1)
-    toml.write_text(text[:start] + text[end + 1:])
+    for table in ("[kernel.qkv_pairs]", "[kernel.qkv]"):  # every table of the qkv family
+        start = text.index(table)
+        end = text.index("\n[kernel.", start + 1)
+        text = text[:start] + text[end + 1:]
+    toml.write_text(text)
     p = plan_for("tiny-qwen3", "bf16", "sm_90", kernels_dir=root)
     why = [d.reason for d in p.declined if d.relation == "qkv_concat"]
     assert why and "not realized on sm_90" in why[0]

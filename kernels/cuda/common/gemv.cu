@@ -40,6 +40,19 @@
 #define GATE_UP_MIN_BLOCKS GEMV_MIN_BLOCKS
 #endif
 
+// Output columns a warp computes (linear, linear_add, qkv): GEMV_COLS consecutive weight rows
+// streamed together as gate_up_swiglu streams its two (warp_dots over N rows gives each column
+// the one-column bytes), so that a grid of ceil(n / (WARPS GEMV_COLS)) blocks fits one wave
+// where one column a warp needs more than one. KERNELS.toml's grids divide by it.
+#ifndef GEMV_COLS
+#define GEMV_COLS 1
+#endif
+#if GEMV_COLS == 1
+#define GEMV_COLS_MIN_BLOCKS GEMV_MIN_BLOCKS
+#else
+#define GEMV_COLS_MIN_BLOCKS GATE_UP_MIN_BLOCKS
+#endif
+
 // Dependent launch: a warp asks L2 for the first KiB of its weight rows (PREFETCH_BLOCKS
 // k-blocks) before it waits for the previous launch (grid_dependency_sync), so that those bytes
 // arrive while that launch finishes; x and every write come after the wait. A warp with no
@@ -57,24 +70,39 @@
 // One warp of linear or linear_add: its column and rows, the weight row's prefetch before the
 // wait, the dots, then store(i, d) for this lane's row (output index i, dot d). A warp with no
 // column or row returns before the wait (its block's other warps, or the grid's, wait).
+template <class Part, class Store>
+__device__ __forceinline__ void columns_warp(const act_t* x, int rows, int k, int n, Part part,
+                                             Store store) {
+    const int col0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * GEMV_COLS;
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
+    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col0 >= n || nr <= 0) return;
+    WeightRef ws[GEMV_COLS];
+#pragma unroll
+    for (int j = 0; j < GEMV_COLS; ++j) {  // past n: the last column again, not stored
+        ws[j] = part(min(col0 + j, n - 1));
+        weight_prefetch<PREFETCH_BLOCKS>(ws[j], k, K_BLOCK);
+    }
+    grid_dependency_sync();
+    float d[GEMV_COLS];
+    warp_dots_rows<GEMV_COLS, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
+#pragma unroll
+    for (int j = 0; j < GEMV_COLS; ++j)
+        if (lane < nr && col0 + j < n) store(row0 + lane, col0 + j, d[j]);
+}
+
+// linear or linear_add: the weight rows of one weight, store(row, col, dot).
 template <class Store>
 __device__ __forceinline__ void linear_warp(const act_t* x, const void* w, const void* w_scale,
                                             const float* w_global, int rows, int k, int n,
                                             Store store) {
-    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
-    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
-    if (col >= n || nr <= 0) return;
-    const WeightRef ws[1] = {weight_rows(weight_ref(w, w_scale, w_global), col, k)};
-    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
-    grid_dependency_sync();
-    float d[1];
-    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
-    if (lane < nr) store((long)(row0 + lane) * n + col, d[0]);
+    const WeightRef wr = weight_ref(w, w_scale, w_global);
+    columns_warp(x, rows, k, n, [&](int col) { return weight_rows(wr, col, k); },
+                 [&](int row, int col, float d) { store((long)row * n + col, d); });
 }
 
-// grid (ceil(n / WARPS), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+// grid (ceil(n / (WARPS GEMV_COLS)), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
                const void* __restrict__ w_scale, const float* __restrict__ w_global,
                out_t* __restrict__ y, int rows, int k, int n) {
@@ -83,7 +111,7 @@ metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
 }
 
 // y = round(round(x · wᵀ) + r): the residual add as the epilogue, rounded as linear; add.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
@@ -91,8 +119,9 @@ metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                 [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
 
-// q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v.
-extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+// q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v (a warp's columns
+// may fall in two of them).
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_qkv(const act_t* __restrict__ x,
             const void* __restrict__ wq, const void* __restrict__ wq_scale,
             const float* __restrict__ wq_global,
@@ -102,23 +131,20 @@ metrale_qkv(const act_t* __restrict__ x,
             const float* __restrict__ wv_global,
             act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v,
             int rows, int k, int nq, int nk, int nv) {
-    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31, row0 = blockIdx.y * ROWS_PER_WARP;
-    const int nr = min(ROWS_PER_WARP, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
-    if (nr <= 0 || col >= nq + nk + nv) return;
-    // the weight row (and its prefetch) before the wait; where the column goes after it
-    const int part = col < nq ? 0 : col < nq + nk ? 1 : 2;
-    const int c = col - (part == 0 ? 0 : part == 1 ? nq : nq + nk);
-    const WeightRef ws[1] = {weight_rows(part == 0 ? weight_ref(wq, wq_scale, wq_global)
-                                         : part == 1 ? weight_ref(wk, wk_scale, wk_global)
-                                                     : weight_ref(wv, wv_scale, wv_global), c, k)};
-    weight_prefetch<PREFETCH_BLOCKS>(ws[0], k, K_BLOCK);
-    grid_dependency_sync();
-    act_t* out = part == 0 ? q : part == 1 ? k_ : v;
-    const int n = part == 0 ? nq : part == 1 ? nk : nv;
-    float d[1];
-    warp_dots_rows<1, ROWS_PER_WARP>(x + (long)row0 * k, nr, ws, k, d);
-    if (lane < nr) out[(long)(row0 + lane) * n + c] = act_store(d[0]);
+    const WeightRef w[3] = {weight_ref(wq, wq_scale, wq_global),
+                            weight_ref(wk, wk_scale, wk_global),
+                            weight_ref(wv, wv_scale, wv_global)};
+    auto part = [&](int col) { return col < nq ? 0 : col < nq + nk ? 1 : 2; };
+    auto first = [&](int p) { return p == 0 ? 0 : p == 1 ? nq : nq + nk; };
+    columns_warp(
+        x, rows, k, nq + nk + nv,
+        [&](int col) { return weight_rows(w[part(col)], col - first(part(col)), k); },
+        [&](int row, int col, float d) {
+            const int p = part(col);
+            act_t* out = p == 0 ? q : p == 1 ? k_ : v;
+            const int n = p == 0 ? nq : p == 1 ? nk : nv;
+            out[(long)row * n + col - first(p)] = act_store(d);
+        });
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
