@@ -7,8 +7,8 @@ stream does: a hypergraph category), and an input may feed nothing.
 
 ``f >> g`` composes, ``f @ g`` tensors; both are O(1): the term is flattened once, lazily, in
 time linear in its size. Equality is isomorphism of port graphs, decided by comparing canonical
-forms (a traversal from the ordered outputs along ordered input ports, linear time); ``hash``
-agrees with ``==``.
+forms (a traversal from the ordered outputs along ordered input ports, linear time; boxes no
+output depends on are ordered by colour refinement); ``hash`` agrees with ``==``.
 
 Laws (a strict symmetric monoidal category):
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -325,8 +326,8 @@ class Diagram:
 
         Boxes are numbered in post-order of a depth-first traversal from the ordered outputs
         along ordered input ports, so the numbering depends on the graph alone. Boxes that no
-        output depends on are then taken from their sinks, ordered by a digest of their
-        upstream structure.
+        output depends on are then taken from their sinks, ordered by colour refinement over
+        both directions of their wires (see :func:`_dead_sinks`).
         """
         if self._canon is None:
             with _no_gc():
@@ -478,23 +479,109 @@ def _canonical(d: Diagram) -> tuple:
 
 
 def _dead_sinks(d: Diagram, live: Mapping[int, int]) -> list[int]:
-    """Boxes no output depends on and no other box reads, ordered by upstream structure."""
-    digest: dict[int, str] = {}
-    read: set[int] = set()
-    for j, (box, srcs) in enumerate(zip(d.boxes, d.wiring)):
-        if j in live:
+    """Boxes no output depends on and no other box reads, in an order fixed by the graph alone.
+
+    A digest of the upstream alone ties sinks that differ only in what else reads their
+    sources, and construction order would then decide. So: colour refinement (1-dimensional
+    Weisfeiler–Lehman) over the dead boxes, both ways. A class of boxes splits while its boxes
+    differ in their sources (a diagram input, a live box by canonical index, a dead box by
+    colour; each with its port) or in the multiset of their readers (by colour, input port and
+    output port). A class still tied is split by giving one of its boxes a colour of its own
+    and refining again (individualisation): canonical when the tied boxes are symmetric, as
+    they are in the diagrams met in practice. Twin sinks (same box, same sources) may stay
+    tied: they are interchangeable. The sinks are then ordered by colour.
+
+    Refinement is Hopcroft-style: only the neighbours of boxes that changed colour are looked
+    at again, and the largest part of a split class keeps its colour, so individualising one
+    box of a large tied class costs about its neighbourhood, not the whole dead part.
+    """
+    boxes, wiring = d.boxes, d.wiring
+    dead = [j for j in range(len(boxes)) if j not in live]
+    readers: dict[int, list[tuple[int, int, int]]] = {j: [] for j in dead}
+    for j in dead:
+        for i, (s, p) in enumerate(wiring[j]):
+            if s in readers:
+                readers[s].append((j, i, p))
+
+    def sources(j: int) -> list[tuple]:
+        return [(0, p) if s < 0 else (1, live[s], p) if s in live else (2, colour[s], p)
+                for s, p in wiring[j]]
+
+    def signature(j: int) -> str:
+        return repr((sources(j), sorted((colour[r], i, p) for r, i, p in readers[j])))
+
+    # Start from a digest of each box's whole upstream (boxes are in a topological order): a
+    # dead chain or tree is then told apart at once, not over one round per level. Boxes are
+    # mostly shared objects, and a box's repr is not cheap: one per object.
+    name: dict[int, str] = {}
+    colour: dict[int, str] = {}
+    for j in dead:
+        box = boxes[j]
+        if id(box) not in name:
+            name[id(box)] = repr(box)
+        colour[j] = _digest(repr((name[id(box)], sources(j))))
+    cells: dict[str, set[int]] = {}
+    for j in dead:
+        cells.setdefault(colour[j], set()).add(j)
+    heap = list(cells)
+    heapq.heapify(heap)
+
+    def move(js: list[int], old: str, new: str) -> None:
+        cells[old].difference_update(js)
+        cells[new] = set(js)
+        for j in js:
+            colour[j] = new
+        heapq.heappush(heap, new)
+
+    def refine(touched: set[int]) -> None:
+        while touched:
+            by_cell: dict[str, list[int]] = {}
+            for j in touched:
+                by_cell.setdefault(colour[j], []).append(j)
+            moves = []
+            for c, js in by_cell.items():
+                if len(cells[c]) == 1:
+                    continue
+                parts: dict[str, list[int]] = {}
+                for j in js:
+                    parts.setdefault(signature(j), []).append(j)
+                rest = len(cells[c]) - len(js)
+                largest = max(len(part) for part in parts.values())
+                if rest and rest >= largest:  # the untouched boxes keep the colour
+                    moves += [(part, c, _digest(c + sig)) for sig, part in parts.items()]
+                    continue
+                if rest:  # fewer than the largest part, so as cheap to move as that part
+                    others = list(cells[c].difference(js))
+                    parts[signature(others[0])] = others
+                kept = min(parts, key=lambda sig: (-len(parts[sig]), sig))
+                moves += [(part, c, _digest(c + sig)) for sig, part in parts.items()
+                          if sig != kept]
+            touched = set()
+            for part, old, new in moves:
+                move(part, old, new)
+                for j in part:
+                    touched.update(s for s, _ in wiring[j] if s in readers)
+                    touched.update(r for r, _, _ in readers[j])
+
+    def twins(cell: set[int]) -> bool:
+        first = next(iter(cell))
+        return all(not readers[j] and boxes[j] == boxes[first] and wiring[j] == wiring[first]
+                   for j in cell)
+
+    refine(set(dead))
+    while heap:
+        c = heap[0]
+        if len(cells[c]) < 2 or twins(cells[c]):
+            heapq.heappop(heap)
             continue
-        parts = [repr(box)]
-        for s, p in srcs:
-            if s < 0:
-                parts.append(f"in{p}")
-            elif s in live:
-                parts.append(f"live{live[s]}.{p}")
-            else:
-                parts.append(f"{digest[s]}.{p}")
-                read.add(s)
-        digest[j] = hashlib.sha1("|".join(parts).encode()).hexdigest()
-    return sorted((j for j in digest if j not in read), key=lambda j: digest[j])
+        v = next(iter(cells[c]))
+        move([v], c, _digest(f"{c}*{len(cells[c])}"))  # the class shrinks: a fresh colour
+        refine({s for s, _ in wiring[v] if s in readers} | {r for r, _, _ in readers[v]})
+    return sorted((j for j in dead if not readers[j]), key=colour.__getitem__)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def _blackboard(d: Diagram) -> str:
