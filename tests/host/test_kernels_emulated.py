@@ -140,6 +140,26 @@ def test_kernel_matches_reference_on_the_emulation(build_dir, fam, point):
     compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
 
 
+def test_qkv_pairs_straddle_q_k_v_and_the_end(build_dir):
+    """bf16 qkv takes two columns a warp (KERNELS.toml's qkv_pairs): at nq = 33, nk = 16,
+    nv = 16 the pairs (32, 33) and (48, 49) straddle q|k and k|v, and the last, (64, 65), has a
+    column past the end. Each of q, k_, v has the bytes linear (one column a warp) gives on its
+    own weight: the bit-identical relation qkv_concat, at sizes its example does not reach."""
+    qkv, lin = P.family("qkv"), P.family("linear")
+    point = matmul_point(qkv, "gemv", "bf16")
+    assert "-DGEMV_COLS=2" in F.realize(point).defines, F.realize(point)
+    widths = {"wq": 33, "wk": 16, "wv": 16}
+    sizes = {**sizes_for(qkv, 3), "k": 640, "nq": 33, "nk": 16, "nv": 16}
+    _, device = inputs(qkv, point, sizes, seed=33)
+    got = run(build_dir, qkv, point, sizes, device)
+    one = matmul_point(lin, "gemv", "bf16")
+    assert "-DGEMV_COLS=2" not in F.realize(one).defines, F.realize(one)
+    for out, (w, n) in zip(got, widths.items(), strict=True):
+        (ref,) = run(build_dir, lin, one, {**sizes_for(lin, 3), "k": 640, "n": n},
+                     {"x": device["x"], "w": device[w]})
+        assert out.shape == ref.shape and out.tobytes() == ref.tobytes(), w
+
+
 @pytest.mark.parametrize("family", ["rope", "qk_norm", "qk_norm_rope"])
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (12, 2, 64)])
 def test_per_head_kernels_write_every_head_past_one_block(build_dir, family, hq, hkv, d):
