@@ -342,14 +342,14 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str],
                     got = y.copy()
                     same = ref is None or bool((got == ref).all())
                     ref = got if ref is None else ref
-                    v = "baseline" if source == baseline else v
-                    rows_out.append({"kind": "gemv", "weight": fmt, "variant": v or "default",
+                    label = "baseline" if source == baseline else v or "default"
+                    rows_out.append({"kind": "gemv", "weight": fmt, "variant": label,
                                      "model": model, "kernel": name, "n": n, "k": k,
                                      "rows": rows, "seconds": sec, "bytes": total,
                                      "bytes_per_s": total / sec,
                                      "of_copy_rate": total / sec / rate,
                                      "same_bytes_as_default": same})
-                    print(f"gemv {fmt:5} {v or 'default':32} {model:12} {name:7} rows={rows} "
+                    print(f"gemv {fmt:5} {label:32} {model:12} {name:7} rows={rows} "
                           f"{sec * 1e6:7.2f} us {total / sec / 1e12:5.2f} TB/s"
                           f"{'' if same else '  BYTES DIFFER FROM DEFAULT'}", flush=True)
                 del ws, case
