@@ -177,6 +177,25 @@ def test_per_head_kernels_write_every_head_past_one_block(build_dir, family, hq,
     compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
 
 
+@pytest.mark.parametrize("family", ["rope", "qk_norm_rope"])
+def test_per_head_kernels_trap_on_another_block_size(build_dir, family):
+    """The per-head kernels' grid counts eight heads a block (warp_head.cuh): launched with four
+    warps a block, which would leave half the heads unwritten, they trap; with the table's eight
+    they write every head."""
+    fam = P.family(family)
+    point = next(p for p in fam.points if p.as_dict()["act"] == "bf16")
+    sizes = sizes_for(fam, 3)
+    sizes.update({k: v for k, v in {"hq": 10, "hkv": 6}.items() if k in sizes})
+    host, device = inputs(fam, point, sizes, seed=11)
+    grid, block, shared = F.realize(point).launch_for({**sizes, **dict(fam.attr_examples)})
+    assert block == (256, 1, 1), block
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
+    compare(point, fam, ref, run(build_dir, fam, point, sizes, device,
+                                 launch_shape=(grid, block, shared)))
+    with pytest.raises(AssertionError, match=r"refused the launch \(2"):
+        run(build_dir, fam, point, sizes, device, launch_shape=(grid, (128, 1, 1), shared))
+
+
 def _runner(build_dir):
     return lambda fam, point, sizes, device, attrs=None: run(build_dir, fam, point, sizes,
                                                              device, attrs)

@@ -67,9 +67,11 @@
 #define PREFETCH_BLOCKS 8
 #endif
 
-// One warp of linear or linear_add: its column and rows, the weight row's prefetch before the
-// wait, the dots, then store(i, d) for this lane's row (output index i, dot d). A warp with no
-// column or row returns before the wait (its block's other warps, or the grid's, wait).
+// One warp of linear, linear_add or qkv: its GEMV_COLS consecutive columns (part(col) gives a
+// column's weight row; past n the last column again, computed and not stored) and its rows, the
+// weight rows' prefetch before the wait, the dots, then store(row, col, d) for this lane's row.
+// Each column's dot is the one-column warp's, so GEMV_COLS changes no byte. A warp with no column
+// or row returns before the wait (its block's other warps, or the grid's, wait).
 template <class Part, class Store>
 __device__ __forceinline__ void columns_warp(const act_t* x, int rows, int k, int n, Part part,
                                              Store store) {

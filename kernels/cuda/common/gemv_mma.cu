@@ -31,8 +31,9 @@
 // the MMA exactly as bf16: bf16 as stored, fp8's e4m3 values, mxfp4's e2m1 times its power-of-two
 // scale, nvfp4's e2m1 times its e4m3 scale and 2^-7 (LoadScale; the finished sum takes 2^7 back,
 // exactly). The f32 factor left (fp8's row scale, nvfp4's global scale) multiplies the finished
-// sum, where the reference multiplies each weight ("the row's f32 scale times the finished sum"). Row-invariant: an output row is made of its own activation
-// row by the same instructions whatever the other rows hold (an MMA's n columns do not mix).
+// sum, where the reference multiplies each weight ("the row's f32 scale times the finished
+// sum"). Row-invariant: an output row is made of its own activation row by the same
+// instructions whatever the other rows hold (an MMA's n columns do not mix).
 //
 // Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
 #include "gemv.cuh"
@@ -269,7 +270,8 @@ __device__ __forceinline__ void round_mmas_scaled(float (&acc)[T][4],
         const LoadScale s0 = load_scale<WIDE>(w[j][0]), s8 = load_scale<WIDE>(w[j][1]);
 #pragma unroll
         for (int i = 0; i < C; ++i) {
-            const uint4 a0 = chunk_bf16<WIDE>(w[j][0], s0, i), a8 = chunk_bf16<WIDE>(w[j][1], s8, i);
+            const uint4 a0 = chunk_bf16<WIDE>(w[j][0], s0, i);
+            const uint4 a8 = chunk_bf16<WIDE>(w[j][1], s8, i);
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
                 const uint32_t a[4] = {word_of(a0, 2 * q), word_of(a8, 2 * q),
@@ -305,7 +307,8 @@ __device__ __forceinline__ void store_partials(float* part, int b, const float (
 #pragma unroll
     for (int j = 0; j < T; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) partial<T>(part, b, j, g + 8 * (e >> 1), 2 * t + (e & 1)) = acc[j][e];
+        for (int e = 0; e < 4; ++e)
+            partial<T>(part, b, j, g + 8 * (e >> 1), 2 * t + (e & 1)) = acc[j][e];
 }
 
 // Lane group g's activations for one round at column c (zeros past k, or for a row past nr).

@@ -8,10 +8,7 @@
 // Then inv = 1 / sqrt(ss / h + eps) and y = round(round(x * inv) * w), as
 // metrale.lkb.semantics.rms_normalize. Defines: ACT_*, H_BLOCK, ROPE_NEOX | ROPE_INTERLEAVED.
 #include "head_norm.cuh"
-
-#ifndef MAX_HEAD_DIM
-#define MAX_HEAD_DIM 512
-#endif
+#include "warp_head.cuh"
 
 // Sum of squares of n f32 values produced by `get`, in the declared order, over the block.
 template <class Get>
@@ -144,27 +141,8 @@ metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
     norm_block_row<true>(x, r, w, s, y, rows, h, eps);
 }
 
-// The per-head norms: a warp a head, HEADS heads a block, grid (ceil((hq + hkv) / HEADS), rows),
-// block 32 * HEADS; q heads first, then k heads. A block of one warp a head (version 29 and
-// before) moved Qwen3-0.6B's 2048-token prefill at 0.41 TB/s: 49152 one-warp blocks, at most
-// 32 resident an SM, each waiting on its loads and shuffles alone (docs/gpu-notes.md, version
-// 30). Each warp normalizes its head into its own slice of shared memory and syncs alone.
-constexpr int HEADS = 8;
-
-// The head of this warp: its row, which of q and k, and where it starts in either.
-struct WarpHead {
-    int row;
-    bool isq, valid;
-    long at;
-    __device__ __forceinline__ WarpHead(int rows, int hq, int hkv, int d) : row(blockIdx.y) {
-        const int head = (int)blockIdx.x * HEADS + (int)(threadIdx.x >> 5);
-        isq = head < hq;
-        valid = row < rows && head < hq + hkv && d <= MAX_HEAD_DIM;
-        at = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
-    }
-};
-
-// The warp's head normalized into buf, after the wait; false when the warp has no head.
+// The per-head norms, a warp a head (warp_head.cuh): the warp's head normalized into its own slice
+// of shared memory, buf, after the wait; false when the warp has no head.
 __device__ __forceinline__ bool norm_warp_head(const act_t* q, const act_t* k,
                                                const __nv_bfloat16* wq, const __nv_bfloat16* wk,
                                                const WarpHead& hd, int d, float eps, float* buf) {
