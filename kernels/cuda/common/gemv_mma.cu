@@ -131,12 +131,18 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 // the value times 2^-126 exactly: the magnitude's bits (e1 e0 m) at bf16 bits 8..6 give exponent
 // field e and mantissa m/2, 2^(e - 127)(1 + m/2) for e > 0 and 2^-126 m/2 (a subnormal) for
 // e = 0, the e2m1 value times 2^-126 in both cases; the sign goes to bit 15.
+// Three instructions a pair: the pair's two nibbles masked out (v), then one integer product
+// puts two copies of each, v 2^a (magnitude at bits 6..8) plus v 2^(a + 6) (sign at bit 15);
+// the copies do not overlap, so the product is their bitwise or, and a last mask keeps those
+// bits. Nibbles 2 and 3 (6 and 7) sit too high for a left shift to reach bit 6, so pairs 2 and 3
+// take them from the word shifted down a byte, once for both.
 __device__ __forceinline__ void e2m1x8_bf16(uint32_t w, uint32_t (&out)[4]) {
+    const uint32_t words[2] = {w, w >> 8};
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-        const int up = 6 - 4 * p;  // nibble p's bit 0 to bit 6 (and nibble p + 4's to bit 22)
-        const uint32_t mag = up >= 0 ? w << up : w >> -up;
-        out[p] = (mag & 0x01C001C0u) | ((mag << 6) & 0x80008000u);  // sign: bit 9 + 6
+        const int at = 4 * (p & 1);  // the pair's low nibble at bits at..at + 3 of its word
+        const uint32_t v = words[p >> 1] & (0x000F000Fu << at);
+        out[p] = (v * ((1u << (6 - at)) + (1u << (12 - at)))) & 0x81C081C0u;
     }
 }
 
@@ -179,8 +185,9 @@ __device__ __forceinline__ uint4 chunk_bf16(const WeightChunks<C>& r, const Load
 // the weights use: as they are, or (p, p + 4) for fp4.
 __device__ __forceinline__ uint4 pair_x(const uint4& x) {
 #if PAIRED
-    auto lo = [](uint32_t a, uint32_t b) { return (a & 0xffffu) | (b << 16); };
-    auto hi = [](uint32_t a, uint32_t b) { return (a >> 16) | (b & 0xffff0000u); };
+    // one byte permute a word (a's and b's low halves, or their high halves)
+    auto lo = [](uint32_t a, uint32_t b) { return __byte_perm(a, b, 0x5410); };
+    auto hi = [](uint32_t a, uint32_t b) { return __byte_perm(a, b, 0x7632); };
     return make_uint4(lo(x.x, x.z), hi(x.x, x.z), lo(x.y, x.w), hi(x.y, x.w));
 #else
     return x;

@@ -229,6 +229,13 @@ inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); r
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline int __popc(uint32_t v) { return __builtin_popcount(v); }
+// byte n of the result is byte s[4n + 2 .. 4n] of the eight bytes y:x (x the low four)
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    const uint64_t bytes = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; ++n) r |= (uint32_t)(bytes >> (8 * ((s >> (4 * n)) & 7)) & 0xff) << (8 * n);
+    return r;
+}
 inline size_t __cvta_generic_to_shared(const void* p) {
     return (size_t)((const unsigned char*)p - simt::dynamic_smem());
 }
