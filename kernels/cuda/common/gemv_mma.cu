@@ -249,9 +249,27 @@ __device__ __forceinline__ WeightChunks<C> chunks_load(WeightRef w, int c) {
 
 // ------------------------------------------------------------------ the k-block partials
 
-// Rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes, and the activations).
+// Rounds of loads a lane keeps in flight (each T tiles x 2 rows x 16 bytes, and the activations),
+// per entry: GEMV_MMA_AHEAD for linear, linear_add and lm_head. Rounds in flight cost registers,
+// and registers decide how many blocks a multiprocessor holds (three of 256 threads at 80 a
+// thread, four at 64), so whether a grid runs in one wave. At Llama-3.1-8B's fp4 qkv shape (384
+// blocks) two rounds take 85-86 registers, two blocks a multiprocessor, and one round 59-64; one
+// round ran that shape 6-8 % faster at one row and 26 % at eight. fp8's gate_up_swiglu (896
+// blocks; 80 registers at two rounds, 58 at one) ran 9-12 % faster at one round. Both timed
+// alone, the shape through the linear entry (benchmarks/results/gpu_variants_gemv_mma_ahead_v34
+// .json). The linear entries at k = 14336 lose 7-33 % at one round, so they keep theirs.
 #ifndef GEMV_MMA_AHEAD
 #define GEMV_MMA_AHEAD (DOT_CHUNKS == 4 ? 2 : 4)  // fp4: 128 columns a round
+#endif
+#ifndef GEMV_MMA_QKV_AHEAD
+#define GEMV_MMA_QKV_AHEAD (DOT_CHUNKS == 4 ? 1 : GEMV_MMA_AHEAD)
+#endif
+#ifndef GEMV_MMA_GATE_UP_AHEAD  // rounds of both tiles' loads
+#if defined(WEIGHT_FP8)
+#define GEMV_MMA_GATE_UP_AHEAD 1
+#else
+#define GEMV_MMA_GATE_UP_AHEAD (GEMV_MMA_AHEAD / 2 > 1 ? GEMV_MMA_AHEAD / 2 : 1)
+#endif
 #endif
 
 // Shared memory: the partial of k-block b, tile j, output column m (of GROUP), activation row r
@@ -330,10 +348,9 @@ __device__ __forceinline__ void round_x(uint4 (&xa)[C], const act_t* xr, bool li
 // real row. Each lane loads its fragments' 16-byte chunks straight into registers, AHEAD rounds
 // ahead; the first rounds' weights are loaded before grid_dependency_sync (launches write no
 // weights); the activations and every write come after it.
-template <int T, class WRow>
+template <int T, int AHEAD, class WRow>
 __device__ __forceinline__ void gemv_mma_partials(const act_t* x, int nr, int k, WRow wrow,
                                                   float* part) {
-    constexpr int AHEAD = GEMV_MMA_AHEAD / T > 1 ? GEMV_MMA_AHEAD / T : 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
     const int mine = warp < nkb ? (nkb - 1 - warp) / WARPS + 1 : 0;  // k-blocks of this warp
@@ -405,13 +422,13 @@ extern __shared__ __align__(16) float gemv_mma_part[];
 
 // One tile (linear, linear_add, lm_head, qkv): column n0 + m of an n-column weight; store(i, d)
 // for output index i (row-major, n columns) and the finished, scaled dot d.
-template <class Store>
+template <int AHEAD, class Store>
 __device__ __forceinline__ void gemv_mma_tile(const act_t* x, WeightRef w, int rows, int k,
                                               int n, int n0, Store store) {
     const int row0 = blockIdx.y * XROWS, nr = min(XROWS, rows - row0);
-    gemv_mma_partials<1>(x + (long)row0 * k, nr, k,
-                         [&](int, int m) { return weight_rows(w, min(n0 + m, n - 1), k); },
-                         gemv_mma_part);
+    gemv_mma_partials<1, AHEAD>(
+        x + (long)row0 * k, nr, k,
+        [&](int, int m) { return weight_rows(w, min(n0 + m, n - 1), k); }, gemv_mma_part);
     const int m = threadIdx.x / XROWS, r = threadIdx.x % XROWS;  // THREADS >= GROUP XROWS
     if (m < GROUP && r < nr && n0 + m < n) {
         const float d = gemv_mma_sum<1>(gemv_mma_part, k, 0, m, r);
@@ -424,8 +441,9 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 metrale_linear_gemv_mma(const act_t* __restrict__ x, const void* __restrict__ w,
                         const void* __restrict__ w_scale, const float* __restrict__ w_global,
                         out_t* __restrict__ y, int rows, int k, int n) {
-    gemv_mma_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.x * GROUP,
-                  [&](long i, float d) { y[i] = out_store(d); });
+    gemv_mma_tile<GEMV_MMA_AHEAD>(x, weight_ref(w, w_scale, w_global), rows, k, n,
+                                  blockIdx.x * GROUP,
+                                  [&](long i, float d) { y[i] = out_store(d); });
 }
 
 // y = round(round(x · wᵀ) + r), as linear then add.
@@ -434,8 +452,9 @@ metrale_linear_add_gemv_mma(const act_t* __restrict__ x, const void* __restrict_
                             const void* __restrict__ w_scale, const float* __restrict__ w_global,
                             const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
                             int n) {
-    gemv_mma_tile(x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.x * GROUP,
-                  [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+    gemv_mma_tile<GEMV_MMA_AHEAD>(
+        x, weight_ref(w, w_scale, w_global), rows, k, n, blockIdx.x * GROUP,
+        [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
 
 // q, k_, v in one launch: grid x counts q's column groups, then k_'s, then v's.
@@ -456,8 +475,8 @@ metrale_qkv_gemv_mma(const act_t* __restrict__ x,
                         : part == 1 ? weight_ref(wk, wk_scale, wk_global)
                                     : weight_ref(wv, wv_scale, wv_global);
     act_t* out = part == 0 ? q : part == 1 ? k_ : v;
-    gemv_mma_tile(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
-                  [&](long i, float d) { out[i] = act_store(d); });
+    gemv_mma_tile<GEMV_MMA_QKV_AHEAD>(x, w, rows, k, part == 0 ? nq : part == 1 ? nk : nv, n0,
+                                      [&](long i, float d) { out[i] = act_store(d); });
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ): tile 0 the gate rows, tile 1 the up rows of the
@@ -472,7 +491,7 @@ metrale_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x,
     const WeightRef g = weight_ref(wg, wg_scale, wg_global);
     const WeightRef u = weight_ref(wu, wu_scale, wu_global);
     const int n0 = blockIdx.x * GROUP, row0 = blockIdx.y * XROWS, nr = min(XROWS, rows - row0);
-    gemv_mma_partials<2>(
+    gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)row0 * k, nr, k,
         [&](int j, int m) { return weight_rows(j ? u : g, min(n0 + m, n - 1), k); },
         gemv_mma_part);
