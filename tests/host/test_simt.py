@@ -36,6 +36,13 @@ extern "C" __global__ void block_sums(int* out, int* warp_out, int live) {
     }
 }
 
+// out[i] = __byte_perm(x[i], y[i], s[i]), one thread a case.
+extern "C" __global__ void byte_perms(const unsigned* x, const unsigned* y, const unsigned* s,
+                                      unsigned* out, int n) {
+    if ((int)threadIdx.x < n) out[threadIdx.x] = __byte_perm(x[threadIdx.x], y[threadIdx.x],
+                                                             s[threadIdx.x]);
+}
+
 // Half of warp 0 waits at its warp's barrier, everyone else at the block's: neither completes.
 extern "C" __global__ void split_barrier(int* out) {
     if (threadIdx.x < 16) __syncwarp();
@@ -43,7 +50,8 @@ extern "C" __global__ void split_barrier(int* out) {
     out[threadIdx.x] = 1;
 }
 """
-ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",)}
+ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
+           "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32")}
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +79,20 @@ def test_threads_waiting_at_barriers_none_can_complete_trap(lib, capfd):
     assert lib.run("split_barrier", (1, 1, 1), (64, 1, 1), 0, [out]) == 2
     assert "wait at barriers the others never reach" in capfd.readouterr().err
     assert not out.any()  # no thread went past its barrier
+
+
+def test_byte_perm_picks_bytes_as_cuda_documents(lib):
+    """Byte n of __byte_perm(x, y, s) is byte s[4n + 2 .. 4n] of y:x (x the low four bytes);
+    each selector nibble's top bit and the selector's upper half are ignored. Expected values
+    worked out by hand from that rule."""
+    cases = [(0x5410, 0x55441100),  # gemv_mma's pair of low halves
+             (0x7632, 0x77663322),  # and of high halves
+             (0x0123, 0x00112233),
+             (0xFFFF8C9A, 0x00441122)]  # nibbles A, 9, C, 8 read as 2, 1, 4, 0
+    n = len(cases)
+    x = np.full(n, 0x33221100, np.uint32)
+    y = np.full(n, 0x77665544, np.uint32)
+    sel = np.array([c[0] for c in cases], np.uint32)
+    out = np.full(n, 0xDEADBEEF, np.uint32)  # poisoned: every case must be written
+    lib.launch("byte_perms", (1, 1, 1), (32, 1, 1), 0, [x, y, sel, out, n])
+    assert [hex(v) for v in out.tolist()] == [hex(c[1]) for c in cases]

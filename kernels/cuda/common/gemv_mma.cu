@@ -6,10 +6,10 @@
 // Why: gemv.cu dequantizes every weight in f32 and multiplies it on the CUDA cores, the order
 // the exact policy needs; for fp8 and fp4 weights that costs 8-9 instructions a weight and lane,
 // and the H200 issues them slower than HBM delivers the bytes (docs/gpu-notes.md, version 12).
-// Here a weight becomes bf16 exactly (none for bf16, 2 instructions for fp8, about 2.5 for
-// fp4: its bits placed, then one bf16x2 product by the scale) and the products and sums run in
-// m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows of a launch (up to 8) are
-// the MMA's n columns, so 8 rows cost about what 1 row costs.
+// Here a weight becomes bf16 exactly (none for bf16, 2 instructions for fp8, about 2 for fp4:
+// its bits placed, three instructions a pair, then one bf16x2 product by the scale) and the
+// products and sums run in m16n8k16 MMAs, one instruction per 8 weights a lane; the batch rows
+// of a launch (up to 8) are the MMA's n columns, so 8 rows cost about what 1 row costs.
 //
 // Work: a block of WARPS warps owns GROUP (16) consecutive output columns of each of T weight
 // tiles (T = 2 for gate_up_swiglu: the gate and up rows of the same 16 outputs, which share the
@@ -479,9 +479,20 @@ metrale_qkv_gemv_mma(const act_t* __restrict__ x,
                                       [&](long i, float d) { out[i] = act_store(d); });
 }
 
+// gate_up_swiglu's blocks a multiprocessor (__launch_bounds__'s second argument). mxfp4 fits
+// in 64 registers there without a spill, four blocks rather than three, so Llama-3.1-8B's 896
+// blocks take 1.7 waves rather than 2.3: 2-3 % faster alone (docs/gpu-notes.md, version 34).
+// ptxas spills nvfp4 at 64, bf16 ran 3-5 % slower, and fp8 (one round) is below 64 anyway.
+// (A second argument of 1 is not the same as none: ptxas then gave nvfp4's entry 144 registers.)
+#if defined(WEIGHT_MXFP4)
+#define GATE_UP_BOUNDS __launch_bounds__(THREADS, 4)
+#else
+#define GATE_UP_BOUNDS __launch_bounds__(THREADS)
+#endif
+
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ): tile 0 the gate rows, tile 1 the up rows of the
 // same 16 outputs. grid (ceil(n / 16), ceil(rows / 8)).
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void GATE_UP_BOUNDS
 metrale_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x,
                                 const void* __restrict__ wg, const void* __restrict__ wg_scale,
                                 const float* __restrict__ wg_global,

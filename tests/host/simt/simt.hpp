@@ -233,7 +233,10 @@ inline int __popc(uint32_t v) { return __builtin_popcount(v); }
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     const uint64_t bytes = (uint64_t)y << 32 | x;
     uint32_t r = 0;
-    for (int n = 0; n < 4; ++n) r |= (uint32_t)(bytes >> (8 * ((s >> (4 * n)) & 7)) & 0xff) << (8 * n);
+    for (int n = 0; n < 4; ++n) {
+        const int pick = (s >> (4 * n)) & 7;
+        r |= (uint32_t)(bytes >> (8 * pick) & 0xff) << (8 * n);
+    }
     return r;
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
