@@ -71,6 +71,9 @@ GEMV_VARIANTS = {
 # size of the weight loads (the source's 128 bytes, plain loads, 256) and rounds of loads in
 # flight (fp4's default is 2, the others' 4). Version 17's sweep ran these five before 128 became
 # the default, the fetch size then named WEIGHT_L2_FETCH (results/gpu_variants_gemv_mma.json).
+# Since version 34 GEMV_MMA_AHEAD sets the linear entry's rounds and gate_up_swiglu's (halved)
+# except fp8's, which GEMV_MMA_GATE_UP_AHEAD sets; this sweep times those two entries only (its
+# qkv rows are the linear entry at qkv's shape, not the qkv entry and its GEMV_MMA_QKV_AHEAD).
 GEMV_MMA_VARIANTS = ["", "GEMV_MMA_L2_FETCH=0", "GEMV_MMA_L2_FETCH=256",
                      "GEMV_MMA_L2_FETCH=256 GEMV_MMA_AHEAD=4",
                      "GEMV_MMA_L2_FETCH=256 GEMV_MMA_AHEAD=8"]
