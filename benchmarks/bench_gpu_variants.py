@@ -9,7 +9,9 @@ device-to-device copy rate measured in the same run. Weights and KV caches rotat
 enough copies (more than 200 MB) that L2 holds none of them between launches, and every variant
 of a format runs on the same ones; each figure is the median over several replays of a CUDA
 graph of back-to-back launches, so it includes the launch gaps a decode step pays (decode
-attention launched as the step launches it, programmatic dependent launches).
+attention launched as the step launches it, programmatic dependent launches). gemv.cu's split
+entries (a block a column, which the plans launch for linear where n <= 1024) run as the
+variant "split" at every linear shape, their bytes compared with the default's.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_variants.py`` (``--only gemv`` or
 ``--only attention``; ``--weights fp8,mxfp4`` sweeps only those GEMV formats). Writes
@@ -321,10 +323,14 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str],
     on the same weights, each output compared byte for byte with the default's; ``baseline``,
     another gemv.cu-like source in cuda/common, runs as the variant "baseline"."""
     variants_of = {fmt: GEMV_VARIANTS[fmt] if variants is None else variants for fmt in formats}
-    kernels_of = {fmt: [("gemv.cu", v) for v in vs] + ([(baseline, "")] if baseline else [])
+    # (source, defines, split): the source's split entry (a block a column; the plans launch it
+    # where n <= 2048) runs as the variant "split" at every linear shape, on the default defines
+    kernels_of = {fmt: [("gemv.cu", v, False) for v in vs] + [("gemv.cu", "", True)]
+                  + ([(baseline, "", False)] if baseline else [])
                   for fmt, vs in variants_of.items()}
-    modules = build_modules(cp, tmp, [(fmt, src, f"ACROSS_SEQUENTIAL {v}")
-                                      for fmt, ks in kernels_of.items() for src, v in ks])
+    modules = build_modules(cp, tmp, sorted({(fmt, src, f"ACROSS_SEQUENTIAL {v}")
+                                             for fmt, ks in kernels_of.items()
+                                             for src, v, _ in ks}))
     rows_out = []
     for fmt, kernels in kernels_of.items():
         for model, name, n, k in GEMV_SHAPES:
@@ -332,20 +338,25 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str],
                 case = gemv_case(cp, fmt, name, n, k, rows)
                 ws, copies, x, y, total = case.ws, case.copies, case.x, case.y, case.total
                 ref = None  # the default's output: a variant changes the speed, never a byte
-                for source, v in kernels:  # every variant on the same weights
+                for source, v, split in kernels:  # every variant on the same weights
+                    if split and name == "gate_up":
+                        continue
                     y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
                     defs = parse_defines(v)
                     warps, rpw = int(defs.get("WARPS", 4)), int(defs.get("ROWS_PER_WARP", 8))
                     cols = 1 if name == "gate_up" else int(defs.get("GEMV_COLS", 1))
-                    grid = (-(-n // (warps * cols)), -(-rows // rpw), 1)
+                    grid = (n if split else -(-n // (warps * cols)), -(-rows // rpw), 1)
                     entry = "metrale_gate_up_swiglu" if name == "gate_up" else "metrale_linear"
+                    entry += "_split" if split else ""
                     fn = modules[fmt, source, f"ACROSS_SEQUENTIAL {v}"].get_function(entry)
-                    launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n)
+                    launch = gemv_launcher(fn, name == "gate_up", grid, 32 * warps, ws, x, y, n,
+                                           -(-k // 256) * rpw * 4 if split else 0)
                     sec = time_graph(cp, launch, copies)
                     got = y.copy()
                     same = ref is None or bool((got == ref).all())
                     ref = got if ref is None else ref
-                    label = "baseline" if source == baseline else v or "default"
+                    label = ("baseline" if source == baseline else "split" if split
+                             else v or "default")
                     rows_out.append({"kind": "gemv", "weight": fmt, "variant": label,
                                      "model": model, "kernel": name, "n": n, "k": k,
                                      "rows": rows, "seconds": sec, "bytes": total,

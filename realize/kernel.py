@@ -103,7 +103,8 @@ class ThenLaunch:
     that to a second launch spread over more blocks, instead of to its last block.
 
     Its grid may be 0 at some sizes: there it has nothing to do (a GEMM's combine of k splits
-    when k is not split) and the launch is left out, not made empty."""
+    when k is not split) and the launch is left out, not made empty. So may the kernel's own
+    launch, where a ``then`` launch does the work instead (gemv.cu's split linear)."""
 
     entry: str
     launch: LaunchRule
@@ -179,7 +180,9 @@ class Kernel:
     launch is bound: outside them the launch is refused, not run."""
     then: tuple[ThenLaunch, ...] = ()
     """Launches made right after the kernel's own, in order, from the same module: the kernel's
-    result is written when the last of them ends."""
+    result is written when the last of them ends. Where a kernel has them, any launch of the
+    chain, its own included, may have an empty grid at some sizes and is then not made (gemv.cu's
+    linear: the one-warp-a-column launch or the split one, by n); at least one is made."""
 
     @property
     def key(self) -> str:
@@ -233,9 +236,17 @@ class Kernel:
         [('metrale_rmsnorm', (3, 1, 1))]
         """
         env = self._launch_env(sizes)
-        shapes = (self.launch.bind(env), *(t.launch.bind(env, empty=True) for t in self.then))
-        return tuple((entry, args, shape) for (entry, args), shape
+        shapes = (self.launch.bind(env, empty=bool(self.then)),
+                  *(t.launch.bind(env, empty=True) for t in self.then))
+        made = tuple((entry, args, shape) for (entry, args), shape
                      in zip(self.calls, shapes, strict=True) if 0 not in shape[0])
+        if not made:
+            raise LaunchError(f"kernel {self.entry} on {self.hw} makes no launch at these sizes: "
+                              "every grid of its chain is empty", key=str(self.point),
+                              expected="one launch with a grid of at least one block",
+                              found=", ".join(f"{e}{s[0]}" for (e, _), s
+                                              in zip(self.calls, shapes, strict=True)))
+        return made
 
     def _launch_env(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
         """:meth:`sizes`, once the kernel's limits are found to hold there."""

@@ -237,6 +237,43 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     assert got[0].tobytes() == want[0].tobytes(), quant
 
 
+def _split_linear_cases() -> list[tuple[str, str, str]]:
+    """(family, across, weight) of the linear and linear_add points at the gemv shape whose
+    kernel has the split launch (bf16, f32 and fp8 weights; fp4 keeps one warp a column)."""
+    return [(f, a, w) for f in ("linear", "linear_add") for a in ("sequential", "pairwise")
+            for w in ("bf16", "fp8", "mxfp4", "nvfp4")
+            for p in P.family(f).points
+            if p.as_dict() == {**GEMV, "across": a, "weight": w} and F.realize(p).then]
+
+
+@pytest.mark.parametrize("family,across,weight", _split_linear_cases())
+def test_split_linear_gives_the_one_warp_bytes_on_device(gpu, family, across, weight):
+    """linear and linear_add make their split launch (a block a column, the k-block partials
+    combined in order) up to n = 1024 and the one-warp launch above. A column's bytes depend only
+    on its weight row and x, so on the same weights the 1024 columns of the split launch equal,
+    byte for byte, the first 1024 of the one-warp launch at n = 1025: k = 14336 (56 k-blocks,
+    down_proj's), 9 rows (two row blocks)."""
+    fam = P.family(family)
+    point = fam.point(**{**GEMV, "across": across}, weight=weight)
+    kernel = F.realize(point)
+    sizes = {**sizes_for(fam, 9), "k": 14336, "n": 1025}
+    numbers = {**sizes, **dict(fam.attr_examples)}
+    assert [e for e, _, _ in kernel.launches_for(numbers)] == [kernel.entry]
+    assert [e for e, _, _ in kernel.launches_for({**numbers, "n": 1024})] == [
+        kernel.entry + "_split"]
+    _, device = inputs(fam, point, sizes, seed=1025)
+    whole = _run_gpu(gpu, fam, point, sizes, device)
+    cut = {}
+    for port in fam.inputs:  # every input along n cut to its first 1024
+        axis = port.dims.index("n") if "n" in port.dims else None
+        cut[port.name] = tuple(
+            p if axis is None or p is None or np.ndim(p) <= axis or np.shape(p)[axis] != 1025
+            else np.take(p, np.arange(1024), axis=axis) for p in device[port.name])
+    split = _run_gpu(gpu, fam, point, {**sizes, "n": 1024}, cut)
+    assert whole[0][:, :1024].tobytes() == split[0].tobytes(), point
+    assert np.isfinite(split[0].astype(np.float32)).all()
+
+
 def _row_invariant_points():
     return row_invariant_points(_points(), F)
 

@@ -72,11 +72,13 @@ def library(build_dir, point: Point, extra: tuple[str, ...] = (), F_: Any = F) -
 
 def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dict,
         attrs: dict | None = None, extra: tuple[str, ...] = (),
-        launch_shape: tuple | None = None, F_: Any = F) -> list[np.ndarray]:
+        launch_shape: tuple | None = None, F_: Any = F,
+        launch: tuple[str, tuple] | None = None) -> list[np.ndarray]:
     """``point``'s kernel on the emulation (the one realization ``F_`` gives: sm_90's unless
     told): inputs from ``device`` (port -> data, scale, global), outputs poisoned, scratch
     zeroed; returns the outputs. ``launch_shape`` (grid, block, shared), for a kernel of one
-    launch, replaces its launch rule's."""
+    launch, replaces its launch rule's; ``launch`` (entry, (grid, block, shared)) makes that
+    one launch of any entry of the kernel's chain in place of the rule's launches."""
     kernel = F_.realize(point)
     lib = library(build_dir, point, extra, F_)
     params = point.as_dict()
@@ -105,6 +107,8 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
     if launch_shape is not None:
         assert len(launches) == 1, f"{kernel.entry}: a launch shape for each of its launches"
         launches = ((launches[0][0], launches[0][1], launch_shape),)
+    if launch is not None:
+        launches = ((launch[0], dict(kernel.calls)[launch[0]], launch[1]),)
     for entry, args, shape in launches:
         values = []
         for a in args:
@@ -158,6 +162,85 @@ def test_qkv_pairs_straddle_q_k_v_and_the_end(build_dir):
         (ref,) = run(build_dir, lin, one, {**sizes_for(lin, 3), "k": 640, "n": n},
                      {"x": device["x"], "w": device[w]})
         assert out.shape == ref.shape and out.tobytes() == ref.tobytes(), w
+
+
+def _split_linear_cases() -> list[tuple[str, str, str]]:
+    """(family, across, weight) of the linear and linear_add points at the gemv shape whose
+    kernel has the split launch (bf16, f32 and fp8 weights; fp4 keeps one warp a column)."""
+    return [(f, a, w) for f in ("linear", "linear_add") for a in ("sequential", "pairwise")
+            for w in ("bf16", "fp8", "mxfp4", "nvfp4")
+            for p in P.family(f).points
+            if p.as_dict() == {**GEMM, "shape": "gemv", "across": a, "weight": w}
+            and F.realize(p).then]
+
+
+@pytest.mark.parametrize("family,across,weight", _split_linear_cases())
+def test_split_linear_gives_the_one_warp_bytes(build_dir, family, across, weight):
+    """Where n <= 1024, linear and linear_add make their second launch only: a block a column,
+    the loads split over its four warps, the k-block partials combined in order (gemv.cu's
+    split_column). At n = 37, k = 2304 (9 k-blocks: fp4's loads of four leave a warp without
+    one) and 11 rows (a second row block of 3), its outputs are byte-equal to the one-warp
+    entry's at the same sizes, in every weight format and either declared combine."""
+    fam = P.family(family)
+    point = fam.point(**{**GEMM, "shape": "gemv", "across": across}, weight=weight)
+    kernel = F.realize(point)
+    sizes = {**sizes_for(fam, 11), "k": 2304, "n": 37}
+    numbers = {**sizes, **dict(fam.attr_examples)}
+    (entry, _, (grid, block, shared)), = kernel.launches_for(numbers)
+    assert entry == kernel.then[0].entry and entry.endswith("_split"), kernel
+    assert grid == (37, 2, 1) and shared == 9 * 32, (grid, shared)
+    assert kernel.launches_for({**numbers, "n": 1025})[0][0] == kernel.entry
+    _, device = inputs(fam, point, sizes, seed=37)
+    split = run(build_dir, fam, point, sizes, device)
+    one = run(build_dir, fam, point, sizes, device,
+              launch=(kernel.entry, ((10, 2, 1), (128, 1, 1), 0)))
+    for a, b in zip(split, one, strict=True):
+        assert a.shape == b.shape and a.tobytes() == b.tobytes(), (point, a, b)
+
+
+@pytest.mark.parametrize("across,want", [("sequential", 16.0), ("pairwise", 22.0)])
+def test_split_linear_combines_in_the_declared_order(build_dir, across, want):
+    """Inputs on which the order of the k-block partials shows in the bf16 output (each
+    block's own sum exact): with x = 1, block 0 sums to 2^24, blocks 1-7 to 1 each and block 8
+    to 16 - 2^24. In order, 2^24 + 1 rounds back to 2^24 and the row gives 16; pairwise,
+    ((p0 + p1) + (p2 + p3)) + ... gives 22; in reverse it would be 23. The split launch, the
+    one-warp launch and the reference all give the declared order's value."""
+    fam = P.family("linear")
+    point = fam.point(**{**GEMM, "shape": "gemv", "across": across}, weight="bf16")
+    rows, k, n = 3, 9 * 256, 20
+    w = np.zeros((n, k), np.float32)
+    w[:, 0:128] = 2.0 ** 17
+    w[:, 256:2048:256] = 1.0
+    w[:, 2048:2176] = -(2.0 ** 17)
+    w[:, 2176] = 16.0
+    x = np.ones((rows, k), ml_dtypes.bfloat16)
+    wb = w.astype(ml_dtypes.bfloat16)
+    assert (wb.astype(np.float32) == w).all()
+    device = {"x": (x,), "w": (wb,)}
+    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
+    (ref,) = SEMANTICS[fam.semantics](x, w, **kwargs(fam, point))
+    (split,) = run(build_dir, fam, point, sizes, device)
+    entry = F.realize(point).entry
+    (one,) = run(build_dir, fam, point, sizes, device,
+                 launch=(entry, ((5, 1, 1), (128, 1, 1), 0)))
+    assert (np.asarray(ref, np.float32) == want).all(), ref
+    assert (split.astype(np.float32) == want).all(), split
+    assert one.tobytes() == split.tobytes()
+
+
+def test_split_linear_traps_on_too_little_shared_memory(build_dir):
+    """The split entry keeps each row's k-block partials in the launch's shared memory (32 bytes
+    a k-block): launched with 32 bytes less than the table gives, it traps instead of writing
+    past it, and with the table's it runs."""
+    fam = P.family("linear")
+    point = matmul_point(fam, "gemv", "bf16")
+    sizes = {**sizes_for(fam, 3), "k": 1280, "n": 20}
+    _, device = inputs(fam, point, sizes, seed=20)
+    entry = F.realize(point).then[0].entry
+    run(build_dir, fam, point, sizes, device, launch=(entry, ((20, 1, 1), (128, 1, 1), 160)))
+    with pytest.raises(AssertionError, match=r"refused the launch \(2"):
+        run(build_dir, fam, point, sizes, device,
+            launch=(entry, ((20, 1, 1), (128, 1, 1), 128)))
 
 
 @pytest.mark.parametrize("family", ["rope", "qk_norm", "qk_norm_rope"])

@@ -476,6 +476,47 @@ def test_a_wgmma_gemm_makes_its_combine_launch_only_when_k_is_split(rows: int,
             bound.call("metrale_rmsnorm")
 
 
+@pytest.mark.parametrize("n,split", [(128, True), (1024, True), (1025, False), (4096, False)])
+def test_a_short_linear_makes_its_split_launch_in_place_of_its_own(n: int, split: bool) -> None:
+    """gemv.cu's linear and linear_add: up to n = 1024 the kernel's own launch (a warp a column)
+    has an empty grid and is not made; its ``then`` launch (a block a column, its shared memory
+    the k-block partials of 8 rows) is, and above 1024 the reverse. Exactly one is made. fp4
+    weights have no split launch: one warp a column at every n."""
+    F = realization("sm_90")
+    for family in ("linear", "linear_add"):
+        point = next(p for p in P.family(family).points if dict(p.params)["shape"] == "gemv"
+                     and dict(p.params)["act"] == "bf16" and dict(p.params)["weight"] == "bf16"
+                     and dict(p.params)["across"] == "sequential")
+        k = F.realize(point)
+        (entry, _, (grid, block, shared)), = k.launches_for({"rows": 9, "k": 2304, "n": n})
+        assert block == (128, 1, 1)
+        if split:
+            assert (entry, grid, shared) == (k.entry + "_split", (n, 2, 1), 9 * 8 * 4)
+        else:
+            assert (entry, grid, shared) == (k.entry, (-(-n // 4), 2, 1), 0)
+        fp4 = F.realize(P.family(family).point(**{**point.as_dict(), "weight": "mxfp4"}))
+        assert not fp4.then and [e for e, _, _ in fp4.launches_for(
+            {"rows": 9, "k": 2304, "n": n})] == [k.entry], fp4
+
+
+def test_a_kernel_whose_every_launch_is_empty_is_refused(tree: Path) -> None:
+    """A chain may leave out any of its launches where its grid is 0, but not all of them: at
+    sizes where no launch would be made the kernel refuses them, naming the point and each
+    entry's grid, rather than leave its outputs unwritten."""
+    then = ('entry = "metrale_rmsnorm_again"\nargs = ["x:ptr"]\nlaunch = { grid = ["rows - 3", '
+            '"1", "1"], block = ["1", "1", "1"] }')
+    text = table_text("rmsnorm").replace('grid = ["rows", "1", "1"]', 'grid = ["rows - 3", "1", "1"]')
+    assert 'grid = ["rows - 3", "1", "1"]' in text
+    add_folder(tree, "sm_90/common", text + "\n[[kernel.rmsnorm.then]]\n" + then + "\n",
+               {"norm.cu": NORM})
+    k = realization("sm_90", kernels_dir=tree).realize(RMS_BF16)
+    assert [e for e, _, _ in k.launches_for({"rows": 4, "h": 1024})] == [
+        "metrale_rmsnorm", "metrale_rmsnorm_again"]
+    with pytest.raises(LaunchError, match=r"makes no launch at these sizes") as e:
+        k.launches_for({"rows": 3, "h": 1024})
+    assert "metrale_rmsnorm(0, 1, 1)" in str(e.value) and str(RMS_BF16) in str(e.value)
+
+
 def test_a_then_launch_of_an_entry_launched_already_is_refused(tree: Path) -> None:
     """A kernel's launches are told apart by their entries: a ``then`` launch may not repeat
     the kernel's own entry (nor an earlier ``then``'s)."""

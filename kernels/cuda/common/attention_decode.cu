@@ -121,12 +121,6 @@ struct DecodeSmem {
     }
 };
 
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-    unsigned r;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-    return r;
-}
-
 // 16 bytes global -> shared without a register (cp.async, sm_80+): the copies of a block are
 // all in flight together, and cp_async_wait_all then a barrier makes them visible.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {

@@ -68,12 +68,6 @@ struct PrefillSmem {
     }
 };
 
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-    unsigned r;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-    return r;
-}
-
 // The rows of the launch a block takes: RT tiles of 16 from block_row0, the blocks in reverse
 // order of blockIdx.y (the last rows first).
 __device__ __forceinline__ int block_row_count(int G) {

@@ -93,14 +93,64 @@ __device__ __forceinline__ void columns_warp(const act_t* x, int rows, int k, in
         if (lane < nr && col0 + j < n) store(row0 + lane, col0 + j, d[j]);
 }
 
-// linear or linear_add: the weight rows of one weight, store(row, col, dot).
-template <class Store>
+// linear and linear_add with a short output split each column's loads over the block's warps
+// (the `_split` entries, the KERNELS.toml tables' second launch, made where n <= 1024 in place
+// of the first): one warp a column left a short output's grid thin, Qwen3-0.6B's o_proj and
+// down_proj (n = 1024) giving a multiprocessor about 8 of the 32 warps it holds, each streaming
+// its whole row 2 KiB at a time. With a block a column, its WARPS warps each take every
+// WARPS-th load of the rows (warp_dots_part), so a multiprocessor holds about 32 warps, and
+// the prefetch before the dependent-launch wait covers four times the bytes. Each warp writes
+// its k-blocks' partials to shared memory (ROWS_PER_WARP ceil(k / K_BLOCK) floats; a launch
+// given less traps); after a barrier warp 0 combines them in k-block order (Combine), lane r
+// for row r, so every dot is the one-warp dot, bit for bit. A separate entry, so the one-warp
+// entries keep their registers (64, all used; with both paths in one entry ptxas spilled).
+// Measured alone on the H200 (benchmarks/bench_gpu_variants.py --only gemv, Qwen3-0.6B, one row
+// / eight): bf16 o_proj 4.05 -> 3.98 us, down_proj 5.00 -> 4.91 / 19.3 -> 16.9; fp8 down_proj
+// 4.57 -> 4.15 / 22.1 -> 15.5. Not for fp4 weights, whose loads span four k-blocks, so at
+// these k most of a block's warps get one load or none: mxfp4 o_proj 3.20 -> 3.57 us. So the
+// split entries are compiled for the other formats only (KERNELS.toml's fp4 tables have none).
+extern __shared__ float gemv_split_part[];
+
+template <class Part, class Store>
+__device__ __forceinline__ void split_column(const act_t* x, int rows, int k, int n, Part part,
+                                             Store store) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col = blockIdx.x;
+    const int row0 = blockIdx.y * ROWS_PER_WARP, nr = min(ROWS_PER_WARP, rows - row0);
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    if (dynamic_smem_bytes() < (unsigned)(nkb * ROWS_PER_WARP * 4)) __trap();
+    if (col >= n || nr <= 0) return;  // the whole block
+    const WeightRef ws[1] = {part(col)};
+#pragma unroll
+    for (int q = 0; q < 2; ++q)  // this warp's first two loads
+        weight_prefetch<DOT_CHUNKS>(ws[0], k, K_BLOCK, (warp + q * WARPS) * DOT_CHUNKS * K_BLOCK);
+    grid_dependency_sync();
+    // (k-block b, row r) at gemv_split_part[b ROWS_PER_WARP + r]
+#pragma unroll 1
+    for (int r = 0; r < nr; ++r)
+        warp_dots_part<1>(x + (long)(row0 + r) * k, ws, k, warp, WARPS,
+                          [&](int, int b, float d) {
+                              if (lane == 0) gemv_split_part[b * ROWS_PER_WARP + r] = d;
+                          });
+    __syncthreads();
+    if (warp != 0 || lane >= nr) return;
+    Combine acc;
+    for (int b = 0; b < nkb; ++b) acc.add(gemv_split_part[b * ROWS_PER_WARP + lane]);
+    store(row0 + lane, col, acc.result());
+}
+
+// linear or linear_add: the weight rows of one weight, store(row, col, dot); `split`: a block a
+// column (split_column), else a warp a column (columns_warp).
+template <bool SPLIT, class Store>
 __device__ __forceinline__ void linear_warp(const act_t* x, const void* w, const void* w_scale,
                                             const float* w_global, int rows, int k, int n,
                                             Store store) {
     const WeightRef wr = weight_ref(w, w_scale, w_global);
-    columns_warp(x, rows, k, n, [&](int col) { return weight_rows(wr, col, k); },
-                 [&](int row, int col, float d) { store((long)row * n + col, d); });
+    auto part = [&](int col) { return weight_rows(wr, col, k); };
+    auto put = [&](int row, int col, float d) { store((long)row * n + col, d); };
+    if constexpr (SPLIT)
+        split_column(x, rows, k, n, part, put);
+    else
+        columns_warp(x, rows, k, n, part, put);
 }
 
 // grid (ceil(n / (WARPS GEMV_COLS)), ceil(rows / ROWS_PER_WARP)), block 32 * WARPS. y = x · wᵀ.
@@ -108,18 +158,41 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_linear(const act_t* __restrict__ x, const void* __restrict__ w,
                const void* __restrict__ w_scale, const float* __restrict__ w_global,
                out_t* __restrict__ y, int rows, int k, int n) {
-    linear_warp(x, w, w_scale, w_global, rows, k, n,
-                [&](long i, float d) { y[i] = out_store(d); });
+    linear_warp<false>(x, w, w_scale, w_global, rows, k, n,
+                       [&](long i, float d) { y[i] = out_store(d); });
 }
+
+#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
+// linear with a block a column (split_column): grid (n, ceil(rows / ROWS_PER_WARP)).
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+metrale_linear_split(const act_t* __restrict__ x, const void* __restrict__ w,
+                     const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                     out_t* __restrict__ y, int rows, int k, int n) {
+    linear_warp<true>(x, w, w_scale, w_global, rows, k, n,
+                      [&](long i, float d) { y[i] = out_store(d); });
+}
+#endif
 
 // y = round(round(x · wᵀ) + r): the residual add as the epilogue, rounded as linear; add.
 extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_linear_add(const act_t* __restrict__ x, const void* __restrict__ w,
                    const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {
-    linear_warp(x, w, w_scale, w_global, rows, k, n,
-                [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+    linear_warp<false>(x, w, w_scale, w_global, rows, k, n,
+                       [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
 }
+
+#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
+// linear_add with a block a column (split_column): grid (n, ceil(rows / ROWS_PER_WARP)).
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+metrale_linear_add_split(const act_t* __restrict__ x, const void* __restrict__ w,
+                         const void* __restrict__ w_scale, const float* __restrict__ w_global,
+                         const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
+                         int n) {
+    linear_warp<true>(x, w, w_scale, w_global, rows, k, n,
+                      [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });
+}
+#endif
 
 // q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v (a warp's columns
 // may fall in two of them).

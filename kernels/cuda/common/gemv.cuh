@@ -54,13 +54,18 @@ static_assert(K_BLOCK % 8 == 0, "K_BLOCK must be a multiple of 8 (one 16-byte ch
 // and its last levels (the chunk's low bits) add slots, pairing the same sums as C = 1 does.
 // The bytes are therefore the same for every C, which the dequant_linear relation checks on
 // the device (f32 weights take one chunk per load).
-template <int N>
-__device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N], int k,
-                                          float (&out)[N]) {
+//
+// warp_dots_part gives the k-block partials themselves: those of the warp's share of the loads,
+// loads first, first + step, ... (a load is C k-blocks; the general path's are single blocks),
+// each handed to sink(j, block, partial) with every lane holding it, in block order. A block's
+// partial does not depend on which warp makes it, so warps that split a row's loads and a
+// Combine over all their partials in block order give warp_dots' bytes (gemv.cu's k split).
+template <int N, class Sink>
+__device__ __forceinline__ void warp_dots_part(const act_t* x, const WeightRef (&w)[N], int k,
+                                               int first, int step, Sink sink) {
     constexpr int C = DOT_CHUNKS, LANES = 32 / C;  // chunks per load; lanes per k-block
     const int lane = threadIdx.x & 31;
     const bool vec = (k & 7) == 0;  // rows 16-byte aligned for the vector loads below
-    Combine acc[N];
     if (K_BLOCK == 256 && k % (8 * C) == 0) {
         // AHEAD loads of C k-blocks (raw) in flight per weight row: each slot's next load is
         // issued as soon as its arithmetic has read it (DOT_RING), so that the bytes in flight
@@ -68,12 +73,13 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
         // chunk per load the activations ride along (16 bytes); with more, they come from L1
         // when used.
         constexpr int AHEAD = DOT_AHEAD / N > 2 ? DOT_AHEAD / N : 2;
-        const int nkb = (k + K_BLOCK - 1) / K_BLOCK, ng = (nkb + C - 1) / C;  // blocks, loads
+        const int nkb = (k + K_BLOCK - 1) / K_BLOCK;  // blocks
+        const int ng = ((nkb + C - 1) / C - first + step - 1) / step;  // this warp's loads
         const int at = lane * 8 * C;  // this lane's first column in a load's C k-blocks
         WeightChunks<C> wr[N][AHEAD];
         act8_raw xr[AHEAD];
-        auto load = [&](int u, int g) {  // load g of every row into slot u
-            const int c = g * C * K_BLOCK + at;
+        auto load = [&](int u, int g) {  // the warp's load g of every row into slot u
+            const int c = (first + g * step) * C * K_BLOCK + at;
             if (g < ng && c < k) {  // c < k implies g < ng; ptxas makes bf16 shorter with both
 #pragma unroll
                 for (int j = 0; j < N; ++j) wr[j][u] = weight_chunks_load<C>(w[j], c);
@@ -89,7 +95,7 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
                 for (int u = 0; u < AHEAD; ++u) load(u, g0 + u);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
-                const int b0 = (g0 + u) * C;  // the first k-block of this load
+                const int b0 = (first + (g0 + u) * step) * C;  // the first k-block of this load
                 if (b0 >= nkb) break;
                 const int c = b0 * K_BLOCK + at;
                 float s[N][C];
@@ -158,17 +164,17 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
                     for (int h = C / 2; h > 0; h >>= 1)
 #pragma unroll
                         for (int i = 0; i < h; ++i) s[j][i] = s[j][i] + s[j][i + h];
-                    // block b0 + q's sum is in lanes q LANES ..; every lane adds them in order
+                    // block b0 + q's sum is in lanes q LANES ..; every lane takes them in order
 #pragma unroll
                     for (int q = 0; q < C; ++q)
                         if (b0 + q < nkb)
-                            acc[j].add(C == 1 ? s[j][0]
-                                              : __shfl_sync(0xffffffffu, s[j][0], q * LANES));
+                            sink(j, b0 + q,
+                                 C == 1 ? s[j][0] : __shfl_sync(0xffffffffu, s[j][0], q * LANES));
                 }
             }
         }
     } else {
-        for (int b0 = 0; b0 < k; b0 += K_BLOCK) {
+        for (int b0 = first * K_BLOCK; b0 < k; b0 += step * K_BLOCK) {
             const int b1 = min(b0 + K_BLOCK, k);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
@@ -185,10 +191,17 @@ __device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N
                             s = fmaf(act_load(x[i]), weight1(w[j], i), s);
                     }
                 }
-                acc[j].add(warp_sum(s));
+                sink(j, b0 / K_BLOCK, warp_sum(s));
             }
         }
     }
+}
+
+template <int N>
+__device__ __forceinline__ void warp_dots(const act_t* x, const WeightRef (&w)[N], int k,
+                                          float (&out)[N]) {
+    Combine acc[N];
+    warp_dots_part<N>(x, w, k, 0, 1, [&](int j, int, float p) { acc[j].add(p); });
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j] = acc[j].result();
 }

@@ -12,3 +12,11 @@ __device__ __forceinline__ void grid_dependency_sync() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// The dynamic shared memory this launch was given, in bytes: kernels that size their use from
+// their arguments check it against what they need and trap, rather than write past it.
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}

@@ -112,21 +112,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// A block of a kernel over every head of q and k (grid (hq + hkv, rows), q heads first): its row,
-// whether it is a q head, where its d values start in q or k, and whether it has work (inside
-// the grid, d within the kernel's buffer).
-struct QkHead {
-    int row;
-    bool isq, valid;
-    long at;
-    __device__ __forceinline__ QkHead(int rows, int hq, int hkv, int d, int max_d)
-        : row(blockIdx.y), isq((int)blockIdx.x < hq) {
-        const int head = blockIdx.x;
-        valid = row < rows && head < hq + hkv && d <= max_d;
-        at = isq ? ((long)row * hq + head) * d : ((long)row * hkv + head - hq) * d;
-    }
-};
-
 // Sum over a whole thread block (blockDim.x a multiple of 32, at most 1024): warp trees, then
 // warp 0 adds the warp partials in warp order. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* scratch /* >= 33 floats */) {
@@ -442,16 +427,16 @@ __device__ __forceinline__ void weight8(WeightRef w, int c, float out[8]) {
     weight8_unpack(w, weight8_load(w, c), out);
 }
 
-// Ask L2 for the first bytes of a weight row that this lane's chunks read (columns lane * 8 + j *
-// stride for j < chunks): no register is taken and nothing waits for it. Weights are written by
-// no launch, so a kernel may issue this before it waits for the previous launch
+// Ask L2 for the bytes of a weight row that this lane's chunks read first (columns first +
+// lane * 8 + j stride for j < CHUNKS): no register is taken and nothing waits for it. Weights
+// are written by no launch, so a kernel may issue this before it waits for the previous launch
 // (grid_dependency_sync): the row's first bytes then arrive while that launch finishes.
 template <int CHUNKS>
-__device__ __forceinline__ void weight_prefetch(WeightRef w, int k, int stride) {
+__device__ __forceinline__ void weight_prefetch(WeightRef w, int k, int stride, int first = 0) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
-        const int c = j * stride + lane * 8;
+        const int c = first + j * stride + lane * 8;
         if (c >= k) break;
 #if defined(WEIGHT_BF16)
         const char* at = (const char*)w.data + 2L * c;
