@@ -1,0 +1,78 @@
+"""The benchmarked plans' kernels that carry no current evidence record on a class: the record
+run that a kernel source change calls for, planned before the device is lent.
+
+A record counts only for the source hash it was measured on, so editing a kernel, or a header
+it includes, leaves its points unmeasured until a record run measures them again
+(``tests/null/test_evidence.py`` fails until then). This lists those points, each under the
+first plan that launches it: model, policy, weight format, then decode at 1 and 8 rows and
+prefill of 512 tokens (every row's logits, then the last row's), the plans that test walks.
+Which benchmark records which point:
+- decode kernels: ``bench_gpu_decode.py MODEL --batches 1 --quants Q --policies P --no-hf
+  --kernels --record``;
+- prefill GEMM points (``shape=gemm``): ``bench_gpu_prefill.py --models M --rows 2048 --weights
+  W --steps "" --record`` (its SHAPES name each family's shapes per model);
+- the prefill steps' other kernels: ``bench_gpu_prefill.py --models M --rows "" --steps 512
+  --step-quants Q --policies P --no-hf --record``.
+
+    python3 benchmarks/stale_evidence.py [--hardware sm_90] [--models ...] [--quants ...]
+
+Version 35 planned its record run of every point with it (``docs/gpu-notes.md``). Prints; writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+
+MODELS = ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b")
+QUANTS = ("bf16", "fp8", "mxfp4", "nvfp4")
+POLICIES = ("exact", "bounded")
+STEPS = (("decode", 1, "all"), ("decode", 8, "all"), ("prefill", 512, "all"),
+         ("prefill", 512, "last"))
+
+
+def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
+               quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES
+               ) -> dict[str, list[str]]:
+    """``{plan: [point, ...]}``: every kernel of the plans whose evidence on ``hw`` is not a
+    record of its current source, under the first plan (``"MODEL POLICY QUANT MODE ROWS
+    LOGITS"``) that launches it; plans with none left out."""
+    from metrale.plan.plan import plan_for
+
+    seen: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for model in models:
+        for policy in policies:
+            for quant in quants:
+                for mode, rows, logits in STEPS:
+                    plan = plan_for(model, quant, hw, mode=mode, rows=rows, policy=policy,
+                                    logits=logits)
+                    for k in plan.kernels:
+                        point = str(k.point)
+                        if k.kernel is None or point in seen or k.evidence == f"measured on {hw}":
+                            continue
+                        seen.add(point)
+                        out.setdefault(f"{model} {policy} {quant} {mode} {rows} {logits}",
+                                       []).append(point)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hardware", default="sm_90")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--quants", default=",".join(QUANTS))
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args()
+    found = unmeasured(args.hardware, args.models.split(","), args.quants.split(","),
+                       args.policies.split(","))
+    for plan, points in found.items():
+        print(f"{plan}: {len(points)}")
+        for p in points:
+            print(f"    {p}")
+    print(f"{sum(map(len, found.values()))} kernels without a current record on {args.hardware}")
+
+
+if __name__ == "__main__":
+    main()
