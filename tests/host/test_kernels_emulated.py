@@ -178,9 +178,10 @@ def _split_linear_cases() -> list[tuple[str, str, str]]:
 def test_split_linear_gives_the_one_warp_bytes(build_dir, family, across, weight):
     """Where n <= 1024, linear and linear_add make their second launch only: a block a column,
     the loads split over its four warps, the k-block partials combined in order (gemv.cu's
-    split_column). At n = 37, k = 2304 (9 k-blocks: fp4's loads of four leave a warp without
-    one) and 11 rows (a second row block of 3), its outputs are byte-equal to the one-warp
-    entry's at the same sizes, in every weight format and either declared combine."""
+    split_column). At n = 37, k = 2304 (9 k-blocks, not a multiple of the four warps; fp8's
+    loads of two leave the last load one block) and 11 rows (a second row block of 3), its
+    outputs are byte-equal to the one-warp entry's at the same sizes, in each weight format that
+    has the split and either declared combine."""
     fam = P.family(family)
     point = fam.point(**{**GEMM, "shape": "gemv", "across": across}, weight=weight)
     kernel = F.realize(point)
@@ -230,8 +231,9 @@ def test_split_linear_combines_in_the_declared_order(build_dir, across, want):
 
 def test_split_linear_traps_on_too_little_shared_memory(build_dir):
     """The split entry keeps each row's k-block partials in the launch's shared memory (32 bytes
-    a k-block): launched with 32 bytes less than the table gives, it traps instead of writing
-    past it, and with the table's it runs."""
+    a k-block): launched with 32 bytes less than the table gives, the launch fails (the kernel
+    checks its size and traps; the emulation would also fault on a write past it) instead of
+    writing past it, and with the table's it runs."""
     fam = P.family("linear")
     point = matmul_point(fam, "gemv", "bf16")
     sizes = {**sizes_for(fam, 3), "k": 1280, "n": 20}
