@@ -74,8 +74,10 @@ class PlannedKernel:
     bytes_moved: int
     view: bool
     launched: tuple[str, ...] = ()
-    """The entries launched at the plan's sizes: the kernel's own, then the ``then`` launches it
-    makes there (a GEMM's combine only where k is split); empty for views and host callables."""
+    """The entries launched at the plan's sizes, in order: the kernel's own, then its ``then``
+    launches, less those whose grid is empty there (a GEMM's combine only where k is split;
+    gemv.cu's linear makes its own launch or its split one, by n); empty for views and host
+    callables."""
 
     @property
     def label(self) -> str:

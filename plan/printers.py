@@ -93,7 +93,8 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "index": k.index, "family": k.family, "point": str(k.point),
             "params": {a: b for a, b in k.point.params}, "layer": k.layer,
             "inputs": list(k.inputs), "outputs": list(k.outputs),
-            "entry": None if k.kernel is None else k.kernel.entry,
+            "entry": (k.launched[0] if k.launched
+                      else None if k.kernel is None else k.kernel.entry),
             "then": list(k.launched[1:]),
             "source": None if k.kernel is None else k.kernel.source,
             "provenance": k.provenance, "shadow": k.shadow, "residual": k.residual,

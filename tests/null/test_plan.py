@@ -275,6 +275,19 @@ def test_the_plan_json_names_the_launches_after_a_kernel():
     assert then and all(v == [] for v in then.values())
 
 
+@pytest.mark.parametrize("model,entry", [("qwen3-0.6b", "metrale_linear_split"),
+                                         ("llama-3.1-8b", "metrale_linear")])
+def test_the_plan_json_names_the_entry_a_linear_launches_at_its_sizes(model, entry):
+    """gemv.cu's linear launches its split entry (a block a column) where n <= 1024 and its own
+    (a warp a column) above: the plan JSON's `entry` is the one made, with nothing after it.
+    Qwen3-0.6B's o_proj and down_proj (n = 1024) split; Llama-3.1-8B's (n = 4096) do not."""
+    from metrale.plan.printers import plan_json
+
+    p = plan_for(model, "bf16", "sm_90", mode="decode", rows=1)
+    linear = [k for k in plan_json(p)["kernels"] if k["family"] == "linear"]
+    assert linear and all((k["entry"], k["then"]) == (entry, []) for k in linear), linear[:1]
+
+
 
 @pytest.mark.parametrize("rows,combined", [(16, True), (2048, False)])
 def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined):
