@@ -108,6 +108,17 @@ host arrays: ``device`` maps each input port to (data,) or (data, scale, global)
 overrides the family's example attributes."""
 
 
+def split_linear_cases(P: Any, F: Any) -> list[tuple[str, str, str]]:
+    """(family, across, weight) of the linear and linear_add points at the gemv shape whose
+    kernel in ``F`` has gemv.cu's split launch (bf16 and fp8 weights, and linear's f32; fp4
+    keeps one warp a column)."""
+    return [(f, a, w) for f in ("linear", "linear_add") for a in ("sequential", "pairwise")
+            for w in ("bf16", "fp8", "mxfp4", "nvfp4")
+            for p in P.family(f).points
+            if p.as_dict() == {**GEMM, "shape": "gemv", "across": a, "weight": w}
+            and F.realize(p).then]
+
+
 def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
     """The points whose family and kernel declare row invariance and whose outputs have rows."""
     return [(f, p) for f, p in points if f.row_invariant and F.realize(p).row_invariant

@@ -44,6 +44,7 @@ from tests.kernel_cases import (  # noqa: E402
     sizes_for,
     skip_unless_k_fits,
     skip_where_the_prefill_kernel_refuses,
+    split_linear_cases,
 )
 
 ok, why = CupyBackend.available()
@@ -237,16 +238,7 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     assert got[0].tobytes() == want[0].tobytes(), quant
 
 
-def _split_linear_cases() -> list[tuple[str, str, str]]:
-    """(family, across, weight) of the linear and linear_add points at the gemv shape whose
-    kernel has the split launch (bf16, f32 and fp8 weights; fp4 keeps one warp a column)."""
-    return [(f, a, w) for f in ("linear", "linear_add") for a in ("sequential", "pairwise")
-            for w in ("bf16", "fp8", "mxfp4", "nvfp4")
-            for p in P.family(f).points
-            if p.as_dict() == {**GEMV, "across": a, "weight": w} and F.realize(p).then]
-
-
-@pytest.mark.parametrize("family,across,weight", _split_linear_cases())
+@pytest.mark.parametrize("family,across,weight", split_linear_cases(P, F))
 def test_split_linear_gives_the_one_warp_bytes_on_device(gpu, family, across, weight):
     """linear and linear_add make their split launch (a block a column, the k-block partials
     combined in order) up to n = 1024 and the one-warp launch above. A column's bytes depend only

@@ -46,6 +46,7 @@ from tests.kernel_cases import (
     row_invariant_points,
     sizes_for,
     skip_where_the_prefill_kernel_refuses,
+    split_linear_cases,
 )
 
 ok, why = simt.available()
@@ -164,17 +165,7 @@ def test_qkv_pairs_straddle_q_k_v_and_the_end(build_dir):
         assert out.shape == ref.shape and out.tobytes() == ref.tobytes(), w
 
 
-def _split_linear_cases() -> list[tuple[str, str, str]]:
-    """(family, across, weight) of the linear and linear_add points at the gemv shape whose
-    kernel has the split launch (bf16, f32 and fp8 weights; fp4 keeps one warp a column)."""
-    return [(f, a, w) for f in ("linear", "linear_add") for a in ("sequential", "pairwise")
-            for w in ("bf16", "fp8", "mxfp4", "nvfp4")
-            for p in P.family(f).points
-            if p.as_dict() == {**GEMM, "shape": "gemv", "across": a, "weight": w}
-            and F.realize(p).then]
-
-
-@pytest.mark.parametrize("family,across,weight", _split_linear_cases())
+@pytest.mark.parametrize("family,across,weight", split_linear_cases(P, F))
 def test_split_linear_gives_the_one_warp_bytes(build_dir, family, across, weight):
     """Where n <= 1024, linear and linear_add make their second launch only: a block a column,
     the loads split over its four warps, the k-block partials combined in order (gemv.cu's
