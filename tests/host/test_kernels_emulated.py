@@ -35,6 +35,7 @@ from tests.kernel_cases import (
     check_mma_gemv_bound,
     check_online_attention_bound,
     check_prefill_attention,
+    check_norm_prologue,
     check_relation,
     check_row_invariance,
     compare,
@@ -234,6 +235,31 @@ def test_split_linear_traps_on_too_little_shared_memory(build_dir):
     with pytest.raises(AssertionError, match=r"refused the launch \(2"):
         run(build_dir, fam, point, sizes, device,
             launch=(entry, ((20, 1, 1), (128, 1, 1), 128)))
+
+
+@pytest.mark.parametrize("family", ["add_rmsnorm_qkv", "add_rmsnorm_gate_up_swiglu"])
+@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
+def test_norm_prologue_gives_the_two_launches_bytes(build_dir, family, weight):
+    """At the longest row the norm-prologue kernels serve (k = 2048, eight norm blocks a warp)
+    and nine rows (two row blocks), s and every projection have the bytes of add_rmsnorm then
+    the GEMV: the relation at sizes its example does not reach (the device test takes every
+    weight format, and k = 1024 too)."""
+    check_norm_prologue(P, family, weight, 2048, _runner(build_dir))
+
+
+def test_norm_prologue_traps_on_too_little_shared_memory(build_dir):
+    """Each warp normalizes its row into its own k activations of the launch's shared memory
+    (KERNELS.toml: k * 8 bytes for bf16): a launch given 2 bytes less fails, not writing past
+    it."""
+    fam = P.family("add_rmsnorm_gate_up_swiglu")
+    point = fam.point(act="bf16", weight="bf16", shape="gemv", h_block=256, k_block=256,
+                      across="sequential")
+    sizes = {"rows": 3, "k": 512, "n": 8}
+    _, device = inputs(fam, point, sizes, seed=8)
+    entry = F.realize(point).entry
+    run(build_dir, fam, point, sizes, device, launch=(entry, ((2, 1, 1), (128, 1, 1), 4096)))
+    with pytest.raises(AssertionError, match=r"refused the launch \(2"):
+        run(build_dir, fam, point, sizes, device, launch=(entry, ((2, 1, 1), (128, 1, 1), 4094)))
 
 
 @pytest.mark.parametrize("family", ["rope", "qk_norm", "qk_norm_rope"])
