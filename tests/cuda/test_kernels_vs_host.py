@@ -274,7 +274,7 @@ def _row_invariant_points():
 
 @pytest.mark.parametrize("family,weight,k", NORM_PROLOGUE_CASES)
 def test_norm_prologue_gives_the_two_launches_bytes_on_device(gpu, family, weight, k):
-    """add_rmsnorm_qkv and add_rmsnorm_gate_up_swiglu at Qwen3-0.6B's row (1024) and at 2048,
+    """add_rmsnorm_qkv and add_rmsnorm_gate_up_swiglu at Qwen3-0.6B's row (1024) and at 544,
     nine rows, every weight format: the bytes of add_rmsnorm then the GEMV."""
     check_norm_prologue(P, family, weight, k, lambda *a: _run_gpu(gpu, *a))
 

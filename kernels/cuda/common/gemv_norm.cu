@@ -4,8 +4,8 @@
 // Why: a decode step of Qwen3-0.6B is a chain of short launches, and each add_rmsnorm launch
 // holds the chain for about 1.3-1.8 us (version 23 measured the step without them). Version 9
 // folded the norm into the next GEMV block by block, through shared memory and two barriers, and
-// lost. Here every warp normalizes the row itself, with no barrier: a row of k <= 2048 is at most
-// 8 loads a lane of x and r, which the block's warps find in L1 after the first.
+// lost. Here every warp normalizes the row itself, with no barrier: its x, r and norm weights come
+// to its own shared memory in asynchronous copies all in flight at once (k <= 1024).
 //
 // Order: each warp reproduces row_norm (norm.cu) exactly. Lane l adds x + r (rounded to act) for
 // the 8 consecutive values l*8 .. l*8 + 7 of each H_BLOCK (256) block, squares and adds them left
@@ -17,6 +17,7 @@
 // row group) writes s. Defines: ACT_*, WEIGHT_*, K_BLOCK, H_BLOCK, ACROSS_*, GEMV_COLS.
 #include "gemv.cuh"
 #include "head_norm.cuh"  // rms_inv; H_BLOCK
+#include "mma.cuh"        // cp_async16
 
 #ifndef WARPS
 #define WARPS 4
@@ -31,7 +32,8 @@ static_assert(H_BLOCK == 256, "row_norm's order: 32 lanes x 8 consecutive values
 
 // Blocks a multiprocessor, as gemv.cu's entries that stream two weight rows a warp: seven for
 // bf16 weights (72 registers), eight otherwise (64); f32 activations (tests) left to ptxas.
-#if !defined(ACT_BF16) || defined(WEIGHT_F32)
+#if defined(NORM_GEMV_MIN_BLOCKS)
+#elif !defined(ACT_BF16) || defined(WEIGHT_F32)
 #define NORM_GEMV_MIN_BLOCKS 0
 #elif defined(WEIGHT_BF16)
 #define NORM_GEMV_MIN_BLOCKS 7
@@ -43,51 +45,73 @@ static_assert(H_BLOCK == 256, "row_norm's order: 32 lanes x 8 consecutive values
 // loads (gemv.cu's PREFETCH_BLOCKS for bf16, fp8 and fp4 weights).
 #define PREFETCH_LOADS (2 * DOT_CHUNKS)
 
-// The warp slices: k activations a warp (KERNELS.toml's launch.shared is WARPS k sizeof(act_t);
-// a launch given less traps).
+// The warp's part of the launch's shared memory: its row's x and r (k activations each) and the
+// norm weights (k bf16), in that order; x's part ends holding the normalized row. KERNELS.toml's
+// launch.shared is WARPS k (2 sizeof(act_t) + 2) bytes; a launch given less traps.
 extern __shared__ __align__(16) unsigned char gemv_norm_slices[];
 
 __device__ __forceinline__ act_t* warp_slice(int k) {
-    if (dynamic_smem_bytes() < (unsigned)(WARPS * k * (int)sizeof(act_t))) __trap();
-    return (act_t*)gemv_norm_slices + (long)(threadIdx.x >> 5) * k;
+    const int per = k * (2 * (int)sizeof(act_t) + 2);
+    if (dynamic_smem_bytes() < (unsigned)(WARPS * per)) __trap();
+    return (act_t*)(gemv_norm_slices + (long)(threadIdx.x >> 5) * per);
+}
+
+// Values c .. c + 7 of src into dst, asynchronously (one or two 16-byte copies).
+template <class T>
+__device__ __forceinline__ void copy8_async(T* dst, const T* src, int c) {
+#pragma unroll
+    for (int o = 0; o < 8 * (int)sizeof(T); o += 16)
+        cp_async16((char*)(dst + c) + o, (const char*)(src + c) + o, 16);
 }
 
 // s = round(x + r) and y = rmsnorm(s, wn) of one row of h values, by one warp, in row_norm's
-// order (see the header): y into the warp's slice, s also to `s` unless it is null. The slice
-// holds s between the two passes; each lane reads back only what it wrote.
+// order (see the header): y into the warp's slice, s also to `s` unless it is null. The row's x,
+// r and norm weights come into the slice by asynchronous copies, all in flight at once, so the
+// row costs one round trip to L2 and no registers while it waits (call 1 of version 36 loaded
+// block by block, each block's loads after the last one's sum: about 3.5 us a row; holding all
+// of them in registers spilled at gemv.cu's register bounds). Each lane copies, and reads,
+// exactly its own values: lane l the 8 at l * 8 of each H_BLOCK block.
 __device__ __forceinline__ void warp_add_rmsnorm(const act_t* x, const act_t* r,
                                                  const __nv_bfloat16* wn, act_t* s, act_t* slice,
                                                  int h, float eps) {
-    const int lane = threadIdx.x & 31, nblk = (h + H_BLOCK - 1) / H_BLOCK;
+    const int lane = threadIdx.x & 31;
+    act_t* xs = slice;
+    act_t* rs = slice + h;
+    __nv_bfloat16* ws = (__nv_bfloat16*)(slice + 2 * h);
+    for (int c = lane * 8; c < h; c += H_BLOCK) {
+        copy8_async(xs, x, c);
+        copy8_async(rs, r, c);
+        copy8_async(ws, wn, c);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
     float acc = 0.0f;
-    for (int b = 0; b < nblk; ++b) {
-        const int c = b * H_BLOCK + lane * 8;
+    for (int b0 = 0; b0 < h; b0 += H_BLOCK) {
+        const int c = b0 + lane * 8;
         float sq = 0.0f;
         if (c < h) {
             float v[8], rv[8];
-            act8(x, c, v);
-            act8(r, c, rv);
+            act8(xs, c, v);
+            act8(rs, c, rv);
 #pragma unroll
             for (int i = 0; i < 8; ++i) v[i] = act_round(v[i] + rv[i]);
 #pragma unroll
             for (int i = 0; i < 8; ++i) sq += v[i] * v[i];
-            act8_store(slice, c, v);
+            act8_store(xs, c, v);
             if (s) act8_store(s, c, v);
         }
         sq = warp_sum(sq);
-        acc = b == 0 ? sq : acc + sq;
+        acc = b0 == 0 ? sq : acc + sq;
     }
     const float inv = rms_inv(acc, h, eps);
-    for (int b = 0; b < nblk; ++b) {
-        const int c = b * H_BLOCK + lane * 8;
-        if (c >= h) continue;
+    for (int c = lane * 8; c < h; c += H_BLOCK) {
         float v[8], out[8];
-        act8(slice, c, v);
-        const uint4 wr = *(const uint4*)(wn + c);
+        act8(xs, c, v);
+        const uint4 wr = *(const uint4*)(ws + c);
         const __nv_bfloat16* wv = (const __nv_bfloat16*)&wr;
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[i] = act_round(v[i] * inv) * __bfloat162float(wv[i]);
-        act8_store(slice, c, out);
+        act8_store(xs, c, out);
     }
     __syncwarp();  // the dots read every lane's part of the slice
 }
