@@ -196,7 +196,7 @@ def semantics(
     rows, act)`` returns ``(args, params)`` for a small random call.
 
     >>> sorted(SEMANTICS)[:3]
-    ['add', 'add_rmsnorm', 'add_rmsnorm_gate_up_swiglu']
+    ['add', 'add_rmsnorm', 'argmax']
     """
 
     def register(fn: Family) -> Family:
@@ -678,58 +678,6 @@ def gate_up_swiglu(x: np.ndarray, wg: np.ndarray, wu: np.ndarray, *, k_block: in
     g = round_to(blocked_matvec(xf, wg, k_block, across), dt)
     u = round_to(blocked_matvec(xf, wu, k_block, across), dt)
     return (silu_mul(g, u, dt).astype(dt),)
-
-
-def _norm_matvec_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    return _norm_orders(p) + _matvec_orders(p)
-
-
-def _ex_add_rmsnorm_qkv(rng, rows, act):
-    (x, r, wn), norm = _ex_add_rmsnorm(rng, rows, act)
-    (_, wq, wk, wv), mat = _ex_qkv(rng, rows, act)
-    return (x, r, wn, wq, wk, wv), {**norm, **mat}
-
-
-@semantics("add_rmsnorm_qkv", rows=(0, 1), orders=_norm_matvec_orders,
-           example=_ex_add_rmsnorm_qkv)
-def add_rmsnorm_qkv(x: np.ndarray, r: np.ndarray, wn: np.ndarray, wq: np.ndarray,
-                    wk: np.ndarray, wv: np.ndarray, *, eps: float, h_block: int, k_block: int,
-                    across: str = "sequential", act: str) -> tuple[np.ndarray, ...]:
-    """``s, y = add_rmsnorm(x, r, wn)`` then ``qkv(y, wq, wk, wv)``: ``s`` and the three
-    projections, byte-identical to the two families (``y`` is not returned).
-
-    >>> one = np.ones((1, 2), np.float32)
-    >>> [a.tolist() for a in add_rmsnorm_qkv(one, one, np.ones(2, np.float32), one, 2 * one,
-    ...                                      3 * one, eps=0.0, h_block=2, k_block=2, act="f32")]
-    [[[2.0, 2.0]], [[2.0]], [[4.0]], [[6.0]]]
-    """
-    s, y = add_rmsnorm(x, r, wn, eps=eps, h_block=h_block, act=act)
-    return (s, *qkv(y, wq, wk, wv, k_block=k_block, across=across, act=act))
-
-
-def _ex_add_rmsnorm_gate_up_swiglu(rng, rows, act):
-    (x, r, wn), norm = _ex_add_rmsnorm(rng, rows, act)
-    (_, wg, wu), mat = _ex_gate_up_swiglu(rng, rows, act)
-    return (x, r, wn, wg, wu), {**norm, **mat}
-
-
-@semantics("add_rmsnorm_gate_up_swiglu", rows=(0, 1), orders=_norm_matvec_orders,
-           example=_ex_add_rmsnorm_gate_up_swiglu)
-def add_rmsnorm_gate_up_swiglu(x: np.ndarray, r: np.ndarray, wn: np.ndarray, wg: np.ndarray,
-                               wu: np.ndarray, *, eps: float, h_block: int, k_block: int,
-                               across: str = "sequential",
-                               act: str) -> tuple[np.ndarray, np.ndarray]:
-    """``s, y = add_rmsnorm(x, r, wn)`` then ``gate_up_swiglu(y, wg, wu)``: ``s`` and ``h``,
-    byte-identical to the two families.
-
-    >>> one = np.ones((1, 2), np.float32)
-    >>> s, h = add_rmsnorm_gate_up_swiglu(one, one, np.ones(2, np.float32), one, one, eps=0.0,
-    ...                                   h_block=2, k_block=2, act="f32")
-    >>> s.tolist(), round(float(h[0, 0]), 4)
-    ([[2.0, 2.0]], 3.5232)
-    """
-    s, y = add_rmsnorm(x, r, wn, eps=eps, h_block=h_block, act=act)
-    return s, gate_up_swiglu(y, wg, wu, k_block=k_block, across=across, act=act)[0]
 
 
 def _ex_argmax(rng, rows, act):

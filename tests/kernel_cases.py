@@ -212,36 +212,6 @@ def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner) -> None:
         assert lhs[name].tobytes() == rhs_out[name].tobytes(), f"{rel.name} at {rhs}: {name}"
 
 
-# (family, weight, k): the norm-prologue GEMVs (gemv_norm.cu) at Qwen3-0.6B's row, the longest
-# their limits allow (1024: four norm blocks), and at 544 (a short last block), in every format
-NORM_PROLOGUE_CASES = [(f, w, k) for f in ("add_rmsnorm_qkv", "add_rmsnorm_gate_up_swiglu")
-                       for w in ("bf16", "fp8", "mxfp4", "nvfp4") for k in (544, 1024)]
-
-
-def check_norm_prologue(P: Any, family: str, weight: str, k: int, runner: Runner,
-                        rows: int = 9) -> None:
-    """The fused launch (``family``: add_rmsnorm_qkv or add_rmsnorm_gate_up_swiglu) against
-    add_rmsnorm then the GEMV family, two launches, on the same inputs: equal bytes for ``s``
-    and every projection. Nine rows make two row blocks, each with its own writer of ``s``;
-    the outputs are poisoned before each launch, so an ``s`` left unwritten shows."""
-    fused = P.family(family)
-    point = fused.point(act="bf16", weight=weight, shape="gemv", h_block=256, k_block=256,
-                        across="sequential")
-    widths = {"nq": 40, "nk": 16, "nv": 24} if family.endswith("qkv") else {"n": 36}
-    sizes = {"rows": rows, "k": k, **widths}
-    _, device = inputs(fused, point, sizes, seed=k + rows)
-    got = runner(fused, point, sizes, device)
-    norm = P.family("add_rmsnorm")
-    s, y = runner(norm, norm.point(act="bf16", h_block=256), {"rows": rows, "h": k},
-                  {"x": device["x"], "r": device["r"], "w": device["wn"]})
-    gemv = P.family(family.removeprefix("add_rmsnorm_"))
-    weights = {p.name: device[p.name] for p in gemv.inputs[1:]}
-    want = (s, *runner(gemv, matmul_point(gemv, "gemv", weight), sizes, {"x": (y,), **weights}))
-    assert np.isfinite(s.astype(np.float32)).all() and np.abs(s.astype(np.float32)).max() > 0
-    for port, a, b in zip(fused.outputs, got, want, strict=True):
-        assert a.shape == b.shape and a.tobytes() == b.tobytes(), (family, weight, k, port.name)
-
-
 # (hq, hkv, head_dim, window): Llama-3.1-8B's and Qwen3-0.6B's heads, a group of three with head
 # dim 80, head dim 256 (two slices of output columns), one q head a kv head (blocks of four row
 # tiles: the whole launch in one block a kv head) and eight (eight warps, one row tile)

@@ -23,7 +23,6 @@ from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
     GEMM_ROW_WINDOWS,
-    NORM_PROLOGUE_CASES,
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
@@ -31,7 +30,6 @@ from tests.kernel_cases import (  # noqa: E402
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
-    check_norm_prologue,
     check_online_attention_bound,
     check_prefill_attention,
     check_relation,
@@ -270,13 +268,6 @@ def test_split_linear_gives_the_one_warp_bytes_on_device(gpu, family, across, we
 
 def _row_invariant_points():
     return row_invariant_points(_points(), F)
-
-
-@pytest.mark.parametrize("family,weight,k", NORM_PROLOGUE_CASES)
-def test_norm_prologue_gives_the_two_launches_bytes_on_device(gpu, family, weight, k):
-    """add_rmsnorm_qkv and add_rmsnorm_gate_up_swiglu at Qwen3-0.6B's row (1024) and at 544,
-    nine rows, every weight format: the bytes of add_rmsnorm then the GEMV."""
-    check_norm_prologue(P, family, weight, k, lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("fam,point", _row_invariant_points(),

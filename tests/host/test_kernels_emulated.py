@@ -33,7 +33,6 @@ from tests.kernel_cases import (
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
-    check_norm_prologue,
     check_online_attention_bound,
     check_prefill_attention,
     check_relation,
@@ -235,31 +234,6 @@ def test_split_linear_traps_on_too_little_shared_memory(build_dir):
     with pytest.raises(AssertionError, match=r"refused the launch \(2"):
         run(build_dir, fam, point, sizes, device,
             launch=(entry, ((20, 1, 1), (128, 1, 1), 128)))
-
-
-@pytest.mark.parametrize("family", ["add_rmsnorm_qkv", "add_rmsnorm_gate_up_swiglu"])
-@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
-def test_norm_prologue_gives_the_two_launches_bytes(build_dir, family, weight):
-    """At the longest row the norm-prologue kernels serve (k = 1024, four norm blocks a warp)
-    and nine rows (two row blocks), s and every projection have the bytes of add_rmsnorm then
-    the GEMV: the relation at sizes its example does not reach (the device test takes every
-    weight format, and k = 544, a short last block)."""
-    check_norm_prologue(P, family, weight, 1024, _runner(build_dir))
-
-
-def test_norm_prologue_traps_on_too_little_shared_memory(build_dir):
-    """Each warp copies its row's x, r and norm weights into its own part of the launch's
-    shared memory (KERNELS.toml: 24 k bytes for bf16): a launch given 2 bytes less fails, not
-    writing past it."""
-    fam = P.family("add_rmsnorm_gate_up_swiglu")
-    point = fam.point(act="bf16", weight="bf16", shape="gemv", h_block=256, k_block=256,
-                      across="sequential")
-    sizes = {"rows": 3, "k": 512, "n": 8}
-    _, device = inputs(fam, point, sizes, seed=8)
-    entry = F.realize(point).entry
-    run(build_dir, fam, point, sizes, device, launch=(entry, ((2, 1, 1), (128, 1, 1), 24 * 512)))
-    with pytest.raises(AssertionError, match=r"refused the launch \(2"):
-        run(build_dir, fam, point, sizes, device, launch=(entry, ((2, 1, 1), (128, 1, 1), 24 * 512 - 2)))
 
 
 @pytest.mark.parametrize("family", ["rope", "qk_norm", "qk_norm_rope"])
