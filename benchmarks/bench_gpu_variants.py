@@ -49,6 +49,7 @@ GEMV_SHAPES = [
     ("qwen3-0.6b", "gate_up", 3072, 1024), ("qwen3-0.6b", "down", 1024, 3072),
     ("llama-3.1-8b", "qkv", 6144, 4096), ("llama-3.1-8b", "o_proj", 4096, 4096),
     ("llama-3.1-8b", "gate_up", 14336, 4096), ("llama-3.1-8b", "down", 4096, 14336),
+    ("qwen3-30b-a3b", "o_proj", 2048, 4096),
 ]
 # (model, hq, hkv, head_dim)
 ATTENTION_SHAPES = [("qwen3-0.6b", 16, 8, 128), ("llama-3.1-8b", 32, 8, 128),
@@ -84,8 +85,9 @@ GEMV_MMA_VARIANTS = ["", "GEMV_MMA_L2_FETCH=0", "GEMV_MMA_L2_FETCH=256",
 def gemv_mma_launch(k: int, pair: bool, variant: str) -> tuple[int, int]:
     """(threads, dynamic shared bytes) of a gemv_mma.cu launch for ``variant``, as the source
     sizes them: the k-block partials of each of its tiles."""
-    warps = int(parse_defines(variant).get("WARPS", 8))
-    return 32 * warps, -(-k // 256) * 512 * (2 if pair else 1)
+    defines = parse_defines(variant)
+    warps, k_block = int(defines.get("WARPS", 8)), int(defines.get("K_BLOCK", 256))
+    return 32 * warps, -(-k // k_block) * 512 * (2 if pair else 1)
 # decode attention: positions per thread block (the grid follows a CHUNK override); each launch
 # is followed by the merge of its chunk records (metrale_attention_decode_merge)
 ATTENTION_VARIANTS = ["", "CHUNK=32", "CHUNK=128"]
@@ -324,7 +326,7 @@ def bench_gemv(cp: Any, tmp: Path, rate: float, formats: list[str],
     another gemv.cu-like source in cuda/common, runs as the variant "baseline"."""
     variants_of = {fmt: GEMV_VARIANTS[fmt] if variants is None else variants for fmt in formats}
     # (source, defines, split): the source's split entry (a block a column; the plans launch it
-    # where n <= 2048) runs as the variant "split" at every linear shape, on the default defines
+    # where n <= 1024) runs as the variant "split" at every linear shape, on the default defines
     kernels_of = {fmt: [("gemv.cu", v, False) for v in vs] + [("gemv.cu", "", True)]
                   + ([(baseline, "", False)] if baseline else [])
                   for fmt, vs in variants_of.items()}
