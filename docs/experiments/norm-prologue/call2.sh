@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 1: the norm-prologue kernels' device tests, then exact steps of Qwen3-0.6B against f75a7be.
+# Calls 1 and 2: the norm-prologue kernels' device tests, then exact steps of Qwen3-0.6B against f75a7be.
 source docs/experiments/device_setup.sh
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
