@@ -484,9 +484,8 @@ def test_a_short_linear_makes_its_split_launch_in_place_of_its_own(n: int, split
     weights have no split launch: one warp a column at every n."""
     F = realization("sm_90")
     for family in ("linear", "linear_add"):
-        point = next(p for p in P.family(family).points if dict(p.params)["shape"] == "gemv"
-                     and dict(p.params)["act"] == "bf16" and dict(p.params)["weight"] == "bf16"
-                     and dict(p.params)["across"] == "sequential")
+        point = P.family(family).point(act="bf16", weight="bf16", shape="gemv", k_block=256,
+                                       across="sequential")
         k = F.realize(point)
         (entry, _, (grid, block, shared)), = k.launches_for({"rows": 9, "k": 2304, "n": n})
         assert block == (128, 1, 1)
