@@ -399,6 +399,11 @@ class Engine:
                                         presentation=self.presentation)
         return self._plans[key]
 
+    @property
+    def caches(self) -> dict[str, DevicePtr]:
+        """Each cache buffer's memory, every slot of it."""
+        return {name: self.externals[name] for name in self._slot_bytes}
+
     def _cache_ptr(self, name: str, first_slot: int, count: int) -> DevicePtr:
         step = self._slot_bytes[name]
         return (self.externals[name] + first_slot * step).take(count * step)

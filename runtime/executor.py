@@ -400,6 +400,13 @@ class Program:
         """The resolved arguments of every launch, in launch order."""
         return tuple(self._args)
 
+    @property
+    def step_memory(self) -> tuple[tuple[str, DevicePtr], ...]:
+        """The memory this program owns and its launches write: the activation arena and the
+        workspace, labelled (the caches they write are the caller's bindings)."""
+        own = (("activations", self._arena), ("workspace", self._workspace))
+        return tuple((label, ptr) for label, ptr in own if ptr is not None)
+
     # -- memory figures ---------------------------------------------------------------------
 
     @property

@@ -34,6 +34,7 @@ import numpy as np
 from metrale.lkb.errors import LaunchError, MetraleError
 from metrale.runtime.backend import (
     DeviceLimits,
+    DevicePtr,
     HostKernel,
     KernelHandle,
     ModuleHandle,
@@ -109,6 +110,19 @@ class HostBackend(BackendBase):
 
     def _free(self, storage: Any) -> None:
         pass  # the array goes when its last view does
+
+    def host_bytes(self, ptr: DevicePtr) -> np.ndarray:
+        """The bytes ``ptr`` spans, as a writable ``np.uint8`` view of this backend's memory:
+        what a host emulation of the kernels reads and writes through.
+
+        >>> be = HostBackend()
+        >>> p = be.alloc(4)
+        >>> be.host_bytes(p + 1)[:] = 7
+        >>> be.copy_d2h(p, 4).tolist()
+        [0, 7, 7, 7]
+        """
+        storage, offset, n = self._mem.resolve(ptr, "host_bytes.ptr")
+        return self._bytes(storage)[offset:offset + n]
 
     def _pointer_arg(self, kernel: KernelHandle, index: int, storage: Any, offset: int,
                      nbytes: int) -> np.ndarray:

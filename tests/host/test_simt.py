@@ -1,6 +1,7 @@
 """The emulation's own laws (tests/host/simt), on small sources written here: threads meet at
-block and warp barriers in any number of rounds, a thread that returns stops counting, and
-threads that wait at barriers none of them can complete trap instead of hanging."""
+block and warp barriers in any number of rounds, a thread that returns stops counting, threads
+that wait at barriers none of them can complete trap instead of hanging, and the
+dependent-launch guard shows what a kernel touches before its wait."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
               pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
 
 SOURCE = r"""
+#include "grid.cuh"
+
 // Each block sums its threads' ids through shared memory, one __syncthreads a round, and lane 0
 // of each warp adds its warp's ids with shuffles; threads at or past `live` return first.
 extern "C" __global__ void block_sums(int* out, int* warp_out, int live) {
@@ -49,9 +52,33 @@ extern "C" __global__ void split_barrier(int* out) {
     else __syncthreads();
     out[threadIdx.x] = 1;
 }
+
+// y[i] = x[i] + 1 over one warp, x read before the dependent-launch wait (how: 1 a load, 2 a
+// cp.async issued before it and landed after it) or after it (0); early_store writes y before
+// the wait too.
+extern "C" __global__ void guarded_probe(const float* x, float* y, int how, int early_store) {
+    extern __shared__ __align__(16) float staged[];
+    const int i = threadIdx.x;
+    float v = 0.0f;
+    if (how == 1) v = x[i];
+    if (how == 2 && i % 4 == 0) {
+        const unsigned s = (unsigned)__cvta_generic_to_shared(staged + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(x + i) : "memory");
+    }
+    if (early_store) y[i] = 1.0f;
+    grid_dependency_sync();
+    if (how == 2) {
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        v = staged[i];
+    }
+    if (how == 0) v = x[i];
+    y[i] = v + 1.0f;
+}
 """
 ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
-           "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32")}
+           "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32"),
+           "guarded_probe": ("ptr", "ptr", "i32", "i32")}
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +123,35 @@ def test_byte_perm_picks_bytes_as_cuda_documents(lib):
     out = np.full(n, 0xDEADBEEF, np.uint32)  # poisoned: every case must be written
     lib.launch("byte_perms", (1, 1, 1), (32, 1, 1), 0, [x, y, sel, out, n])
     assert [hex(v) for v in out.tolist()] == [hex(c[1]) for c in cases]
+
+
+@pytest.mark.parametrize("how", [0, 1, 2])  # x read after the wait, a load before, a cp.async
+def test_the_dependent_launch_guard_shows_what_comes_before_the_wait(lib, how, capfd):
+    """Guarded bytes read before the wait read as poison (a cp.async issued before it too, though
+    it lands after), a store to them before the wait traps, and the bytes are the step's again
+    after the launch; unguarded, the same launches run as written."""
+    x = np.arange(32, dtype=np.float32)
+    y = np.full(32, -7.0, np.float32)
+    guard = [(x.ctypes.data, x.nbytes), (y.ctypes.data, y.nbytes)]
+    with simt.dependent_launch_guard(guard):
+        lib.launch("guarded_probe", (1, 1, 1), (32, 1, 1), 128, [x, y, how, 0])
+    assert np.array_equal(x, np.arange(32, dtype=np.float32))
+    if how:
+        assert np.isnan(y).all()  # x was poison when read
+    else:
+        assert np.array_equal(y, x + 1.0)
+    y[:] = -7.0
+    with simt.dependent_launch_guard(guard):
+        assert lib.run("guarded_probe", (1, 1, 1), (32, 1, 1), 128, [x, y, how, 1]) == 2
+    assert "before its dependent-launch wait" in capfd.readouterr().err
+    assert (y == -7.0).all()  # the store's bytes gave way to the step's
+    lib.launch("guarded_probe", (1, 1, 1), (32, 1, 1), 128, [x, y, how, 1])
+    assert np.array_equal(y, x + 1.0)
+
+
+def test_the_transform_examples_hold():
+    """The source rewrites simt/__init__.py shows in its docstring, as doctests."""
+    import doctest
+
+    result = doctest.testmod(simt, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -4,12 +4,15 @@
 block barriers, warp collectives, shared memory, atomics) and the PTX the kernels write inline. This module prepares
 a kernel source for it and runs its entries:
 
-- the source and the headers it includes are rewritten in three ways, none specific to one
+- the source and the headers it includes are rewritten in four ways, none specific to one
   kernel: a static ``__shared__`` variable becomes a function-local ``static`` (shared by the
   block's threads; blocks run one after another), an ``extern __shared__`` array becomes a
-  pointer to the launch's dynamic shared memory, and every ``asm`` statement becomes a call of
+  pointer to the launch's dynamic shared memory, every ``asm`` statement becomes a call of
   ``simt::asm_stmt`` with its template, its output operands by reference and its inputs by
-  value; the emulator dispatches on the template and refuses one it does not know;
+  value (the emulator dispatches on the template and refuses one it does not know), and
+  ``__CUDA_ARCH__`` becomes ``METRALE_SIMT_ARCH``, which simt.hpp defines as 900: the kernels'
+  own code for sm_90 runs (their dependent-launch waits among it), while the CUDA headers keep
+  their host paths;
 - a trampoline per entry, written from the KERNELS.toml argument types, unpacks the argument
   array as the driver would;
 - the result is built with the host compiler against the CUDA headers nvcc uses, once per
@@ -21,17 +24,20 @@ a kernel source for it and runs its entries:
 'char* smem_base = (char*)simt::dynamic_smem();'
 >>> transform('asm volatile("prefetch.global.L2 [%0];" ::"l"(at));')
 'simt::asm_stmt("prefetch.global.L2 [%0];", {}, {simt::in(at)});'
+>>> transform('#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900')
+'#if defined(METRALE_SIMT_ARCH) && METRALE_SIMT_ARCH >= 900'
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,7 @@ ARG_C = {"ptr": "simt::AnyPtr", "i32": "int", "i64": "long long", "f32": "float"
 _EXTERN_SHARED = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
 _SHARED = re.compile(r"\b__shared__\s+")
+_CUDA_ARCH = re.compile(r"\b__CUDA_ARCH__\b")
 
 
 def available() -> tuple[bool, str]:
@@ -154,6 +161,7 @@ def _asm(stmt: str) -> str:
 
 def transform(text: str) -> str:
     """A CUDA source made ready for the host emulation (the module docstring says how)."""
+    text = _CUDA_ARCH.sub("METRALE_SIMT_ARCH", text)
     text = _EXTERN_SHARED.sub(lambda m: f"{m.group(1)}* {m.group(2)} = "
                               f"({m.group(1)}*)simt::dynamic_smem();", text)
     text = _SHARED.sub("static ", text)
@@ -178,6 +186,21 @@ def _trampolines(entries: Mapping[str, tuple[str, ...]]) -> str:
     return "\n".join(out)
 
 
+_GUARD: list[tuple[int, int]] = []  # (address, bytes): what the launches now running guard
+
+
+@contextlib.contextmanager
+def dependent_launch_guard(ranges: Sequence[tuple[int, int]]) -> Iterator[None]:
+    """Launches inside the block run with the host bytes ``ranges`` ((address, bytes) pairs)
+    guarded as the bytes of a step (simt.hpp, ``Guarded``): poisoned in each block until its
+    threads' ``griddepcontrol.wait``, a write before that wait a trap."""
+    _GUARD[:] = [(int(a), int(n)) for a, n in ranges if n > 0]
+    try:
+        yield
+    finally:
+        _GUARD.clear()
+
+
 class Library:
     """One kernel source built for the emulation with one define set: launch(entry, ...) runs an
     entry over a grid, its arguments given as Python values in KERNELS.toml order."""
@@ -189,6 +212,8 @@ class Library:
         self.dll.simt_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_int]
+        self.dll.simt_guard.restype = None
+        self.dll.simt_guard.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
 
     def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared: int, args: list[Any]) -> None:
@@ -215,6 +240,10 @@ class Library:
                 values.append(ctypes.c_float(float(v)))
         argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
         fn = getattr(self.dll, f"simt_call_{entry}")
+        n = len(_GUARD)
+        starts = (ctypes.c_void_p * max(n, 1))(*[a for a, _ in _GUARD])
+        lengths = (ctypes.c_size_t * max(n, 1))(*[b for _, b in _GUARD])
+        self.dll.simt_guard(starts, lengths, n)
         return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared)
 
 
@@ -274,20 +303,22 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
     return out
 
 
-def plan_loader(build_dir: Path) -> Any:
+def plan_loader(build_dir: Path, *, dependent_launch: bool = False) -> Any:
     """The executor's loader for an NVIDIA class's plans on a ``HostBackend``: every launch runs
     its kernel's own source on the emulation, with the launch shape the plan gives it (the CUDA
     loader's buffers, weights in their storage format, arguments bound the same way).
 
     Usage: ``Engine.load(model, hardware="sm_90", backend=HostBackend(),
-    loader=plan_loader(build_dir))``.
+    loader=plan_loader(build_dir))``. With ``dependent_launch`` the launches are marked as the
+    device's loader marks them on a class that has dependent launches (``Launch.dependent``);
+    the emulation runs them in order either way.
     """
     from metrale.runtime.backend import HostKernel
     from metrale.runtime.cuda_loader import CudaPlanLoader, parse_args
 
     class PlanLoader(CudaPlanLoader):
         def __init__(self) -> None:
-            super().__init__("emulated")
+            super().__init__("emulated", dependent_launch=dependent_launch)
 
         def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared: int, entry: str | None = None

@@ -30,7 +30,7 @@ static float bf16_at(uint32_t word, int half) {
 static void land(const std::vector<Copy>& group) {
     for (const Copy& c : group) {
         std::memset(arena + c.dst, 0, 16);
-        if (c.bytes) std::memcpy(arena + c.dst, c.src, c.bytes);
+        if (c.bytes) std::memcpy(arena + c.dst, c.taken ? c.early : c.src, c.bytes);
     }
 }
 
@@ -180,7 +180,8 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
                     std::initializer_list<uint64_t> ins) {
     const std::string t(tmpl);
     const uint64_t* in = ins.begin();
-    if (t == "prefetch.global.L2 [%0];" || t.rfind("griddepcontrol.", 0) == 0) return;
+    if (t == "griddepcontrol.wait;") return dependency_wait();
+    if (t == "prefetch.global.L2 [%0];" || t == "griddepcontrol.launch_dependents;") return;
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
     } else if (t == "cp.async.cg.shared.global [%0], [%1], 16;" ||
@@ -189,7 +190,9 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         const int bytes = ins.size() > 2 ? (int)in[2] : 16;
         shared_row(dst, tmpl);
         if (bytes) global_row(as<const void*>(in[1]), tmpl);
-        open_group.push_back({dst, as<const void*>(in[1]), bytes});
+        Copy c{dst, as<const void*>(in[1]), bytes, !guarded.empty() && !block->released, {}};
+        if (c.taken && bytes) std::memcpy(c.early, c.src, bytes);
+        open_group.push_back(c);
     } else if (t == "cp.async.commit_group;") {
         commit();
     } else if (t == "cp.async.wait_group %0;") {
@@ -253,6 +256,32 @@ static bool wrote_past(unsigned shared) {
         return true;
     }
     return false;
+}
+
+// The guard's bytes as the block's wait completes: still poison (else a thread wrote them before
+// its wait, and the launch traps), then the step's bytes again.
+void simt::release_guarded() {
+    static const std::vector<unsigned char> poison(4096, 0xFF);
+    block->released = true;
+    for (Guarded& g : guarded) {
+        for (size_t at = 0; at < g.n && !trapped; at += poison.size()) {
+            const size_t n = std::min(poison.size(), g.n - at);
+            if (std::memcmp(g.p + at, poison.data(), n) == 0) continue;
+            size_t i = at;
+            while (g.p[i] == 0xFF) ++i;
+            std::fprintf(stderr, "simt: block %u,%u,%u wrote guarded global byte %p before its "
+                         "dependent-launch wait\n", block_idx.x, block_idx.y, block_idx.z,
+                         (void*)(g.p + i));
+            trapped = 1;
+        }
+        std::memcpy(g.p, g.saved.data(), g.n);
+    }
+}
+
+// Guard n ranges of global bytes (ptrs[i], lens[i]) in the launches that follow; n = 0 clears.
+extern "C" void simt_guard(unsigned char* const* ptrs, const size_t* lens, int n) {
+    simt::guarded.clear();
+    for (int i = 0; i < n; ++i) simt::guarded.push_back({ptrs[i], lens[i], {}});
 }
 
 namespace {
@@ -351,6 +380,7 @@ void fiber_main() {
         }
         simt::drop(simt::warp().meet);
         simt::drop(simt::block->sync);
+        simt::dependency_drop();
         running->done = true;
         jump(running->context, launcher);
     }
@@ -433,6 +463,10 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
         std::memset(simt::arena, 0xFF, b > 0 ? (size_t)shared : simt::SMEM_BYTES);
         current = std::make_unique<simt::Block>(threads);
         simt::block = current.get();
+        for (simt::Guarded& g : simt::guarded) {  // the step's bytes aside, poison in their place
+            g.saved.assign(g.p, g.p + g.n);
+            std::memset(g.p, 0xFF, g.n);
+        }
         const long id = blocks - 1 - b;  // last block first (see above)
         simt::block_idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
                            (unsigned)(id / ((long)gx * gy))};
@@ -459,6 +493,7 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
                 simt::trapped = 1;  // the next round lets each waiting thread stop
             }
         }
+        if (!simt::guarded.empty() && !current->released) simt::release_guarded();
     }
     if (!simt::trapped && wrote_past((unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;

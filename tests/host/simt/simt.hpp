@@ -56,6 +56,9 @@
 #define METRALE_SIMT_NO_SWIZZLE 0
 #endif
 
+// __CUDA_ARCH__ in the kernels' own sources (the transform renames it): the class emulated.
+#define METRALE_SIMT_ARCH 900
+
 namespace simt {
 
 constexpr int MAX_THREADS = 1024;
@@ -76,14 +79,34 @@ struct Warp {
 
 struct Block {
     Barrier sync;
+    Barrier dependency;     // griddepcontrol.wait while global bytes are guarded (simt_guard)
+    bool released = false;  // the guarded bytes are the step's again
     Warp warps[MAX_THREADS / 32];
-    explicit Block(int threads) : sync{threads} {}
+    explicit Block(int threads) : sync{threads}, dependency{threads} {}
 };
+
+// The dependent-launch guard (simt_guard): global bytes that the launches of a step write. A
+// dependent launch may start while earlier launches of its step still run, so a kernel must not
+// touch those bytes before its griddepcontrol.wait. While a guard is set, each block starts with
+// them poisoned (0xFF, saved aside), the wait becomes a barrier of the block's threads (a thread
+// that returned stops counting), and its completion checks that the poison is intact (else a
+// write came before the wait: a trap) and puts the saved bytes back; a block whose threads all
+// return without waiting gets them back as it ends. A read before the wait sees poison, so it
+// shows as different output; a cp.async issued before it reads its source as it issues (the
+// hardware may read it any time from then on), not at the wait that lands it.
+struct Guarded {
+    unsigned char* p;
+    size_t n;
+    std::vector<unsigned char> saved;
+};
+inline std::vector<Guarded> guarded;
 
 struct Copy {
     size_t dst;  // shared-memory offset
     const void* src;
     int bytes;   // copied; the rest of the 16 is zeroed
+    bool taken;  // issued before a guarded wait: the source bytes as they were then, in `early`
+    unsigned char early[16];
 };
 
 struct Trap {};  // thrown by __trap, caught where the thread started
@@ -127,6 +150,32 @@ inline void drop(Barrier& b) {
     if (--b.expected > 0 && b.arrived == b.expected) {
         b.arrived = 0;
         ++b.gen;
+    }
+}
+void release_guarded();  // the guard's bytes checked and put back (simt.cpp)
+// griddepcontrol.wait under a guard: the block's threads meet, the last releases the bytes.
+inline void dependency_wait() {
+    if (guarded.empty() || block->released) return;
+    Barrier& b = block->dependency;
+    const unsigned gen = b.gen;
+    ++progress;
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.gen;
+        release_guarded();
+    } else {
+        while (b.gen == gen && !trapped) yield();
+    }
+    if (trapped) throw Trap{};
+}
+// A returning thread leaves the wait's barrier, which the others may now complete.
+inline void dependency_drop() {
+    Barrier& b = block->dependency;
+    ++progress;
+    if (--b.expected > 0 && b.arrived == b.expected && !guarded.empty() && !block->released) {
+        b.arrived = 0;
+        ++b.gen;
+        release_guarded();
     }
 }
 inline Warp& warp() { return block->warps[thread_idx.x / 32]; }
