@@ -193,8 +193,13 @@ _GUARD: list[tuple[int, int]] = []  # (address, bytes): what the launches now ru
 def dependent_launch_guard(ranges: Sequence[tuple[int, int]]) -> Iterator[None]:
     """Launches inside the block run with the host bytes ``ranges`` ((address, bytes) pairs)
     guarded as the bytes of a step (simt.hpp, ``Guarded``): poisoned in each block until its
-    threads' ``griddepcontrol.wait``, a write before that wait a trap."""
-    _GUARD[:] = [(int(a), int(n)) for a, n in ranges if n > 0]
+    threads' ``griddepcontrol.wait``, a write before that wait a trap. The ranges must not
+    overlap: a block sets each range aside and poisons it in turn, so an overlap would set poison
+    aside as the step's bytes."""
+    spans = sorted((int(a), int(n)) for a, n in ranges if n > 0)
+    for (a, n), (b, _) in zip(spans, spans[1:]):
+        assert a + n <= b, f"guarded ranges overlap at {b:#x}"
+    _GUARD[:] = spans
     try:
         yield
     finally:
