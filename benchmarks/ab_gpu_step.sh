@@ -8,8 +8,10 @@
 #   installs each tree in turn (offline, .whl as device_checks.sh) and runs bench_gpu_decode.py
 #   with STEP_ARGS (default: qwen3-0.6b llama-3.1-8b --batches 1,8 --quants bf16 --no-hf); TAG
 #   is "work" or a prepared REV, in the order given (default: work, then every prepared tree,
-#   then work again). Each run's JSON goes to $OUT/gpu_decode_N_TAG.json. Evidence is never
-#   recorded here (no --record): only the working tree's own run may record.
+#   then work again). Each run's JSON goes to $OUT/gpu_decode_N_TAG.json, and at the end
+#   benchmarks/ab_summary.py puts every tree's medians beside the first tree's
+#   ($OUT/ab_summary.json). Evidence is never recorded here (no --record): only the working
+#   tree's own run may record.
 set -uo pipefail
 cmd=${1:-}; shift || true
 root=$(pwd)
@@ -51,6 +53,11 @@ run)
     cp "$dir/benchmarks/results/gpu_decode.json" "$OUT/gpu_decode_${n}_$tag.json"
   done
   (cd "$root" && python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
+  # the verdict: each tree's medians and ratios to the first tree's, into $OUT/ab_summary.json
+  if [ -f "$root/benchmarks/ab_summary.py" ]; then
+    python3 "$root/benchmarks/ab_summary.py" "$OUT" --base "${tags[0]}" \
+      || echo "ab_summary.py failed; the runs' files are in $OUT" >&2
+  fi
   ;;
 *)
   echo "usage: $0 prepare REV [REV ...] | run [TAG ...]" >&2; exit 2

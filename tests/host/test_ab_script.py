@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,51 @@ def test_an_unknown_revision_or_tree_is_named(repo):
     missing = _script(tree, "run", "nosuchrev", OUT=str(tree / "out"))
     assert missing.returncode == 2 and "nosuchrev: no tree at" in missing.stderr
     assert _script(tree).returncode == 2
+
+
+def _result(folder: Path, n: int, tag: str, steps: dict[tuple, tuple[float, str]]) -> None:
+    rows = [{"model": m, "quant": q, "policy": "exact", "batch": b, "step_s": s,
+             "logits_sha256": h} for (m, q, b), (s, h) in steps.items()]
+    rows.append({"model": "m", "engine": "hf eager"})  # a peer's row: no step_s, not counted
+    (folder / f"gpu_decode_{n}_{tag}.json").write_text(json.dumps({"rows": rows}))
+
+
+def test_the_summary_gives_each_tree_its_medians_ratios_and_whether_logits_agree(tmp_path):
+    """ab_summary.py over a call's result files: runs in call order, the median of each tree's
+    runs, its ratio to the base tree's median, and a step whose logits differ between trees
+    named as such (the run's table and ab_summary.json say the same)."""
+    a, b = ("qwen", "bf16", 1), ("qwen", "bf16", 8)
+    _result(tmp_path, 1, "work", {a: (1.0e-3, "h1"), b: (4.0e-3, "h8")})
+    _result(tmp_path, 2, "abc123", {a: (0.9e-3, "h1"), b: (4.4e-3, "other")})
+    _result(tmp_path, 3, "abc123", {a: (0.8e-3, "h1"), b: (4.2e-3, "other")})
+    _result(tmp_path, 4, "work", {a: (1.2e-3, "h1"), b: (4.0e-3, "h8")})
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ab_summary.py"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got = json.loads((tmp_path / "ab_summary.json").read_text())
+    first, second = got["steps"]
+    assert (first["batch"], second["batch"]) == (1, 8)
+    assert first["trees"]["work"] == {"runs_ms": [1.0, 1.2], "median_ms": 1.1, "ratio": 1.0}
+    assert first["trees"]["abc123"] == {"runs_ms": [0.9, 0.8], "median_ms": 0.85,
+                                        "ratio": round(0.85 / 1.1, 4)}
+    assert first["same_logits"] and not second["same_logits"]
+    lines = run.stdout.splitlines()
+    assert lines[1].split()[-1] == "same" and lines[2].split()[-1] == "DIFFER"
+    assert "0.850 (0.773)" in lines[1]
+
+
+def test_the_summary_names_a_missing_base_or_an_empty_folder(tmp_path):
+    script = str(ROOT / "benchmarks" / "ab_summary.py")
+    empty = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True,
+                           text=True, timeout=60)
+    assert empty.returncode != 0 and "no gpu_decode_N_TAG.json files" in empty.stderr
+    _result(tmp_path, 1, "abc123", {("m", "bf16", 1): (1e-3, "h")})
+    nobase = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    assert nobase.returncode != 0 and "no runs of the baseline tree 'work'" in nobase.stderr
+
+
+def test_the_summary_module_example_holds():
+    run = subprocess.run([sys.executable, "-m", "doctest", "benchmarks/ab_summary.py"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
