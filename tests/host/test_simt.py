@@ -75,10 +75,37 @@ extern "C" __global__ void guarded_probe(const float* x, float* y, int how, int 
     if (how == 0) v = x[i];
     y[i] = v + 1.0f;
 }
+
+// out[i] = src[i] over one warp, through shared memory: a bulk copy of 128 bytes counted on a
+// transaction barrier armed for `armed` bytes, read before the barrier's wait (early) or after.
+extern "C" __global__ void bulk_probe(const float* src, float* out, int armed, int early) {
+    extern __shared__ __align__(16) float stage[];  // 32 floats, then the barrier
+    const unsigned bar = (unsigned)__cvta_generic_to_shared(stage + 32);
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(bar), "r"(armed) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                     "[%1], %2, [%3];"
+                     ::"r"((unsigned)__cvta_generic_to_shared(stage)), "l"(src), "r"(128),
+                     "r"(bar) : "memory");
+    }
+    __syncthreads();
+    float v = early ? stage[threadIdx.x] : 0.0f;
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar) : "memory");
+    if (!early) v = stage[threadIdx.x];
+    out[threadIdx.x] = v;
+}
 """
 ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
            "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32"),
-           "guarded_probe": ("ptr", "ptr", "i32", "i32")}
+           "guarded_probe": ("ptr", "ptr", "i32", "i32"),
+           "bulk_probe": ("ptr", "ptr", "i32", "i32")}
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +174,22 @@ def test_the_dependent_launch_guard_shows_what_comes_before_the_wait(lib, how, c
     assert (y == -7.0).all()  # the store's bytes gave way to the step's
     lib.launch("guarded_probe", (1, 1, 1), (32, 1, 1), 128, [x, y, how, 1])
     assert np.array_equal(y, x + 1.0)
+
+
+def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
+    """cp.async.bulk's bytes are in shared memory after the transaction barrier's wait and not
+    before the first thread's wait (the block's last thread to leave __syncthreads goes on first
+    and reads poison; the others read after its wait landed the copy, as the GPU may let them);
+    a barrier armed for more bytes than its copies bring, a wait the GPU would never end,
+    traps."""
+    src = np.arange(32, dtype=np.float32) + 0.5
+    out = np.full(32, -1.0, np.float32)
+    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 0])
+    assert np.array_equal(out, src)
+    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 1])
+    assert np.isnan(out[31]) and np.array_equal(out[:31], src[:31])
+    assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0]) == 2
+    assert "armed bytes no copy brings" in capfd.readouterr().err
 
 
 def test_the_transform_examples_hold():

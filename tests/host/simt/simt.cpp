@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -159,6 +160,36 @@ static void wgmma_wait(size_t pending) {
     }
 }
 
+// The block's transaction barrier at shared address `at` (made on first use: its init).
+static TxBarrier& tx_barrier(size_t at) {
+    for (auto& [a, b] : block->tx)
+        if (a == at) return b;
+    block->tx.emplace_back(at, TxBarrier{});
+    return block->tx.back().second;
+}
+
+// A try_wait on the barrier at `at` for the phase of `parity`: its pending copies land, a phase
+// whose armed bytes have all landed completes, and the wait is over once the phase of that
+// parity has completed (phases alternate 0, 1, 0, ...). Armed bytes that cannot all come trap.
+static bool tx_try_wait(size_t at, unsigned parity, const char* tmpl) {
+    TxBarrier& b = tx_barrier(at);
+    for (const BulkCopy& c : b.pending) {
+        std::memcpy(arena + c.dst, c.early.empty() ? c.src : c.early.data(), c.bytes);
+        b.landed += c.bytes;
+    }
+    b.pending.clear();
+    if (b.landed > b.armed) fault("bulk copies past the barrier's armed bytes", tmpl);
+    if (b.armed && b.landed == b.armed) {
+        ++b.phases;
+        b.armed = b.landed = 0;
+    }
+    if (b.phases == 0 || ((b.phases - 1) & 1) != parity) {  // threads switch only at barriers:
+        if (b.armed) fault("a wait whose armed bytes no copy brings", tmpl);  // a spin would hang
+        fault("a wait for a phase nothing was armed for", tmpl);
+    }
+    return true;
+}
+
 // What the hardware faults on, checked: a cp.async or ldmatrix address that is not 16-byte
 // aligned (global source or shared row), or shared bytes past the launch's dynamic size.
 static void fault(const char* what, const char* tmpl) {
@@ -184,6 +215,32 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     if (t == "prefetch.global.L2 [%0];" || t == "griddepcontrol.launch_dependents;") return;
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
+    } else if (t == "mov.u64 %0, %%globaltimer;") {
+        const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::steady_clock::now().time_since_epoch()).count();
+        std::memcpy(outs.begin()[0].p, &ns, 8);
+    } else if (t == "mbarrier.init.shared::cta.b64 [%0], 1;") {
+        tx_barrier((uint32_t)in[0]) = TxBarrier{};
+    } else if (t == "fence.mbarrier_init.release.cluster;") {
+        return;  // the emulation's barriers are plain memory of the launch
+    } else if (t == "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;") {
+        tx_barrier((uint32_t)in[0]).armed += (unsigned)in[1];
+    } else if (t == "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                    "[%1], %2, [%3];") {
+        const size_t dst = (uint32_t)in[0];
+        const unsigned bytes = (unsigned)in[2];
+        if (dst % 16 || bytes % 16) fault("bulk copy not in 16-byte units", tmpl);
+        if (dst + bytes > dynamic_bytes) fault("bulk copy past the launch's dynamic size", tmpl);
+        global_row(as<const void*>(in[1]), tmpl);
+        BulkCopy c{dst, as<const void*>(in[1]), bytes, {}};
+        if (!guarded.empty() && !block->released)
+            c.early.assign((const unsigned char*)c.src, (const unsigned char*)c.src + bytes);
+        tx_barrier((uint32_t)in[3]).pending.push_back(std::move(c));
+    } else if (t.find("mbarrier.try_wait.parity.shared::cta.b64 p, [%1], ") != std::string::npos) {
+        const size_t at = t.find("[%1], ") + 6;
+        const unsigned parity = t[at] == '%' ? (unsigned)in[1] : (unsigned)(t[at] - '0');
+        const uint32_t done = tx_try_wait((uint32_t)in[0], parity, tmpl);
+        std::memcpy(outs.begin()[0].p, &done, 4);
     } else if (t == "cp.async.cg.shared.global [%0], [%1], 16;" ||
                t == "cp.async.cg.shared.global [%0], [%1], 16, %2;") {
         const size_t dst = (uint32_t)in[0];

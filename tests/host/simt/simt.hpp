@@ -11,7 +11,8 @@
 // thread that returns drops out of both barriers, as an exited thread stops counting on the GPU.
 // Threads that all wait at barriers none of them can complete (a __syncthreads some threads never
 // reach) trap, where the GPU would hang. Shared memory starts each block as 0xFF bytes (NaN for
-// f32 and bf16). cp.async copies land only at the wait that completes their group. The MMA sums
+// f32 and bf16). cp.async copies land only at the wait that completes their group, bulk copies
+// (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier). The MMA sums
 // its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
 // inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
 // from shared memory through their descriptors (the 128-byte swizzle applied) and writes its
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 // the CUDA keywords, as plain C++
@@ -77,10 +79,26 @@ struct Warp {
     uint32_t a[32][4], b[32][2];
 };
 
+// A transaction barrier (mbarrier) in shared memory and the bulk copies (cp.async.bulk) it
+// counts: a copy lands when a thread's try_wait finds it pending (so a read of its bytes before
+// the wait sees the poison), and a phase completes when the bytes landed are the bytes armed by
+// arrive.expect_tx; a wait whose bytes never come, which hangs the GPU, traps.
+struct BulkCopy {
+    size_t dst;
+    const void* src;
+    unsigned bytes;
+    std::vector<unsigned char> early;  // issued before a guarded wait: the source then (Copy)
+};
+struct TxBarrier {
+    unsigned armed = 0, landed = 0, phases = 0;
+    std::vector<BulkCopy> pending;
+};
+
 struct Block {
     Barrier sync;
     Barrier dependency;     // griddepcontrol.wait while global bytes are guarded (simt_guard)
     bool released = false;  // the guarded bytes are the step's again
+    std::vector<std::pair<size_t, TxBarrier>> tx;  // by shared address
     Warp warps[MAX_THREADS / 32];
     explicit Block(int threads) : sync{threads}, dependency{threads} {}
 };
@@ -272,6 +290,10 @@ inline int __all_sync(unsigned, int pred) {
 
 template <class T>
 inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <class T>
+inline T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }  // the L2-only load: one memory here
 
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
