@@ -1,0 +1,154 @@
+// Metrale CUDA, experiment: a decode layer's MLP half (add_rmsnorm, gate_up_swiglu, the down
+// linear) as one launch of resident blocks whose weights the Tensor Memory Accelerator stages.
+//
+// Version 19 built this half as one persistent launch and lost at batch 1: gemv.cu's dots hold
+// their bytes in flight in registers, and two GEMV stages in one kernel spilled at the 64
+// registers that 32 warps an SM need, or ran at half the warps. Here the bytes in flight need no
+// registers: each block's weights come into shared memory by bulk copies (cp.async.bulk, one
+// thread issuing a few large copies) that it issues before its dependent-launch wait, so they
+// stream while the launch before it finishes. At Qwen3-0.6B's shapes a block's whole share fits:
+// 132 blocks, each about 23 gate/up pairs (94 KiB) and 8 down columns (48 KiB).
+//
+// A block b of G (one per multiprocessor, all resident: gridDim.x must not exceed them):
+//   1. thread 0 initializes two transaction barriers and copies the block's gate rows, up rows
+//      (barrier 0) and down rows (barrier 1) into shared memory; then the dependent-launch wait;
+//   2. every block normalizes the row itself (row_norm, norm.cu's code: add_rmsnorm's bytes)
+//      into shared memory; block 0 also stores s = x + r;
+//   3. barrier 0; warp w takes the block's pairs w, w + 8, ...: warp_dots over the staged rows
+//      (gemv.cu's code, so gate_up_swiglu's bytes), h to global;
+//   4. a grid barrier (one counter and a generation word; a block that waits past about a second
+//      traps, never a hang), then h into shared memory;
+//   5. barrier 1; warp w takes the block's columns w, w + 8, ...: warp_dots over the staged rows
+//      and h (the linear's bytes: warp_dots is the split entry's order too).
+// So the output equals the three launches' byte for byte, which bench_mlp_tma.py checks.
+// One row (batch 1); bf16 weights and activations. Defines: ACT_BF16, WEIGHT_BF16,
+// K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256.
+#include "norm.cu"
+#include "gemv.cuh"
+
+#define MLP_NT 256  // threads a block: eight warps
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void tx_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Arm the barrier for `bytes` of copies (thread 0's one arrival).
+__device__ __forceinline__ void tx_expect(uint64_t* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+// Wait until the barrier's first phase completes (every thread of the block may wait).
+__device__ __forceinline__ void tx_wait(uint64_t* bar) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every block of the grid meets here (sense by generation): sync[0] counts arrivals, sync[1] is
+// the generation. The last to arrive zeroes the count, then advances the generation; the others
+// wait for it to move. The writes before are visible to every block after (fences around).
+__device__ __forceinline__ void grid_meet(unsigned* sync) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = sync + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(sync, 1u) == gridDim.x - 1) {
+            atomicExch(sync, 0u);
+            __threadfence();
+            atomicAdd(sync + 1, 1u);
+        } else {
+            const unsigned long long t0 = global_ns();
+            while (*gen == g)
+                if (global_ns() - t0 > 1000000000ull) __trap();  // a block never came
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// s = x + r, y = rmsnorm(s) w, h = swiglu(y wgᵀ, y wuᵀ), out = h wdᵀ; one row. hbuf (inter
+// values) and sync (two words, zero before the first launch, left so) are the launch's scratch.
+extern "C" __global__ void __launch_bounds__(MLP_NT, 1)
+metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
+                const __nv_bfloat16* __restrict__ wn, act_t* __restrict__ s,
+                const __nv_bfloat16* __restrict__ wg, const __nv_bfloat16* __restrict__ wu,
+                const __nv_bfloat16* __restrict__ wd, act_t* __restrict__ out, act_t* hbuf,
+                unsigned* sync, int hidden, int inter, float eps) {
+    extern __shared__ __align__(128) unsigned char mlp_smem[];
+    const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5;
+    const int p0 = (int)((long)b * inter / G), np = (int)((long)(b + 1) * inter / G) - p0;
+    const int c0 = (int)((long)b * hidden / G), nc = (int)((long)(b + 1) * hidden / G) - c0;
+    const int maxp = (inter + G - 1) / G, maxc = (hidden + G - 1) / G;
+    // shared memory: gate rows, up rows, down rows (each at its largest share), y, h, s (blocks
+    // other than 0 store their copy of s here), two barriers
+    __nv_bfloat16* sg = (__nv_bfloat16*)mlp_smem;
+    __nv_bfloat16* su = sg + (long)maxp * hidden;
+    __nv_bfloat16* sd = su + (long)maxp * hidden;
+    act_t* y = (act_t*)(sd + (long)maxc * inter);
+    act_t* h = y + hidden;
+    act_t* s_own = h + inter;
+    uint64_t* bars = (uint64_t*)(s_own + hidden);
+    const unsigned need = (unsigned)((char*)(bars + 2) - (char*)mlp_smem);
+    if (blockDim.x != MLP_NT || dynamic_smem_bytes() < need || !row_norm_fits(hidden) ||
+        (inter & 7))
+        __trap();
+    if (threadIdx.x == 0) {
+        tx_init(&bars[0]);
+        tx_init(&bars[1]);
+        const unsigned gu = (unsigned)np * hidden * 2, dn = (unsigned)nc * inter * 2;
+        tx_expect(&bars[0], 2 * gu);
+        bulk_copy(sg, wg + (long)p0 * hidden, gu, &bars[0]);
+        bulk_copy(su, wu + (long)p0 * hidden, gu, &bars[0]);
+        tx_expect(&bars[1], dn);
+        bulk_copy(sd, wd + (long)c0 * inter, dn, &bars[1]);
+    }
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+    grid_dependency_sync();
+    row_norm<true>(x, r, wn, b == 0 ? s : s_own, y, hidden, eps);
+    __syncthreads();  // y is whole
+    tx_wait(&bars[0]);
+    const WeightRef gate = weight_ref(sg, nullptr, nullptr), up = weight_ref(su, nullptr, nullptr);
+    for (int p = warp; p < np; p += MLP_NT / 32) {
+        const WeightRef w[2] = {weight_rows(gate, p, hidden), weight_rows(up, p, hidden)};
+        float gu[2];
+        warp_dots<2>(y, w, hidden, gu);
+        if ((threadIdx.x & 31) == 0)
+            hbuf[p0 + p] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
+    }
+    grid_meet(sync);
+    for (int i = threadIdx.x * 8; i < inter; i += MLP_NT * 8)  // from L2: other blocks wrote it
+        *(uint4*)(h + i) = __ldcg((const uint4*)(hbuf + i));
+    __syncthreads();
+    tx_wait(&bars[1]);
+    const WeightRef down = weight_ref(sd, nullptr, nullptr);
+    for (int c = warp; c < nc; c += MLP_NT / 32) {
+        const WeightRef w[1] = {weight_rows(down, c, inter)};
+        float d[1];
+        warp_dots<1>(h, w, inter, d);
+        if ((threadIdx.x & 31) == 0) out[c0 + c] = act_store(d[0]);
+    }
+}
