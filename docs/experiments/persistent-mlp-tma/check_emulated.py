@@ -1,5 +1,6 @@
 """mlp_tma.cu against the three launches it replaces, on the host emulation (tests/host/simt),
-before any device time: one block (the emulation runs blocks one after another, so a grid
+before any device time, with the bulk copies before the dependent-launch wait and after it
+(MLP_TMA_COPY_LATE): one block (the emulation runs blocks one after another, so a grid
 barrier can only be met by a grid of one), at shapes whose whole weights fit its shared memory
 (hidden 128, intermediate 256), random bf16 inputs, poisoned outputs; s and the output must be
 the chain's bytes. The device run (bench_mlp_tma.py) checks the same at Qwen3-0.6B's shapes
@@ -53,9 +54,10 @@ def main() -> int:
         gemv = simt.build(build, "cuda/common/gemv.cu", GEMV,
                           {"metrale_gate_up_swiglu": ("ptr",) * 8 + ("i32",) * 3,
                            "metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3})
-        mlp = simt.build(build, str(Path(__file__).with_name("mlp_tma.cu")),
-                         (*GEMV, "H_BLOCK=256"),
-                         {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32")})
+        mlps = {v: simt.build(build, str(Path(__file__).with_name("mlp_tma.cu")),
+                              (*GEMV, "H_BLOCK=256", *v),
+                              {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32")})
+                for v in ((), ("MLP_TMA_COPY_LATE",))}
         norm.launch("metrale_add_rmsnorm", (1, 1, 1), (128, 1, 1), 0,
                     [x, r, wn, s1, y, 1, HIDDEN, EPS])
         gemv.launch("metrale_gate_up_swiglu", (-(-INTER // 4), 1, 1), (128, 1, 1), 0,
@@ -63,13 +65,19 @@ def main() -> int:
         gemv.launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
                     -(-INTER // 256) * 32, [h, wd, null, null, out1, 1, INTER, HIDDEN])
         smem = (2 * INTER * HIDDEN + HIDDEN * INTER) * 2 + (2 * HIDDEN + INTER) * 2 + 16
-        mlp.launch("metrale_mlp_tma", (1, 1, 1), (256, 1, 1), smem,
-                   [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS])
-    out_f = (out1.astype(np.uint32) << 16).view(np.float32)
-    checks = {"chain output finite": bool(np.isfinite(out_f).all()),
-              "s equal": bool((s1 == s2).all()), "h equal": bool((h == hbuf).all()),
-              "output equal": bool((out1 == out2).all()),
-              "grid barrier left its count zero": int(sync[0]) == 0 and int(sync[1]) == 1}
+        out_f = (out1.astype(np.uint32) << 16).view(np.float32)
+        checks = {"chain output finite": bool(np.isfinite(out_f).all())}
+        for n, (v, mlp) in enumerate(mlps.items()):
+            for a in (s2, out2, hbuf):
+                a.fill(0xFFFF)
+            mlp.launch("metrale_mlp_tma", (1, 1, 1), (256, 1, 1), smem,
+                       [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS])
+            name = " ".join(v) or "copies before the wait"
+            checks |= {f"{name}: s equal": bool((s1 == s2).all()),
+                       f"{name}: h equal": bool((h == hbuf).all()),
+                       f"{name}: output equal": bool((out1 == out2).all()),
+                       f"{name}: grid barrier count back to zero, generation {n + 1}":
+                       int(sync[0]) == 0 and int(sync[1]) == n + 1}
     for what, good in checks.items():
         print(f"{what}: {good}")
     return 0 if all(checks.values()) else 1

@@ -22,9 +22,11 @@
 //      and h (the linear's bytes: warp_dots is the split entry's order too).
 // So the output equals the three launches' byte for byte, which bench_mlp_tma.py checks.
 // One row (batch 1); bf16 weights and activations. Defines: ACT_BF16, WEIGHT_BF16,
-// K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256.
+// K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256; for the experiment's variants MLP_TMA_COPY_LATE
+// (the bulk copies issued after the wait, not before) and PHASE_TRACE (phase.cuh's marks).
 #include "norm.cu"
 #include "gemv.cuh"
+#include "phase.cuh"
 
 #define MLP_NT 256  // threads a block: eight warps
 
@@ -116,7 +118,9 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
     if (blockDim.x != MLP_NT || dynamic_smem_bytes() < need || !row_norm_fits(hidden) ||
         (inter & 7))
         __trap();
-    if (threadIdx.x == 0) {
+    phase_mark(0);
+    auto stage = [&] {
+        if (threadIdx.x != 0) return;
         tx_init(&bars[0]);
         tx_init(&bars[1]);
         const unsigned gu = (unsigned)np * hidden * 2, dn = (unsigned)nc * inter * 2;
@@ -125,12 +129,22 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
         bulk_copy(su, wu + (long)p0 * hidden, gu, &bars[0]);
         tx_expect(&bars[1], dn);
         bulk_copy(sd, wd + (long)c0 * inter, dn, &bars[1]);
-    }
-    __syncthreads();  // the barriers are initialized before anyone waits on them
+    };
+#if !defined(MLP_TMA_COPY_LATE)
+    stage();
+#endif
+    phase_mark(1);
     grid_dependency_sync();
+    phase_mark(2);
+#if defined(MLP_TMA_COPY_LATE)
+    stage();
+#endif
+    __syncthreads();  // the barriers are initialized before anyone waits on them
     row_norm<true>(x, r, wn, b == 0 ? s : s_own, y, hidden, eps);
     __syncthreads();  // y is whole
+    phase_mark(3);
     tx_wait(&bars[0]);
+    phase_mark(4);
     const WeightRef gate = weight_ref(sg, nullptr, nullptr), up = weight_ref(su, nullptr, nullptr);
     for (int p = warp; p < np; p += MLP_NT / 32) {
         const WeightRef w[2] = {weight_rows(gate, p, hidden), weight_rows(up, p, hidden)};
@@ -139,11 +153,14 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
         if ((threadIdx.x & 31) == 0)
             hbuf[p0 + p] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
     }
+    phase_mark(5);
     grid_meet(sync);
+    phase_mark(6);
     for (int i = threadIdx.x * 8; i < inter; i += MLP_NT * 8)  // from L2: other blocks wrote it
         *(uint4*)(h + i) = __ldcg((const uint4*)(hbuf + i));
     __syncthreads();
     tx_wait(&bars[1]);
+    phase_mark(7);
     const WeightRef down = weight_ref(sd, nullptr, nullptr);
     for (int c = warp; c < nc; c += MLP_NT / 32) {
         const WeightRef w[1] = {weight_rows(down, c, inter)};
@@ -151,4 +168,6 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
         warp_dots<1>(h, w, inter, d);
         if ((threadIdx.x & 31) == 0) out[c0 + c] = act_store(d[0]);
     }
+    __syncthreads();
+    phase_mark(8);
 }
