@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import attrs
 import numpy as np
 import pytest
 
 from metrale.lkb.errors import DeviceFault
-from metrale.runtime.engine import Engine
+from metrale.plan.config import ModelConfig
+from metrale.runtime.engine import Engine, random_weights
 from metrale.runtime.host_backend import HostBackend
 from tests.host import simt
 
@@ -119,6 +121,26 @@ def test_dependent_launches_touch_only_earlier_bytes_before_their_wait(build_dir
                                                "positions": positions[:1] + 1,
                                                "slots": np.zeros(1, np.int32)})
         assert guarded > 0
+
+
+@pytest.mark.parametrize("policy", ["exact", "bounded"])
+def test_one_layer_at_qwen3_0_6b_shapes(build_dir, policy):
+    """The tiny models' sizes take the same entries, but a path taken only at a real size would
+    escape them: one decoder layer at Qwen3-0.6B's shapes (hidden 1024, 16 and 8 heads of 128,
+    intermediate 3072; the vocabulary cut to 512), decode at batch 1. A Llama-3.1-8B layer
+    passes too, in about 100 s here, too long for every run (docs/gpu-notes.md, version 37)."""
+    cfg = ModelConfig.load("qwen3-0.6b")
+    cfg = attrs.evolve(cfg, num_hidden_layers=1, vocab_size=512,
+                       layer_types=cfg.layer_types[:1] if cfg.layer_types else cfg.layer_types)
+    with Engine(cfg, "bf16", random_weights(cfg, "bf16", seed=0), hardware="sm_90",
+                backend=HostBackend(), loader=simt.plan_loader(build_dir, dependent_launch=True),
+                act="bf16", max_ctx=64, slots=1, blocking=True, debug=False, graphs=False,
+                fuse=True, policy=policy) as emu:
+        emu.prefill(PROMPT[:4])
+        guarded = check_step(emu, "decode", 1, {"tokens": np.array([11], np.int32),
+                                               "positions": np.array([4], np.int32),
+                                               "slots": np.zeros(1, np.int32)})
+        assert guarded == len(emu.program("decode", 1).launches)
 
 
 @pytest.mark.parametrize("tokens", [8, 40])  # GEMV-shaped, then the tensor-core GEMM
