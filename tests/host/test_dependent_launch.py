@@ -12,6 +12,7 @@ state; the two must write the same bytes, and a write before the wait traps.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -123,24 +124,42 @@ def test_dependent_launches_touch_only_earlier_bytes_before_their_wait(build_dir
         assert guarded > 0
 
 
-@pytest.mark.parametrize("policy", ["exact", "bounded"])
-def test_one_layer_at_qwen3_0_6b_shapes(build_dir, policy):
+# (model, mode, rows, policy) at one decoder layer of the model's own shapes; the first two run
+# every time (about 40 s together), the rest with METRALE_DEEP_SHAPES=1 (1-5 minutes each here)
+SHAPE_CASES = [("qwen3-0.6b", "decode", 1, "exact"), ("qwen3-0.6b", "decode", 1, "bounded")]
+DEEP_SHAPE_CASES = [("llama-3.1-8b", "decode", 1, "exact"), ("qwen3-30b-a3b", "decode", 1, "exact"),
+                    ("qwen3-0.6b", "decode", 8, "exact"), ("qwen3-0.6b", "prefill", 40, "exact"),
+                    ("llama-3.1-8b", "prefill", 64, "exact")]
+DEEP = os.environ.get("METRALE_DEEP_SHAPES") == "1"
+
+
+@pytest.mark.parametrize("model,mode,rows,policy", SHAPE_CASES + [
+    pytest.param(*case, marks=pytest.mark.skipif(not DEEP, reason="METRALE_DEEP_SHAPES=1 runs it"))
+    for case in DEEP_SHAPE_CASES])
+def test_one_layer_at_model_shapes(build_dir, model, mode, rows, policy):
     """The tiny models' sizes take the same entries, but a path taken only at a real size would
-    escape them: one decoder layer at Qwen3-0.6B's shapes (hidden 1024, 16 and 8 heads of 128,
-    intermediate 3072; the vocabulary cut to 512), decode at batch 1. A Llama-3.1-8B layer
-    passes too, in about 100 s here, too long for every run (docs/gpu-notes.md, version 37)."""
-    cfg = ModelConfig.load("qwen3-0.6b")
+    escape them: one decoder layer at the model's shapes (the vocabulary cut to 512), decode after
+    a prompt in each slot, or a prefill (at 64 rows Llama-3.1-8B's GEMMs are sm_90's wgmma)."""
+    cfg = ModelConfig.load(model)
     cfg = attrs.evolve(cfg, num_hidden_layers=1, vocab_size=512,
                        layer_types=cfg.layer_types[:1] if cfg.layer_types else cfg.layer_types)
+    slots = rows if mode == "decode" else 1
     with Engine(cfg, "bf16", random_weights(cfg, "bf16", seed=0), hardware="sm_90",
                 backend=HostBackend(), loader=simt.plan_loader(build_dir, dependent_launch=True),
-                act="bf16", max_ctx=64, slots=1, blocking=True, debug=False, graphs=False,
+                act="bf16", max_ctx=64, slots=slots, blocking=True, debug=False, graphs=False,
                 fuse=True, policy=policy) as emu:
-        emu.prefill(PROMPT[:4])
-        guarded = check_step(emu, "decode", 1, {"tokens": np.array([11], np.int32),
-                                               "positions": np.array([4], np.int32),
-                                               "slots": np.zeros(1, np.int32)})
-        assert guarded == len(emu.program("decode", 1).launches)
+        if mode == "decode":
+            for slot in range(rows):
+                emu.prefill([5 + slot, 17, 3, 99], slot=slot)
+            inputs = {"tokens": np.arange(11, 11 + rows, dtype=np.int32),
+                      "positions": np.full(rows, 4, np.int32),
+                      "slots": np.arange(rows, dtype=np.int32)}
+        else:
+            inputs = {"tokens": np.array([(37 * i + 11) % 511 for i in range(rows)], np.int32),
+                      "positions": np.arange(rows, dtype=np.int32),
+                      "slots": np.zeros(rows, np.int32)}
+        guarded = check_step(emu, mode, rows, inputs)
+        assert guarded == len(emu.program(mode, rows).launches)
 
 
 @pytest.mark.parametrize("tokens", [8, 40])  # GEMV-shaped, then the tensor-core GEMM
