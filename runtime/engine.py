@@ -314,26 +314,29 @@ class Engine:
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, model: str | os.PathLike, *, hardware: str = "host", quant: str | None = None,
-             backend: GpuBackend | None = None, act: str = "bf16", max_ctx: int = 1024,
-             seed: int = 0, slots: int = 1, blocking: bool = False, debug: bool = False,
+    def load(cls, model: str | os.PathLike | ModelConfig, *, hardware: str = "host",
+             quant: str | None = None, backend: GpuBackend | None = None, act: str = "bf16",
+             max_ctx: int = 1024, seed: int = 0, slots: int = 1, blocking: bool = False,
+             debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
              loader: Loader | None = None) -> Engine:
-        """Load a checkpoint directory, or a built-in config name with seeded random weights.
+        """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
+        variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
+        weights.
 
         ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step.
         """
-        path = Path(model)
-        if path.is_dir():
+        path = None if isinstance(model, ModelConfig) else Path(model)
+        if path is not None and path.is_dir():
             config = ModelConfig.load(path)
             quant = quant or checkpoint_quant({"quantization_config":
                                                config.quantization_config})
             weights = checkpoint_weights(path, config, quant)
         else:
-            config = ModelConfig.load(str(model))
+            config = model if isinstance(model, ModelConfig) else ModelConfig.load(str(model))
             quant = quant or "bf16"
             weights = random_weights(config, quant, seed=seed)
         return cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,

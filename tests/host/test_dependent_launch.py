@@ -21,7 +21,7 @@ import pytest
 
 from metrale.lkb.errors import DeviceFault
 from metrale.plan.config import ModelConfig
-from metrale.runtime.engine import Engine, random_weights
+from metrale.runtime.engine import Engine
 from metrale.runtime.host_backend import HostBackend
 from tests.host import simt
 
@@ -98,7 +98,8 @@ def check_step(engine: Engine, mode: str, rows: int, inputs: Mapping[str, np.nda
     return guarded
 
 
-def _engine(build_dir, model: str, quant: str, policy: str = "exact", slots: int = 1) -> Engine:
+def _engine(build_dir, model: str | ModelConfig, quant: str, policy: str = "exact",
+            slots: int = 1) -> Engine:
     return Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64, slots=slots,
                        policy=policy, backend=HostBackend(), blocking=True,
                        loader=simt.plan_loader(build_dir, dependent_launch=True))
@@ -143,11 +144,7 @@ def test_one_layer_at_model_shapes(build_dir, model, mode, rows, policy):
     cfg = ModelConfig.load(model)
     cfg = attrs.evolve(cfg, num_hidden_layers=1, vocab_size=512,
                        layer_types=cfg.layer_types[:1] if cfg.layer_types else cfg.layer_types)
-    slots = rows if mode == "decode" else 1
-    with Engine(cfg, "bf16", random_weights(cfg, "bf16", seed=0), hardware="sm_90",
-                backend=HostBackend(), loader=simt.plan_loader(build_dir, dependent_launch=True),
-                act="bf16", max_ctx=64, slots=slots, blocking=True, debug=False, graphs=False,
-                fuse=True, policy=policy) as emu:
+    with _engine(build_dir, cfg, "bf16", policy, slots=rows if mode == "decode" else 1) as emu:
         if mode == "decode":
             for slot in range(rows):
                 emu.prefill([5 + slot, 17, 3, 99], slot=slot)

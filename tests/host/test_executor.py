@@ -160,3 +160,20 @@ def test_prefill_programs_are_bounded_and_results_unchanged():
         assert len(kept) == MAX_PREFILL_PROGRAMS and ("prefill", 3, "all") not in kept
         again = eng.prefill([1, 2, 3])
         assert again.tobytes() == first.tobytes()
+
+
+def test_a_config_variant_loads_as_its_name_does():
+    """Engine.load takes a ModelConfig (a built-in's variant) as it takes the name: the same
+    seeded weights, so the built-in's own config gives its bytes, and a variant with one layer
+    fewer plans fewer launches."""
+    import attrs
+
+    from metrale.plan.config import ModelConfig
+
+    cfg = ModelConfig.load("tiny-qwen3")
+    short = attrs.evolve(cfg, num_hidden_layers=cfg.num_hidden_layers - 1)
+    with Engine.load("tiny-qwen3", max_ctx=32) as a, Engine.load(cfg, max_ctx=32) as b, \
+            Engine.load(short, max_ctx=32) as c:
+        assert a.prefill(PROMPT).tobytes() == b.prefill(PROMPT).tobytes()
+        assert c.config.num_hidden_layers == cfg.num_hidden_layers - 1
+        assert len(c.program("decode", 1).launches) < len(b.program("decode", 1).launches)

@@ -233,7 +233,7 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         if (dst + bytes > dynamic_bytes) fault("bulk copy past the launch's dynamic size", tmpl);
         global_row(as<const void*>(in[1]), tmpl);
         BulkCopy c{dst, as<const void*>(in[1]), bytes, {}};
-        if (!guarded.empty() && !block->released)
+        if (guarding())
             c.early.assign((const unsigned char*)c.src, (const unsigned char*)c.src + bytes);
         tx_barrier((uint32_t)in[3]).pending.push_back(std::move(c));
     } else if (t.find("mbarrier.try_wait.parity.shared::cta.b64 p, [%1], ") != std::string::npos) {
@@ -247,7 +247,7 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         const int bytes = ins.size() > 2 ? (int)in[2] : 16;
         shared_row(dst, tmpl);
         if (bytes) global_row(as<const void*>(in[1]), tmpl);
-        Copy c{dst, as<const void*>(in[1]), bytes, !guarded.empty() && !block->released, {}};
+        Copy c{dst, as<const void*>(in[1]), bytes, guarding(), {}};
         if (c.taken && bytes) std::memcpy(c.early, c.src, bytes);
         open_group.push_back(c);
     } else if (t == "cp.async.commit_group;") {
@@ -437,7 +437,7 @@ void fiber_main() {
         }
         simt::drop(simt::warp().meet);
         simt::drop(simt::block->sync);
-        simt::dependency_drop();
+        simt::drop(simt::block->dependency, simt::guarding() ? simt::release_guarded : nullptr);
         running->done = true;
         jump(running->context, launcher);
     }
@@ -550,7 +550,7 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
                 simt::trapped = 1;  // the next round lets each waiting thread stop
             }
         }
-        if (!simt::guarded.empty() && !current->released) simt::release_guarded();
+        if (simt::guarding()) simt::release_guarded();
     }
     if (!simt::trapped && wrote_past((unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;

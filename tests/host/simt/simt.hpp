@@ -150,51 +150,36 @@ inline unsigned dynamic_bytes;
 unsigned char* dynamic_smem();
 void yield();  // hands the OS thread back to the launch, which runs the block's next thread
 
-// A barrier, after which a thread stops if another trapped (its operands may never come).
-inline void meet(Barrier& b) {
+// A barrier, after which a thread stops if another trapped (its operands may never come); the
+// thread that completes it runs `done` first, if given.
+inline void meet(Barrier& b, void (*done)() = nullptr) {
     const unsigned gen = b.gen;
     ++progress;
     if (++b.arrived == b.expected) {
         b.arrived = 0;
         ++b.gen;
+        if (done) done();
     } else {
         while (b.gen == gen && !trapped) yield();
     }
     if (trapped) throw Trap{};
 }
-// A thread that returned stops counting: the others may now be complete.
-inline void drop(Barrier& b) {
+// A thread that returned stops counting: the others may now be complete (then `done` runs).
+inline void drop(Barrier& b, void (*done)() = nullptr) {
     ++progress;
     if (--b.expected > 0 && b.arrived == b.expected) {
         b.arrived = 0;
         ++b.gen;
+        if (done) done();
     }
 }
 void release_guarded();  // the guard's bytes checked and put back (simt.cpp)
-// griddepcontrol.wait under a guard: the block's threads meet, the last releases the bytes.
+// Whether the running block's guarded bytes are still poisoned: before its dependent-launch wait.
+inline bool guarding() { return !guarded.empty() && !block->released; }
+// griddepcontrol.wait under a guard: the block's threads meet, the last releases the bytes; a
+// returning thread leaves that barrier as it leaves the others (fiber_main).
 inline void dependency_wait() {
-    if (guarded.empty() || block->released) return;
-    Barrier& b = block->dependency;
-    const unsigned gen = b.gen;
-    ++progress;
-    if (++b.arrived == b.expected) {
-        b.arrived = 0;
-        ++b.gen;
-        release_guarded();
-    } else {
-        while (b.gen == gen && !trapped) yield();
-    }
-    if (trapped) throw Trap{};
-}
-// A returning thread leaves the wait's barrier, which the others may now complete.
-inline void dependency_drop() {
-    Barrier& b = block->dependency;
-    ++progress;
-    if (--b.expected > 0 && b.arrived == b.expected && !guarded.empty() && !block->released) {
-        b.arrived = 0;
-        ++b.gen;
-        release_guarded();
-    }
+    if (guarding()) meet(block->dependency, release_guarded);
 }
 inline Warp& warp() { return block->warps[thread_idx.x / 32]; }
 inline int lane() { return (int)thread_idx.x % 32; }
