@@ -1,7 +1,8 @@
 """The emulation's own laws (tests/host/simt), on small sources written here: threads meet at
 block and warp barriers in any number of rounds, a thread that returns stops counting, threads
-that wait at barriers none of them can complete trap instead of hanging, and the
-dependent-launch guard shows what a kernel touches before its wait."""
+that wait at barriers none of them can complete trap instead of hanging, the dependent-launch
+guard shows what a kernel touches before its wait, bulk copies land at their barrier's wait, and
+a resident grid's blocks meet at a grid-wide barrier."""
 
 from __future__ import annotations
 
@@ -101,11 +102,54 @@ extern "C" __global__ void bulk_probe(const float* src, float* out, int armed, i
     if (!early) v = stage[threadIdx.x];
     out[threadIdx.x] = v;
 }
+
+// Every block of the grid meets (an arrival count and a generation word, the spin reading
+// %globaltimer; a block that waits past timeout_ns writes -1 and returns), then sums what every
+// block wrote before it. Each block keeps its id in a static __shared__ variable across the
+// meeting, and reads an element of another never written (unset: 0xFF bytes, so NaN).
+extern "C" __global__ void grid_meet_probe(int* ids, int* sums, unsigned* sync, float* unset,
+                                           long long timeout_ns) {
+    __shared__ int mine;
+    __shared__ float never[2];
+    if (threadIdx.x == 0) {
+        mine = (int)blockIdx.x;
+        ids[blockIdx.x] = (int)blockIdx.x + 1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = sync + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(sync, 1u) == gridDim.x - 1) {
+            atomicExch(sync, 0u);
+            __threadfence();
+            atomicAdd(sync + 1, 1u);
+        } else {
+            unsigned long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+            do {
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                if ((long long)(t - t0) > timeout_ns) {
+                    mine = -1;
+                    break;
+                }
+            } while (*gen == g);
+        }
+    }
+    __syncthreads();
+    int total = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b) total += ids[b];
+    if (threadIdx.x == 0) {
+        sums[blockIdx.x] = mine < 0 ? -1 : total * 1000 + mine;
+        unset[blockIdx.x] = never[1];
+    }
+}
 """
 ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
            "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32"),
            "guarded_probe": ("ptr", "ptr", "i32", "i32"),
-           "bulk_probe": ("ptr", "ptr", "i32", "i32")}
+           "bulk_probe": ("ptr", "ptr", "i32", "i32"),
+           "grid_meet_probe": ("ptr", "ptr", "ptr", "ptr", "i64")}
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +234,42 @@ def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
     assert np.isnan(out[31]) and np.array_equal(out[:31], src[:31])
     assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0]) == 2
     assert "armed bytes no copy brings" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("blocks", [1, 5])
+def test_a_resident_grid_meets_at_a_grid_barrier(lib, blocks):
+    """In a resident launch every block runs at once, so a grid-wide barrier (a spin on an
+    arrival count, reading %globaltimer) completes and each block reads what all wrote before
+    it; each block's static __shared__ variables are its own (its id survives the other blocks'
+    writes between its barriers) and start unset (0xFF bytes). The barrier's count is back to
+    zero and its generation moved once. Run block by block, the same launch's waiting blocks
+    time out: nothing else could have met them."""
+    for resident in (True, False):
+        ids = np.full(blocks, -7, np.int32)
+        sums = np.full(blocks, -7, np.int32)
+        unset = np.zeros(blocks, np.float32)
+        sync = np.zeros(2, np.uint32)
+        lib.launch("grid_meet_probe", (blocks, 1, 1), (64, 1, 1), 0,
+                   [ids, sums, sync, unset, 50_000_000], resident=resident)
+        total = blocks * (blocks + 1) // 2
+        if resident or blocks == 1:
+            assert sums.tolist() == [total * 1000 + b for b in range(blocks)]
+        else:  # blocks run last first: each waits alone but block 0, whose arrival completes
+            assert sums.tolist() == [total * 1000] + [-1] * (blocks - 1)
+        assert np.isnan(unset).all()
+        assert sync.tolist() == [0, 1]
+
+
+def test_a_resident_launch_refuses_what_it_cannot_hold(lib, capfd):
+    """A resident launch holds at most 16384 threads (a stack each), and refuses the
+    dependent-launch guard, whose bytes are poisoned block by block."""
+    ids, sums, unset = (np.zeros(64, t) for t in (np.int32, np.int32, np.float32))
+    sync = np.zeros(2, np.uint32)
+    args = [ids, sums, sync, unset, 1_000_000]
+    assert lib.run("grid_meet_probe", (65, 1, 1), (256, 1, 1), 0, args, resident=True) == 1
+    with simt.dependent_launch_guard([(ids.ctypes.data, ids.nbytes)]):
+        assert lib.run("grid_meet_probe", (2, 1, 1), (32, 1, 1), 0, args, resident=True) == 1
+    assert "resident launch holds at most 16384 threads" in capfd.readouterr().err
 
 
 def test_the_transform_examples_hold():

@@ -5,9 +5,9 @@ block barriers, warp collectives, shared memory, atomics) and the PTX the kernel
 a kernel source for it and runs its entries:
 
 - the source and the headers it includes are rewritten in four ways, none specific to one
-  kernel: a static ``__shared__`` variable becomes a function-local ``static`` (shared by the
-  block's threads; blocks run one after another), an ``extern __shared__`` array becomes a
-  pointer to the launch's dynamic shared memory, every ``asm`` statement becomes a call of
+  kernel: a ``__shared__`` variable becomes a reference to the running block's own copy
+  (``simt::block_shared``, found by a tag unique to the declaration), an ``extern __shared__``
+  array becomes the block's dynamic shared memory (a pointer, or a macro at file scope), every ``asm`` statement becomes a call of
   ``simt::asm_stmt`` with its template, its output operands by reference and its inputs by
   value (the emulator dispatches on the template and refuses one it does not know), and
   ``__CUDA_ARCH__`` becomes ``METRALE_SIMT_ARCH``, which simt.hpp defines as 900: the kernels'
@@ -18,10 +18,13 @@ a kernel source for it and runs its entries:
 - the result is built with the host compiler against the CUDA headers nvcc uses, once per
   source and define set (cached by content).
 
->>> transform('__shared__ float buf[4];')
-'static float buf[4];'
->>> transform('extern __shared__ __align__(16) char smem_base[];')
-'char* smem_base = (char*)simt::dynamic_smem();'
+>>> transform('__shared__ float buf[4][N], total;')  # doctest: +NORMALIZE_WHITESPACE
+'auto& buf = simt::block_shared<float[4][N]>([] { static char tag; return &tag; }());
+ auto& total = simt::block_shared<float>([] { static char tag; return &tag; }());'
+>>> transform('    extern __shared__ __align__(16) char smem_base[];')
+'    char* smem_base = (char*)simt::dynamic_smem();'
+>>> transform('extern __shared__ float part[];')
+'#define part ((float*)simt::dynamic_smem())'
 >>> transform('asm volatile("prefetch.global.L2 [%0];" ::"l"(at));')
 'simt::asm_stmt("prefetch.global.L2 [%0];", {}, {simt::in(at)});'
 >>> transform('#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900')
@@ -52,7 +55,8 @@ ARG_C = {"ptr": "simt::AnyPtr", "i32": "int", "i64": "long long", "f32": "float"
 
 _EXTERN_SHARED = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
-_SHARED = re.compile(r"\b__shared__\s+")
+_SHARED = re.compile(r"\b__shared__\s+(?:__align__\(\d+\)\s+)?([^;\n]*);")
+_DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[[^\]]*\]\s*)*)")
 _CUDA_ARCH = re.compile(r"\b__CUDA_ARCH__\b")
 
 
@@ -159,12 +163,37 @@ def _asm(stmt: str) -> str:
             f"{{{', '.join(f'simt::in({i})' for i in ins)}}})")
 
 
+def _dynamic_shared(m: re.Match) -> str:
+    """``extern __shared__ T name[];`` as the running block's dynamic shared memory: a pointer
+    taken where a function declares it, a macro where a file does (column 0), since a file-scope
+    pointer would be taken once, at load, and blocks each have their own."""
+    kind, name = m.group(1), m.group(2)
+    if m.start() == 0 or m.string[m.start() - 1] == "\n":
+        return f"#define {name} (({kind}*)simt::dynamic_smem())"
+    return f"{kind}* {name} = ({kind}*)simt::dynamic_smem();"
+
+
+def _block_shared(m: re.Match) -> str:
+    """``__shared__ T a[N], b;`` as references to the running block's own ``a`` and ``b``."""
+    first, *rest = _split_top(m.group(1), ",")
+    d = re.fullmatch(r"(.*?)\s*\b(\w+)\s*((?:\[[^\]]*\]\s*)*)", first.strip(), re.S)
+    if not d:
+        raise ValueError(f"not a __shared__ declaration: {m.group(0)!r}")
+    base, decls = d.group(1), [(d.group(2), d.group(3))]
+    for r in rest:
+        decl = _DECLARATOR.fullmatch(r)
+        if not decl:
+            raise ValueError(f"not a __shared__ declarator: {r!r} in {m.group(0)!r}")
+        decls.append((decl.group(1), decl.group(2)))
+    return " ".join(f"auto& {name} = simt::block_shared<{base}{dims.rstrip()}>"
+                    "([] { static char tag; return &tag; }());" for name, dims in decls)
+
+
 def transform(text: str) -> str:
     """A CUDA source made ready for the host emulation (the module docstring says how)."""
     text = _CUDA_ARCH.sub("METRALE_SIMT_ARCH", text)
-    text = _EXTERN_SHARED.sub(lambda m: f"{m.group(1)}* {m.group(2)} = "
-                              f"({m.group(1)}*)simt::dynamic_smem();", text)
-    text = _SHARED.sub("static ", text)
+    text = _EXTERN_SHARED.sub(_dynamic_shared, text)
+    text = _SHARED.sub(_block_shared, text)
     out, pos = [], 0
     for m in re.finditer(r"\basm\s*(?:volatile\s*)?\(", text):
         if m.start() < pos:
@@ -216,19 +245,21 @@ class Library:
         self.dll.simt_run.restype = ctypes.c_int
         self.dll.simt_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_int, ctypes.c_int]
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_int]
         self.dll.simt_guard.restype = None
         self.dll.simt_guard.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
 
     def launch(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared: int, args: list[Any]) -> None:
-        rc = self.run(entry, grid, block, shared, args)
+               shared: int, args: list[Any], *, resident: bool = False) -> None:
+        rc = self.run(entry, grid, block, shared, args, resident=resident)
         assert rc == 0, f"{entry}: the emulation refused the launch ({rc}; stderr says why)"
 
     def run(self, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-            shared: int, args: list[Any]) -> int:
+            shared: int, args: list[Any], *, resident: bool = False) -> int:
         """Launch ``entry``: 0 done, 1 a launch shape the GPU would refuse, 2 a thread trapped or
-        faulted (a misaligned or out-of-range shared access, an unknown PTX template)."""
+        faulted (a misaligned or out-of-range shared access, an unknown PTX template). Blocks run
+        one after another; ``resident`` runs them all at once, as a persistent kernel's blocks
+        must be for a grid-wide barrier (at most 16384 threads, no dependent-launch guard)."""
         types = self.types[entry]
         assert len(args) == len(types), (entry, len(args), len(types))
         values = []
@@ -249,7 +280,8 @@ class Library:
         starts = (ctypes.c_void_p * max(n, 1))(*[a for a, _ in _GUARD])
         lengths = (ctypes.c_size_t * max(n, 1))(*[b for _, b in _GUARD])
         self.dll.simt_guard(starts, lengths, n)
-        return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared)
+        return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared,
+                                 int(resident))
 
 
 def build(build_dir: Path, source: str, defines: tuple[str, ...],

@@ -17,9 +17,9 @@
 
 namespace simt {
 
-alignas(16) static unsigned char arena[SMEM_BYTES];
+alignas(16) static unsigned char arena[SMEM_BYTES];  // a block's at a time, but resident
 
-unsigned char* dynamic_smem() { return arena; }
+static unsigned char* smem() { return block->smem; }
 
 static float bf16_at(uint32_t word, int half) {
     const uint16_t bits = (uint16_t)(word >> (16 * half));
@@ -30,8 +30,8 @@ static float bf16_at(uint32_t word, int half) {
 
 static void land(const std::vector<Copy>& group) {
     for (const Copy& c : group) {
-        std::memset(arena + c.dst, 0, 16);
-        if (c.bytes) std::memcpy(arena + c.dst, c.taken ? c.early : c.src, c.bytes);
+        std::memset(smem() + c.dst, 0, 16);
+        if (c.bytes) std::memcpy(smem() + c.dst, c.taken ? c.early : c.src, c.bytes);
     }
 }
 
@@ -62,7 +62,7 @@ static void ldmatrix_x4(const std::initializer_list<Out>& outs, size_t addr) {
     w.slot[l] = addr;
     meet(w.meet);
     for (int j = 0; j < 4; ++j)
-        std::memcpy(outs.begin()[j].p, arena + w.slot[8 * j + l / 4] + 4 * (l % 4), 4);
+        std::memcpy(outs.begin()[j].p, smem() + w.slot[8 * j + l / 4] + 4 * (l % 4), 4);
     meet(w.meet);
 }
 
@@ -76,7 +76,7 @@ static void ldmatrix_x4_trans(const std::initializer_list<Out>& outs, size_t add
     for (int j = 0; j < 4; ++j) {
         uint16_t half[2];
         for (int h = 0; h < 2; ++h)
-            std::memcpy(&half[h], arena + w.slot[8 * j + 2 * (l % 4) + h] + 2 * (l / 4), 2);
+            std::memcpy(&half[h], smem() + w.slot[8 * j + 2 * (l % 4) + h] + 2 * (l / 4), 2);
         std::memcpy(outs.begin()[j].p, half, 4);
     }
     meet(w.meet);
@@ -129,7 +129,7 @@ static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl) {
 #endif
     if (at + 2 > dynamic_bytes) fault("wgmma operand past the launch's dynamic size", tmpl);
     uint16_t bits;
-    std::memcpy(&bits, arena + at, 2);
+    std::memcpy(&bits, smem() + at, 2);
     __nv_bfloat16 v;
     std::memcpy(&v, &bits, 2);
     return __bfloat162float(v);
@@ -174,7 +174,7 @@ static TxBarrier& tx_barrier(size_t at) {
 static bool tx_try_wait(size_t at, unsigned parity, const char* tmpl) {
     TxBarrier& b = tx_barrier(at);
     for (const BulkCopy& c : b.pending) {
-        std::memcpy(arena + c.dst, c.early.empty() ? c.src : c.early.data(), c.bytes);
+        std::memcpy(smem() + c.dst, c.early.empty() ? c.src : c.early.data(), c.bytes);
         b.landed += c.bytes;
     }
     b.pending.clear();
@@ -216,6 +216,10 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
     } else if (t == "mov.u64 %0, %%globaltimer;") {
+        if (resident) {  // a spin loop reads the clock: let the other blocks run
+            yield();
+            if (trapped) throw Trap{};
+        }
         const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::steady_clock::now().time_since_epoch()).count();
         std::memcpy(outs.begin()[0].p, &ns, 8);
@@ -298,14 +302,14 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
 // Whether a block wrote shared memory past the launch's dynamic size (plain stores are not
 // checked as they happen; the bytes past it stay 0xFF from the poison unless one did). Compared
 // a page at a time against a page of 0xFF, so the check costs what poisoning those bytes did.
-static bool wrote_past(unsigned shared) {
+static bool wrote_past(const unsigned char* arena, unsigned shared) {
     static const std::vector<unsigned char> poison(4096, 0xFF);
     const size_t end = simt::SMEM_BYTES;
     for (size_t at = shared; at < end; at += poison.size()) {
         const size_t n = std::min(poison.size(), end - at);
-        if (std::memcmp(simt::arena + at, poison.data(), n) == 0) continue;
+        if (std::memcmp(arena + at, poison.data(), n) == 0) continue;
         for (size_t i = at; i < at + n; ++i)
-            if (simt::arena[i] != 0xFF) {
+            if (arena[i] != 0xFF) {
                 std::fprintf(stderr, "simt: block wrote shared byte %zu, past the launch's "
                              "dynamic size %u\n", i, shared);
                 break;
@@ -414,6 +418,7 @@ void prepare(Context& c, char* stack, size_t bytes, void (*entry)()) {
 // One CUDA thread: its context, and its cp.async groups while another thread runs.
 struct Fiber {
     Context context;
+    simt::Block* block = nullptr;
     std::vector<simt::Copy> open_group;
     std::vector<std::vector<simt::Copy>> committed;
     std::vector<simt::Wgmma> wgmma_open;
@@ -443,9 +448,11 @@ void fiber_main() {
     }
 }
 
-// Resume thread t of the current block until it waits, returns or traps.
+// Resume thread t of its block until it waits, returns or traps.
 void resume(Fiber& f, int t) {
     simt::thread_idx = {(unsigned)t, 0, 0};
+    simt::block = f.block;
+    simt::block_idx = f.block->idx;
     running = &f;
     std::swap(simt::open_group, f.open_group);
     std::swap(simt::committed, f.committed);
@@ -462,39 +469,142 @@ void resume(Fiber& f, int t) {
 struct Stacks {
     size_t each, bytes;
     char* base;
-    explicit Stacks(int threads) : each(STACK_BYTES + (size_t)sysconf(_SC_PAGESIZE)) {
+    explicit Stacks(long threads) : each(STACK_BYTES + (size_t)sysconf(_SC_PAGESIZE)) {
         bytes = each * threads;
         void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         base = p == MAP_FAILED ? nullptr : (char*)p;
-        for (int t = 0; base && t < threads; ++t)
+        for (long t = 0; base && t < threads; ++t)
             mprotect(base + t * each, each - STACK_BYTES, PROT_NONE);
     }
     ~Stacks() {
         if (base) munmap(base, bytes);
     }
-    char* stack(int t) const { return base + t * each + (each - STACK_BYTES); }
+    char* stack(long t) const { return base + t * each + (each - STACK_BYTES); }
 };
+
+// Resume a block's fibers in order, each until it waits, returns or traps, and go round until all
+// have returned; a round in which no thread arrives anywhere or returns is a deadlock, which traps.
+void run_fibers(std::vector<Fiber>& fibers, int threads) {
+    for (long alive = (long)fibers.size(); alive > 0;) {
+        const unsigned long before = simt::progress;
+        long returned = 0;
+        for (size_t i = 0; i < fibers.size(); ++i) {
+            if (fibers[i].done) continue;
+            resume(fibers[i], (int)(i % threads));
+            returned += fibers[i].done;
+        }
+        alive -= returned;
+        if (alive > 0 && !returned && simt::progress == before && !simt::trapped) {
+            std::fprintf(stderr, "simt: %ld threads of block %u,%u,%u wait at barriers the "
+                         "others never reach\n", alive, simt::block_idx.x, simt::block_idx.y,
+                         simt::block_idx.z);
+            simt::trapped = 1;  // the next round lets each waiting thread stop
+        }
+    }
+}
+
+// Every block at once: one fiber per thread of the grid, each block with its own shared memory.
+int run_resident(long blocks, int threads, int gx, int gy, int shared) {
+    const Stacks stacks(blocks * threads);
+    if (!stacks.base) {
+        std::fprintf(stderr, "simt: no memory for %ld thread stacks\n", blocks * threads);
+        return 2;
+    }
+    std::vector<std::unique_ptr<simt::Block>> grid;
+    std::vector<std::vector<unsigned char>> arenas;
+    std::vector<Fiber> fibers(blocks * threads);
+    for (long b = 0; b < blocks; ++b) {
+        const long id = blocks - 1 - b;  // the last block's threads first, as below
+        arenas.emplace_back(simt::SMEM_BYTES, 0xFF);
+        grid.push_back(std::make_unique<simt::Block>(threads));
+        grid.back()->smem = arenas.back().data();
+        grid.back()->idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
+                            (unsigned)(id / ((long)gx * gy))};
+        for (int t = 0; t < threads; ++t) {
+            Fiber& f = fibers[b * threads + t];
+            f.block = grid.back().get();
+            prepare(f.context, stacks.stack(b * threads + t), STACK_BYTES, fiber_main);
+        }
+    }
+    // Each block as far as it goes before the next (its threads in rounds, until a round in which
+    // none arrives at a barrier or returns: all wait, or spin on the clock), the last block
+    // first, and round again; so blocks drift apart as far as the kernel lets them, and one that
+    // reads what another has not yet written (a missing grid barrier) reads it unwritten. A whole
+    // round of the grid with nothing done is a spin on the clock (the kernel's own timeout ends
+    // it) or a deadlock, which traps after two seconds.
+    std::vector<long> alive(blocks, threads);
+    long left = blocks * threads;
+    auto idle_since = std::chrono::steady_clock::now();
+    bool idle = false;
+    while (left > 0) {
+        const unsigned long cycle = simt::progress;
+        for (long b = 0; b < blocks; ++b) {
+            while (alive[b] > 0) {
+                const unsigned long before = simt::progress;
+                long returned = 0;
+                for (int t = 0; t < threads; ++t) {
+                    Fiber& f = fibers[b * threads + t];
+                    if (f.done) continue;
+                    resume(f, t);
+                    returned += f.done;
+                }
+                alive[b] -= returned;
+                left -= returned;
+                if (!returned && simt::progress == before) break;
+            }
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (simt::progress != cycle || simt::trapped) {
+            idle = false;
+        } else if (!idle) {
+            idle = true;
+            idle_since = now;
+        } else if (now - idle_since > std::chrono::seconds(2)) {
+            std::fprintf(stderr, "simt: %ld threads of the resident grid wait at barriers the "
+                         "others never reach\n", left);
+            simt::trapped = 1;  // the next round lets each waiting thread stop
+        }
+    }
+    for (long b = 0; b < blocks && !simt::trapped; ++b)
+        if (wrote_past(arenas[b].data(), (unsigned)shared)) simt::trapped = 1;
+    return simt::trapped ? 2 : 0;
+}
 
 }  // namespace
 
 void simt::yield() { jump(running->context, launcher); }
 
 // Run fn(args) over a (gx, gy, gz) grid of (bx, by, bz) blocks with `shared` bytes of dynamic
-// shared memory: one fiber per thread of a block, the same fibers for every block. Between
-// blocks the launch checks that the last block wrote nothing past the dynamic size and poisons
-// shared memory again. Within a block it resumes the threads in thread order, each until it
-// waits at a barrier, returns or traps, and goes round until all have returned; a round in which
-// no thread arrives anywhere or returns is a deadlock, which traps. Blocks run one at a time,
-// the last first: a GPU gives no order, and the hardware's tends to be the grid's, so a kernel
-// that reads what a later block writes (a race on the device) sees it unwritten here. 0: done;
-// 1: a launch the GPU would refuse; 2: a thread trapped or a block wrote past its shared memory.
+// shared memory. Blocks run one at a time, the last first: a GPU gives no order, and the
+// hardware's tends to be the grid's, so a kernel that reads what a later block writes (a race on
+// the device) sees it unwritten here. One fiber per thread of a block, the same fibers for every
+// block; between blocks the launch checks that the last block wrote nothing past the dynamic size
+// and poisons shared memory again. With `resident` every block runs at once instead (at most
+// MAX_RESIDENT threads in all, and no dependent-launch guard, whose bytes are poisoned block by
+// block), as a persistent kernel's blocks must. 0: done; 1: a launch the GPU would refuse (or a
+// resident one the emulation cannot hold); 2: a thread trapped or a block wrote past its shared
+// memory.
 extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz, int bx, int by,
-                        int bz, int shared) {
+                        int bz, int shared, int resident) {
     const int threads = bx * by * bz;
     if (by != 1 || bz != 1 || threads > simt::MAX_THREADS || threads % 32 ||
         shared > simt::SMEM_BYTES || gx < 1 || gy < 1 || gz < 1)
         return 1;
+    const long blocks = (long)gx * gy * gz;
+    if (resident && (blocks * threads > simt::MAX_RESIDENT || !simt::guarded.empty())) {
+        std::fprintf(stderr, "simt: a resident launch holds at most %d threads and runs without "
+                     "the dependent-launch guard\n", simt::MAX_RESIDENT);
+        return 1;
+    }
+    kernel = fn;
+    kernel_args = args;
+    simt::trapped = 0;
+    simt::resident = resident != 0;
+    simt::block_dim = {(unsigned)threads, 1, 1};
+    simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
+    simt::dynamic_bytes = (unsigned)shared;
+    if (resident) return run_resident(blocks, threads, gx, gy, shared);
     const Stacks stacks(threads);
     if (!stacks.base) {
         std::fprintf(stderr, "simt: no memory for %d thread stacks\n", threads);
@@ -503,55 +613,36 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
     std::vector<Fiber> fibers(threads);
     for (int t = 0; t < threads; ++t)
         prepare(fibers[t].context, stacks.stack(t), STACK_BYTES, fiber_main);
-    kernel = fn;
-    kernel_args = args;
-    simt::trapped = 0;
-    simt::block_dim = {(unsigned)threads, 1, 1};
-    simt::grid_dim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
-    simt::dynamic_bytes = (unsigned)shared;
-    const long blocks = (long)gx * gy * gz;
     std::unique_ptr<simt::Block> current;
     for (long b = 0; b < blocks && !simt::trapped; ++b) {
-        if (b > 0 && wrote_past((unsigned)shared)) {
+        if (b > 0 && wrote_past(simt::arena, (unsigned)shared)) {
             simt::trapped = 1;
             break;
         }
         // the launch's bytes poisoned again; those past it were checked unchanged
         std::memset(simt::arena, 0xFF, b > 0 ? (size_t)shared : simt::SMEM_BYTES);
         current = std::make_unique<simt::Block>(threads);
-        simt::block = current.get();
+        current->smem = simt::arena;
         for (simt::Guarded& g : simt::guarded) {  // the step's bytes aside, poison in their place
             g.saved.assign(g.p, g.p + g.n);
             std::memset(g.p, 0xFF, g.n);
         }
         const long id = blocks - 1 - b;  // last block first (see above)
-        simt::block_idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
-                           (unsigned)(id / ((long)gx * gy))};
+        current->idx = {(unsigned)(id % gx), (unsigned)(id / gx % gy),
+                        (unsigned)(id / ((long)gx * gy))};
+        simt::block = current.get();
+        simt::block_idx = current->idx;
         for (Fiber& f : fibers) {
+            f.block = current.get();
             f.done = false;
             f.open_group.clear();
             f.committed.clear();
             f.wgmma_open.clear();
             f.wgmma_committed.clear();
         }
-        for (int alive = threads; alive > 0;) {
-            const unsigned long before = simt::progress;
-            int returned = 0;
-            for (int t = 0; t < threads; ++t) {
-                if (fibers[t].done) continue;
-                resume(fibers[t], t);
-                returned += fibers[t].done;
-            }
-            alive -= returned;
-            if (alive > 0 && !returned && simt::progress == before && !simt::trapped) {
-                std::fprintf(stderr, "simt: %d threads of block %u,%u,%u wait at barriers the "
-                             "others never reach\n", alive, simt::block_idx.x,
-                             simt::block_idx.y, simt::block_idx.z);
-                simt::trapped = 1;  // the next round lets each waiting thread stop
-            }
-        }
+        run_fibers(fibers, threads);
         if (simt::guarding()) simt::release_guarded();
     }
-    if (!simt::trapped && wrote_past((unsigned)shared)) simt::trapped = 1;
+    if (!simt::trapped && wrote_past(simt::arena, (unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;
 }

@@ -3,15 +3,20 @@
 // PTX into the calls below).
 //
 // A block's threads are fibers on the launching OS thread, each with its own stack, switched
-// only at barriers; blocks run one after another. Barriers: __syncthreads is one of the block's
+// only at barriers; blocks run one after another, or, in a resident launch, all of them at once
+// (every block's threads are fibers of the one launch, each block with its own shared memory),
+// as the blocks of a persistent kernel must be for a grid-wide barrier to complete. There a read
+// of %globaltimer, which a spin loop makes, also hands the OS thread on, and each block runs as
+// far as it can before the next (the last block first), so a block that reads what another has
+// not yet written, a grid barrier missing, reads it unwritten. Barriers: __syncthreads is one of the block's
 // threads, the warp collectives (shuffles, votes, ldmatrix, mma.sync) one of the warp's 32, where
 // each lane posts its operand, the warp meets, each lane reads what it needs, and the warp meets
 // again before the slots are reused. A thread waiting at a barrier hands the OS thread to the
 // next thread of the block that can run, in thread order; the last to arrive goes on at once. A
 // thread that returns drops out of both barriers, as an exited thread stops counting on the GPU.
 // Threads that all wait at barriers none of them can complete (a __syncthreads some threads never
-// reach) trap, where the GPU would hang. Shared memory starts each block as 0xFF bytes (NaN for
-// f32 and bf16). cp.async copies land only at the wait that completes their group, bulk copies
+// reach) trap, where the GPU would hang. Shared memory, dynamic and static (a `__shared__` variable is the block's own),
+// starts each block as 0xFF bytes (NaN for f32 and bf16). cp.async copies land only at the wait that completes their group, bulk copies
 // (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier). The MMA sums
 // its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
 // inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -64,6 +70,7 @@
 namespace simt {
 
 constexpr int MAX_THREADS = 1024;
+constexpr int MAX_RESIDENT = 16384;  // threads of a resident launch: a stack and guard page each
 constexpr int SMEM_BYTES = 228 * 1024;
 
 // A barrier of `expected` threads: `arrived` of them wait in generation `gen`.
@@ -94,12 +101,21 @@ struct TxBarrier {
     std::vector<BulkCopy> pending;
 };
 
+// A `__shared__` variable's bytes in one block, found by its declaration's tag (block_shared).
+struct Static {
+    const void* tag;
+    std::unique_ptr<unsigned char[]> bytes;
+};
+
 struct Block {
     Barrier sync;
     Barrier dependency;     // griddepcontrol.wait while global bytes are guarded (simt_guard)
     bool released = false;  // the guarded bytes are the step's again
     std::vector<std::pair<size_t, TxBarrier>> tx;  // by shared address
     Warp warps[MAX_THREADS / 32];
+    unsigned char* smem = nullptr;  // the dynamic shared memory
+    uint3 idx{};                    // blockIdx
+    std::vector<Static> statics;
     explicit Block(int threads) : sync{threads}, dependency{threads} {}
 };
 
@@ -146,8 +162,9 @@ inline std::vector<std::vector<Copy>> committed;
 inline std::vector<Wgmma> wgmma_open;  // the running thread's wgmma groups (swapped per thread)
 inline std::vector<std::vector<Wgmma>> wgmma_committed;
 inline unsigned dynamic_bytes;
+inline bool resident;  // the launch runs all its blocks at once (simt_run)
 
-unsigned char* dynamic_smem();
+inline unsigned char* dynamic_smem() { return block->smem; }
 void yield();  // hands the OS thread back to the launch, which runs the block's next thread
 
 // A barrier, after which a thread stops if another trapped (its operands may never come); the
@@ -183,6 +200,17 @@ inline void dependency_wait() {
 }
 inline Warp& warp() { return block->warps[thread_idx.x / 32]; }
 inline int lane() { return (int)thread_idx.x % 32; }
+
+// A `__shared__` variable of type T (the transform writes each declaration as a call, with a
+// tag unique to the declaration): the running block's own, 0xFF bytes until written.
+template <class T>
+inline T& block_shared(const void* tag) {
+    for (Static& s : block->statics)
+        if (s.tag == tag) return *reinterpret_cast<T*>(s.bytes.get());
+    Static s{tag, std::make_unique<unsigned char[]>(sizeof(T))};
+    std::memset(s.bytes.get(), 0xFF, sizeof(T));
+    return *reinterpret_cast<T*>(block->statics.emplace_back(std::move(s)).bytes.get());
+}
 
 // A pointer argument that converts to any pointer type, as the driver passes it.
 struct AnyPtr {

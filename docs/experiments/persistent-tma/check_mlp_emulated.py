@@ -1,12 +1,12 @@
 """mlp_tma.cu against the three launches it replaces, on the host emulation (tests/host/simt),
 before any device time, with the bulk copies before the dependent-launch wait and after it
-(MLP_TMA_COPY_LATE): one block (the emulation runs blocks one after another, so a grid
-barrier can only be met by a grid of one), at shapes whose whole weights fit its shared memory
-(hidden 128, intermediate 256), random bf16 inputs, poisoned outputs; s and the output must be
-the chain's bytes. The device run (bench_mlp_tma.py) checks the same at Qwen3-0.6B's shapes
-with every multiprocessor's block.
+(MLP_TMA_COPY_LATE): a grid of one block, and a resident grid of three (every block at once, as
+the grid barrier needs; their shares of the columns differ in size), at shapes whose weights
+fit (hidden 128, intermediate 256), random bf16 inputs, poisoned outputs; s, h and the output
+must be the chain's bytes. The device run (bench_mlp_tma.py) checks the same at Qwen3-0.6B's
+shapes with every multiprocessor's block.
 
-Run from the repository root: ``python3 docs/experiments/persistent-mlp-tma/check_emulated.py``.
+Run from the repository root: ``python3 docs/experiments/persistent-tma/check_mlp_emulated.py``.
 """
 
 from __future__ import annotations
@@ -64,20 +64,25 @@ def main() -> int:
                     [y, wg, null, null, wu, null, null, h, 1, HIDDEN, INTER])
         gemv.launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
                     -(-INTER // 256) * 32, [h, wd, null, null, out1, 1, INTER, HIDDEN])
-        smem = (2 * INTER * HIDDEN + HIDDEN * INTER) * 2 + (2 * HIDDEN + INTER) * 2 + 16
         out_f = (out1.astype(np.uint32) << 16).view(np.float32)
         checks = {"chain output finite": bool(np.isfinite(out_f).all())}
-        for n, (v, mlp) in enumerate(mlps.items()):
-            for a in (s2, out2, hbuf):
-                a.fill(0xFFFF)
-            mlp.launch("metrale_mlp_tma", (1, 1, 1), (256, 1, 1), smem,
-                       [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS])
-            name = " ".join(v) or "copies before the wait"
-            checks |= {f"{name}: s equal": bool((s1 == s2).all()),
-                       f"{name}: h equal": bool((h == hbuf).all()),
-                       f"{name}: output equal": bool((out1 == out2).all()),
-                       f"{name}: grid barrier count back to zero, generation {n + 1}":
-                       int(sync[0]) == 0 and int(sync[1]) == n + 1}
+        n = 0
+        for blocks in (1, 3):
+            maxp, maxc = -(-INTER // blocks), -(-HIDDEN // blocks)
+            smem = (2 * maxp * HIDDEN + maxc * INTER) * 2 + (2 * HIDDEN + INTER) * 2 + 16
+            for v, mlp in mlps.items():
+                for a in (s2, out2, hbuf):
+                    a.fill(0xFFFF)
+                mlp.launch("metrale_mlp_tma", (blocks, 1, 1), (256, 1, 1), smem,
+                           [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS],
+                           resident=blocks > 1)
+                n += 1
+                name = f"{blocks} block(s), " + (" ".join(v) or "copies before the wait")
+                checks |= {f"{name}: s equal": bool((s1 == s2).all()),
+                           f"{name}: h equal": bool((h == hbuf).all()),
+                           f"{name}: output equal": bool((out1 == out2).all()),
+                           f"{name}: grid barrier count back to zero, generation {n}":
+                           int(sync[0]) == 0 and int(sync[1]) == n}
     for what, good in checks.items():
         print(f"{what}: {good}")
     return 0 if all(checks.values()) else 1

@@ -26,71 +26,10 @@
 // (the bulk copies issued after the wait, not before) and PHASE_TRACE (phase.cuh's marks).
 #include "norm.cu"
 #include "gemv.cuh"
+#include "persistent.cuh"
 #include "phase.cuh"
 
 #define MLP_NT 256  // threads a block: eight warps
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void tx_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// Arm the barrier for `bytes` of copies (thread 0's one arrival).
-__device__ __forceinline__ void tx_expect(uint64_t* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
-                                          uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-// Wait until the barrier's first phase completes (every thread of the block may wait).
-__device__ __forceinline__ void tx_wait(uint64_t* bar) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Every block of the grid meets here (sense by generation): sync[0] counts arrivals, sync[1] is
-// the generation. The last to arrive zeroes the count, then advances the generation; the others
-// wait for it to move. The writes before are visible to every block after (fences around).
-__device__ __forceinline__ void grid_meet(unsigned* sync) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* gen = sync + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(sync, 1u) == gridDim.x - 1) {
-            atomicExch(sync, 0u);
-            __threadfence();
-            atomicAdd(sync + 1, 1u);
-        } else {
-            const unsigned long long t0 = global_ns();
-            while (*gen == g)
-                if (global_ns() - t0 > 1000000000ull) __trap();  // a block never came
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
 
 // s = x + r, y = rmsnorm(s) w, h = swiglu(y wgᵀ, y wuᵀ), out = h wdᵀ; one row. hbuf (inter
 // values) and sync (two words, zero before the first launch, left so) are the launch's scratch.
@@ -102,8 +41,8 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
                 unsigned* sync, int hidden, int inter, float eps) {
     extern __shared__ __align__(128) unsigned char mlp_smem[];
     const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5;
-    const int p0 = (int)((long)b * inter / G), np = (int)((long)(b + 1) * inter / G) - p0;
-    const int c0 = (int)((long)b * hidden / G), nc = (int)((long)(b + 1) * hidden / G) - c0;
+    const Share pairs(inter, b, G), cols(hidden, b, G);
+    const int p0 = pairs.first, np = pairs.count, c0 = cols.first, nc = cols.count;
     const int maxp = (inter + G - 1) / G, maxc = (hidden + G - 1) / G;
     // shared memory: gate rows, up rows, down rows (each at its largest share), y, h, s (blocks
     // other than 0 store their copy of s here), two barriers

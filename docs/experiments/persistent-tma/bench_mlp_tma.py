@@ -14,7 +14,7 @@ gemv.cu's own code for that. A build with phase marks (phase.cuh) then runs once
 says when its blocks reached each step, from the first block's entry.
 
 Run on the lent GPU, from the repository root (Metrale installed, as ab_gpu_step.sh leaves it):
-``python3 docs/experiments/persistent-mlp-tma/bench_mlp_tma.py``. The kernel source is copied
+``python3 docs/experiments/persistent-tma/bench_mlp_tma.py``. The kernel source is copied
 into the installed kernels folder's cuda/common for its build and removed after. Writes
 ``benchmarks/results/gpu_mlp_tma.json``.
 """
@@ -166,7 +166,7 @@ def main() -> None:
         "what": "Qwen3-0.6B decode o_proj then MLP half, batch 1, bf16: o_proj and the three "
                 "MLP launches of the exact plan's kernels, against o_proj and one launch of "
                 "resident blocks with TMA-staged weights; seconds per o_proj + MLP",
-        "command": "python3 docs/experiments/persistent-mlp-tma/bench_mlp_tma.py",
+        "command": "python3 docs/experiments/persistent-tma/bench_mlp_tma.py",
         "copy_rate_bytes_per_s": rate, "multiprocessors": sms, "shared_bytes": smem,
         "bytes_per_iteration": layer_bytes, "floor_s": floor, "same_bytes": same,
         "finite": finite, "seconds": times, "phases_after_o_proj": phases,

@@ -1,0 +1,152 @@
+"""attn_tma.cu against the five launches it replaces (add_rmsnorm, qkv, qk_norm_rope_kv_append_
+attention_decode, its merge, the split o_proj), on the host emulation (tests/host/simt), before
+any device time: a grid of one block and resident grids of three and five (every block at once,
+as the grid barriers need), with the bulk copies before the dependent-launch wait and after it
+(ATTN_TMA_COPY_LATE), at two shapes whose weights fit: four q heads on two kv heads (Qwen3's
+group of two) and eight on one (a group split over two attention blocks), head_dim 64, hidden
+64, a cache of 128 positions with this step's at 100. Random bf16 inputs and cache rows, NeoX
+rope tables, poisoned outputs. s, q, k, v, the attention output, o_proj's output and both
+caches must be the chain's bytes. The device run (bench_layer_tma.py) checks the same at
+Qwen3-0.6B's shapes with every multiprocessor's block.
+
+Run from the repository root: ``python3 docs/experiments/persistent-tma/check_attn_emulated.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from tests.host import simt  # noqa: E402
+
+HIDDEN, D, MAX_CTX, POS, EPS, THETA = 64, 64, 128, 100, 1e-6, 1e6
+SHAPES = ((4, 2), (8, 1))  # (q heads, kv heads)
+GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
+ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
+TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32")
+
+
+def bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0
+         ) -> np.ndarray:
+    x = (rng.standard_normal(shape) * std + mean).astype(np.float32)
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def poison(n: int) -> np.ndarray:
+    return np.full(n, 0xFFFF, np.uint16)  # NaN: must be written
+
+
+def attention_smem(hq: int, hkv: int, d: int) -> int:
+    g = hq // hkv
+    return 520 * d + 12 * g * d + 264 * g + 13320  # KERNELS.toml's decode attention
+
+
+def libraries(build: Path) -> dict:
+    tma_defines = (*GEMV, "H_BLOCK=256", "KV_BLOCK=256", "CHUNK=64", "ROPE_NEOX")
+    here = str(Path(__file__).with_name("attn_tma.cu"))
+    return {
+        "norm": simt.build(build, "cuda/common/norm.cu", ("ACT_BF16", "H_BLOCK=256", "ROPE_NEOX"),
+                           {"metrale_add_rmsnorm": ("ptr",) * 5 + ("i32", "i32", "f32")}),
+        "qkv": simt.build(build, "cuda/common/gemv.cu", (*GEMV, "GEMV_COLS=2"),
+                          {"metrale_qkv": ("ptr",) * 13 + ("i32",) * 5}),
+        "linear": simt.build(build, "cuda/common/gemv.cu", GEMV,
+                             {"metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3}),
+        "attention": simt.build(
+            build, "cuda/common/attention_decode.cu", ATTN,
+            {"metrale_qk_norm_rope_kv_append_attention_decode": ("ptr",) * 13 + ("i32",) * 6
+             + ("f32", "f32", "i32"),
+             "metrale_attention_decode_merge": ("ptr",) * 3 + ("i32",) * 5}),
+        **{f"tma{v}": simt.build(build, here, (*tma_defines, *v), {"metrale_attn_tma": TMA_ARGS})
+           for v in ((), ("ATTN_TMA_COPY_LATE",))},
+    }
+
+
+def check_shape(libs: dict, hq: int, hkv: int, rng: np.random.Generator) -> dict[str, bool]:
+    nq, nk, ho = hq * D, hkv * D, hq * D
+    nch = -(-MAX_CTX // 64)
+    x, r = bf16(rng, (HIDDEN,), 1.0), bf16(rng, (HIDDEN,), 1.0)
+    wn, wqn, wkn = (bf16(rng, (n,), 0.1, 1.0) for n in (HIDDEN, D, D))
+    wq, wk, wv = (bf16(rng, (n, HIDDEN), 0.1) for n in (nq, nk, nk))
+    wo = bf16(rng, (HIDDEN, ho), 0.05)
+    cache0 = [bf16(rng, (MAX_CTX, hkv, D), 1.0) for _ in range(2)]
+    inv = THETA ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+    ang = np.arange(MAX_CTX)[:, None] * inv[None, :]
+    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    positions, slots = np.array([POS], np.int32), np.array([0], np.int32)
+    scale = 1.0 / math.sqrt(D)
+    work_floats = hq * nch * (D + 4)
+
+    def outputs() -> dict[str, np.ndarray]:
+        return {"s": poison(HIDDEN), "y": poison(HIDDEN), "q": poison(nq), "k": poison(nk),
+                "v": poison(nk), "o": poison(ho), "out": poison(HIDDEN),
+                "k_cache": cache0[0].copy(), "v_cache": cache0[1].copy(),
+                "work": np.full(work_floats, np.nan, np.float32)}
+
+    a = outputs()  # the chain's
+    libs["norm"].launch("metrale_add_rmsnorm", (1, 1, 1), (32, 1, 1), 0,
+                        [x, r, wn, a["s"], a["y"], 1, HIDDEN, EPS])
+    libs["qkv"].launch("metrale_qkv", (-(-(nq + 2 * nk) // 8), 1, 1), (128, 1, 1), 0,
+                       [a["y"], wq, 0, 0, wk, 0, 0, wv, 0, 0, a["q"], a["k"], a["v"], 1, HIDDEN,
+                        nq, nk, nk])
+    gx = hkv * max(1, hq // hkv // 4)
+    libs["attention"].launch(
+        "metrale_qk_norm_rope_kv_append_attention_decode", (gx, 1, nch), (256, 1, 1),
+        attention_smem(hq, hkv, D),
+        [a["q"], a["k"], a["v"], wqn, wkn, a["k_cache"], a["v_cache"], positions, slots, cos_t,
+         sin_t, a["o"], a["work"], 1, hq, hkv, D, MAX_CTX, MAX_CTX, EPS, scale, 0])
+    libs["attention"].launch("metrale_attention_decode_merge", (hq, 1, 1), (128, 1, 1),
+                             (32 * (D + 4) + 96 + D + 4) * 4,
+                             [positions, a["o"], a["work"], 1, hq, D, MAX_CTX, 0])
+    libs["linear"].launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
+                          -(-ho // 256) * 32, [a["o"], wo, 0, 0, a["out"], 1, ho, HIDDEN])
+    checks = {"chain's o_proj output finite":
+              bool(np.isfinite((a["out"].astype(np.uint32) << 16).view(np.float32)).all())}
+    sync = np.zeros(2, np.uint32)
+    met = 0
+    for blocks in (1, 3, 5):
+        n3 = nq + 2 * nk
+        region = (attention_smem(hq, hkv, D) + 127) // 128 * 128
+        smem = (region + (-(-n3 // blocks) * HIDDEN + -(-HIDDEN // blocks) * ho) * 2
+                + (2 * HIDDEN + ho) * 2 + 16 + 16)
+        for variant in ("", "ATTN_TMA_COPY_LATE"):
+            b = outputs()
+            libs[f"tma{(variant,) if variant else ()}"].launch(
+                "metrale_attn_tma", (blocks, 1, 1), (256, 1, 1), smem,
+                [x, r, wn, b["s"], wq, wk, wv, b["q"], b["k"], b["v"], wqn, wkn, b["k_cache"],
+                 b["v_cache"], positions, slots, cos_t, sin_t, b["o"], b["work"], wo, b["out"],
+                 sync, HIDDEN, hq, hkv, D, MAX_CTX, MAX_CTX, EPS, scale, 0],
+                resident=blocks > 1)
+            met += 3
+            name = f"{hq}/{hkv} heads, {blocks} block(s), {variant or 'copies before the wait'}"
+            for key in ("s", "q", "k", "v", "o", "out", "k_cache", "v_cache"):
+                checks[f"{name}: {key} equal"] = bool(np.array_equal(a[key], b[key]))
+            checks[f"{name}: grid barrier back to zero, generation {met}"] = (
+                int(sync[0]) == 0 and int(sync[1]) == met)
+    return checks
+
+
+def main() -> int:
+    ok, why = simt.available()
+    if not ok:
+        print(f"no host emulation: {why}")
+        return 1
+    rng = np.random.default_rng(11)
+    checks: dict[str, bool] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = libraries(Path(tmp))
+        for hq, hkv in SHAPES:
+            checks |= check_shape(libs, hq, hkv, rng)
+    for what, good in checks.items():
+        print(f"{what}: {good}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

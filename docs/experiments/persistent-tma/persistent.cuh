@@ -1,0 +1,76 @@
+// Metrale CUDA, experiment: what the persistent kernels of this folder share. Bulk copies
+// (cp.async.bulk, the Tensor Memory Accelerator) into shared memory counted on transaction
+// barriers, and a grid-wide barrier for blocks that are all resident at once (one per
+// multiprocessor: the caller's grid must not exceed them).
+#pragma once
+#include "metrale.cuh"
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void tx_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Arm the barrier for `bytes` of copies (thread 0's one arrival).
+__device__ __forceinline__ void tx_expect(uint64_t* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+// Wait until the barrier's first phase completes (every thread of the block may wait).
+__device__ __forceinline__ void tx_wait(uint64_t* bar) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done) : "r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Every block of the grid meets here (sense by generation): sync[0] counts arrivals, sync[1] is
+// the generation. The last to arrive zeroes the count, then advances the generation; the others
+// wait for it to move. The writes before are visible to every block after (fences around). A
+// block that waits past a second traps: a block never came, and a hang would be the GPU's.
+__device__ __forceinline__ void grid_meet(unsigned* sync) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned* gen = sync + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(sync, 1u) == gridDim.x - 1) {
+            atomicExch(sync, 0u);
+            __threadfence();
+            atomicAdd(sync + 1, 1u);
+        } else {
+            const unsigned long long t0 = global_ns();
+            while (*gen == g)
+                if (global_ns() - t0 > 1000000000ull) __trap();
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// The share of n items (columns, rows) that block b of G takes: [first, first + count).
+struct Share {
+    int first, count;
+    __device__ Share(int n, int b, int G)
+        : first((int)((long)b * n / G)), count((int)((long)(b + 1) * n / G) - first) {}
+};
