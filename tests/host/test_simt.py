@@ -103,6 +103,14 @@ extern "C" __global__ void bulk_probe(const float* src, float* out, int armed, i
     out[threadIdx.x] = v;
 }
 
+// Thread 0 asks L2 for `bytes` from p (cp.async.bulk.prefetch), then every thread writes 1.
+extern "C" __global__ void bulk_prefetch_probe(const float* p, unsigned bytes, int* out) {
+    if (threadIdx.x == 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
 // Every block of the grid meets (an arrival count and a generation word, the spin reading
 // %globaltimer; a block that waits past timeout_ns writes -1 and returns), then sums what every
 // block wrote before it. Each block keeps its id in a static __shared__ variable across the
@@ -149,7 +157,8 @@ ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
            "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32"),
            "guarded_probe": ("ptr", "ptr", "i32", "i32"),
            "bulk_probe": ("ptr", "ptr", "i32", "i32"),
-           "grid_meet_probe": ("ptr", "ptr", "ptr", "ptr", "i64")}
+           "grid_meet_probe": ("ptr", "ptr", "ptr", "ptr", "i64"),
+           "bulk_prefetch_probe": ("ptr", "i32", "ptr")}
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +243,20 @@ def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
     assert np.isnan(out[31]) and np.array_equal(out[:31], src[:31])
     assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0]) == 2
     assert "armed bytes no copy brings" in capfd.readouterr().err
+
+
+def test_a_bulk_prefetch_is_checked_and_moves_nothing(lib, capfd):
+    """cp.async.bulk.prefetch.L2 is a hint: a 16-byte-aligned source and size run (no bytes move
+    anywhere a kernel could see); a size that is not a multiple of 16, which the GPU refuses,
+    traps."""
+    src = np.arange(32, dtype=np.float32)
+    out = np.zeros(32, np.int32)
+    lib.launch("bulk_prefetch_probe", (1, 1, 1), (32, 1, 1), 0, [src, 128, out])
+    assert (out == 1).all() and np.array_equal(src, np.arange(32, dtype=np.float32))
+    out[:] = 0
+    assert lib.run("bulk_prefetch_probe", (1, 1, 1), (32, 1, 1), 0, [src, 8, out]) == 2
+    assert "bulk prefetch not in 16-byte units" in capfd.readouterr().err
+    assert not out.any()
 
 
 @pytest.mark.parametrize("blocks", [1, 5])

@@ -21,6 +21,9 @@
 //      entry's code; the grid meets;
 //   6. the attention output into shared memory; barrier 1; warp w takes the block's o_proj
 //      columns w, w + 8, ...: warp_dots over the staged rows (the split linear's bytes).
+// As attention starts (step 4), the block also asks L2 for its share of `next_bytes` at `next`
+// (when given): the next launch's weights, so that its bulk copies, which cannot start before
+// this launch's blocks leave their multiprocessors (neither fits beside the other), read L2.
 // So every output (s, q, k, v, the cache rows, o and o_proj's) is the five launches' byte for
 // byte, which check_attn_emulated.py and bench_layer_tma.py check.
 //
@@ -75,7 +78,7 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
                  const float* __restrict__ sin_t, act_t* o, void* work,
                  const __nv_bfloat16* __restrict__ wo, act_t* __restrict__ out, unsigned* sync,
                  int hidden, int hq, int hkv, int d, int max_ctx, int max_pos, float eps,
-                 float scale, int window) {
+                 float scale, int window, const unsigned char* next, long long next_bytes) {
     extern __shared__ __align__(128) unsigned char attn_smem[];
     const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (hkv <= 0 || hq % hkv) __trap();
@@ -156,6 +159,7 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
     phase_mark(4);
     grid_meet(sync);
     phase_mark(5);
+    l2_prefetch_share(next, next_bytes, b, G);  // the next launch's weights, while attention runs
     const RopeArgs ra{cos_t, sin_t, wqn, wkn, max_pos, eps};
     for (int it = b; it < items; it += G) {
         __syncthreads();  // the previous item's reads of the region are done

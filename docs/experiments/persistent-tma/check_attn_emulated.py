@@ -30,7 +30,7 @@ HIDDEN, D, MAX_CTX, POS, EPS, THETA = 64, 64, 128, 100, 1e-6, 1e6
 SHAPES = ((4, 2), (8, 1))  # (q heads, kv heads)
 GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
 ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
-TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32")
+TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
 
 
 def bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0
@@ -121,7 +121,8 @@ def check_shape(libs: dict, hq: int, hkv: int, rng: np.random.Generator) -> dict
                 "metrale_attn_tma", (blocks, 1, 1), (256, 1, 1), smem,
                 [x, r, wn, b["s"], wq, wk, wv, b["q"], b["k"], b["v"], wqn, wkn, b["k_cache"],
                  b["v_cache"], positions, slots, cos_t, sin_t, b["o"], b["work"], wo, b["out"],
-                 sync, HIDDEN, hq, hkv, D, MAX_CTX, MAX_CTX, EPS, scale, 0],
+                 sync, HIDDEN, hq, hkv, D, MAX_CTX, MAX_CTX, EPS, scale, 0,
+                 wq, wq.nbytes],  # "the next weights": any readable bytes
                 resident=blocks > 1)
             met += 3
             name = f"{hq}/{hkv} heads, {blocks} block(s), {variant or 'copies before the wait'}"

@@ -56,7 +56,7 @@ def main() -> int:
                            "metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3})
         mlps = {v: simt.build(build, str(Path(__file__).with_name("mlp_tma.cu")),
                               (*GEMV, "H_BLOCK=256", *v),
-                              {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32")})
+                              {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32", "ptr", "i64")})
                 for v in ((), ("MLP_TMA_COPY_LATE",))}
         norm.launch("metrale_add_rmsnorm", (1, 1, 1), (128, 1, 1), 0,
                     [x, r, wn, s1, y, 1, HIDDEN, EPS])
@@ -74,7 +74,8 @@ def main() -> int:
                 for a in (s2, out2, hbuf):
                     a.fill(0xFFFF)
                 mlp.launch("metrale_mlp_tma", (blocks, 1, 1), (256, 1, 1), smem,
-                           [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS],
+                           [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS,
+                            wg, wg.nbytes],  # "the next weights": any readable bytes
                            resident=blocks > 1)
                 n += 1
                 name = f"{blocks} block(s), " + (" ".join(v) or "copies before the wait")

@@ -20,7 +20,9 @@
 //      traps, never a hang), then h into shared memory;
 //   5. barrier 1; warp w takes the block's columns w, w + 8, ...: warp_dots over the staged rows
 //      and h (the linear's bytes: warp_dots is the split entry's order too).
-// So the output equals the three launches' byte for byte, which bench_mlp_tma.py checks.
+// So the output equals the three launches' byte for byte, which bench_layer_tma.py checks.
+// Before the grid barrier the block also asks L2 for its share of `next_bytes` at `next` (when
+// given): the next launch's weights (attn_tma.cu says why).
 // One row (batch 1); bf16 weights and activations. Defines: ACT_BF16, WEIGHT_BF16,
 // K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256; for the experiment's variants MLP_TMA_COPY_LATE
 // (the bulk copies issued after the wait, not before) and PHASE_TRACE (phase.cuh's marks).
@@ -38,7 +40,8 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
                 const __nv_bfloat16* __restrict__ wn, act_t* __restrict__ s,
                 const __nv_bfloat16* __restrict__ wg, const __nv_bfloat16* __restrict__ wu,
                 const __nv_bfloat16* __restrict__ wd, act_t* __restrict__ out, act_t* hbuf,
-                unsigned* sync, int hidden, int inter, float eps) {
+                unsigned* sync, int hidden, int inter, float eps, const unsigned char* next,
+                long long next_bytes) {
     extern __shared__ __align__(128) unsigned char mlp_smem[];
     const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5;
     const Share pairs(inter, b, G), cols(hidden, b, G);
@@ -93,6 +96,7 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
             hbuf[p0 + p] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
     }
     phase_mark(5);
+    l2_prefetch_share(next, next_bytes, b, G);  // the next launch's weights, while down runs
     grid_meet(sync);
     phase_mark(6);
     for (int i = threadIdx.x * 8; i < inter; i += MLP_NT * 8)  // from L2: other blocks wrote it

@@ -74,3 +74,16 @@ struct Share {
     __device__ Share(int n, int b, int G)
         : first((int)((long)b * n / G)), count((int)((long)(b + 1) * n / G) - first) {}
 };
+
+// Block b of G asks L2 for its share of `bytes` at p (both multiples of 16), in pieces of 16 KiB
+// spread over the block's threads (cp.async.bulk.prefetch: no register, no shared memory, no
+// wait): the next launch's weights, which its own bulk copies then find in L2. Nothing if p is
+// null.
+__device__ __forceinline__ void l2_prefetch_share(const unsigned char* p, long long bytes, int b,
+                                                  int G) {
+    if (!p || bytes <= 0) return;
+    const long long lo = bytes * b / G / 16 * 16, hi = bytes * (b + 1) / G / 16 * 16;
+    for (long long at = lo + 16384LL * threadIdx.x; at < hi; at += 16384LL * blockDim.x)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                     ::"l"(p + at), "r"((unsigned)min(16384LL, hi - at)) : "memory");
+}

@@ -213,6 +213,11 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     const uint64_t* in = ins.begin();
     if (t == "griddepcontrol.wait;") return dependency_wait();
     if (t == "prefetch.global.L2 [%0];" || t == "griddepcontrol.launch_dependents;") return;
+    if (t == "cp.async.bulk.prefetch.L2.global [%0], %1;") {  // a hint: checked, nothing moves
+        global_row(as<const void*>(in[0]), tmpl);
+        if (in[1] % 16 || !in[1]) fault("bulk prefetch not in 16-byte units", tmpl);
+        return;
+    }
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
     } else if (t == "mov.u64 %0, %%globaltimer;") {
