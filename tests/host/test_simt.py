@@ -111,6 +111,55 @@ extern "C" __global__ void bulk_prefetch_probe(const float* p, unsigned bytes, i
     out[threadIdx.x] = 1;
 }
 
+// A ring of two 32-float stages through which thread 0 streams `stages` pieces of src by bulk
+// copies: full[s] (one arrival and the copy's bytes) says slot s holds its piece, empty[s] (one
+// arrival a warp) that both warps have read it, after which thread 0 refills it. Each thread
+// writes out[st 64 + t] = piece st's float t % 32 + its warp. `parity_bug` waits for parity 0
+// every time, which passes the second use of a slot before its copy lands.
+extern "C" __global__ void ring_probe(const float* src, float* out, int stages, int parity_bug) {
+    extern __shared__ __align__(16) float ring[];  // 2 x 32 floats, then 4 barriers
+    const unsigned full = (unsigned)__cvta_generic_to_shared(ring + 64), empty = full + 16;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    auto arm = [&](int st) {
+        const unsigned bar = full + 8 * (st % 2);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(bar), "r"(128) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
+                     "[%1], %2, [%3];"
+                     ::"r"((unsigned)__cvta_generic_to_shared(ring + 32 * (st % 2))),
+                     "l"(src + 32 * st), "r"(128), "r"(bar) : "memory");
+    };
+    auto wait = [&](unsigned bar, unsigned parity) {
+        unsigned done = 0;
+        while (!done)
+            asm volatile("{\n\t.reg .pred p;\n\t"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity)
+                         : "memory");
+    };
+    if (t == 0) {
+        for (int s = 0; s < 2; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(full + 8 * s), "r"(1));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty + 8 * s), "r"(2));
+        }
+        for (int st = 0; st < 2 && st < stages; ++st) arm(st);
+    }
+    __syncthreads();
+    for (int st = 0; st < stages; ++st) {
+        const unsigned use = parity_bug ? 0u : (unsigned)(st / 2) & 1u;
+        wait(full + 8 * (st % 2), use);
+        out[st * 64 + t] = ring[32 * (st % 2) + lane] + (float)warp;
+        __syncwarp();
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * (st % 2))
+                         : "memory");
+        if (t == 0 && st + 2 < stages) {
+            wait(empty + 8 * (st % 2), (unsigned)(st / 2) & 1u);
+            arm(st + 2);
+        }
+    }
+}
+
 // Every block of the grid meets (an arrival count and a generation word, the spin reading
 // %globaltimer; a block that waits past timeout_ns writes -1 and returns), then sums what every
 // block wrote before it. Each block keeps its id in a static __shared__ variable across the
@@ -158,7 +207,8 @@ ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
            "guarded_probe": ("ptr", "ptr", "i32", "i32"),
            "bulk_probe": ("ptr", "ptr", "i32", "i32"),
            "grid_meet_probe": ("ptr", "ptr", "ptr", "ptr", "i64"),
-           "bulk_prefetch_probe": ("ptr", "i32", "ptr")}
+           "bulk_prefetch_probe": ("ptr", "i32", "ptr"),
+           "ring_probe": ("ptr", "ptr", "i32", "i32")}
 
 
 @pytest.fixture(scope="module")
@@ -233,8 +283,8 @@ def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
     """cp.async.bulk's bytes are in shared memory after the transaction barrier's wait and not
     before the first thread's wait (the block's last thread to leave __syncthreads goes on first
     and reads poison; the others read after its wait landed the copy, as the GPU may let them);
-    a barrier armed for more bytes than its copies bring, a wait the GPU would never end,
-    traps."""
+    a barrier armed for more bytes than its copies bring, a wait the GPU would never end, is a
+    deadlock and traps."""
     src = np.arange(32, dtype=np.float32) + 0.5
     out = np.full(32, -1.0, np.float32)
     lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 0])
@@ -242,7 +292,26 @@ def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
     lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 1])
     assert np.isnan(out[31]) and np.array_equal(out[:31], src[:31])
     assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0]) == 2
-    assert "armed bytes no copy brings" in capfd.readouterr().err
+    assert "wait at barriers the others never reach" in capfd.readouterr().err
+
+
+def test_a_ring_of_stages_streams_through_its_barriers_phases(lib):
+    """A producer/consumer ring of bulk-copied stages: each slot's full barrier completes once a
+    use (one arrival and its bytes), its empty barrier once both warps have read it, and a wait
+    names the use by its phase's parity; a consumer that reaches a slot's next use before thread
+    0 has armed it spins until it has. Waiting for parity 0 every time passes the second use at
+    once and reads the first use's piece (here the waits then fall out of step with the phases
+    and the ring deadlocks, which traps)."""
+    stages = 7
+    src = np.arange(32 * stages, dtype=np.float32) * 0.5
+    want = np.stack([src[32 * st:32 * st + 32] + w for st in range(stages) for w in (0, 1)])
+    out = np.full(64 * stages, np.nan, np.float32)
+    lib.launch("ring_probe", (1, 1, 1), (64, 1, 1), 256 + 32, [src, out, stages, 0])
+    assert np.array_equal(out.reshape(-1, 32), want)
+    out[:] = np.nan
+    rc = lib.run("ring_probe", (1, 1, 1), (64, 1, 1), 256 + 32, [src, out, stages, 1])
+    assert rc == 2 or not np.array_equal(out.reshape(-1, 32), want)
+    assert not np.array_equal(out[128:160], src[64:96])  # the second use of slot 0 read stale
 
 
 def test_a_bulk_prefetch_is_checked_and_moves_nothing(lib, capfd):

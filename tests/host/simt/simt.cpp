@@ -168,9 +168,21 @@ static TxBarrier& tx_barrier(size_t at) {
     return block->tx.back().second;
 }
 
-// A try_wait on the barrier at `at` for the phase of `parity`: its pending copies land, a phase
-// whose armed bytes have all landed completes, and the wait is over once the phase of that
-// parity has completed (phases alternate 0, 1, 0, ...). Armed bytes that cannot all come trap.
+// A phase of the barrier completes once its expected arrivals have come and its armed bytes
+// have landed; the next phase starts empty.
+static void tx_complete(TxBarrier& b, const char* tmpl) {
+    if (b.landed > b.armed) fault("bulk copies past the barrier's armed bytes", tmpl);
+    if (b.arrived > b.expected) fault("more arrivals at a barrier than its count", tmpl);
+    if (b.arrived == b.expected && b.landed == b.armed) {
+        ++b.phases;
+        b.arrived = b.armed = b.landed = 0;
+    }
+}
+
+// A try_wait on the barrier at `at` for the phase of `parity`: its pending copies land, and the
+// wait is over once the current phase's parity is no longer `parity` (as the hardware has it:
+// phases alternate 0, 1, 0, ..., and a wait for parity 1 before any phase completed passes at
+// once). Otherwise the thread is handed on, as its spin would be, and the wait answers false.
 static bool tx_try_wait(size_t at, unsigned parity, const char* tmpl) {
     TxBarrier& b = tx_barrier(at);
     for (const BulkCopy& c : b.pending) {
@@ -178,16 +190,11 @@ static bool tx_try_wait(size_t at, unsigned parity, const char* tmpl) {
         b.landed += c.bytes;
     }
     b.pending.clear();
-    if (b.landed > b.armed) fault("bulk copies past the barrier's armed bytes", tmpl);
-    if (b.armed && b.landed == b.armed) {
-        ++b.phases;
-        b.armed = b.landed = 0;
-    }
-    if (b.phases == 0 || ((b.phases - 1) & 1) != parity) {  // threads switch only at barriers:
-        if (b.armed) fault("a wait whose armed bytes no copy brings", tmpl);  // a spin would hang
-        fault("a wait for a phase nothing was armed for", tmpl);
-    }
-    return true;
+    tx_complete(b, tmpl);
+    if ((b.phases & 1) != (parity & 1)) return true;
+    yield();  // the thread that arrives, or issues the copies, runs; this one spins
+    if (trapped) throw Trap{};
+    return false;
 }
 
 // What the hardware faults on, checked: a cp.async or ldmatrix address that is not 16-byte
@@ -228,12 +235,25 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::steady_clock::now().time_since_epoch()).count();
         std::memcpy(outs.begin()[0].p, &ns, 8);
-    } else if (t == "mbarrier.init.shared::cta.b64 [%0], 1;") {
-        tx_barrier((uint32_t)in[0]) = TxBarrier{};
+    } else if (t == "mbarrier.init.shared::cta.b64 [%0], 1;" ||
+               t == "mbarrier.init.shared::cta.b64 [%0], %1;") {
+        TxBarrier& b = tx_barrier((uint32_t)in[0]);
+        b = TxBarrier{};
+        b.expected = ins.size() > 1 ? (unsigned)in[1] : 1u;
+        if (!b.expected) fault("a barrier of no arrivals", tmpl);
+    } else if (t == "mbarrier.arrive.shared::cta.b64 _, [%0];") {
+        TxBarrier& b = tx_barrier((uint32_t)in[0]);
+        ++b.arrived;
+        ++progress;
+        tx_complete(b, tmpl);
     } else if (t == "fence.mbarrier_init.release.cluster;") {
         return;  // the emulation's barriers are plain memory of the launch
     } else if (t == "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;") {
-        tx_barrier((uint32_t)in[0]).armed += (unsigned)in[1];
+        TxBarrier& b = tx_barrier((uint32_t)in[0]);
+        b.armed += (unsigned)in[1];
+        ++b.arrived;
+        ++progress;
+        tx_complete(b, tmpl);
     } else if (t == "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
                     "[%1], %2, [%3];") {
         const size_t dst = (uint32_t)in[0];

@@ -17,7 +17,8 @@
 // Threads that all wait at barriers none of them can complete (a __syncthreads some threads never
 // reach) trap, where the GPU would hang. Shared memory, dynamic and static (a `__shared__` variable is the block's own),
 // starts each block as 0xFF bytes (NaN for f32 and bf16). cp.async copies land only at the wait that completes their group, bulk copies
-// (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier). The MMA sums
+// (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier), and a wait on a
+// phase not yet complete hands the thread on, as a spin would. The MMA sums
 // its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
 // inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
 // from shared memory through their descriptors (the 128-byte swizzle applied) and writes its
@@ -88,8 +89,11 @@ struct Warp {
 
 // A transaction barrier (mbarrier) in shared memory and the bulk copies (cp.async.bulk) it
 // counts: a copy lands when a thread's try_wait finds it pending (so a read of its bytes before
-// the wait sees the poison), and a phase completes when the bytes landed are the bytes armed by
-// arrive.expect_tx; a wait whose bytes never come, which hangs the GPU, traps.
+// the wait sees the poison), and a phase completes when its expected arrivals (init's count;
+// arrive, or arrive.expect_tx, which also arms bytes) have come and the bytes landed are the
+// bytes armed. A try_wait on a phase not yet complete hands the thread on (its loop spins), so
+// a producer thread may arm the phase later; a wait nothing will complete is a deadlock, which
+// traps, where the GPU would hang.
 struct BulkCopy {
     size_t dst;
     const void* src;
@@ -97,7 +101,7 @@ struct BulkCopy {
     std::vector<unsigned char> early;  // issued before a guarded wait: the source then (Copy)
 };
 struct TxBarrier {
-    unsigned armed = 0, landed = 0, phases = 0;
+    unsigned expected = 1, arrived = 0, armed = 0, landed = 0, phases = 0;
     std::vector<BulkCopy> pending;
 };
 
