@@ -264,7 +264,14 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         BulkCopy c{dst, as<const void*>(in[1]), bytes, {}};
         if (guarding())
             c.early.assign((const unsigned char*)c.src, (const unsigned char*)c.src + bytes);
-        tx_barrier((uint32_t)in[3]).pending.push_back(std::move(c));
+        TxBarrier& b = tx_barrier((uint32_t)in[3]);
+        if (METRALE_SIMT_BULK_EAGER) {  // lands now: a slot refilled while read shows
+            std::memcpy(smem() + c.dst, c.early.empty() ? c.src : c.early.data(), c.bytes);
+            b.landed += c.bytes;
+            tx_complete(b, tmpl);
+        } else {
+            b.pending.push_back(std::move(c));
+        }
     } else if (t.find("mbarrier.try_wait.parity.shared::cta.b64 p, [%1], ") != std::string::npos) {
         const size_t at = t.find("[%1], ") + 6;
         const unsigned parity = t[at] == '%' ? (unsigned)in[1] : (unsigned)(t[at] - '0');
@@ -508,22 +515,44 @@ struct Stacks {
     char* stack(long t) const { return base + t * each + (each - STACK_BYTES); }
 };
 
-// Resume a block's fibers in order, each until it waits, returns or traps, and go round until all
-// have returned; a round in which no thread arrives anywhere or returns is a deadlock, which traps.
-void run_fibers(std::vector<Fiber>& fibers, int threads) {
-    for (long alive = (long)fibers.size(); alive > 0;) {
-        const unsigned long before = simt::progress;
-        long returned = 0;
-        for (size_t i = 0; i < fibers.size(); ++i) {
-            if (fibers[i].done) continue;
-            resume(fibers[i], (int)(i % threads));
-            returned += fibers[i].done;
+// Run fibers in groups of `group` (a warp, a block), each group as far as it can go before the
+// next: its threads resumed in order, each until it waits, returns or traps, round after round
+// until a round in which none of them arrives at a barrier or returns (all wait on other groups,
+// or spin). Then the next group, and round the groups again until every thread has returned. A
+// whole round of the groups with nothing done is a deadlock, which traps, or, with `patience`,
+// may be a spin on the clock (a kernel's own timeout ends it): it traps once that long has
+// passed with nothing done.
+void run_groups(std::vector<Fiber>& fibers, int threads, int group, double patience) {
+    const long groups = (long)fibers.size() / group;
+    std::vector<long> alive(groups, group);
+    long left = (long)fibers.size();
+    auto idle_since = std::chrono::steady_clock::now();
+    bool idle = false;
+    while (left > 0) {
+        const unsigned long cycle = simt::progress;
+        for (long gi = 0; gi < groups; ++gi) {
+            while (alive[gi] > 0) {
+                const unsigned long before = simt::progress;
+                long returned = 0;
+                for (long i = gi * group; i < (gi + 1) * group; ++i) {
+                    if (fibers[i].done) continue;
+                    resume(fibers[i], (int)(i % threads));
+                    returned += fibers[i].done;
+                }
+                alive[gi] -= returned;
+                left -= returned;
+                if (!returned && simt::progress == before) break;
+            }
         }
-        alive -= returned;
-        if (alive > 0 && !returned && simt::progress == before && !simt::trapped) {
-            std::fprintf(stderr, "simt: %ld threads of block %u,%u,%u wait at barriers the "
-                         "others never reach\n", alive, simt::block_idx.x, simt::block_idx.y,
-                         simt::block_idx.z);
+        const auto now = std::chrono::steady_clock::now();
+        if (simt::progress != cycle || simt::trapped || left == 0) {
+            idle = false;
+        } else if (!idle && patience > 0) {
+            idle = true;
+            idle_since = now;
+        } else if (std::chrono::duration<double>(now - idle_since).count() >= patience) {
+            std::fprintf(stderr, "simt: %ld threads %s wait at barriers the others never "
+                         "reach\n", left, simt::resident ? "of the resident grid" : "of the block");
             simt::trapped = 1;  // the next round lets each waiting thread stop
         }
     }
@@ -552,45 +581,10 @@ int run_resident(long blocks, int threads, int gx, int gy, int shared) {
             prepare(f.context, stacks.stack(b * threads + t), STACK_BYTES, fiber_main);
         }
     }
-    // Each block as far as it goes before the next (its threads in rounds, until a round in which
-    // none arrives at a barrier or returns: all wait, or spin on the clock), the last block
-    // first, and round again; so blocks drift apart as far as the kernel lets them, and one that
-    // reads what another has not yet written (a missing grid barrier) reads it unwritten. A whole
-    // round of the grid with nothing done is a spin on the clock (the kernel's own timeout ends
-    // it) or a deadlock, which traps after two seconds.
-    std::vector<long> alive(blocks, threads);
-    long left = blocks * threads;
-    auto idle_since = std::chrono::steady_clock::now();
-    bool idle = false;
-    while (left > 0) {
-        const unsigned long cycle = simt::progress;
-        for (long b = 0; b < blocks; ++b) {
-            while (alive[b] > 0) {
-                const unsigned long before = simt::progress;
-                long returned = 0;
-                for (int t = 0; t < threads; ++t) {
-                    Fiber& f = fibers[b * threads + t];
-                    if (f.done) continue;
-                    resume(f, t);
-                    returned += f.done;
-                }
-                alive[b] -= returned;
-                left -= returned;
-                if (!returned && simt::progress == before) break;
-            }
-        }
-        const auto now = std::chrono::steady_clock::now();
-        if (simt::progress != cycle || simt::trapped) {
-            idle = false;
-        } else if (!idle) {
-            idle = true;
-            idle_since = now;
-        } else if (now - idle_since > std::chrono::seconds(2)) {
-            std::fprintf(stderr, "simt: %ld threads of the resident grid wait at barriers the "
-                         "others never reach\n", left);
-            simt::trapped = 1;  // the next round lets each waiting thread stop
-        }
-    }
+    // each block as far as it goes before the next, the last block first: blocks drift apart
+    // as far as the kernel lets them, so one that reads what another has not yet written (a
+    // grid barrier missing) reads it unwritten
+    run_groups(fibers, threads, threads, 2.0);
     for (long b = 0; b < blocks && !simt::trapped; ++b)
         if (wrote_past(arenas[b].data(), (unsigned)shared)) simt::trapped = 1;
     return simt::trapped ? 2 : 0;
@@ -665,7 +659,7 @@ extern "C" int simt_run(void (*fn)(void**), void** args, int gx, int gy, int gz,
             f.wgmma_open.clear();
             f.wgmma_committed.clear();
         }
-        run_fibers(fibers, threads);
+        run_groups(fibers, threads, METRALE_SIMT_SKEW ? 32 : threads, 0.0);
         if (simt::guarding()) simt::release_guarded();
     }
     if (!simt::trapped && wrote_past(simt::arena, (unsigned)shared)) simt::trapped = 1;

@@ -65,6 +65,21 @@
 #define METRALE_SIMT_NO_SWIZZLE 0
 #endif
 
+// 1: a bulk copy (cp.async.bulk) lands as it is issued rather than at the first wait on its
+// barrier: the GPU may land it any time in between, and the two ends show different races (a
+// read before the wait sees poison only when late; a slot refilled while another warp still reads
+// it shows only when early)
+#ifndef METRALE_SIMT_BULK_EAGER
+#define METRALE_SIMT_BULK_EAGER 0
+#endif
+
+// 1: a block's warps run each as far as it can before the next, rather than all its threads a
+// barrier at a time: a warp that overtakes the others (a producer refilling a stage they still
+// read) shows where lockstep hides it
+#ifndef METRALE_SIMT_SKEW
+#define METRALE_SIMT_SKEW 0
+#endif
+
 // __CUDA_ARCH__ in the kernels' own sources (the transform renames it): the class emulated.
 #define METRALE_SIMT_ARCH 900
 

@@ -1,23 +1,28 @@
-// Metrale CUDA, experiment: what the persistent kernels of this folder share. Bulk copies
+// Metrale CUDA, experiment: what the TMA kernels of this folder share. Bulk copies
 // (cp.async.bulk, the Tensor Memory Accelerator) into shared memory counted on transaction
-// barriers, and a grid-wide barrier for blocks that are all resident at once (one per
-// multiprocessor: the caller's grid must not exceed them).
+// barriers (mbarrier), a grid-wide barrier for blocks that are all resident at once (one per
+// multiprocessor: the caller's grid must not exceed them), the split of columns over blocks, and
+// the L2 prefetch of the next launch's weights.
 #pragma once
 #include "metrale.cuh"
+#include "mma.cuh"  // smem_addr
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void tx_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+// A barrier whose phases complete after `count` arrivals (and the bytes armed on it).
+__device__ __forceinline__ void tx_init(uint64_t* bar, unsigned count = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-// Arm the barrier for `bytes` of copies (thread 0's one arrival).
+// One arrival that also arms the barrier's phase for `bytes` of copies.
 __device__ __forceinline__ void tx_expect(uint64_t* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// One arrival.
+__device__ __forceinline__ void tx_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on `bar`.
@@ -28,14 +33,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
         ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
-// Wait until the barrier's first phase completes (every thread of the block may wait).
-__device__ __forceinline__ void tx_wait(uint64_t* bar) {
+// Wait until the barrier's phase of `parity` completes (its uses alternate 0, 1, 0, ...).
+__device__ __forceinline__ void tx_wait(uint64_t* bar, unsigned parity = 0) {
     unsigned done = 0;
     while (!done)
         asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done) : "r"(smem_addr(bar)) : "memory");
+                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {

@@ -9,7 +9,7 @@ rope tables, poisoned outputs. s, q, k, v, the attention output, o_proj's output
 caches must be the chain's bytes. The device run (bench_layer_tma.py) checks the same at
 Qwen3-0.6B's shapes with every multiprocessor's block.
 
-Run from the repository root: ``python3 docs/experiments/persistent-tma/check_attn_emulated.py``.
+Run from the repository root: ``python3 docs/experiments/tma/check_attn_emulated.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ o_proj's, the MLP's residual and output, and the appended cache rows. A build wi
 (phase.cuh) then runs one layer of both kernels and says when their blocks reached each step.
 
 Run on the lent GPU from the repository root (Metrale installed, as device_setup.sh leaves it):
-``python3 docs/experiments/persistent-tma/bench_layer_tma.py``. The folder's sources are copied
+``python3 docs/experiments/tma/bench_layer_tma.py``. The folder's sources are copied
 into the installed kernels folder's cuda/common for the build and removed after. Writes
 ``benchmarks/results/gpu_layer_tma.json``.
 """
@@ -53,7 +53,7 @@ MERGE_SMEM = (32 * (D + 4) + 96 + D + 4) * 4
 GEMV = "ACT_BF16 WEIGHT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"  # the exact plan's points' defines
 ATTN = "ACT_BF16 CHUNK=64 H_BLOCK=256 KV_BLOCK=256 ROPE_NEOX"
 TMA = f"{GEMV} H_BLOCK=256 KV_BLOCK=256 CHUNK=64 ROPE_NEOX"
-SOURCES = ("attn_tma.cu", "mlp_tma.cu", "persistent.cuh")
+SOURCES = ("attn_tma.cu", "mlp_tma.cu", "tma.cuh")
 ROTATE_BYTES = 300 << 20
 ROUNDS = 2
 ATTN_MARKS = ["entry", "copies issued", "after the wait", "qkv rows landed", "q, k, v written",
@@ -277,7 +277,7 @@ def main() -> None:
         "what": "Qwen3-0.6B decode layer, batch 1, bf16, 1024 positions: the exact plan's eight "
                 "launches against the persistent TMA-staged attention (five launches in one) "
                 "and MLP (three in one) halves; seconds per layer",
-        "command": "python3 docs/experiments/persistent-tma/bench_layer_tma.py",
+        "command": "python3 docs/experiments/tma/bench_layer_tma.py",
         "copy_rate_bytes_per_s": rate, "multiprocessors": sms,
         "shared_bytes": {"attention": attn_smem, "mlp": mlp_smem},
         "bytes_per_layer": layer_bytes, "floor_s": floor, "same_bytes": same, "finite": finite,

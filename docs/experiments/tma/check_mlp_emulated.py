@@ -6,7 +6,7 @@ fit (hidden 128, intermediate 256), random bf16 inputs, poisoned outputs; s, h a
 must be the chain's bytes. The device run (bench_mlp_tma.py) checks the same at Qwen3-0.6B's
 shapes with every multiprocessor's block.
 
-Run from the repository root: ``python3 docs/experiments/persistent-tma/check_mlp_emulated.py``.
+Run from the repository root: ``python3 docs/experiments/tma/check_mlp_emulated.py``.
 """
 
 from __future__ import annotations

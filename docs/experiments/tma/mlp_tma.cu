@@ -28,7 +28,7 @@
 // (the bulk copies issued after the wait, not before) and PHASE_TRACE (phase.cuh's marks).
 #include "norm.cu"
 #include "gemv.cuh"
-#include "persistent.cuh"
+#include "tma.cuh"
 #include "phase.cuh"
 
 #define MLP_NT 256  // threads a block: eight warps

@@ -36,7 +36,7 @@
 // PHASE_TRACE (phase.cuh) for the experiment's variants.
 #include "norm.cu"
 #include "gemv.cuh"
-#include "persistent.cuh"
+#include "tma.cuh"
 #include "phase.cuh"
 
 // attention_decode.cu's code, with the block coordinates its launch would have: the block's own

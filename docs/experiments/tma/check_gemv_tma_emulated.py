@@ -1,0 +1,114 @@
+"""gemv_mma_tma.cu against gemv_mma.cu's entries (the bounded plans' tensor-core GEMVs), on the
+host emulation (tests/host/simt), before any device time: the linear and gate_up_swiglu entries
+in fp8, mxfp4 and nvfp4 (bf16's stages are too large to be worth a ring), at 40 output columns (three blocks, the last partly past n) and
+k = 5120 (twenty k-blocks, three stages of eight, the last partial) and 1024 (four k-blocks: one
+stage, four warps idle), one and three activation rows, with rings of one and two slots (one:
+every stage refills the slot the last one used; two: slot 0 again for stage 2), and two ways of
+running: the bulk copies landing at the first wait on their barrier with the warps in step (a
+read before the wait sees poison), or landing as they are issued with each warp run as far as
+it can before the next (a slot refilled before every warp has read it shows). Random
+activations, weights quantized by metrale's own formats, poisoned outputs; the outputs must be
+gemv_mma.cu's bytes.
+
+Run from the repository root: ``python3 docs/experiments/tma/check_gemv_tma_emulated.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from metrale.lkb.quant import QuantFormat  # noqa: E402
+from tests.host import simt  # noqa: E402
+
+N, WARPS, K_BLOCK, GROUP, XROWS = 40, 8, 256, 16, 8
+FORMATS = ("fp8", "mxfp4", "nvfp4")
+LINEAR = ("ptr",) * 5 + ("i32",) * 3
+GATE_UP = ("ptr",) * 8 + ("i32",) * 3
+ENTRIES = {"linear": "metrale_linear_gemv_mma", "gate_up": "metrale_gate_up_swiglu_gemv_mma"}
+
+
+def data_bytes(fmt: str, cols: int) -> int:
+    return {"bf16": 2 * cols, "fp8": cols}.get(fmt, cols // 2)
+
+
+def scale_bytes(fmt: str, cols: int) -> int:
+    return {"mxfp4": cols // 32, "nvfp4": cols // 16}.get(fmt, 0)
+
+
+def shared(fmt: str, k: int, tiles: int, stages: int | None) -> int:
+    """gemv_mma.cu's partials (stages None), or gemv_mma_tma.cu's: the partials rounded to 128
+    and its ring (Ring::bytes)."""
+    part = -(-k // K_BLOCK) * tiles * GROUP * XROWS * 4
+    if stages is None:
+        return part
+    cols = WARPS * K_BLOCK
+    ds, sb = data_bytes(fmt, cols) + 64, scale_bytes(fmt, cols)
+    slot = tiles * GROUP * (ds + (sb + 16 if sb else 0))
+    return -(-part // 128) * 128 + stages * slot + 2 * stages * 8
+
+
+def weight(fmt: str, rng: np.random.Generator, k: int) -> tuple:
+    x = (rng.standard_normal((N, k)) / np.sqrt(k)).astype(np.float32)
+    if fmt == "bf16":
+        return (x.astype(ml_dtypes.bfloat16), 0, 0)
+    qt = QuantFormat.parse(fmt).quantize(x)
+    return (qt.data, qt.scale, 0 if qt.global_scale is None else qt.global_scale)
+
+
+def main() -> int:
+    ok, why = simt.available()
+    if not ok:
+        print(f"no host emulation: {why}")
+        return 1
+    rng = np.random.default_rng(5)
+    here = str(Path(__file__).with_name("gemv_mma_tma.cu"))
+    checks: dict[str, bool] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        build = Path(tmp)
+        for fmt in FORMATS:
+            defines = ("ACT_BF16", f"WEIGHT_{fmt.upper()}", "K_BLOCK=256")
+            base = simt.build(build, "cuda/common/gemv_mma.cu", defines,
+                              {ENTRIES["linear"]: LINEAR, ENTRIES["gate_up"]: GATE_UP})
+            rings = {(s, eager): simt.build(
+                build, here, (*defines, f"TMA_STAGES={s}", f"METRALE_SIMT_BULK_EAGER={eager}",
+                              f"METRALE_SIMT_SKEW={eager}"),
+                {ENTRIES["linear"] + "_tma": LINEAR, ENTRIES["gate_up"] + "_tma": GATE_UP})
+                for s in (1, 2) for eager in (0, 1)}
+            for k in (5120, 1024):
+                for rows in (1, 3):
+                    x = rng.standard_normal((rows, k)).astype(ml_dtypes.bfloat16)
+                    ws = [weight(fmt, rng, k) for _ in range(2)]
+                    for name, entry in ENTRIES.items():
+                        tiles = 2 if name == "gate_up" else 1
+                        wargs = [a for w in ws[:tiles] for a in w]
+
+                        def run(lib, e, smem):
+                            y = np.full((rows, N), 0xFFFF, np.uint16)  # NaN: must be written
+                            lib.launch(e, (-(-N // GROUP), 1, 1), (32 * WARPS, 1, 1), smem,
+                                       [x, *wargs, y, rows, k, N])
+                            return y
+
+                        want = run(base, entry, shared(fmt, k, tiles, None))
+                        checks[f"{fmt} {name} k={k} rows={rows}: gemv_mma finite"] = bool(
+                            np.isfinite((want.astype(np.uint32) << 16).view(np.float32)).all())
+                        for (s, eager), lib in rings.items():
+                            got = run(lib, entry + "_tma", shared(fmt, k, tiles, s))
+                            when = ("as issued, warps skewed" if eager
+                                    else "at the wait, warps in step")
+                            checks[f"{fmt} {name} k={k} rows={rows} ring of {s}, copies landing "
+                                   f"{when}: bytes equal"] = bool(np.array_equal(got, want))
+    for what, good in checks.items():
+        print(f"{what}: {good}")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
