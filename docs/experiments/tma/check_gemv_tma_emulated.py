@@ -63,48 +63,54 @@ def weight(fmt: str, rng: np.random.Generator, k: int) -> tuple:
     return (qt.data, qt.scale, 0 if qt.global_scale is None else qt.global_scale)
 
 
+def launch(lib, entry: str, smem: int, x: np.ndarray, wargs: list, k: int) -> np.ndarray:
+    """One launch over the N columns from a poisoned output (NaN: it must be written)."""
+    rows = x.shape[0]
+    y = np.full((rows, N), 0xFFFF, np.uint16)
+    lib.launch(entry, (-(-N // GROUP), 1, 1), (32 * WARPS, 1, 1), smem, [x, *wargs, y, rows, k, N])
+    return y
+
+
+def check_format(build: Path, fmt: str, rng: np.random.Generator) -> dict[str, bool]:
+    here = str(Path(__file__).with_name("gemv_mma_tma.cu"))
+    defines = ("ACT_BF16", f"WEIGHT_{fmt.upper()}", "K_BLOCK=256")
+    base = simt.build(build, "cuda/common/gemv_mma.cu", defines,
+                      {ENTRIES["linear"]: LINEAR, ENTRIES["gate_up"]: GATE_UP})
+    rings = {(s, eager): simt.build(
+        build, here, (*defines, f"TMA_STAGES={s}", f"METRALE_SIMT_BULK_EAGER={eager}",
+                      f"METRALE_SIMT_SKEW={eager}"),
+        {ENTRIES["linear"] + "_tma": LINEAR, ENTRIES["gate_up"] + "_tma": GATE_UP})
+        for s in (1, 2) for eager in (0, 1)}
+    checks = {}
+    for k in (5120, 1024):
+        for rows in (1, 3):
+            x = rng.standard_normal((rows, k)).astype(ml_dtypes.bfloat16)
+            ws = [weight(fmt, rng, k) for _ in range(2)]
+            for name, entry in ENTRIES.items():
+                tiles = 2 if name == "gate_up" else 1
+                wargs = [a for w in ws[:tiles] for a in w]
+                case = f"{fmt} {name} k={k} rows={rows}"
+                want = launch(base, entry, shared(fmt, k, tiles, None), x, wargs, k)
+                checks[f"{case}: gemv_mma finite"] = bool(
+                    np.isfinite((want.astype(np.uint32) << 16).view(np.float32)).all())
+                for (s, eager), lib in rings.items():
+                    got = launch(lib, entry + "_tma", shared(fmt, k, tiles, s), x, wargs, k)
+                    when = "as issued, warps skewed" if eager else "at the wait, warps in step"
+                    checks[f"{case} ring of {s}, copies landing {when}: bytes equal"] = bool(
+                        np.array_equal(got, want))
+    return checks
+
+
 def main() -> int:
     ok, why = simt.available()
     if not ok:
         print(f"no host emulation: {why}")
         return 1
     rng = np.random.default_rng(5)
-    here = str(Path(__file__).with_name("gemv_mma_tma.cu"))
     checks: dict[str, bool] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        build = Path(tmp)
         for fmt in FORMATS:
-            defines = ("ACT_BF16", f"WEIGHT_{fmt.upper()}", "K_BLOCK=256")
-            base = simt.build(build, "cuda/common/gemv_mma.cu", defines,
-                              {ENTRIES["linear"]: LINEAR, ENTRIES["gate_up"]: GATE_UP})
-            rings = {(s, eager): simt.build(
-                build, here, (*defines, f"TMA_STAGES={s}", f"METRALE_SIMT_BULK_EAGER={eager}",
-                              f"METRALE_SIMT_SKEW={eager}"),
-                {ENTRIES["linear"] + "_tma": LINEAR, ENTRIES["gate_up"] + "_tma": GATE_UP})
-                for s in (1, 2) for eager in (0, 1)}
-            for k in (5120, 1024):
-                for rows in (1, 3):
-                    x = rng.standard_normal((rows, k)).astype(ml_dtypes.bfloat16)
-                    ws = [weight(fmt, rng, k) for _ in range(2)]
-                    for name, entry in ENTRIES.items():
-                        tiles = 2 if name == "gate_up" else 1
-                        wargs = [a for w in ws[:tiles] for a in w]
-
-                        def run(lib, e, smem):
-                            y = np.full((rows, N), 0xFFFF, np.uint16)  # NaN: must be written
-                            lib.launch(e, (-(-N // GROUP), 1, 1), (32 * WARPS, 1, 1), smem,
-                                       [x, *wargs, y, rows, k, N])
-                            return y
-
-                        want = run(base, entry, shared(fmt, k, tiles, None))
-                        checks[f"{fmt} {name} k={k} rows={rows}: gemv_mma finite"] = bool(
-                            np.isfinite((want.astype(np.uint32) << 16).view(np.float32)).all())
-                        for (s, eager), lib in rings.items():
-                            got = run(lib, entry + "_tma", shared(fmt, k, tiles, s))
-                            when = ("as issued, warps skewed" if eager
-                                    else "at the wait, warps in step")
-                            checks[f"{fmt} {name} k={k} rows={rows} ring of {s}, copies landing "
-                                   f"{when}: bytes equal"] = bool(np.array_equal(got, want))
+            checks |= check_format(Path(tmp), fmt, rng)
     for what, good in checks.items():
         print(f"{what}: {good}")
     return 0 if all(checks.values()) else 1
