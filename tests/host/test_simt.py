@@ -114,9 +114,10 @@ extern "C" __global__ void bulk_prefetch_probe(const float* p, unsigned bytes, i
 // A ring of two 32-float stages through which thread 0 streams `stages` pieces of src by bulk
 // copies: full[s] (one arrival and the copy's bytes) says slot s holds its piece, empty[s] (one
 // arrival a warp) that both warps have read it, after which thread 0 refills it. Each thread
-// writes out[st 64 + t] = piece st's float t % 32 + its warp. `parity_bug` waits for parity 0
-// every time, which passes the second use of a slot before its copy lands.
-extern "C" __global__ void ring_probe(const float* src, float* out, int stages, int parity_bug) {
+// writes out[st 64 + t] = piece st's float t % 32 + its warp. bug 1: the consumers wait for
+// parity 0 every time, which passes the second use of a slot before its copy lands; bug 2: thread
+// 0 refills a slot without waiting for both warps to have read it.
+extern "C" __global__ void ring_probe(const float* src, float* out, int stages, int bug) {
     extern __shared__ __align__(16) float ring[];  // 2 x 32 floats, then 4 barriers
     const unsigned full = (unsigned)__cvta_generic_to_shared(ring + 64), empty = full + 16;
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -146,7 +147,7 @@ extern "C" __global__ void ring_probe(const float* src, float* out, int stages, 
     }
     __syncthreads();
     for (int st = 0; st < stages; ++st) {
-        const unsigned use = parity_bug ? 0u : (unsigned)(st / 2) & 1u;
+        const unsigned use = bug == 1 ? 0u : (unsigned)(st / 2) & 1u;
         wait(full + 8 * (st % 2), use);
         out[st * 64 + t] = ring[32 * (st % 2) + lane] + (float)warp;
         __syncwarp();
@@ -154,7 +155,7 @@ extern "C" __global__ void ring_probe(const float* src, float* out, int stages, 
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty + 8 * (st % 2))
                          : "memory");
         if (t == 0 && st + 2 < stages) {
-            wait(empty + 8 * (st % 2), (unsigned)(st / 2) & 1u);
+            if (bug != 2) wait(empty + 8 * (st % 2), (unsigned)(st / 2) & 1u);
             arm(st + 2);
         }
     }
@@ -212,10 +213,26 @@ ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def laws(tmp_path_factory):
     folder = tmp_path_factory.mktemp("simt_laws")
     (folder / "laws.cu").write_text(SOURCE)
-    return simt.build(folder / "build", str(folder / "laws.cu"), (), ENTRIES)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lib(laws):
+    return simt.build(laws / "build", str(laws / "laws.cu"), (), ENTRIES)
+
+
+@pytest.fixture(scope="module")
+def ways(laws):
+    """The laws built each way the emulation can run a block: warps in step or skewed
+    (METRALE_SIMT_SKEW), bulk copies landing at the first wait or as issued
+    (METRALE_SIMT_BULK_EAGER)."""
+    return {(skew, eager): simt.build(laws / "build", str(laws / "laws.cu"),
+                                      (f"METRALE_SIMT_SKEW={skew}",
+                                       f"METRALE_SIMT_BULK_EAGER={eager}"), ENTRIES)
+            for skew in (0, 1) for eager in (0, 1)}
 
 
 @pytest.mark.parametrize("threads,live", [(32, 32), (256, 256), (256, 100), (1024, 1024)])
@@ -312,6 +329,25 @@ def test_a_ring_of_stages_streams_through_its_barriers_phases(lib):
     rc = lib.run("ring_probe", (1, 1, 1), (64, 1, 1), 256 + 32, [src, out, stages, 1])
     assert rc == 2 or not np.array_equal(out.reshape(-1, 32), want)
     assert not np.array_equal(out[128:160], src[64:96])  # the second use of slot 0 read stale
+
+
+def test_a_slot_refilled_before_it_is_read_shows_unless_the_warps_run_in_step(ways):
+    """A producer that refills a slot without waiting for its empty barrier races the warps still
+    reading it. With the warps in step the race never shows, wherever the copies land: every warp
+    has read the slot before the producer's thread refills it. With the warps skewed (warp 0, the
+    producer's, runs ahead) it does: a lagging warp reads the next piece or misses a phase. The
+    correct ring passes every way."""
+    stages = 7
+    src = np.arange(32 * stages, dtype=np.float32) * 0.5
+    want = np.stack([src[32 * st:32 * st + 32] + w for st in range(stages) for w in (0, 1)])
+    right = {}
+    for way, build in ways.items():
+        for bug in (0, 2):
+            out = np.full(64 * stages, np.nan, np.float32)
+            rc = build.run("ring_probe", (1, 1, 1), (64, 1, 1), 256 + 32, [src, out, stages, bug])
+            right[way, bug] = rc == 0 and np.array_equal(out.reshape(-1, 32), want)
+    assert all(right[way, 0] for way in ways)
+    assert [way for way in ways if right[way, 2]] == [(0, 0), (0, 1)]  # in step
 
 
 def test_a_bulk_prefetch_is_checked_and_moves_nothing(lib, capfd):

@@ -3,7 +3,8 @@
 // PTX into the calls below).
 //
 // A block's threads are fibers on the launching OS thread, each with its own stack, switched
-// only at barriers; blocks run one after another, or, in a resident launch, all of them at once
+// only at barriers, each warp run as far as it can before the next (METRALE_SIMT_SKEW); blocks
+// run one after another, or, in a resident launch, all of them at once
 // (every block's threads are fibers of the one launch, each block with its own shared memory),
 // as the blocks of a persistent kernel must be for a grid-wide barrier to complete. There a read
 // of %globaltimer, which a spin loop makes, also hands the OS thread on, and each block runs as
@@ -73,11 +74,11 @@
 #define METRALE_SIMT_BULK_EAGER 0
 #endif
 
-// 1: a block's warps run each as far as it can before the next, rather than all its threads a
-// barrier at a time: a warp that overtakes the others (a producer refilling a stage they still
-// read) shows where lockstep hides it
+// 1 (the default): a block's warps run each as far as it can before the next, so a warp that
+// overtakes the others (a producer refilling a stage they still read) shows; 0: all the block's
+// threads a barrier at a time, in step
 #ifndef METRALE_SIMT_SKEW
-#define METRALE_SIMT_SKEW 0
+#define METRALE_SIMT_SKEW 1
 #endif
 
 // __CUDA_ARCH__ in the kernels' own sources (the transform renames it): the class emulated.
