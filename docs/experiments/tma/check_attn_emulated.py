@@ -1,13 +1,14 @@
 """attn_tma.cu against the five launches it replaces (add_rmsnorm, qkv, qk_norm_rope_kv_append_
-attention_decode, its merge, the split o_proj), on the host emulation (tests/host/simt), before
-any device time: a grid of one block and resident grids of three and five (every block at once,
-as the grid barriers need), with the bulk copies before the dependent-launch wait and after it
-(ATTN_TMA_COPY_LATE), at two shapes whose weights fit: four q heads on two kv heads (Qwen3's
-group of two) and eight on one (a group split over two attention blocks), head_dim 64, hidden
-64, a cache of 128 positions with this step's at 100. Random bf16 inputs and cache rows, NeoX
-rope tables, poisoned outputs. s, q, k, v, the attention output, o_proj's output and both
-caches must be the chain's bytes. The device run (bench_layer_tma.py) checks the same at
-Qwen3-0.6B's shapes with every multiprocessor's block.
+attention_decode, its merge, the split o_proj), on the host emulation (tests/host/simt), before any
+device time: grids of one block and resident grids of several (every block at once, as the grid
+barriers need), with the bulk copies before the dependent-launch wait and after it
+(ATTN_TMA_COPY_LATE), at shapes whose weights fit: four q heads on two kv heads (Qwen3's group of
+two) and eight on one (a group split over two attention blocks), head_dim 64, hidden 64, a cache of
+128 positions with this step's at 100; and Qwen3-0.6B's heads (16 on 8, head_dim 128) over 1024
+positions with hidden 256, a resident grid of 64 blocks, each taking two of the attention launch's
+128 blocks. Random bf16 inputs and cache rows, NeoX rope tables, poisoned outputs. s, q, k, v, the
+attention output, o_proj's output and both caches must be the chain's bytes. The device run
+(bench_layer_tma.py) checks the same at Qwen3-0.6B's shapes with every multiprocessor's block.
 
 Run from the repository root: ``python3 docs/experiments/tma/check_attn_emulated.py``.
 """
@@ -18,6 +19,7 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -26,8 +28,22 @@ import numpy as np  # noqa: E402
 
 from tests.host import simt  # noqa: E402
 
-HIDDEN, D, MAX_CTX, POS, EPS, THETA = 64, 64, 128, 100, 1e-6, 1e6
-SHAPES = ((4, 2), (8, 1))  # (q heads, kv heads)
+EPS, THETA = 1e-6, 1e6
+
+
+class Case(NamedTuple):
+    hq: int  # q heads
+    hkv: int  # kv heads
+    hidden: int
+    d: int  # head_dim
+    max_ctx: int  # cache positions; this step's is pos
+    pos: int
+    grids: tuple[int, ...]  # blocks of the fused launch (more than one: resident)
+
+
+CASES = (Case(4, 2, 64, 64, 128, 100, (1, 3, 5)), Case(8, 1, 64, 64, 128, 100, (1, 3, 5)),
+         # Qwen3-0.6B's heads over 1024 positions; 64 blocks take two of the 128 attention items
+         Case(16, 8, 256, 128, 1024, 1023, (64,)))
 GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
 ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
 TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
@@ -68,7 +84,8 @@ def libraries(build: Path) -> dict:
     }
 
 
-def check_shape(libs: dict, hq: int, hkv: int, rng: np.random.Generator) -> dict[str, bool]:
+def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bool]:
+    hq, hkv, HIDDEN, D, MAX_CTX, POS = case[:6]  # noqa: N806
     nq, nk, ho = hq * D, hkv * D, hq * D
     nch = -(-MAX_CTX // 64)
     x, r = bf16(rng, (HIDDEN,), 1.0), bf16(rng, (HIDDEN,), 1.0)
@@ -110,7 +127,7 @@ def check_shape(libs: dict, hq: int, hkv: int, rng: np.random.Generator) -> dict
               bool(np.isfinite((a["out"].astype(np.uint32) << 16).view(np.float32)).all())}
     sync = np.zeros(2, np.uint32)
     met = 0
-    for blocks in (1, 3, 5):
+    for blocks in case.grids:
         n3 = nq + 2 * nk
         region = (attention_smem(hq, hkv, D) + 127) // 128 * 128
         smem = (region + (-(-n3 // blocks) * HIDDEN + -(-HIDDEN // blocks) * ho) * 2
@@ -125,7 +142,8 @@ def check_shape(libs: dict, hq: int, hkv: int, rng: np.random.Generator) -> dict
                  wq, wq.nbytes],  # "the next weights": any readable bytes
                 resident=blocks > 1)
             met += 3
-            name = f"{hq}/{hkv} heads, {blocks} block(s), {variant or 'copies before the wait'}"
+            name = (f"{hq}/{hkv} heads of {D}, {MAX_CTX} positions, {blocks} block(s), "
+                    f"{variant or 'copies before the wait'}")
             for key in ("s", "q", "k", "v", "o", "out", "k_cache", "v_cache"):
                 checks[f"{name}: {key} equal"] = bool(np.array_equal(a[key], b[key]))
             checks[f"{name}: grid barrier back to zero, generation {met}"] = (
@@ -142,8 +160,8 @@ def main() -> int:
     checks: dict[str, bool] = {}
     with tempfile.TemporaryDirectory() as tmp:
         libs = libraries(Path(tmp))
-        for hq, hkv in SHAPES:
-            checks |= check_shape(libs, hq, hkv, rng)
+        for case in CASES:
+            checks |= check_case(libs, case, rng)
     for what, good in checks.items():
         print(f"{what}: {good}")
     return 0 if all(checks.values()) else 1
