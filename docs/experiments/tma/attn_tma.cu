@@ -32,12 +32,10 @@
 // s (blocks but 0), the attention output and the two transaction barriers. At Qwen3-0.6B's shapes
 // and 132 blocks: 82 + 64 + 32 + 8 KiB.
 // Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256, KV_BLOCK=256,
-// CHUNK=64, ROPE_NEOX | ROPE_INTERLEAVED; ATTN_TMA_COPY_LATE (the bulk copies after the wait) and
+// CHUNK=64, ROPE_NEOX | ROPE_INTERLEAVED; TMA_COPY_LATE (the bulk copies after the wait) and
 // PHASE_TRACE (phase.cuh) for the experiment's variants.
 #include "norm.cu"
-#include "gemv.cuh"
-#include "tma.cuh"
-#include "phase.cuh"
+#include "persistent.cuh"
 
 // attention_decode.cu's code, with the block coordinates its launch would have: the block's own
 // for one attention (or merge) item at a time.
@@ -80,7 +78,7 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
                  int hidden, int hq, int hkv, int d, int max_ctx, int max_pos, float eps,
                  float scale, int window, const unsigned char* next, long long next_bytes) {
     extern __shared__ __align__(128) unsigned char attn_smem[];
-    const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int b = blockIdx.x, G = gridDim.x;
     if (hkv <= 0 || hq % hkv) __trap();
     const int nq = hq * d, nk = hkv * d, n3 = nq + 2 * nk, ho = hq * d;
     const Share cols(n3, b, G), outs(hidden, b, G);
@@ -118,9 +116,6 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
         tx_expect(&bars[1], (unsigned)outs.count * ho * 2);
         bulk_copy(so, wo + (long)outs.first * ho, (unsigned)outs.count * ho * 2, &bars[1]);
     };
-#if !defined(ATTN_TMA_COPY_LATE)
-    stage();
-#endif
     {  // the cache rows of this block's attention items, into L2 (128 bytes a request)
         const int pos = positions[0], slot = slots[0];
         const int start = window > 0 ? max(0, pos - window + 1) : 0;
@@ -136,26 +131,15 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
             }
         }
     }
-    phase_mark(1);
-    grid_dependency_sync();
-    phase_mark(2);
-#if defined(ATTN_TMA_COPY_LATE)
-    stage();
-#endif
-    __syncthreads();  // the barriers are initialized before anyone waits on them
-    row_norm<true>(x, r, wn, b == 0 ? s : s_own, y, hidden, eps);
-    __syncthreads();  // y is whole
+    stage_wait_norm(stage, x, r, wn, s, s_own, y, hidden, eps);
     tx_wait(&bars[0]);
     phase_mark(3);
-    const WeightRef staged_q = weight_ref(sq, nullptr, nullptr);
-    for (int c = warp; c < cols.count; c += NT / 32) {
-        const WeightRef w[1] = {weight_rows(staged_q, c, hidden)};
-        float dot[1];
-        warp_dots<1>(y, w, hidden, dot);
+    const __nv_bfloat16* qkv_rows[1] = {sq};
+    staged_dots<1>(y, qkv_rows, hidden, cols.count, [&](int c, const float (&dot)[1]) {
         const int col = cols.first + c;
         act_t* dst = col < nq ? q + col : col < nq + nk ? k + (col - nq) : v + (col - nq - nk);
-        if (lane == 0) *dst = act_store(dot[0]);
-    }
+        *dst = act_store(dot[0]);
+    });
     phase_mark(4);
     grid_meet(sync);
     phase_mark(5);
@@ -193,18 +177,14 @@ metrale_attn_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
     phase_mark(8);
     grid_meet(sync);
     phase_mark(9);
-    for (int i = threadIdx.x * 8; i < ho; i += NT * 8)  // from L2: other blocks wrote it
-        *(uint4*)(os + i) = __ldcg((const uint4*)(o + i));
+    shared_from_l2(os, o, ho);
     __syncthreads();
     tx_wait(&bars[1]);
     phase_mark(10);
-    const WeightRef staged_o = weight_ref(so, nullptr, nullptr);
-    for (int c = warp; c < outs.count; c += NT / 32) {
-        const WeightRef w[1] = {weight_rows(staged_o, c, ho)};
-        float dot[1];
-        warp_dots<1>(os, w, ho, dot);
-        if (lane == 0) out[outs.first + c] = act_store(dot[0]);
-    }
+    const __nv_bfloat16* o_rows[1] = {so};
+    staged_dots<1>(os, o_rows, ho, outs.count, [&](int c, const float (&dot)[1]) {
+        out[outs.first + c] = act_store(dot[0]);
+    });
     __syncthreads();
     phase_mark(11);
 }

@@ -53,7 +53,7 @@ MERGE_SMEM = (32 * (D + 4) + 96 + D + 4) * 4
 GEMV = "ACT_BF16 WEIGHT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"  # the exact plan's points' defines
 ATTN = "ACT_BF16 CHUNK=64 H_BLOCK=256 KV_BLOCK=256 ROPE_NEOX"
 TMA = f"{GEMV} H_BLOCK=256 KV_BLOCK=256 CHUNK=64 ROPE_NEOX"
-SOURCES = ("attn_tma.cu", "mlp_tma.cu", "tma.cuh")
+SOURCES = ("attn_tma.cu", "mlp_tma.cu", "persistent.cuh", "tma.cuh")
 ROTATE_BYTES = 300 << 20
 ROUNDS = 2
 ATTN_MARKS = ["entry", "copies issued", "after the wait", "qkv rows landed", "q, k, v written",
@@ -71,7 +71,7 @@ def main() -> None:
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     kernels = default_kernels_dir() / "cuda" / "common"  # where build() looks
     here = Path(__file__).parent
-    builds = {"": "", "late": "ATTN_TMA_COPY_LATE MLP_TMA_COPY_LATE", "traced": f"PHASE_TRACE={sms}"}
+    builds = {"": "", "late": "TMA_COPY_LATE", "traced": f"PHASE_TRACE={sms}"}
     with tempfile.TemporaryDirectory() as tmp:
         for name in SOURCES:
             shutil.copy(here / name, kernels / name)

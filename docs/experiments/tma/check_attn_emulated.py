@@ -2,7 +2,7 @@
 attention_decode, its merge, the split o_proj), on the host emulation (tests/host/simt), before any
 device time: grids of one block and resident grids of several (every block at once, as the grid
 barriers need), with the bulk copies before the dependent-launch wait and after it
-(ATTN_TMA_COPY_LATE), at shapes whose weights fit: four q heads on two kv heads (Qwen3's group of
+(TMA_COPY_LATE), at shapes whose weights fit: four q heads on two kv heads (Qwen3's group of
 two) and eight on one (a group split over two attention blocks), head_dim 64, hidden 64, a cache of
 128 positions with this step's at 100; and Qwen3-0.6B's heads (16 on 8, head_dim 128) over 1024
 positions with hidden 256, a resident grid of 64 blocks, each taking two of the attention launch's
@@ -16,18 +16,17 @@ Run from the repository root: ``python3 docs/experiments/tma/check_attn_emulated
 from __future__ import annotations
 
 import math
-import sys
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+from emulated import bf16, finite, poison, report
 
-import numpy as np  # noqa: E402
+from tests.host import simt
 
-from tests.host import simt  # noqa: E402
-
+GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
+ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
+TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
 EPS, THETA = 1e-6, 1e6
 
 
@@ -47,16 +46,6 @@ CASES = (Case(4, 2, 64, 64, 128, 100, (1, 3, 5)), Case(8, 1, 64, 64, 128, 100, (
 GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
 ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
 TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
-
-
-def bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0
-         ) -> np.ndarray:
-    x = (rng.standard_normal(shape) * std + mean).astype(np.float32)
-    return (x.view(np.uint32) >> 16).astype(np.uint16)
-
-
-def poison(n: int) -> np.ndarray:
-    return np.full(n, 0xFFFF, np.uint16)  # NaN: must be written
 
 
 def attention_smem(hq: int, hkv: int, d: int) -> int:
@@ -80,7 +69,7 @@ def libraries(build: Path) -> dict:
              + ("f32", "f32", "i32"),
              "metrale_attention_decode_merge": ("ptr",) * 3 + ("i32",) * 5}),
         **{f"tma{v}": simt.build(build, here, (*tma_defines, *v), {"metrale_attn_tma": TMA_ARGS})
-           for v in ((), ("ATTN_TMA_COPY_LATE",))},
+           for v in ((), ("TMA_COPY_LATE",))},
     }
 
 
@@ -123,8 +112,7 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
                              [positions, a["o"], a["work"], 1, hq, D, MAX_CTX, 0])
     libs["linear"].launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
                           -(-ho // 256) * 32, [a["o"], wo, 0, 0, a["out"], 1, ho, HIDDEN])
-    checks = {"chain's o_proj output finite":
-              bool(np.isfinite((a["out"].astype(np.uint32) << 16).view(np.float32)).all())}
+    checks = {"chain's o_proj output finite": finite(a["out"])}
     sync = np.zeros(2, np.uint32)
     met = 0
     for blocks in case.grids:
@@ -132,7 +120,7 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
         region = (attention_smem(hq, hkv, D) + 127) // 128 * 128
         smem = (region + (-(-n3 // blocks) * HIDDEN + -(-HIDDEN // blocks) * ho) * 2
                 + (2 * HIDDEN + ho) * 2 + 16 + 16)
-        for variant in ("", "ATTN_TMA_COPY_LATE"):
+        for variant in ("", "TMA_COPY_LATE"):
             b = outputs()
             libs[f"tma{(variant,) if variant else ()}"].launch(
                 "metrale_attn_tma", (blocks, 1, 1), (256, 1, 1), smem,
@@ -151,21 +139,14 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
     return checks
 
 
-def main() -> int:
-    ok, why = simt.available()
-    if not ok:
-        print(f"no host emulation: {why}")
-        return 1
+def checks(build: Path) -> dict[str, bool]:
     rng = np.random.default_rng(11)
-    checks: dict[str, bool] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = libraries(Path(tmp))
-        for case in CASES:
-            checks |= check_case(libs, case, rng)
-    for what, good in checks.items():
-        print(f"{what}: {good}")
-    return 0 if all(checks.values()) else 1
+    libs = libraries(build)
+    out: dict[str, bool] = {}
+    for case in CASES:
+        out |= check_case(libs, case, rng)
+    return out
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report(checks))

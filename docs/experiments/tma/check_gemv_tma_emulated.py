@@ -15,44 +15,21 @@ Run from the repository root: ``python3 docs/experiments/tma/check_gemv_tma_emul
 
 from __future__ import annotations
 
-import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+import ml_dtypes
+import numpy as np
+from bench_gemv_tma import GROUP, WARPS, shared
+from emulated import finite, report
 
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
+from metrale.lkb.quant import QuantFormat
+from tests.host import simt
 
-from metrale.lkb.quant import QuantFormat  # noqa: E402
-from tests.host import simt  # noqa: E402
-
-N, WARPS, K_BLOCK, GROUP, XROWS = 40, 8, 256, 16, 8
+N = 40
 FORMATS = ("fp8", "mxfp4", "nvfp4")
 LINEAR = ("ptr",) * 5 + ("i32",) * 3
 GATE_UP = ("ptr",) * 8 + ("i32",) * 3
 ENTRIES = {"linear": "metrale_linear_gemv_mma", "gate_up": "metrale_gate_up_swiglu_gemv_mma"}
-
-
-def data_bytes(fmt: str, cols: int) -> int:
-    return {"bf16": 2 * cols, "fp8": cols}.get(fmt, cols // 2)
-
-
-def scale_bytes(fmt: str, cols: int) -> int:
-    return {"mxfp4": cols // 32, "nvfp4": cols // 16}.get(fmt, 0)
-
-
-def shared(fmt: str, k: int, tiles: int, stages: int | None) -> int:
-    """gemv_mma.cu's partials (stages None), or gemv_mma_tma.cu's: the partials rounded to 128
-    and its ring (Ring::bytes)."""
-    part = -(-k // K_BLOCK) * tiles * GROUP * XROWS * 4
-    if stages is None:
-        return part
-    cols = WARPS * K_BLOCK
-    ds, sb = data_bytes(fmt, cols) + 64, scale_bytes(fmt, cols)
-    slot = tiles * GROUP * (ds + (sb + 16 if sb else 0))
-    return -(-part // 128) * 128 + stages * slot + 2 * stages * 8
 
 
 def weight(fmt: str, rng: np.random.Generator, k: int) -> tuple:
@@ -91,8 +68,7 @@ def check_format(build: Path, fmt: str, rng: np.random.Generator) -> dict[str, b
                 wargs = [a for w in ws[:tiles] for a in w]
                 case = f"{fmt} {name} k={k} rows={rows}"
                 want = launch(base, entry, shared(fmt, k, tiles, None), x, wargs, k)
-                checks[f"{case}: gemv_mma finite"] = bool(
-                    np.isfinite((want.astype(np.uint32) << 16).view(np.float32)).all())
+                checks[f"{case}: gemv_mma finite"] = finite(want)
                 for (s, eager), lib in rings.items():
                     got = launch(lib, entry + "_tma", shared(fmt, k, tiles, s), x, wargs, k)
                     when = "as issued, warps skewed" if eager else "at the wait, warps in step"
@@ -101,20 +77,13 @@ def check_format(build: Path, fmt: str, rng: np.random.Generator) -> dict[str, b
     return checks
 
 
-def main() -> int:
-    ok, why = simt.available()
-    if not ok:
-        print(f"no host emulation: {why}")
-        return 1
+def checks(build: Path) -> dict[str, bool]:
     rng = np.random.default_rng(5)
-    checks: dict[str, bool] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for fmt in FORMATS:
-            checks |= check_format(Path(tmp), fmt, rng)
-    for what, good in checks.items():
-        print(f"{what}: {good}")
-    return 0 if all(checks.values()) else 1
+    out: dict[str, bool] = {}
+    for fmt in FORMATS:
+        out |= check_format(build, fmt, rng)
+    return out
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report(checks))

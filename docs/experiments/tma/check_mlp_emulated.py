@@ -1,6 +1,6 @@
 """mlp_tma.cu against the three launches it replaces, on the host emulation (tests/host/simt),
 before any device time, with the bulk copies before the dependent-launch wait and after it
-(MLP_TMA_COPY_LATE): a grid of one block, and a resident grid of three (every block at once, as
+(TMA_COPY_LATE): a grid of one block, and a resident grid of three (every block at once, as
 the grid barrier needs; their shares of the columns differ in size), at shapes whose weights
 fit (hidden 128, intermediate 256), random bf16 inputs, poisoned outputs; s, h and the output
 must be the chain's bytes. The device run (bench_mlp_tma.py) checks the same at Qwen3-0.6B's
@@ -11,83 +11,63 @@ Run from the repository root: ``python3 docs/experiments/tma/check_mlp_emulated.
 
 from __future__ import annotations
 
-import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+from emulated import bf16, finite, poison, report
 
-import numpy as np  # noqa: E402
-
-from tests.host import simt  # noqa: E402
+from tests.host import simt
 
 HIDDEN, INTER, EPS = 128, 256, 1e-6
 GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
 
 
-def bf16(rng: np.random.Generator, shape: tuple[int, ...], std: float, mean: float = 0.0
-         ) -> np.ndarray:
-    x = (rng.standard_normal(shape) * std + mean).astype(np.float32)
-    return (x.view(np.uint32) >> 16).astype(np.uint16)
-
-
-def main() -> int:
-    ok, why = simt.available()
-    if not ok:
-        print(f"no host emulation: {why}")
-        return 1
+def checks(build: Path) -> dict[str, bool]:
     rng = np.random.default_rng(7)
     x, r = bf16(rng, (HIDDEN,), 1.0), bf16(rng, (HIDDEN,), 1.0)
     wn = bf16(rng, (HIDDEN,), 0.1, 1.0)
     wg, wu = bf16(rng, (INTER, HIDDEN), 0.05), bf16(rng, (INTER, HIDDEN), 0.05)
     wd = bf16(rng, (HIDDEN, INTER), 0.05)
-    poison = lambda n: np.full(n, 0xFFFF, np.uint16)  # noqa: E731  (NaN: must be written)
     s1, y, h, out1, s2, out2, hbuf = (poison(n) for n in (HIDDEN, HIDDEN, INTER, HIDDEN,
                                                           HIDDEN, HIDDEN, INTER))
     sync = np.zeros(2, np.uint32)
     null = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        build = Path(tmp)
-        norm = simt.build(build, "cuda/common/norm.cu", ("ACT_BF16", "H_BLOCK=256"),
-                          {"metrale_add_rmsnorm": ("ptr",) * 5 + ("i32", "i32", "f32")})
-        gemv = simt.build(build, "cuda/common/gemv.cu", GEMV,
-                          {"metrale_gate_up_swiglu": ("ptr",) * 8 + ("i32",) * 3,
-                           "metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3})
-        mlps = {v: simt.build(build, str(Path(__file__).with_name("mlp_tma.cu")),
-                              (*GEMV, "H_BLOCK=256", *v),
-                              {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32", "ptr", "i64")})
-                for v in ((), ("MLP_TMA_COPY_LATE",))}
-        norm.launch("metrale_add_rmsnorm", (1, 1, 1), (128, 1, 1), 0,
-                    [x, r, wn, s1, y, 1, HIDDEN, EPS])
-        gemv.launch("metrale_gate_up_swiglu", (-(-INTER // 4), 1, 1), (128, 1, 1), 0,
-                    [y, wg, null, null, wu, null, null, h, 1, HIDDEN, INTER])
-        gemv.launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
-                    -(-INTER // 256) * 32, [h, wd, null, null, out1, 1, INTER, HIDDEN])
-        out_f = (out1.astype(np.uint32) << 16).view(np.float32)
-        checks = {"chain output finite": bool(np.isfinite(out_f).all())}
-        n = 0
-        for blocks in (1, 3):
-            maxp, maxc = -(-INTER // blocks), -(-HIDDEN // blocks)
-            smem = (2 * maxp * HIDDEN + maxc * INTER) * 2 + (2 * HIDDEN + INTER) * 2 + 16
-            for v, mlp in mlps.items():
-                for a in (s2, out2, hbuf):
-                    a.fill(0xFFFF)
-                mlp.launch("metrale_mlp_tma", (blocks, 1, 1), (256, 1, 1), smem,
-                           [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS,
-                            wg, wg.nbytes],  # "the next weights": any readable bytes
-                           resident=blocks > 1)
-                n += 1
-                name = f"{blocks} block(s), " + (" ".join(v) or "copies before the wait")
-                checks |= {f"{name}: s equal": bool((s1 == s2).all()),
-                           f"{name}: h equal": bool((h == hbuf).all()),
-                           f"{name}: output equal": bool((out1 == out2).all()),
-                           f"{name}: grid barrier count back to zero, generation {n}":
-                           int(sync[0]) == 0 and int(sync[1]) == n}
-    for what, good in checks.items():
-        print(f"{what}: {good}")
-    return 0 if all(checks.values()) else 1
+    norm = simt.build(build, "cuda/common/norm.cu", ("ACT_BF16", "H_BLOCK=256"),
+                      {"metrale_add_rmsnorm": ("ptr",) * 5 + ("i32", "i32", "f32")})
+    gemv = simt.build(build, "cuda/common/gemv.cu", GEMV,
+                      {"metrale_gate_up_swiglu": ("ptr",) * 8 + ("i32",) * 3,
+                       "metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3})
+    mlps = {v: simt.build(build, str(Path(__file__).with_name("mlp_tma.cu")),
+                          (*GEMV, "H_BLOCK=256", *v),
+                          {"metrale_mlp_tma": ("ptr",) * 10 + ("i32", "i32", "f32", "ptr", "i64")})
+            for v in ((), ("TMA_COPY_LATE",))}
+    norm.launch("metrale_add_rmsnorm", (1, 1, 1), (128, 1, 1), 0,
+                [x, r, wn, s1, y, 1, HIDDEN, EPS])
+    gemv.launch("metrale_gate_up_swiglu", (-(-INTER // 4), 1, 1), (128, 1, 1), 0,
+                [y, wg, null, null, wu, null, null, h, 1, HIDDEN, INTER])
+    gemv.launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
+                -(-INTER // 256) * 32, [h, wd, null, null, out1, 1, INTER, HIDDEN])
+    out = {"chain output finite": finite(out1)}
+    n = 0
+    for blocks in (1, 3):
+        maxp, maxc = -(-INTER // blocks), -(-HIDDEN // blocks)
+        smem = (2 * maxp * HIDDEN + maxc * INTER) * 2 + (2 * HIDDEN + INTER) * 2 + 16
+        for v, mlp in mlps.items():
+            for a in (s2, out2, hbuf):
+                a.fill(0xFFFF)
+            mlp.launch("metrale_mlp_tma", (blocks, 1, 1), (256, 1, 1), smem,
+                       [x, r, wn, s2, wg, wu, wd, out2, hbuf, sync, HIDDEN, INTER, EPS,
+                        wg, wg.nbytes],  # "the next weights": any readable bytes
+                       resident=blocks > 1)
+            n += 1
+            name = f"{blocks} block(s), " + (" ".join(v) or "copies before the wait")
+            out |= {f"{name}: s equal": bool((s1 == s2).all()),
+                    f"{name}: h equal": bool((h == hbuf).all()),
+                    f"{name}: output equal": bool((out1 == out2).all()),
+                    f"{name}: grid barrier count back to zero, generation {n}":
+                    int(sync[0]) == 0 and int(sync[1]) == n}
+    return out
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(report(checks))

@@ -24,12 +24,10 @@
 // Before the grid barrier the block also asks L2 for its share of `next_bytes` at `next` (when
 // given): the next launch's weights (attn_tma.cu says why).
 // One row (batch 1); bf16 weights and activations. Defines: ACT_BF16, WEIGHT_BF16,
-// K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256; for the experiment's variants MLP_TMA_COPY_LATE
+// K_BLOCK=256, ACROSS_SEQUENTIAL, H_BLOCK=256; for the experiment's variants TMA_COPY_LATE
 // (the bulk copies issued after the wait, not before) and PHASE_TRACE (phase.cuh's marks).
 #include "norm.cu"
-#include "gemv.cuh"
-#include "tma.cuh"
-#include "phase.cuh"
+#include "persistent.cuh"
 
 #define MLP_NT 256  // threads a block: eight warps
 
@@ -43,7 +41,7 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
                 unsigned* sync, int hidden, int inter, float eps, const unsigned char* next,
                 long long next_bytes) {
     extern __shared__ __align__(128) unsigned char mlp_smem[];
-    const int b = blockIdx.x, G = gridDim.x, warp = threadIdx.x >> 5;
+    const int b = blockIdx.x, G = gridDim.x;
     const Share pairs(inter, b, G), cols(hidden, b, G);
     const int p0 = pairs.first, np = pairs.count, c0 = cols.first, nc = cols.count;
     const int maxp = (inter + G - 1) / G, maxc = (hidden + G - 1) / G;
@@ -72,45 +70,26 @@ metrale_mlp_tma(const act_t* __restrict__ x, const act_t* __restrict__ r,
         tx_expect(&bars[1], dn);
         bulk_copy(sd, wd + (long)c0 * inter, dn, &bars[1]);
     };
-#if !defined(MLP_TMA_COPY_LATE)
-    stage();
-#endif
-    phase_mark(1);
-    grid_dependency_sync();
-    phase_mark(2);
-#if defined(MLP_TMA_COPY_LATE)
-    stage();
-#endif
-    __syncthreads();  // the barriers are initialized before anyone waits on them
-    row_norm<true>(x, r, wn, b == 0 ? s : s_own, y, hidden, eps);
-    __syncthreads();  // y is whole
+    stage_wait_norm(stage, x, r, wn, s, s_own, y, hidden, eps);
     phase_mark(3);
     tx_wait(&bars[0]);
     phase_mark(4);
-    const WeightRef gate = weight_ref(sg, nullptr, nullptr), up = weight_ref(su, nullptr, nullptr);
-    for (int p = warp; p < np; p += MLP_NT / 32) {
-        const WeightRef w[2] = {weight_rows(gate, p, hidden), weight_rows(up, p, hidden)};
-        float gu[2];
-        warp_dots<2>(y, w, hidden, gu);
-        if ((threadIdx.x & 31) == 0)
-            hbuf[p0 + p] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
-    }
+    const __nv_bfloat16* gate_up_rows[2] = {sg, su};
+    staged_dots<2>(y, gate_up_rows, hidden, np, [&](int p, const float (&gu)[2]) {
+        hbuf[p0 + p] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
+    });
     phase_mark(5);
     l2_prefetch_share(next, next_bytes, b, G);  // the next launch's weights, while down runs
     grid_meet(sync);
     phase_mark(6);
-    for (int i = threadIdx.x * 8; i < inter; i += MLP_NT * 8)  // from L2: other blocks wrote it
-        *(uint4*)(h + i) = __ldcg((const uint4*)(hbuf + i));
+    shared_from_l2(h, hbuf, inter);
     __syncthreads();
     tx_wait(&bars[1]);
     phase_mark(7);
-    const WeightRef down = weight_ref(sd, nullptr, nullptr);
-    for (int c = warp; c < nc; c += MLP_NT / 32) {
-        const WeightRef w[1] = {weight_rows(down, c, inter)};
-        float d[1];
-        warp_dots<1>(h, w, inter, d);
-        if ((threadIdx.x & 31) == 0) out[c0 + c] = act_store(d[0]);
-    }
+    const __nv_bfloat16* down_rows[1] = {sd};
+    staged_dots<1>(h, down_rows, inter, nc, [&](int c, const float (&d)[1]) {
+        out[c0 + c] = act_store(d[0]);
+    });
     __syncthreads();
     phase_mark(8);
 }
