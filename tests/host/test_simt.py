@@ -78,19 +78,25 @@ extern "C" __global__ void guarded_probe(const float* x, float* y, int how, int 
 }
 
 // out[i] = src[i] over one warp, through shared memory: a bulk copy of 128 bytes counted on a
-// transaction barrier armed for `armed` bytes, read before the barrier's wait (early) or after.
-extern "C" __global__ void bulk_probe(const float* src, float* out, int armed, int early) {
+// transaction barrier armed for `armed` bytes (the copy issued before the arming arrival when
+// copy_first), read before the barrier's wait (early) or after.
+extern "C" __global__ void bulk_probe(const float* src, float* out, int armed, int early,
+                                      int copy_first) {
     extern __shared__ __align__(16) float stage[];  // 32 floats, then the barrier
     const unsigned bar = (unsigned)__cvta_generic_to_shared(stage + 32);
     if (threadIdx.x == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                     ::"r"(bar), "r"(armed) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], "
-                     "[%1], %2, [%3];"
-                     ::"r"((unsigned)__cvta_generic_to_shared(stage)), "l"(src), "r"(128),
-                     "r"(bar) : "memory");
+        for (int step = 0; step < 2; ++step) {
+            if (step == (copy_first ? 1 : 0))
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             ::"r"(bar), "r"(armed) : "memory");
+            else
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                             "[%0], [%1], %2, [%3];"
+                             ::"r"((unsigned)__cvta_generic_to_shared(stage)), "l"(src),
+                             "r"(128), "r"(bar) : "memory");
+        }
     }
     __syncthreads();
     float v = early ? stage[threadIdx.x] : 0.0f;
@@ -206,7 +212,7 @@ extern "C" __global__ void grid_meet_probe(int* ids, int* sums, unsigned* sync, 
 ENTRIES = {"block_sums": ("ptr", "ptr", "i32"), "split_barrier": ("ptr",),
            "byte_perms": ("ptr", "ptr", "ptr", "ptr", "i32"),
            "guarded_probe": ("ptr", "ptr", "i32", "i32"),
-           "bulk_probe": ("ptr", "ptr", "i32", "i32"),
+           "bulk_probe": ("ptr", "ptr", "i32", "i32", "i32"),
            "grid_meet_probe": ("ptr", "ptr", "ptr", "ptr", "i64"),
            "bulk_prefetch_probe": ("ptr", "i32", "ptr"),
            "ring_probe": ("ptr", "ptr", "i32", "i32")}
@@ -304,12 +310,26 @@ def test_a_bulk_copy_lands_at_its_barriers_wait(lib, capfd):
     deadlock and traps."""
     src = np.arange(32, dtype=np.float32) + 0.5
     out = np.full(32, -1.0, np.float32)
-    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 0])
+    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 0, 0])
     assert np.array_equal(out, src)
-    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 1])
+    lib.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 1, 0])
     assert np.isnan(out[31]) and np.array_equal(out[:31], src[:31])
-    assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0]) == 2
+    assert lib.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 256, 0, 0]) == 2
     assert "wait at barriers the others never reach" in capfd.readouterr().err
+
+
+def test_a_bulk_copy_may_land_before_the_arrival_that_arms_it(ways, capfd):
+    """The copy issued before its barrier's expect_tx arrival: however the copies land (late, or
+    as issued, when its bytes count before they are armed, as the hardware's pending count may
+    go below zero), the phase completes with both and the bytes are there. Bytes past the armed
+    ones once every arrival is in are a fault."""
+    src = np.arange(32, dtype=np.float32) + 0.5
+    for way, build in ways.items():
+        out = np.full(32, -1.0, np.float32)
+        build.launch("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 128, 0, 1])
+        assert np.array_equal(out, src), way
+        assert build.run("bulk_probe", (1, 1, 1), (32, 1, 1), 144, [src, out, 64, 0, 0]) == 2
+        assert "bulk copies past the barrier's armed bytes" in capfd.readouterr().err, way
 
 
 def test_a_ring_of_stages_streams_through_its_barriers_phases(lib):

@@ -17,7 +17,8 @@
 
 namespace simt {
 
-alignas(16) static unsigned char arena[SMEM_BYTES];  // a block's at a time, but resident
+// the dynamic shared memory of blocks run one after another (a resident launch gives each its own)
+alignas(16) static unsigned char arena[SMEM_BYTES];
 
 static unsigned char* smem() { return block->smem; }
 
@@ -169,9 +170,11 @@ static TxBarrier& tx_barrier(size_t at) {
 }
 
 // A phase of the barrier completes once its expected arrivals have come and its armed bytes
-// have landed; the next phase starts empty.
+// have landed; the next phase starts empty. Bytes may land before the arrival that arms them (the
+// hardware's count of pending bytes goes below zero), but not past them once all have arrived.
 static void tx_complete(TxBarrier& b, const char* tmpl) {
-    if (b.landed > b.armed) fault("bulk copies past the barrier's armed bytes", tmpl);
+    if (b.arrived == b.expected && b.landed > b.armed)
+        fault("bulk copies past the barrier's armed bytes", tmpl);
     if (b.arrived > b.expected) fault("more arrivals at a barrier than its count", tmpl);
     if (b.arrived == b.expected && b.landed == b.armed) {
         ++b.phases;
