@@ -1,49 +1,12 @@
-// Metrale CUDA, experiment: what the persistent kernels of this folder (attn_tma.cu, mlp_tma.cu)
-// share: a grid-wide barrier for blocks that are all resident at once (one per multiprocessor:
-// the caller's grid must not exceed them), the split of columns over blocks, the launch's
-// opening (its bulk copies, the dependent-launch wait, the row normalized), dots over staged
-// weight rows, and the L2 prefetch of the next launch's weights. Include after norm.cu.
+// Metrale CUDA, experiment: what the persistent halves of this folder (attn_tma.cu, mlp_tma.cu)
+// share beside the grid barrier: the launch's opening (its bulk copies, the dependent-launch
+// wait, the row normalized), dots over staged weight rows, reads of other blocks' writes, and the
+// L2 prefetch of the next launch's weights. Include after norm.cu.
 #pragma once
 #include "gemv.cuh"
+#include "grid_barrier.cuh"
 #include "phase.cuh"
 #include "tma.cuh"
-
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Every block of the grid meets here (sense by generation): sync[0] counts arrivals, sync[1] is
-// the generation. The last to arrive zeroes the count, then advances the generation; the others
-// wait for it to move. The writes before are visible to every block after (fences around). A
-// block that waits past a second traps: a block never came, and a hang would be the GPU's.
-__device__ __forceinline__ void grid_meet(unsigned* sync) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* gen = sync + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(sync, 1u) == gridDim.x - 1) {
-            atomicExch(sync, 0u);
-            __threadfence();
-            atomicAdd(sync + 1, 1u);
-        } else {
-            const unsigned long long t0 = global_ns();
-            while (*gen == g)
-                if (global_ns() - t0 > 1000000000ull) __trap();
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// The share of n items (columns, rows) that block b of G takes: [first, first + count).
-struct Share {
-    int first, count;
-    __device__ Share(int n, int b, int G)
-        : first((int)((long)b * n / G)), count((int)((long)(b + 1) * n / G) - first) {}
-};
 
 // Block b of G asks L2 for its share of `bytes` at p (both multiples of 16), in pieces of 16 KiB
 // spread over the block's threads (cp.async.bulk.prefetch: no register, no shared memory, no
