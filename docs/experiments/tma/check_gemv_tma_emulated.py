@@ -1,14 +1,14 @@
 """gemv_mma_tma.cu against gemv_mma.cu's entries (the bounded plans' tensor-core GEMVs), on the
 host emulation (tests/host/simt), before any device time: the linear and gate_up_swiglu entries
-in fp8, mxfp4 and nvfp4 (bf16's stages are too large to be worth a ring), at 40 output columns (three blocks, the last partly past n) and
-k = 5120 (twenty k-blocks, three stages of eight, the last partial) and 1024 (four k-blocks: one
-stage, four warps idle), one and three activation rows, with rings of one and two slots (one:
-every stage refills the slot the last one used; two: slot 0 again for stage 2), and two ways of
-running: the bulk copies landing at the first wait on their barrier with the warps in step (a
-read before the wait sees poison), or landing as they are issued with each warp run as far as
-it can before the next (a slot refilled before every warp has read it shows). Random
-activations, weights quantized by metrale's own formats, poisoned outputs; the outputs must be
-gemv_mma.cu's bytes.
+in fp8, mxfp4 and nvfp4 (bf16's stages are too large to be worth a ring), at 40 output columns
+(three blocks, the last partly past n) and k = 5120 (twenty k-blocks, three stages of eight, the
+last partial) and 1024 (four k-blocks: one stage, four warps idle), one and three activation
+rows, with rings of one and two slots (one: every stage refills the slot the last one used; two:
+slot 0 again for stage 2), and two ways of running: the bulk copies landing at the first wait on
+their barrier with the warps in step (a read before the wait sees poison), or landing as they
+are issued with each warp run as far as it can before the next (a slot refilled before every
+warp has read it shows). Random activations, weights quantized by metrale's own formats,
+poisoned outputs; the outputs must be gemv_mma.cu's bytes.
 
 Run from the repository root: ``python3 docs/experiments/tma/check_gemv_tma_emulated.py``.
 """

@@ -10,10 +10,11 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
-// Every block of the grid (all three dimensions) meets here (sense by generation): sync[0] counts arrivals, sync[1] is
-// the generation. The last to arrive zeroes the count, then advances the generation; the others
-// wait for it to move. The writes before are visible to every block after (fences around). A
-// block that waits past a second traps: a block never came, and a hang would be the GPU's.
+// Every block of the grid (all three dimensions) meets here, sense by generation: sync[0] counts
+// arrivals, sync[1] is the generation. The last to arrive zeroes the count, then advances the
+// generation; the others wait for it to move. The writes before are visible to every block after
+// (fences around). A block that waits past a second traps: a block never came, and a hang would
+// be the GPU's.
 __device__ __forceinline__ void grid_meet(unsigned* sync) {
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -1,18 +1,19 @@
 """CUDA kernels of the common layer run on the host: their own source, an emulated machine.
 
 ``simt.hpp`` emulates the CUDA execution model (a fiber per CUDA thread, switched at barriers;
-block barriers, warp collectives, shared memory, atomics) and the PTX the kernels write inline. This module prepares
-a kernel source for it and runs its entries:
+block barriers, warp collectives, shared memory, atomics; blocks one after another or, resident,
+all at once) and the PTX the kernels write inline. This module prepares a kernel source for it
+and runs its entries:
 
 - the source and the headers it includes are rewritten in four ways, none specific to one
   kernel: a ``__shared__`` variable becomes a reference to the running block's own copy
   (``simt::block_shared``, found by a tag unique to the declaration), an ``extern __shared__``
-  array becomes the block's dynamic shared memory (a pointer, or a macro at file scope), every ``asm`` statement becomes a call of
-  ``simt::asm_stmt`` with its template, its output operands by reference and its inputs by
-  value (the emulator dispatches on the template and refuses one it does not know), and
-  ``__CUDA_ARCH__`` becomes ``METRALE_SIMT_ARCH``, which simt.hpp defines as 900: the kernels'
-  own code for sm_90 runs (their dependent-launch waits among it), while the CUDA headers keep
-  their host paths;
+  array becomes the block's dynamic shared memory (a pointer, or a macro at file scope), every
+  ``asm`` statement becomes a call of ``simt::asm_stmt`` with its template, its output
+  operands by reference and its inputs by value (the emulator dispatches on the template and
+  refuses one it does not know), and ``__CUDA_ARCH__`` becomes ``METRALE_SIMT_ARCH``, which
+  simt.hpp defines as 900: the kernels' own code for sm_90 runs (their dependent-launch waits
+  among it), while the CUDA headers keep their host paths;
 - a trampoline per entry, written from the KERNELS.toml argument types, unpacks the argument
   array as the driver would;
 - the result is built with the host compiler against the CUDA headers nvcc uses, once per

@@ -2,35 +2,35 @@
 // run from their own source (tests/host/simt/__init__.py rewrites their shared memory and inline
 // PTX into the calls below).
 //
-// A block's threads are fibers on the launching OS thread, each with its own stack, switched
-// only at barriers, each warp run as far as it can before the next (METRALE_SIMT_SKEW); blocks
-// run one after another, or, in a resident launch, all of them at once
-// (every block's threads are fibers of the one launch, each block with its own shared memory),
-// as the blocks of a persistent kernel must be for a grid-wide barrier to complete. There a read
-// of %globaltimer, which a spin loop makes, also hands the OS thread on, and each block runs as
-// far as it can before the next (the last block first), so a block that reads what another has
-// not yet written, a grid barrier missing, reads it unwritten. Barriers: __syncthreads is one of the block's
-// threads, the warp collectives (shuffles, votes, ldmatrix, mma.sync) one of the warp's 32, where
-// each lane posts its operand, the warp meets, each lane reads what it needs, and the warp meets
-// again before the slots are reused. A thread waiting at a barrier hands the OS thread to the
-// next thread of the block that can run, in thread order; the last to arrive goes on at once. A
-// thread that returns drops out of both barriers, as an exited thread stops counting on the GPU.
-// Threads that all wait at barriers none of them can complete (a __syncthreads some threads never
-// reach) trap, where the GPU would hang. Shared memory, dynamic and static (a `__shared__` variable is the block's own),
-// starts each block as 0xFF bytes (NaN for f32 and bf16). cp.async copies land only at the wait that completes their group, bulk copies
-// (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier), and a wait on a
-// phase not yet complete hands the thread on, as a spin would. The MMA sums
-// its 16 products in double, adds the accumulator and rounds once to f32 (the hardware's order
-// inside an MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands
-// from shared memory through their descriptors (the 128-byte swizzle applied) and writes its
-// accumulator registers only at the wgmma.wait_group that completes its group, so a kernel that
-// reads the registers before that wait, or stores over a stage before it, sees it (a cp.async
-// refill lands later still, so a stage refilled that way one wait early goes unseen). __trap stops the launch,
+// A block's threads are fibers on the launching OS thread, each with its own stack, switched only
+// at barriers, each warp run as far as it can before the next (METRALE_SIMT_SKEW); blocks run one
+// after another, or, in a resident launch, all of them at once (every block's threads are fibers of
+// the one launch, each block with its own shared memory), as the blocks of a persistent kernel must
+// be for a grid-wide barrier to complete. There a read of %globaltimer, which a spin loop makes,
+// also hands the OS thread on, and each block runs as far as it can before the next (the last block
+// first), so a block that reads what another has not yet written, a grid barrier missing, reads it
+// unwritten. Barriers: __syncthreads is one of the block's threads, the warp collectives (shuffles,
+// votes, ldmatrix, mma.sync) one of the warp's 32, where each lane posts its operand, the warp
+// meets, each lane reads what it needs, and the warp meets again before the slots are reused. A
+// thread waiting at a barrier hands the OS thread on (to its warp's next thread, else the next
+// warp's); the last to arrive goes on at once. A thread that returns drops out of both
+// barriers, as an exited thread stops counting on the GPU. Threads that all wait at barriers none
+// of them can complete (a __syncthreads some threads never reach) trap, where the GPU would hang.
+// Shared memory, dynamic and static (a `__shared__` variable is the block's own), starts each block
+// as 0xFF bytes (NaN for f32 and bf16). cp.async copies land only at the wait that completes their
+// group, bulk copies (cp.async.bulk) at the first wait on their transaction barrier (TxBarrier),
+// and a wait on a phase not yet complete hands the thread on, as a spin would. The MMA sums its 16
+// products in double, adds the accumulator and rounds once to f32 (the hardware's order inside an
+// MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands from shared
+// memory through their descriptors (the 128-byte swizzle applied) and writes its accumulator
+// registers only at the wgmma.wait_group that completes its group, so a kernel that reads the
+// registers before that wait, or stores over a stage before it, sees it (a cp.async refill lands
+// later still, so a stage refilled that way one wait early goes unseen). __trap stops the launch,
 // which then reports it.
 //
-// Fibers rather than OS threads: a barrier is then a function call and a context switch, where
-// an OS thread per CUDA thread made each one a futex wait and wake across the machine's cores
-// (on two cores, more system time than kernel time).
+// Fibers rather than OS threads: a barrier is then a function call and a context switch, where an
+// OS thread per CUDA thread made each one a futex wait and wake across the machine's cores (on two
+// cores, more system time than kernel time).
 #pragma once
 
 #include <cuda_bf16.h>
