@@ -169,14 +169,17 @@ extern "C" __global__ void ring_probe(const float* src, float* out, int stages, 
 
 // Every block of the grid meets (an arrival count and a generation word, the spin reading
 // %globaltimer; a block that waits past timeout_ns writes -1 and returns), then sums what every
-// block wrote before it. Each block keeps its id in a static __shared__ variable across the
-// meeting, and reads an element of another never written (unset: 0xFF bytes, so NaN).
+// block wrote before it. Each block keeps its id in a static __shared__ variable and its id
+// plus 100 in the file-scope dynamic array below across the meeting, and reads an element of
+// another static array never written (unset: 0xFF bytes, so NaN).
+extern __shared__ int meet_dynamic[];
 extern "C" __global__ void grid_meet_probe(int* ids, int* sums, unsigned* sync, float* unset,
                                            long long timeout_ns) {
     __shared__ int mine;
     __shared__ float never[2];
     if (threadIdx.x == 0) {
         mine = (int)blockIdx.x;
+        meet_dynamic[0] = (int)blockIdx.x + 100;
         ids[blockIdx.x] = (int)blockIdx.x + 1;
     }
     __syncthreads();
@@ -204,7 +207,8 @@ extern "C" __global__ void grid_meet_probe(int* ids, int* sums, unsigned* sync, 
     int total = 0;
     for (unsigned b = 0; b < gridDim.x; ++b) total += ids[b];
     if (threadIdx.x == 0) {
-        sums[blockIdx.x] = mine < 0 ? -1 : total * 1000 + mine;
+        const bool own = meet_dynamic[0] == (int)blockIdx.x + 100;
+        sums[blockIdx.x] = mine < 0 ? -1 : own ? total * 1000 + mine : -2;
         unset[blockIdx.x] = never[1];
     }
 }
@@ -388,8 +392,9 @@ def test_a_bulk_prefetch_is_checked_and_moves_nothing(lib, capfd):
 def test_a_resident_grid_meets_at_a_grid_barrier(lib, blocks):
     """In a resident launch every block runs at once, so a grid-wide barrier (a spin on an
     arrival count, reading %globaltimer) completes and each block reads what all wrote before
-    it; each block's static __shared__ variables are its own (its id survives the other blocks'
-    writes between its barriers) and start unset (0xFF bytes). The barrier's count is back to
+    it; each block's static __shared__ variables and its dynamic shared memory, a file-scope
+    array included, are its own (its id survives the other blocks' writes between its barriers),
+    and start unset (0xFF bytes). The barrier's count is back to
     zero and its generation moved once. Run block by block, the same launch's waiting blocks
     time out: nothing else could have met them."""
     for resident in (True, False):
@@ -397,7 +402,7 @@ def test_a_resident_grid_meets_at_a_grid_barrier(lib, blocks):
         sums = np.full(blocks, -7, np.int32)
         unset = np.zeros(blocks, np.float32)
         sync = np.zeros(2, np.uint32)
-        lib.launch("grid_meet_probe", (blocks, 1, 1), (64, 1, 1), 0,
+        lib.launch("grid_meet_probe", (blocks, 1, 1), (64, 1, 1), 16,
                    [ids, sums, sync, unset, 50_000_000], resident=resident)
         total = blocks * (blocks + 1) // 2
         if resident or blocks == 1:
@@ -414,9 +419,9 @@ def test_a_resident_launch_refuses_what_it_cannot_hold(lib, capfd):
     ids, sums, unset = (np.zeros(64, t) for t in (np.int32, np.int32, np.float32))
     sync = np.zeros(2, np.uint32)
     args = [ids, sums, sync, unset, 1_000_000]
-    assert lib.run("grid_meet_probe", (65, 1, 1), (256, 1, 1), 0, args, resident=True) == 1
+    assert lib.run("grid_meet_probe", (65, 1, 1), (256, 1, 1), 16, args, resident=True) == 1
     with simt.dependent_launch_guard([(ids.ctypes.data, ids.nbytes)]):
-        assert lib.run("grid_meet_probe", (2, 1, 1), (32, 1, 1), 0, args, resident=True) == 1
+        assert lib.run("grid_meet_probe", (2, 1, 1), (32, 1, 1), 16, args, resident=True) == 1
     assert "resident launch holds at most 16384 threads" in capfd.readouterr().err
 
 
