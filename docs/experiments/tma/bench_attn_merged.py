@@ -20,7 +20,6 @@ Run on the lent GPU from the repository root (Metrale installed, as device_setup
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,16 +30,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 from _common import write_result  # noqa: E402
-from bench_gpu_variants import _arg, _function, bf16_bits, build, time_graph  # noqa: E402
+from bench_gpu_variants import (  # noqa: E402
+    bf16_bits,
+    build,
+    decode_kernel,
+    time_graph,
+)
+from device import dependent_launcher, norm_weight, staged  # noqa: E402
 
-from metrale.realize.hardware import default_kernels_dir  # noqa: E402
-from metrale.runtime.cuda_driver import DriverLauncher  # noqa: E402
+from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
 
 # model: (hidden, q heads, kv heads, head_dim); o_proj splits its loads over a block where n <= 1024
 MODELS = {"qwen3-0.6b": (1024, 16, 8, 128), "llama-3.1-8b": (4096, 32, 8, 128)}
-MAX_CTX, POS, EPS, THETA = 1024, 1023, 1e-6, 1e6
+MAX_CTX, POS, EPS = 1024, 1023, 1e-6
 GEMV = "ACT_BF16 WEIGHT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"
-ATTN = "ACT_BF16 CHUNK=64 H_BLOCK=256 KV_BLOCK=256 ROPE_NEOX"
 SOURCES = ("attn_merged.cu", "grid_barrier.cuh")
 VARIANTS = {"merged, o_proj released by ending": "", "merged, o_proj released early":
             "ATTN_MERGED_RELEASE_EARLY"}
@@ -48,25 +51,19 @@ ROTATE_BYTES = 300 << 20
 ROUNDS = 2
 
 
-def norm_weight(cp, n: int):
-    """1 + noise, as bf16 bits: a norm's weights."""
-    w = cp.random.standard_normal(n, dtype=cp.float32) * np.float32(0.1) + 1
-    return (w.view(cp.uint32) >> 16).astype(cp.uint16)
-
-
 def bench_model(cp, go, f: SimpleNamespace, gemv, hidden: int, hq: int, hkv: int, d: int,
                 model: str) -> dict:
     """One model's heads: the two launches and the merged variants, checked then timed."""
     i32, f32, u64 = np.int32, np.float32, np.uint64
     f_decode, f_merge, f_merged, f_qkv = f.decode, f.merge, f.merged, f.qkv
-    nq, nk, ho, g = hq * d, hkv * d, hq * d, hq // hkv
+    nq, nk, ho = hq * d, hkv * d, hq * d
     split = hidden <= 1024
     f_o = gemv.get_function("metrale_linear_split" if split else "metrale_linear")
-    smem = 520 * d + 12 * g * d + 264 * g + 13320  # KERNELS.toml's decode attention
-    merge_smem = (32 * (d + 4) + 96 + d + 4) * 4
+    # the decode launch and its merge as KERNELS.toml's launch rules give them at these sizes
+    (grid, block, smem), merge_launch = (launch for _, _, launch in f.attention.launches_for(
+        {"rows": 1, "hq": hq, "hkv": hkv, "d": d, "max_ctx": MAX_CTX, "window": 0}))
     for fn in (f_decode, *f_merged.values()):
         fn.max_dynamic_shared_size_bytes = smem
-    grid = (hkv * max(1, g // 4), 1, MAX_CTX // 64)
     layer = (nq + 2 * nk) * hidden * 2 + hidden * ho * 2 + 2 * MAX_CTX * nk * 2
     copies = max(2, -(-ROTATE_BYTES // layer))
     ws = [SimpleNamespace(wq=bf16_bits(cp, (nq, hidden), 0.02),
@@ -78,10 +75,7 @@ def bench_model(cp, go, f: SimpleNamespace, gemv, hidden: int, hq: int, hkv: int
           for _ in range(copies)]
     y = bf16_bits(cp, (hidden,))
     wqn, wkn = (norm_weight(cp, d) for _ in range(2))
-    inv = THETA ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    ang = np.arange(MAX_CTX)[:, None] * inv[None, :]
-    cos_t = cp.asarray(np.cos(ang).astype(np.float32))
-    sin_t = cp.asarray(np.sin(ang).astype(np.float32))
+    cos_t, sin_t = (cp.asarray(table) for table in rope_tables(MAX_CTX, d))
     positions, slots = cp.asarray([POS], cp.int32), cp.asarray([0], cp.int32)
     q, k, v, o = (cp.empty(n, cp.uint16) for n in (nq, nk, nk, ho))
     out = cp.empty(hidden, cp.uint16)
@@ -107,12 +101,12 @@ def bench_model(cp, go, f: SimpleNamespace, gemv, hidden: int, hq: int, hkv: int
         return run
 
     def two_launches(args) -> None:
-        go(f_decode, grid, (256, 1, 1), smem, args)
-        go(f_merge, (hq, 1, 1), (128, 1, 1), merge_smem,
+        go(f_decode, grid, block, smem, args)
+        go(f_merge, *merge_launch,
            (positions, o, work, i32(1), i32(hq), i32(d), i32(MAX_CTX), i32(0)))
 
     def merged_with(label: str):
-        return lambda args: go(f_merged[label], grid, (256, 1, 1), smem, (*args, sync))
+        return lambda args: go(f_merged[label], grid, block, smem, (*args, sync))
 
     runs = {"two launches": step(two_launches),
             **{label: step(merged_with(label)) for label in VARIANTS}}
@@ -147,18 +141,14 @@ def bench_model(cp, go, f: SimpleNamespace, gemv, hidden: int, hq: int, hkv: int
 def main() -> None:
     import cupy as cp
 
-    kernels = default_kernels_dir() / "cuda" / "common"  # where build() looks
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in SOURCES:
-            shutil.copy(Path(__file__).with_name(name), kernels / name)
-        try:
-            merged = {label: cp.RawModule(path=str(build("attn_merged.cu", f"{ATTN} {extra}",
-                                                         Path(tmp) / f"merged_{i}.cubin")))
-                      for i, (label, extra) in enumerate(VARIANTS.items())}
-        finally:
-            for name in SOURCES:
-                (kernels / name).unlink()
-        attn = cp.RawModule(path=str(build("attention_decode.cu", ATTN, Path(tmp) / "a.cubin")))
+    attention = decode_kernel("qk_norm_rope_kv_append_attention")  # the plan's point
+    defines = " ".join(d.removeprefix("-D") for d in attention.defines)
+    with tempfile.TemporaryDirectory() as tmp, staged(*SOURCES):
+        merged = {label: cp.RawModule(path=str(build("attn_merged.cu", f"{defines} {extra}",
+                                                     Path(tmp) / f"merged_{i}.cubin")))
+                  for i, (label, extra) in enumerate(VARIANTS.items())}
+        attn = cp.RawModule(path=str(build("attention_decode.cu", defines,
+                                           Path(tmp) / "a.cubin")))
         qkv = cp.RawModule(path=str(build("gemv.cu", f"{GEMV} GEMV_COLS=2",
                                           Path(tmp) / "q.cubin")))
         gemv = cp.RawModule(path=str(build("gemv.cu", GEMV, Path(tmp) / "g.cubin")))
@@ -167,14 +157,8 @@ def main() -> None:
         merge=attn.get_function("metrale_attention_decode_merge"),
         merged={label: m.get_function("metrale_qk_norm_rope_kv_append_attention_merged")
                 for label, m in merged.items()},
-        qkv=qkv.get_function("metrale_qkv"))
-    driver = DriverLauncher()
-
-    def go(fn, grid, block, shared, args) -> None:
-        stream = cp.cuda.get_current_stream().ptr
-        driver.launch_dependent(_function(fn), grid, block, shared, stream,
-                                tuple(_arg(a) for a in args))
-
+        qkv=qkv.get_function("metrale_qkv"), attention=attention)
+    go = dependent_launcher(cp)
     results = {model: bench_model(cp, go, f, gemv, *dims, model) for model, dims in MODELS.items()}
     write_result("gpu_attn_merged", {
         "what": "decode attention and its merge in one launch (grid barrier) against the plans' "

@@ -15,7 +15,6 @@ installed kernels folder's cuda/common for the build and removed after.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +30,7 @@ from bench_gpu_variants import (  # noqa: E402
     gemv_launcher,
     time_graph,
 )
-
-from metrale.realize.hardware import default_kernels_dir  # noqa: E402
+from device import staged  # noqa: E402
 
 FORMATS = ("fp8", "mxfp4", "nvfp4")
 RINGS = (2, 3, 4)
@@ -65,17 +63,10 @@ def main() -> None:
     import cupy as cp
 
     rate = device_copy_rate()
-    kernels = default_kernels_dir() / "cuda" / "common"  # where build() looks
     jobs = [(fmt, "gemv_mma.cu", "") for fmt in FORMATS] + [
         (fmt, "gemv_mma_tma.cu", f"TMA_STAGES={s}") for fmt in FORMATS for s in RINGS]
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in SOURCES:
-            shutil.copy(Path(__file__).with_name(name), kernels / name)
-        try:
-            modules = build_modules(cp, Path(tmp), jobs)
-        finally:
-            for name in SOURCES:
-                (kernels / name).unlink()
+    with tempfile.TemporaryDirectory() as tmp, staged(*SOURCES):
+        modules = build_modules(cp, Path(tmp), jobs)
     rows_out = []
     for fmt in FORMATS:
         for model, name, n, k in GEMV_SHAPES:

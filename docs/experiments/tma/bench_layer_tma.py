@@ -26,7 +26,6 @@ into the installed kernels folder's cuda/common for the build and removed after.
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -37,21 +36,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
 from _common import device_copy_rate, write_result  # noqa: E402
-from bench_gpu_variants import _arg, _function, bf16_bits, build, time_graph  # noqa: E402
+from bench_gpu_variants import (  # noqa: E402
+    bf16_bits,
+    build,
+    decode_kernel,
+    time_graph,
+)
+from device import dependent_launcher, norm_weight, staged  # noqa: E402
 
-from metrale.realize.hardware import default_kernels_dir  # noqa: E402
-from metrale.runtime.cuda_driver import DriverLauncher  # noqa: E402
+from metrale.lkb.semantics_attention import rope_tables  # noqa: E402
 
 # Qwen3-0.6B
-HIDDEN, INTER, HQ, HKV, D, EPS, THETA = 1024, 3072, 16, 8, 128, 1e-6, 1e6
+HIDDEN, INTER, HQ, HKV, D, EPS = 1024, 3072, 16, 8, 128, 1e-6
 NQ, NK, HO = HQ * D, HKV * D, HQ * D
 MAX_CTX, POS = 1024, 1023  # this step attends over 1024 positions
 NCH = MAX_CTX // 64
 SCALE = 1.0 / math.sqrt(D)
-ATT_SMEM = 520 * D + 12 * (HQ // HKV) * D + 264 * (HQ // HKV) + 13320  # KERNELS.toml's
-MERGE_SMEM = (32 * (D + 4) + 96 + D + 4) * 4
 GEMV = "ACT_BF16 WEIGHT_BF16 K_BLOCK=256 ACROSS_SEQUENTIAL"  # the exact plan's points' defines
-ATTN = "ACT_BF16 CHUNK=64 H_BLOCK=256 KV_BLOCK=256 ROPE_NEOX"
 TMA = f"{GEMV} H_BLOCK=256 KV_BLOCK=256 CHUNK=64 ROPE_NEOX"
 SOURCES = ("attn_tma.cu", "mlp_tma.cu", "persistent.cuh", "tma.cuh")
 ROTATE_BYTES = 300 << 20
@@ -69,34 +70,31 @@ def main() -> None:
 
     rate = device_copy_rate()
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    kernels = default_kernels_dir() / "cuda" / "common"  # where build() looks
-    here = Path(__file__).parent
     builds = {"": "", "late": "TMA_COPY_LATE", "traced": f"PHASE_TRACE={sms}"}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in SOURCES:
-            shutil.copy(here / name, kernels / name)
-        try:
-            tma = {(src, v): cp.RawModule(path=str(build(src, f"{TMA} {extra}",
-                                                         Path(tmp) / f"{src}_{v}.cubin")))
-                   for src in ("attn_tma.cu", "mlp_tma.cu") for v, extra in builds.items()}
-        finally:
-            for name in SOURCES:
-                (kernels / name).unlink()
+    with tempfile.TemporaryDirectory() as tmp, staged(*SOURCES):
+        tma = {(src, v): cp.RawModule(path=str(build(src, f"{TMA} {extra}",
+                                                     Path(tmp) / f"{src}_{v}.cubin")))
+               for src in ("attn_tma.cu", "mlp_tma.cu") for v, extra in builds.items()}
         norm = cp.RawModule(path=str(build("norm.cu", "ACT_BF16 H_BLOCK=256",
                                            Path(tmp) / "norm.cubin")))
         qkv = cp.RawModule(path=str(build("gemv.cu", f"{GEMV} GEMV_COLS=2",
                                           Path(tmp) / "qkv.cubin")))
         gemv = cp.RawModule(path=str(build("gemv.cu", GEMV, Path(tmp) / "gemv.cubin")))
-        attn = cp.RawModule(path=str(build("attention_decode.cu", ATTN,
-                                           Path(tmp) / "attention.cubin")))
+        attention = decode_kernel("qk_norm_rope_kv_append_attention")  # the plan's point
+        attn = cp.RawModule(path=str(build(
+            "attention_decode.cu", " ".join(d.removeprefix("-D") for d in attention.defines),
+            Path(tmp) / "attention.cubin")))
     f = SimpleNamespace(
         norm=norm.get_function("metrale_add_rmsnorm"), qkv=qkv.get_function("metrale_qkv"),
         gate_up=gemv.get_function("metrale_gate_up_swiglu"),
         linear=gemv.get_function("metrale_linear_split"),
         attention=attn.get_function("metrale_qk_norm_rope_kv_append_attention_decode"),
         merge=attn.get_function("metrale_attention_decode_merge"))
-    f.attention.max_dynamic_shared_size_bytes = ATT_SMEM
-    region = -(-ATT_SMEM // 128) * 128
+    # the decode launch and its merge as KERNELS.toml's launch rules give them at these sizes
+    decode_launch, merge_launch = (launch for _, _, launch in attention.launches_for(
+        {"rows": 1, "hq": HQ, "hkv": HKV, "d": D, "max_ctx": MAX_CTX, "window": 0}))
+    f.attention.max_dynamic_shared_size_bytes = decode_launch[2]
+    region = -(-decode_launch[2] // 128) * 128
     attn_smem = (region + (-(-(NQ + 2 * NK) // sms) * HIDDEN + -(-HIDDEN // sms) * HO) * 2
                  + (2 * HIDDEN + HO) * 2 + 32)
     mlp_smem = ((2 * -(-INTER // sms) * HIDDEN + -(-HIDDEN // sms) * INTER) * 2
@@ -113,10 +111,6 @@ def main() -> None:
     cache_bytes = 2 * MAX_CTX * NK * 2
     copies = max(2, -(-ROTATE_BYTES // (attn_bytes + mlp_bytes + cache_bytes)))
 
-    def norm_weight(n: int):  # 1 + noise, as bf16 bits
-        w = cp.random.standard_normal(n, dtype=cp.float32) * np.float32(0.1) + 1
-        return (w.view(cp.uint32) >> 16).astype(cp.uint16)
-
     def layer() -> SimpleNamespace:
         a = bf16_bits(cp, (attn_bytes // 2,), 0.02)
         m = bf16_bits(cp, (mlp_bytes // 2,), 0.02)
@@ -125,16 +119,13 @@ def main() -> None:
         return SimpleNamespace(
             attn=a, mlp=m, wq=wq, wk=wk, wv=wv, wo=a[(NQ + 2 * NK) * HIDDEN:],
             wg=m[:INTER * HIDDEN], wu=m[INTER * HIDDEN:2 * INTER * HIDDEN],
-            wd=m[2 * INTER * HIDDEN:], wn1=norm_weight(HIDDEN), wn2=norm_weight(HIDDEN),
-            wqn=norm_weight(D), wkn=norm_weight(D),
+            wd=m[2 * INTER * HIDDEN:], wn1=norm_weight(cp, HIDDEN), wn2=norm_weight(cp, HIDDEN),
+            wqn=norm_weight(cp, D), wkn=norm_weight(cp, D),
             kc=bf16_bits(cp, (MAX_CTX, HKV, D)), vc=bf16_bits(cp, (MAX_CTX, HKV, D)))
 
     ws = [layer() for _ in range(copies)]
     x, r = bf16_bits(cp, (HIDDEN,)), bf16_bits(cp, (HIDDEN,))
-    inv = THETA ** (-np.arange(0, D, 2, dtype=np.float64) / D)
-    ang = np.arange(MAX_CTX)[:, None] * inv[None, :]
-    cos_t = cp.asarray(np.cos(ang).astype(np.float32))
-    sin_t = cp.asarray(np.sin(ang).astype(np.float32))
+    cos_t, sin_t = (cp.asarray(table) for table in rope_tables(MAX_CTX, D))
     positions, slots = cp.asarray([POS], cp.int32), cp.asarray([0], cp.int32)
 
     def buffers() -> SimpleNamespace:
@@ -145,13 +136,8 @@ def main() -> None:
             y2=u16(HIDDEN), h=u16(INTER), m_out=u16(HIDDEN), sync1=cp.zeros(2, cp.uint32),
             sync2=cp.zeros(2, cp.uint32))
 
-    driver = DriverLauncher()
+    go = dependent_launcher(cp)
     i32, f32, u64 = np.int32, np.float32, np.uint64
-
-    def go(fn, grid, block, shared, args) -> None:
-        stream = cp.cuda.get_current_stream().ptr
-        driver.launch_dependent(_function(fn), grid, block, shared, stream,
-                                tuple(_arg(a) for a in args))
 
     def attn_chain(c: int, b: SimpleNamespace, _v: str, _next: bool) -> None:
         w = ws[c]
@@ -160,11 +146,11 @@ def main() -> None:
         go(f.qkv, (-(-(NQ + 2 * NK) // 8), 1, 1), (128, 1, 1), 0,
            (b.y1, w.wq, u64(0), u64(0), w.wk, u64(0), u64(0), w.wv, u64(0), u64(0), b.q, b.k,
             b.v, i32(1), i32(HIDDEN), i32(NQ), i32(NK), i32(NK)))
-        go(f.attention, (HKV, 1, NCH), (256, 1, 1), ATT_SMEM,
+        go(f.attention, *decode_launch,
            (b.q, b.k, b.v, w.wqn, w.wkn, w.kc, w.vc, positions, slots, cos_t, sin_t, b.o,
             b.work, i32(1), i32(HQ), i32(HKV), i32(D), i32(MAX_CTX), i32(MAX_CTX), f32(EPS),
             f32(SCALE), i32(0)))
-        go(f.merge, (HQ, 1, 1), (128, 1, 1), MERGE_SMEM,
+        go(f.merge, *merge_launch,
            (positions, b.o, b.work, i32(1), i32(HQ), i32(D), i32(MAX_CTX), i32(0)))
         go(f.linear, (HIDDEN, 1, 1), (128, 1, 1), -(-HO // 256) * 32,
            (b.o, w.wo, u64(0), u64(0), b.a_out, i32(1), i32(HO), i32(HIDDEN)))

@@ -20,14 +20,23 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from emulated import bf16, finite, poison, report
+from emulated import (
+    barrier_rested,
+    bf16,
+    build_realized,
+    decode_attention,
+    finite,
+    per_case,
+    poison,
+    report,
+)
 
+from metrale.lkb.semantics_attention import rope_tables
 from tests.host import simt
 
 GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
-ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
 TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
-EPS, THETA = 1e-6, 1e6
+EPS = 1e-6
 
 
 class Case(NamedTuple):
@@ -43,15 +52,6 @@ class Case(NamedTuple):
 CASES = (Case(4, 2, 64, 64, 128, 100, (1, 3, 5)), Case(8, 1, 64, 64, 128, 100, (1, 3, 5)),
          # Qwen3-0.6B's heads over 1024 positions; 64 blocks take two of the 128 attention items
          Case(16, 8, 256, 128, 1024, 1023, (64,)))
-GEMV = ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL")
-ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
-TMA_ARGS = ("ptr",) * 23 + ("i32",) * 6 + ("f32", "f32", "i32", "ptr", "i64")
-
-
-def attention_smem(hq: int, hkv: int, d: int) -> int:
-    g = hq // hkv
-    return 520 * d + 12 * g * d + 264 * g + 13320  # KERNELS.toml's decode attention
-
 
 def libraries(build: Path) -> dict:
     tma_defines = (*GEMV, "H_BLOCK=256", "KV_BLOCK=256", "CHUNK=64", "ROPE_NEOX")
@@ -63,11 +63,7 @@ def libraries(build: Path) -> dict:
                           {"metrale_qkv": ("ptr",) * 13 + ("i32",) * 5}),
         "linear": simt.build(build, "cuda/common/gemv.cu", GEMV,
                              {"metrale_linear_split": ("ptr",) * 5 + ("i32",) * 3}),
-        "attention": simt.build(
-            build, "cuda/common/attention_decode.cu", ATTN,
-            {"metrale_qk_norm_rope_kv_append_attention_decode": ("ptr",) * 13 + ("i32",) * 6
-             + ("f32", "f32", "i32"),
-             "metrale_attention_decode_merge": ("ptr",) * 3 + ("i32",) * 5}),
+        "attention": build_realized(build, decode_attention()),
         **{f"tma{v}": simt.build(build, here, (*tma_defines, *v), {"metrale_attn_tma": TMA_ARGS})
            for v in ((), ("TMA_COPY_LATE",))},
     }
@@ -82,9 +78,9 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
     wq, wk, wv = (bf16(rng, (n, HIDDEN), 0.1) for n in (nq, nk, nk))
     wo = bf16(rng, (HIDDEN, ho), 0.05)
     cache0 = [bf16(rng, (MAX_CTX, hkv, D), 1.0) for _ in range(2)]
-    inv = THETA ** (-np.arange(0, D, 2, dtype=np.float64) / D)
-    ang = np.arange(MAX_CTX)[:, None] * inv[None, :]
-    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos_t, sin_t = rope_tables(MAX_CTX, D)
+    (decode, _, decode_launch), (merge, _, merge_launch) = decode_attention().launches_for(
+        {"rows": 1, "hq": hq, "hkv": hkv, "d": D, "max_ctx": MAX_CTX, "window": 0})
     positions, slots = np.array([POS], np.int32), np.array([0], np.int32)
     scale = 1.0 / math.sqrt(D)
     work_floats = hq * nch * (D + 4)
@@ -101,14 +97,11 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
     libs["qkv"].launch("metrale_qkv", (-(-(nq + 2 * nk) // 8), 1, 1), (128, 1, 1), 0,
                        [a["y"], wq, 0, 0, wk, 0, 0, wv, 0, 0, a["q"], a["k"], a["v"], 1, HIDDEN,
                         nq, nk, nk])
-    gx = hkv * max(1, hq // hkv // 4)
     libs["attention"].launch(
-        "metrale_qk_norm_rope_kv_append_attention_decode", (gx, 1, nch), (256, 1, 1),
-        attention_smem(hq, hkv, D),
+        decode, *decode_launch,
         [a["q"], a["k"], a["v"], wqn, wkn, a["k_cache"], a["v_cache"], positions, slots, cos_t,
          sin_t, a["o"], a["work"], 1, hq, hkv, D, MAX_CTX, MAX_CTX, EPS, scale, 0])
-    libs["attention"].launch("metrale_attention_decode_merge", (hq, 1, 1), (128, 1, 1),
-                             (32 * (D + 4) + 96 + D + 4) * 4,
+    libs["attention"].launch(merge, *merge_launch,
                              [positions, a["o"], a["work"], 1, hq, D, MAX_CTX, 0])
     libs["linear"].launch("metrale_linear_split", (HIDDEN, 1, 1), (128, 1, 1),
                           -(-ho // 256) * 32, [a["o"], wo, 0, 0, a["out"], 1, ho, HIDDEN])
@@ -117,7 +110,7 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
     met = 0
     for blocks in case.grids:
         n3 = nq + 2 * nk
-        region = (attention_smem(hq, hkv, D) + 127) // 128 * 128
+        region = (decode_launch[2] + 127) // 128 * 128  # the decode launch's shared memory
         smem = (region + (-(-n3 // blocks) * HIDDEN + -(-HIDDEN // blocks) * ho) * 2
                 + (2 * HIDDEN + ho) * 2 + 16 + 16)
         for variant in ("", "TMA_COPY_LATE"):
@@ -134,18 +127,12 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
                     f"{variant or 'copies before the wait'}")
             for key in ("s", "q", "k", "v", "o", "out", "k_cache", "v_cache"):
                 checks[f"{name}: {key} equal"] = bool(np.array_equal(a[key], b[key]))
-            checks[f"{name}: grid barrier back to zero, generation {met}"] = (
-                int(sync[0]) == 0 and int(sync[1]) == met)
+            checks[f"{name}: grid barrier back to zero, generation {met}"] = barrier_rested(
+                sync, met)
     return checks
 
 
-def checks(build: Path) -> dict[str, bool]:
-    rng = np.random.default_rng(11)
-    libs = libraries(build)
-    out: dict[str, bool] = {}
-    for case in CASES:
-        out |= check_case(libs, case, rng)
-    return out
+checks = per_case(libraries, check_case, CASES, seed=11)
 
 
 if __name__ == "__main__":

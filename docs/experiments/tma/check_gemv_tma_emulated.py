@@ -20,7 +20,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 from bench_gemv_tma import GROUP, WARPS, shared
-from emulated import finite, report
+from emulated import finite, per_case, report
 
 from metrale.lkb.quant import QuantFormat
 from tests.host import simt
@@ -77,12 +77,7 @@ def check_format(build: Path, fmt: str, rng: np.random.Generator) -> dict[str, b
     return checks
 
 
-def checks(build: Path) -> dict[str, bool]:
-    rng = np.random.default_rng(5)
-    out: dict[str, bool] = {}
-    for fmt in FORMATS:
-        out |= check_format(build, fmt, rng)
-    return out
+checks = per_case(lambda build: build, check_format, FORMATS, seed=5)
 
 
 if __name__ == "__main__":

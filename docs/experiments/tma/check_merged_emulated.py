@@ -18,13 +18,22 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from emulated import bf16, finite, poison, report
+from emulated import (
+    barrier_rested,
+    bf16,
+    build_realized,
+    decode_attention,
+    defines,
+    finite,
+    per_case,
+    poison,
+    report,
+)
 
+from metrale.lkb.semantics_attention import rope_tables
 from tests.host import simt
 
-EPS, THETA = 1e-6, 1e6
-ATTN = ("ACT_BF16", "CHUNK=64", "H_BLOCK=256", "KV_BLOCK=256", "ROPE_NEOX")
-DECODE_ARGS = ("ptr",) * 13 + ("i32",) * 6 + ("f32", "f32", "i32")
+EPS = 1e-6
 
 
 class Case(NamedTuple):
@@ -40,13 +49,13 @@ CASES = (Case(4, 2, 64, 128, (100,)), Case(4, 2, 64, 128, (100, 37)),
 
 
 def libraries(build: Path) -> dict:
+    attention = decode_attention()
+    decode_types = tuple(a.partition(":")[2] for a in dict(attention.calls)[attention.entry])
     here = str(Path(__file__).with_name("attn_merged.cu"))
     return {
-        "chain": simt.build(build, "cuda/common/attention_decode.cu", ATTN,
-                            {"metrale_qk_norm_rope_kv_append_attention_decode": DECODE_ARGS,
-                             "metrale_attention_decode_merge": ("ptr",) * 3 + ("i32",) * 5}),
-        **{v: simt.build(build, here, (*ATTN, *((v,) if v else ())),
-                         {"metrale_qk_norm_rope_kv_append_attention_merged": (*DECODE_ARGS,
+        "chain": build_realized(build, attention),
+        **{v: simt.build(build, here, (*defines(attention), *((v,) if v else ())),
+                         {"metrale_qk_norm_rope_kv_append_attention_merged": (*decode_types,
                                                                                "ptr")})
            for v in ("", "ATTN_MERGED_RELEASE_EARLY")},
     }
@@ -55,15 +64,12 @@ def libraries(build: Path) -> dict:
 def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bool]:
     hq, hkv, d, max_ctx = case[:4]
     rows, nch = len(case.positions), -(-max_ctx // 64)
-    g = hq // hkv
-    grid = (hkv * max(1, g // 4), rows, nch)
-    smem = 520 * d + 12 * g * d + 264 * g + 13320  # KERNELS.toml's decode attention
+    (decode, _, (grid, block, smem)), (merge, _, merge_launch) = decode_attention().launches_for(
+        {"rows": rows, "hq": hq, "hkv": hkv, "d": d, "max_ctx": max_ctx, "window": 0})
     q, k, v = (bf16(rng, (rows, n, d), 1.0) for n in (hq, hkv, hkv))
     wq, wk = bf16(rng, (d,), 0.1, 1.0), bf16(rng, (d,), 0.1, 1.0)
     cache0 = [bf16(rng, (rows * max_ctx, hkv, d), 1.0) for _ in range(2)]
-    inv = THETA ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    ang = np.arange(max_ctx)[:, None] * inv[None, :]
-    cos_t, sin_t = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos_t, sin_t = rope_tables(max_ctx, d)
     positions = np.array(case.positions, np.int32)
     slots = np.arange(rows, dtype=np.int32)[::-1].copy()  # row r in slot rows - 1 - r
     scale = 1.0 / math.sqrt(d)
@@ -78,34 +84,25 @@ def check_case(libs: dict, case: Case, rng: np.random.Generator) -> dict[str, bo
                 out["o"], out["work"], rows, hq, hkv, d, max_ctx, max_ctx, EPS, scale, 0]
 
     a = outputs()
-    libs["chain"].launch("metrale_qk_norm_rope_kv_append_attention_decode", grid, (256, 1, 1),
-                         smem, args(a))
-    libs["chain"].launch("metrale_attention_decode_merge", (hq, rows, 1), (128, 1, 1),
-                         (32 * (d + 4) + 96 + d + 4) * 4,
+    libs["chain"].launch(decode, grid, block, smem, args(a))
+    libs["chain"].launch(merge, *merge_launch,
                          [positions, a["o"], a["work"], rows, hq, d, max_ctx, 0])
     name = f"{hq}/{hkv} heads of {d}, {max_ctx} positions, rows at {case.positions}"
     checks = {f"{name}: the two launches' output finite": finite(a["o"])}
     sync = np.zeros(2, np.uint32)
     for n, variant in enumerate(("", "ATTN_MERGED_RELEASE_EARLY"), 1):
         b = outputs()
-        libs[variant].launch("metrale_qk_norm_rope_kv_append_attention_merged", grid,
-                             (256, 1, 1), smem, [*args(b), sync], resident=True)
+        libs[variant].launch("metrale_qk_norm_rope_kv_append_attention_merged", grid, block,
+                             smem, [*args(b), sync], resident=True)
         label = f"{name}, {variant or 'o_proj released by ending'}"
         for key in ("o", "work", "k_cache", "v_cache"):
             same = np.array_equal(a[key].view(np.uint8), b[key].view(np.uint8))
             checks[f"{label}: {key} equal"] = bool(same)
-        checks[f"{label}: grid barrier back to zero, generation {n}"] = (
-            int(sync[0]) == 0 and int(sync[1]) == n)
+        checks[f"{label}: grid barrier back to zero, generation {n}"] = barrier_rested(sync, n)
     return checks
 
 
-def checks(build: Path) -> dict[str, bool]:
-    rng = np.random.default_rng(13)
-    libs = libraries(build)
-    out: dict[str, bool] = {}
-    for case in CASES:
-        out |= check_case(libs, case, rng)
-    return out
+checks = per_case(libraries, check_case, CASES, seed=13)
 
 
 if __name__ == "__main__":
