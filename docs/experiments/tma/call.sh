@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On the device (carry [".whl"]): `bash docs/experiments/tma/call.sh`. Three experiments, about
-# four minutes: a Qwen3-0.6B decode layer as the plan's eight launches against the persistent
-# kernels' two (bench_layer_tma.py); decode attention and its merge in one launch
-# (bench_attn_merged.py); the bounded plans' tensor-core GEMV against the same with TMA-staged
-# weights (bench_gemv_tma.py). Each checks its kernels' bytes against the plan's before timing.
-# The results files come back under $OUT.
+# On the device (carry [".whl"]): `bash docs/experiments/tma/call.sh`. Three experiments, an
+# estimated four minutes (not yet timed): a Qwen3-0.6B decode layer as the plan's eight launches
+# against the persistent kernels' two (bench_layer_tma.py); decode attention and its merge in one
+# launch (bench_attn_merged.py); the bounded plans' tensor-core GEMV against the same with
+# TMA-staged weights (bench_gemv_tma.py). Each checks its kernels' bytes against the plan's before
+# timing. The results files come back under $OUT.
 source docs/experiments/device_setup.sh
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
