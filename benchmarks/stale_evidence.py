@@ -3,7 +3,7 @@ run that a kernel source change calls for, planned before the device is lent.
 
 A record counts only for the source hash it was measured on, so editing a kernel, or a header
 it includes, leaves its points unmeasured until a record run measures them again
-(``tests/null/test_evidence.py`` fails until then). This lists those points, each under the
+(``tests/mock/test_evidence.py`` fails until then). This lists those points, each under the
 first plan that launches it: model, policy, weight format, then decode at 1 and 8 rows and
 prefill of 512 tokens (every row's logits, then the last row's), the plans that test walks.
 Which benchmark records which point:

@@ -6,7 +6,7 @@ every violation at once. Each class's ancestors are linearized by C3 (the method
 order of Python classes): the class first, every class before its parents, parents in the
 order listed, and a hierarchy with no such order is an error.
 
-Laws (over the shipped classes; ``tests/null/test_hardware.py`` checks them on every pair):
+Laws (over the shipped classes; ``tests/mock/test_hardware.py`` checks them on every pair):
 
 >>> hw = load_hardware()
 >>> [c.name for c in hw.chain("sm_121")]

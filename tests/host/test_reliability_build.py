@@ -4,7 +4,7 @@ A missing compiler says which vendor, what was looked for and how to install it.
 error carries the kernel, the options, the log and the numbered source, the other kernels of
 the build still compile, and the cache keeps nothing for the failed one. Two build processes
 on one cache both succeed and leave only whole entries. (Damaged entries, case 13, are in
-``tests/null/test_cache.py``; ``met build`` itself is tested with the build.)
+``tests/mock/test_cache.py``; ``met build`` itself is tested with the build.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """benchmarks/stale_evidence.py lists each kernel without a current record once, under the first
-benchmarked plan that launches it (tests/null/test_evidence.py asserts it lists nothing for the
+benchmarked plan that launches it (tests/mock/test_evidence.py asserts it lists nothing for the
 shipped sm_90 records)."""
 
 from __future__ import annotations
