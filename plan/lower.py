@@ -36,8 +36,9 @@ from metrale.lkb.ty import TensorType, Ty
 
 from .circuit import Circuit
 
-GEMV_MAX_ROWS = 8
-"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers).
+GEMV_MAX_ROWS = 16
+"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers;
+gemv.cu's multi-row entries load each weight chunk once for up to 16 rows).
 
 Past it the GEMV streams the weights again for each 8 rows while the tensor-core GEMM's time
 barely moves. On the H200 (benchmarks/bench_gpu_prefill.py, version 15) at 16 rows a Llama-3.1-8B

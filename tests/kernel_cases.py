@@ -116,7 +116,7 @@ def split_linear_cases(P: Any, F: Any) -> list[tuple[str, str, str]]:
             for w in ("bf16", "fp8", "mxfp4", "nvfp4")
             for p in P.family(f).points
             if p.as_dict() == {**GEMM, "shape": "gemv", "across": a, "weight": w}
-            and F.realize(p).then]
+            and any(t.entry.endswith("_split") for t in F.realize(p).then)]
 
 
 def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
@@ -471,3 +471,55 @@ def check_gemm_exact(weight: str, rows: int, k: int, n: int, P: Any, runner: Run
     assert np.abs(ref.astype(np.float32)).max() > 100  # large sums, exact in f32 (< 2^24)
     assert y.tobytes() == ref.tobytes()
 
+
+
+def adversarial_rows(x: np.ndarray) -> None:
+    """Rows 0-4 of ``x`` (rows x k, bf16 or f32) made adversarial in place, the rest left as
+    drawn: row 0 a NaN, row 1 +inf and -inf (its dots NaN), row 2 subnormals, row 3 signed
+    zeros, row 4 large values of alternating sign (sums that cancel)."""
+    k = x.shape[1]
+    x[0, k // 3] = np.nan
+    if len(x) > 1:
+        x[1, 1], x[1, k - 1] = np.inf, -np.inf
+    if len(x) > 2:
+        x[2] = (x[2].astype(np.float32) * np.float32(2.0 ** -130)).astype(x.dtype)
+    if len(x) > 3:
+        x[3] = np.where(np.arange(k) % 2 == 0, 0.0, -0.0).astype(x.dtype)
+    if len(x) > 4:
+        x[4] = (np.where(np.arange(k) % 2 == 0, 1.0, -1.0) * 2.0 ** 100
+                * (1 + (np.arange(k) % 5) / 8)).astype(x.dtype)
+
+
+def check_rows_alone(fam: Family, point: Point, runner: Runner, rows: int,
+                     dims: dict[str, int] | None = None, seed: int = 5) -> list:
+    """Every row of a ``rows``-row launch has the bytes of that row launched alone (one row: the
+    one-row entries), on x rows made adversarial (``adversarial_rows``) and outputs poisoned;
+    rows 5 and on, drawn at random, are finite. Returns the whole launch's outputs."""
+    sizes = {**sizes_for(fam, rows), **(dims or {})}
+    _, device = inputs(fam, point, sizes, seed=seed)
+    adversarial_rows(device["x"][0])
+    whole = runner(fam, point, sizes, {k: tuple(np.copy(x) if x is not None else None
+                                                for x in v) for k, v in device.items()})
+    for i in range(rows):
+        alone_device = {port.name: (device[port.name][0][i:i + 1],)
+                        if port.dims[:1] == ("rows",) else device[port.name]
+                        for port in fam.inputs}
+        alone = runner(fam, point, {**sizes, "rows": 1}, alone_device)
+        for port, w, a in zip(fam.outputs, whole, alone, strict=True):
+            if port.dims[:1] == ("rows",):
+                assert w[i:i + 1].tobytes() == a.tobytes(), f"{point} {port.name} row {i}/{rows}"
+    for port, w in zip(fam.outputs, whole, strict=True):
+        if port.dims[:1] == ("rows",):
+            assert np.isfinite(w[5:].astype(np.float32)).all(), f"{point} {port.name}"
+    return whole
+
+
+MULTI_ROW_FAMILIES = ("linear", "linear_add", "qkv", "gate_up_swiglu", "lm_head")
+"""The GEMV-shaped families with gemv.cu's multi-row entries."""
+
+
+def multi_row_entry(kernel: Any, numbers: dict[str, int]) -> str:
+    """The one entry ``kernel`` launches at ``numbers``, which must be a multi-row one."""
+    (entry, _, _), = kernel.launches_for(numbers)
+    assert "_rows" in entry, (kernel.entry, entry)
+    return entry

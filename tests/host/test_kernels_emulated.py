@@ -26,6 +26,7 @@ from tests.host import simt
 from tests.kernel_cases import (
     GEMM,
     GEMM_ROW_WINDOWS,
+    MULTI_ROW_FAMILIES,
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
@@ -37,10 +38,12 @@ from tests.kernel_cases import (
     check_prefill_attention,
     check_relation,
     check_row_invariance,
+    check_rows_alone,
     compare,
     inputs,
     kwargs,
     matmul_point,
+    multi_row_entry,
     prefill_point,
     relation_cases,
     row_invariant_points,
@@ -165,27 +168,35 @@ def test_qkv_pairs_straddle_q_k_v_and_the_end(build_dir):
         assert out.shape == ref.shape and out.tobytes() == ref.tobytes(), w
 
 
+SPLIT_LAUNCHES = {1: ("_split", (37, 1, 1), 9 * 32), 5: ("_split_rows8", (19, 1, 1), 9 * 64),
+                  11: ("_split_rows16", (19, 1, 1), 9 * 128)}
+"""rows -> (the split entry's suffix, its grid, its shared bytes) at n = 37, k = 2304."""
+
+
+@pytest.mark.parametrize("rows", sorted(SPLIT_LAUNCHES))
 @pytest.mark.parametrize("family,across,weight", split_linear_cases(P, F))
-def test_split_linear_gives_the_one_warp_bytes(build_dir, family, across, weight):
-    """Where n <= 1024, linear and linear_add make their second launch only: a block a column,
-    the loads split over its four warps, the k-block partials combined in order (gemv.cu's
-    split_column). At n = 37, k = 2304 (9 k-blocks, not a multiple of the four warps; fp8's
-    loads of two leave the last load one block) and 11 rows (a second row block of 3), its
-    outputs are byte-equal to the one-warp entry's at the same sizes, in each weight format that
-    has the split and either declared combine."""
+def test_split_linear_gives_the_one_warp_bytes(build_dir, family, across, weight, rows):
+    """Where n <= 1024, linear and linear_add make a split launch only: a block a column (two
+    columns past one row), the loads split over its four warps, the k-block partials combined
+    in order (gemv.cu's split_column and split_columns_multi). At n = 37, k = 2304 (9 k-blocks,
+    not a multiple of the four warps; fp8's loads of two leave the last load one block) and 1, 5
+    or 11 rows, its outputs are byte-equal to the one-warp entry's at the same sizes, in each
+    weight format that has the split and either declared combine."""
     fam = P.family(family)
     point = fam.point(**{**GEMM, "shape": "gemv", "across": across}, weight=weight)
     kernel = F.realize(point)
-    sizes = {**sizes_for(fam, 11), "k": 2304, "n": 37}
+    sizes = {**sizes_for(fam, rows), "k": 2304, "n": 37}
     numbers = {**sizes, **dict(fam.attr_examples)}
     (entry, _, (grid, block, shared)), = kernel.launches_for(numbers)
-    assert entry == kernel.then[0].entry and entry.endswith("_split"), kernel
-    assert grid == (37, 2, 1) and shared == 9 * 32, (grid, shared)
-    assert kernel.launches_for({**numbers, "n": 1025})[0][0] == kernel.entry
+    suffix, want_grid, want_shared = SPLIT_LAUNCHES[rows]
+    assert entry == kernel.entry + suffix, kernel
+    assert grid == want_grid and shared == want_shared, (grid, shared)
+    (big, *_), = kernel.launches_for({**numbers, "n": 1025})
+    assert big == kernel.entry + {1: "", 5: "_rows8", 11: "_rows16"}[rows]
     _, device = inputs(fam, point, sizes, seed=37)
     split = run(build_dir, fam, point, sizes, device)
     one = run(build_dir, fam, point, sizes, device,
-              launch=(kernel.entry, ((10, 2, 1), (128, 1, 1), 0)))
+              launch=(kernel.entry, ((10, (rows + 7) // 8, 1), (128, 1, 1), 0)))
     for a, b in zip(split, one, strict=True):
         assert a.shape == b.shape and a.tobytes() == b.tobytes(), (point, a, b)
 
@@ -542,3 +553,64 @@ def test_decode_attention_over_split_groups_matches_reference(build_dir, family,
     ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **call)
     got = run(build_dir, fam, point, sizes, device, {"window": window, "scale": d ** -0.5})
     compare(point, fam, ref, got)
+
+
+MULTI_ROW_CASES = [(f, w, d) for f in MULTI_ROW_FAMILIES for w in ("bf16", "fp8", "mxfp4", "nvfp4")
+                   for d in ({}, {"k": 288})] + [
+    ("linear", "bf16", {"k": 200}), ("linear", "bf16", {"k": 264, "n": 1030}),
+    ("gate_up_swiglu", "bf16", {"k": 200}), ("linear_add", "fp8", {"k": 1032, "n": 1025}),
+    ("qkv", "bf16", {"k": 200})]
+"""(family, weight, sizes): the example sizes and k = 288 (a last k-block of one load) in every
+format; bf16 at k = 200 (not a multiple of 8: the multi-row entries' one-row-at-a-time path);
+linear and linear_add past n = 1024 (a warp two columns rather than the split)."""
+
+
+@pytest.mark.parametrize("rows", [2, 8, 16, 19])
+@pytest.mark.parametrize("family,weight,dims", MULTI_ROW_CASES, ids=case_id)
+def test_multi_row_entries_give_each_row_its_one_row_bytes(build_dir, family, weight, dims,
+                                                           rows):
+    """A launch of 2 to 8 rows makes the `_rows8` entries, one of more the `_rows16` ones (19
+    rows: a tile of 16 and one of 3), which load each weight chunk once for all the tile's rows;
+    every row's output has the bytes of that row launched alone (the one-row entries), on x
+    rows holding NaN, infinities, subnormals, signed zeros and cancelling sums."""
+    fam = P.family(family)
+    point = matmul_point(fam, "gemv", weight)
+    sizes = {**sizes_for(fam, rows), **dims}
+    want = multi_row_entry(F.realize(point), {**sizes, **dict(fam.attr_examples)})
+    assert want.endswith("_rows8" if rows <= 8 else "_rows16"), want
+    check_rows_alone(fam, point, lambda *a: run(build_dir, *a), rows, dims)
+
+
+@pytest.mark.parametrize("n", [20, 1030])
+def test_multi_row_tree_is_the_one_row_tree(build_dir, n):
+    """Inputs on which the pairing of a k-block's 32 chunk sums shows in the output (w all ones,
+    every chunk sum exact): row r's chunk r sums to 2^24, chunk r ^ 16 (r even) or r ^ 1 (r odd)
+    to -2^24, and each other chunk r ^ 2^i to 1. The butterfly adds chunk l to chunk l ^ 16
+    first and l ^ 1 last, so the ones survive (even rows: 4) or are rounded away next to 2^24
+    (odd rows: 0). Each of the 8 rows of the multi-row launch (n = 20: the split entry; 1030: a
+    warp two columns) gives the tree's value, and the one-row launch's bytes."""
+    fam = P.family("linear")
+    point = matmul_point(fam, "gemv", "bf16")
+    rows, k = 8, 256
+    x = np.zeros((rows, k), np.float32)
+    for r in range(rows):
+        x[r, 8 * r] = 2.0 ** 24
+        x[r, 8 * (r ^ (16 if r % 2 == 0 else 1))] = -(2.0 ** 24)
+        for b in (16, 8, 4, 2, 1):
+            if x[r, 8 * (r ^ b)] == 0:
+                x[r, 8 * (r ^ b)] = 1.0
+    xb = x.astype(ml_dtypes.bfloat16)
+    wb = np.ones((n, k), ml_dtypes.bfloat16)
+    device = {"x": (xb,), "w": (wb,)}
+    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
+    tree = x[:, 0::8].copy()  # the chunk sums, then gemv.cuh's butterfly in f32
+    for o in (16, 8, 4, 2, 1):
+        tree = tree + tree[:, np.arange(32) ^ o]
+    want = tree[:, 0]
+    (multi,) = run(build_dir, fam, point, sizes, device)
+    for r in range(rows):
+        (one,) = run(build_dir, fam, point, {**sizes, "rows": 1},
+                     {"x": (xb[r:r + 1],), "w": (wb,)})
+        assert multi[r].tobytes() == one[0].tobytes(), r
+    assert (want[0::2] == 4.0).all() and (want[1::2] == 0.0).all(), want
+    assert (multi.astype(np.float32) == want[:, None]).all(), (multi[:, 0], want)

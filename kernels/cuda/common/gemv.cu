@@ -245,3 +245,204 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
     if (lane < nr)
         h[(long)(row0 + lane) * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
 }
+
+// ------------------------------------------------------------------ several rows at once
+// The entries a step of 2 rows or more launches in place of those above (KERNELS.toml's `then`
+// launches, their grids empty at one row, the one-row grids empty past it): each weight chunk is
+// loaded and dequantized once for all of a launch's R rows (warp_dots_multi, gemv.cuh), each
+// row's bytes the one-row entry's. R is 8 (2 to 8 rows, the `_rows8` entries) or 16 (9 rows
+// and up, in tiles of 16: `_rows16`); a warp takes MULTI_COLS output columns (gate_up_swiglu
+// one: its gate and up rows), so that its x chunks serve that many weight rows. Separate
+// entries, so that the one-row entries keep their machine code and registers.
+#ifndef MULTI_COLS
+#define MULTI_COLS 2
+#endif
+#ifndef MULTI_MIN_BLOCKS
+#define MULTI_MIN_BLOCKS 0
+#endif
+
+// A warp's MULTI_COLS columns for the launch's rows (columns_warp's, several rows at once).
+template <int R, class Part, class Store>
+__device__ __forceinline__ void columns_warp_multi(const act_t* x, int rows, int k, int n,
+                                                   Part part, Store store) {
+    const int col0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * MULTI_COLS;
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * R;
+    const int nr = min(R, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col0 >= n || nr <= 0) return;
+    WeightRef ws[MULTI_COLS];
+#pragma unroll
+    for (int j = 0; j < MULTI_COLS; ++j) {  // past n: the last column again, not stored
+        ws[j] = part(min(col0 + j, n - 1));
+        weight_prefetch<PREFETCH_BLOCKS>(ws[j], k, K_BLOCK);
+    }
+    grid_dependency_sync();
+    float d[MULTI_COLS];
+    if (warp_dots_multi_ok(k))
+        warp_dots_multi<MULTI_COLS, R>(x + (long)row0 * k, nr, ws, k, d);
+    else
+        warp_dots_rows<MULTI_COLS, R>(x + (long)row0 * k, nr, ws, k, d);
+#pragma unroll
+    for (int j = 0; j < MULTI_COLS; ++j)
+        if (lane < nr && col0 + j < n) store(row0 + lane, col0 + j, d[j]);
+}
+
+// A block's MULTI_COLS columns for the launch's rows, its warps splitting the k-blocks
+// (split_column's, several rows at once): partial (block b, column j, row r) at
+// gemv_split_part[(b MULTI_COLS + j) R + r], ceil(k / K_BLOCK) MULTI_COLS R floats (a launch
+// given less traps), then thread j R + r combines column j's row r in block order.
+template <int R, class Part, class Store>
+__device__ __forceinline__ void split_columns_multi(const act_t* x, int rows, int k, int n,
+                                                    Part part, Store store) {
+    constexpr int MC = MULTI_COLS;
+    static_assert(MC * R <= 32 * WARPS, "a thread for each (column, row) of a block");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = blockIdx.x * MC;
+    const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    if (dynamic_smem_bytes() < (unsigned)(nkb * MC * R * 4)) __trap();
+    if (col0 >= n || nr <= 0) return;  // the whole block
+    WeightRef ws[MC];
+#pragma unroll
+    for (int j = 0; j < MC; ++j) {
+        ws[j] = part(min(col0 + j, n - 1));
+#pragma unroll
+        for (int q = 0; q < 2; ++q)  // this warp's first two k-blocks
+            weight_prefetch<1>(ws[j], k, K_BLOCK, (warp + q * WARPS) * K_BLOCK);
+    }
+    grid_dependency_sync();
+    if (warp_dots_multi_ok(k)) {
+        constexpr int SHIFT = 5 - __builtin_ctz(R);
+        warp_dots_multi_part<MC, R>(x + (long)row0 * k, nr, ws, k, warp, WARPS,
+                                    [&](int j, int b, float d) {
+                                        if ((lane & ((1 << SHIFT) - 1)) == 0)
+                                            gemv_split_part[(b * MC + j) * R + (lane >> SHIFT)] = d;
+                                    });
+    } else {
+#pragma unroll 1
+        for (int r = 0; r < nr; ++r)
+            warp_dots_part<MC>(x + (long)(row0 + r) * k, ws, k, warp, WARPS,
+                               [&](int j, int b, float d) {
+                                   if (lane == 0) gemv_split_part[(b * MC + j) * R + r] = d;
+                               });
+    }
+    __syncthreads();
+    const int j = threadIdx.x / R, r = threadIdx.x % R;
+    if (j >= MC || r >= nr || col0 + j >= n) return;
+    Combine acc;
+    for (int b = 0; b < nkb; ++b) acc.add(gemv_split_part[(b * MC + j) * R + r]);
+    store(row0 + r, col0 + j, acc.result());
+}
+
+template <int R, bool SPLIT, class Store>
+__device__ __forceinline__ void linear_multi(const act_t* x, const void* w, const void* w_scale,
+                                             const float* w_global, int rows, int k, int n,
+                                             Store store) {
+    const WeightRef wr = weight_ref(w, w_scale, w_global);
+    auto part = [&](int col) { return weight_rows(wr, col, k); };
+    auto put = [&](int row, int col, float d) { store((long)row * n + col, d); };
+    if constexpr (SPLIT)
+        split_columns_multi<R>(x, rows, k, n, part, put);
+    else
+        columns_warp_multi<R>(x, rows, k, n, part, put);
+}
+
+// linear: grid (ceil(n / (WARPS MULTI_COLS)), ceil(rows / R)); the split entries grid
+// (ceil(n / MULTI_COLS), ceil(rows / R)) with ceil(k / K_BLOCK) MULTI_COLS R 4 bytes of shared
+// memory.
+#define METRALE_LINEAR_MULTI(NAME, R, SPLIT)                                                     \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
+         const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
+         out_t* __restrict__ y, int rows, int k, int n) {                                       \
+        linear_multi<R, SPLIT>(x, w, w_scale, w_global, rows, k, n,                             \
+                               [&](long i, float d) { y[i] = out_store(d); });                  \
+    }
+METRALE_LINEAR_MULTI(metrale_linear_rows8, 8, false)
+METRALE_LINEAR_MULTI(metrale_linear_rows16, 16, false)
+#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
+METRALE_LINEAR_MULTI(metrale_linear_split_rows8, 8, true)
+METRALE_LINEAR_MULTI(metrale_linear_split_rows16, 16, true)
+#endif
+
+#define METRALE_LINEAR_ADD_MULTI(NAME, R, SPLIT)                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
+         const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
+         const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {          \
+        linear_multi<R, SPLIT>(                                                                 \
+            x, w, w_scale, w_global, rows, k, n,                                                \
+            [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });         \
+    }
+METRALE_LINEAR_ADD_MULTI(metrale_linear_add_rows8, 8, false)
+METRALE_LINEAR_ADD_MULTI(metrale_linear_add_rows16, 16, false)
+#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
+METRALE_LINEAR_ADD_MULTI(metrale_linear_add_split_rows8, 8, true)
+METRALE_LINEAR_ADD_MULTI(metrale_linear_add_split_rows16, 16, true)
+#endif
+
+// qkv: grid (ceil((nq + nk + nv) / (WARPS MULTI_COLS)), ceil(rows / R)).
+template <int R>
+__device__ __forceinline__ void qkv_multi(const act_t* x, const WeightRef (&w)[3], act_t* q,
+                                          act_t* k_, act_t* v, int rows, int k, int nq, int nk,
+                                          int nv) {
+    auto part = [&](int col) { return col < nq ? 0 : col < nq + nk ? 1 : 2; };
+    auto first = [&](int p) { return p == 0 ? 0 : p == 1 ? nq : nq + nk; };
+    columns_warp_multi<R>(
+        x, rows, k, nq + nk + nv,
+        [&](int col) { return weight_rows(w[part(col)], col - first(part(col)), k); },
+        [&](int row, int col, float d) {
+            const int p = part(col);
+            act_t* out = p == 0 ? q : p == 1 ? k_ : v;
+            const int n = p == 0 ? nq : p == 1 ? nk : nv;
+            out[(long)row * n + col - first(p)] = act_store(d);
+        });
+}
+
+#define METRALE_QKV_MULTI(NAME, R)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    NAME(const act_t* __restrict__ x, const void* __restrict__ wq,                              \
+         const void* __restrict__ wq_scale, const float* __restrict__ wq_global,                \
+         const void* __restrict__ wk, const void* __restrict__ wk_scale,                        \
+         const float* __restrict__ wk_global, const void* __restrict__ wv,                      \
+         const void* __restrict__ wv_scale, const float* __restrict__ wv_global,                \
+         act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v, int rows, int k, \
+         int nq, int nk, int nv) {                                                              \
+        const WeightRef w[3] = {weight_ref(wq, wq_scale, wq_global),                            \
+                                weight_ref(wk, wk_scale, wk_global),                            \
+                                weight_ref(wv, wv_scale, wv_global)};                           \
+        qkv_multi<R>(x, w, q, k_, v, rows, k, nq, nk, nv);                                      \
+    }
+METRALE_QKV_MULTI(metrale_qkv_rows8, 8)
+METRALE_QKV_MULTI(metrale_qkv_rows16, 16)
+
+// gate_up_swiglu: a warp a column (its gate and up rows), grid (ceil(n / WARPS), ceil(rows / R)).
+template <int R>
+__device__ __forceinline__ void gate_up_multi(const act_t* x, WeightRef g, WeightRef u, act_t* h,
+                                              int rows, int k, int n) {
+    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, row0 = blockIdx.y * R;
+    const int nr = min(R, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
+    if (col >= n || nr <= 0) return;
+    const WeightRef w[2] = {weight_rows(g, col, k), weight_rows(u, col, k)};
+    weight_prefetch<PREFETCH_BLOCKS>(w[0], k, K_BLOCK);
+    weight_prefetch<PREFETCH_BLOCKS>(w[1], k, K_BLOCK);
+    grid_dependency_sync();
+    float gu[2];
+    if (warp_dots_multi_ok(k))
+        warp_dots_multi<2, R>(x + (long)row0 * k, nr, w, k, gu);
+    else
+        warp_dots_rows<2, R>(x + (long)row0 * k, nr, w, k, gu);
+    if (lane < nr)
+        h[(long)(row0 + lane) * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
+}
+
+#define METRALE_GATE_UP_MULTI(NAME, R)                                                           \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    NAME(const act_t* __restrict__ x, const void* __restrict__ wg,                              \
+         const void* __restrict__ wg_scale, const float* __restrict__ wg_global,                \
+         const void* __restrict__ wu, const void* __restrict__ wu_scale,                        \
+         const float* __restrict__ wu_global, act_t* __restrict__ h, int rows, int k, int n) {  \
+        gate_up_multi<R>(x, weight_ref(wg, wg_scale, wg_global),                                \
+                         weight_ref(wu, wu_scale, wu_global), h, rows, k, n);                   \
+    }
+METRALE_GATE_UP_MULTI(metrale_gate_up_swiglu_rows8, 8)
+METRALE_GATE_UP_MULTI(metrale_gate_up_swiglu_rows16, 16)
