@@ -23,6 +23,7 @@ from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
     GEMM_ROW_WINDOWS,
+    MULTI_ROW_FAMILIES,
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
@@ -34,10 +35,12 @@ from tests.kernel_cases import (  # noqa: E402
     check_prefill_attention,
     check_relation,
     check_row_invariance,
+    check_rows_alone,
     compare,
     inputs,
     kwargs,
     matmul_point,
+    multi_row_entry,
     mxfp4_scaled_inputs,
     relation_cases,
     row_invariant_points,
@@ -238,21 +241,24 @@ def test_mxfp4_scales_past_one_product_give_the_dequantized_bytes(gpu, family):
     assert got[0].tobytes() == want[0].tobytes(), quant
 
 
+@pytest.mark.parametrize("rows,suffix", [(1, ""), (5, "_rows8"), (19, "_rows16")])
 @pytest.mark.parametrize("family,across,weight", split_linear_cases(P, F))
-def test_split_linear_gives_the_one_warp_bytes_on_device(gpu, family, across, weight):
-    """linear and linear_add make their split launch (a block a column, the k-block partials
-    combined in order) up to n = 1024 and the one-warp launch above. A column's bytes depend only
-    on its weight row and x, so on the same weights the 1024 columns of the split launch equal,
-    byte for byte, the first 1024 of the one-warp launch at n = 1025: k = 14336 (56 k-blocks,
-    down_proj's), 9 rows (two row blocks)."""
+def test_split_linear_gives_the_one_warp_bytes_on_device(gpu, family, across, weight, rows,
+                                                         suffix):
+    """linear and linear_add make their split launch (a block a column, or two past one row, the
+    k-block partials combined in order) up to n = 1024 and the one-warp launch above (one row,
+    or the multi-row entries' warp of two columns). A column's bytes depend only on its weight
+    row and x, so on the same weights the 1024 columns of the split launch equal, byte for
+    byte, the first 1024 of the launch at n = 1025: k = 14336 (56 k-blocks, down_proj's), 1, 5
+    or 19 rows (two tiles of rows)."""
     fam = P.family(family)
     point = fam.point(**{**GEMV, "across": across}, weight=weight)
     kernel = F.realize(point)
-    sizes = {**sizes_for(fam, 9), "k": 14336, "n": 1025}
+    sizes = {**sizes_for(fam, rows), "k": 14336, "n": 1025}
     numbers = {**sizes, **dict(fam.attr_examples)}
-    assert [e for e, _, _ in kernel.launches_for(numbers)] == [kernel.entry]
+    assert [e for e, _, _ in kernel.launches_for(numbers)] == [kernel.entry + suffix]
     assert [e for e, _, _ in kernel.launches_for({**numbers, "n": 1024})] == [
-        kernel.entry + "_split"]
+        kernel.entry + "_split" + suffix]
     _, device = inputs(fam, point, sizes, seed=1025)
     whole = _run_gpu(gpu, fam, point, sizes, device)
     cut = {}
@@ -426,3 +432,31 @@ def test_online_prefill_attention_holds_its_declared_bound_on_device(gpu, hq, hk
     check_online_attention_bound(hq, hkv, d, P, F,
                                  lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                             attrs=attrs))
+
+
+MULTI_ROW_CASES = (
+    [(f, "bf16", {"k": 4096, "n": 4096}, r) for f in MULTI_ROW_FAMILIES for r in (2, 8, 16)]
+    + [(f, "bf16", {"k": 14336, "n": 1024}, r) for f in ("linear", "linear_add") for r in (8, 16)]
+    + [(f, w, {"k": 1024, "n": 3072}, r) for f in ("linear", "gate_up_swiglu")
+       for w in ("fp8", "mxfp4", "nvfp4") for r in (8, 16)])
+"""(family, weight, sizes, rows): bf16 at Llama-3.1-8B's o_proj shape (a warp two columns) in
+every family, at down_proj's k with n = 1024 (the split entries), and the other formats at
+Qwen3-0.6B's gate_up shape."""
+
+
+@pytest.mark.parametrize("family,weight,dims,rows", MULTI_ROW_CASES,
+                         ids=lambda x: str(x) if isinstance(x, int) else case_id(x))
+def test_multi_row_entries_give_each_row_its_one_row_bytes_on_device(gpu, family, weight, dims,
+                                                                     rows):
+    """Past one row the GEMVs load each weight chunk once for all of a tile's rows (gemv.cu's
+    `_rows8` and `_rows16` entries); at decode shapes each row's output has the bytes of that
+    row launched alone (the one-row entries), on x rows holding NaN, infinities, subnormals,
+    signed zeros and cancelling sums, outputs poisoned."""
+    fam = P.family(family)
+    point = matmul_point(fam, "gemv", weight)
+    sizes = {**sizes_for(fam, rows), **dims}
+    if family == "qkv":
+        n = sizes.pop("n")
+        sizes.update(nq=n // 2, nk=n // 4, nv=n // 4)
+    multi_row_entry(F.realize(point), {**sizes, **dict(fam.attr_examples)})
+    check_rows_alone(fam, point, lambda *a: _run_gpu(gpu, *a), rows, sizes)
