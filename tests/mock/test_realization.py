@@ -476,26 +476,35 @@ def test_a_wgmma_gemm_makes_its_combine_launch_only_when_k_is_split(rows: int,
             bound.call("metrale_rmsnorm")
 
 
+@pytest.mark.parametrize("rows", [1, 9])
 @pytest.mark.parametrize("n,split", [(128, True), (1024, True), (1025, False), (4096, False)])
-def test_a_short_linear_makes_its_split_launch_in_place_of_its_own(n: int, split: bool) -> None:
+def test_a_short_linear_makes_its_split_launch_in_place_of_its_own(n: int, split: bool,
+                                                                    rows: int) -> None:
     """gemv.cu's linear and linear_add: up to n = 1024 the kernel's own launch (a warp a column)
-    has an empty grid and is not made; its ``then`` launch (a block a column, its shared memory
-    the k-block partials of 8 rows) is, and above 1024 the reverse. Exactly one is made. fp4
-    weights have no split launch: one warp a column at every n."""
+    has an empty grid and is not made; its split launch (a block a column, its shared memory
+    the k-block partials of 8 rows) is, and above 1024 the reverse. Past one row the multi-row
+    entries take their place (9 rows: `_rows16`, a warp two columns or a block two columns, the
+    partials of 2 columns of 16 rows). Exactly one is made. fp4 weights have no split launch:
+    one warp a column (two past one row) at every n."""
     F = realization("sm_90")
     for family in ("linear", "linear_add"):
         point = P.family(family).point(act="bf16", weight="bf16", shape="gemv", k_block=256,
                                        across="sequential")
         k = F.realize(point)
-        (entry, _, (grid, block, shared)), = k.launches_for({"rows": 9, "k": 2304, "n": n})
+        (entry, _, (grid, block, shared)), = k.launches_for({"rows": rows, "k": 2304, "n": n})
         assert block == (128, 1, 1)
-        if split:
-            assert (entry, grid, shared) == (k.entry + "_split", (n, 2, 1), 9 * 8 * 4)
+        multi = "" if rows == 1 else "_rows16"
+        if split and rows == 1:
+            assert (entry, grid, shared) == (k.entry + "_split", (n, 1, 1), 9 * 8 * 4)
+        elif split:
+            assert (entry, grid, shared) == (k.entry + "_split_rows16", (-(-n // 2), 1, 1),
+                                             9 * 2 * 16 * 4)
         else:
-            assert (entry, grid, shared) == (k.entry, (-(-n // 4), 2, 1), 0)
+            assert (entry, grid, shared) == (k.entry + multi, (-(-n // (4 * (1 + (rows > 1)))),
+                                                               1, 1), 0)
         fp4 = F.realize(P.family(family).point(**{**point.as_dict(), "weight": "mxfp4"}))
-        assert not fp4.then and [e for e, _, _ in fp4.launches_for(
-            {"rows": 9, "k": 2304, "n": n})] == [k.entry], fp4
+        assert [e for e, _, _ in fp4.launches_for(
+            {"rows": rows, "k": 2304, "n": n})] == [k.entry + multi], fp4
 
 
 def test_a_kernel_whose_every_launch_is_empty_is_refused(tree: Path) -> None:

@@ -6,7 +6,7 @@
 // one-row launch's, bit for bit. Weights of any storage format are dequantized on the fly in
 // f32 (metrale.cuh). Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*, OUT_F32 (lm_head: f32 logits
 // instead of act).
-#include "gemv.cuh"
+#include "gemv_rows.cuh"
 
 #ifndef WARPS
 #define WARPS 4
