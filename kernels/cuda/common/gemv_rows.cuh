@@ -33,6 +33,19 @@ __device__ __forceinline__ int multi_row_of_lane(int lane) {
     return lane >> (5 - __builtin_ctz(R));
 }
 
+// The reduce-scatter's level of half size H (the tree's level o = 32 H / R), then the next ones.
+template <int H, int R, int N>
+__device__ __forceinline__ void multi_scatter(float (&s)[R][N]) {
+    if constexpr (H >= 1) {
+#pragma unroll
+        for (int i = 0; i < H; ++i)
+#pragma unroll
+            for (int j = 0; j < N; ++j)
+                s[i][j] = s[i][j] + __shfl_xor_sync(0xffffffffu, s[i + H][j], 32 * H / R);
+        multi_scatter<H / 2, R, N>(s);
+    }
+}
+
 template <int N, int R, class Sink>
 __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
                                                      const WeightRef (&w)[N], int k, int first,
@@ -41,9 +54,12 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
     const int lane = threadIdx.x & 31, m = multi_row_of_lane<R>(lane);
     const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
     const int ng = (nkb - first + step - 1) / step;  // this warp's k-blocks
-    int xo[R];  // slot s: x row s ^ m (the last row past nrows)
+    // slot s: x row s ^ m (the last row past nrows), at this lane's chunk of the warp's next
+    // AHEAD k-blocks (u step K_BLOCK further for the u-th)
+    const act_t* xp[R];
 #pragma unroll
-    for (int s = 0; s < R; ++s) xo[s] = min(s ^ m, nrows - 1) * k;
+    for (int s = 0; s < R; ++s)
+        xp[s] = x + (long)min(s ^ m, nrows - 1) * k + first * K_BLOCK + lane * 8;
     WeightRaw8 wr[N][AHEAD];
     auto load = [&](int u, int g) {  // block first + g step of every weight row into slot u
         const int c = (first + g * step) * K_BLOCK + lane * 8;
@@ -71,7 +87,7 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float xv[8];
-                    act8(x + xo[r], c, xv);
+                    act8(xp[r], u * step * K_BLOCK, xv);
 #pragma unroll
                     for (int j = 0; j < N; ++j)
 #pragma unroll
@@ -80,15 +96,7 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
             }
             load(u, g0 + u + AHEAD);
             // the tree's levels o = 16 .. 32 / R as the reduce-scatter, then the rest
-#pragma unroll
-            for (int t = 0; t < LR; ++t) {
-                const int o = 16 >> t, h = R >> (t + 1);
-#pragma unroll
-                for (int i = 0; i < h; ++i)
-#pragma unroll
-                    for (int j = 0; j < N; ++j)
-                        s[i][j] = s[i][j] + __shfl_xor_sync(0xffffffffu, s[i + h][j], o);
-            }
+            multi_scatter<R / 2, R, N>(s);
 #pragma unroll
             for (int o = 16 >> LR; o > 0; o >>= 1)
 #pragma unroll
@@ -96,6 +104,8 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
 #pragma unroll
             for (int j = 0; j < N; ++j) sink(j, b, s[0][j]);
         }
+#pragma unroll
+        for (int s = 0; s < R; ++s) xp[s] += AHEAD * step * K_BLOCK;
     }
 }
 
