@@ -257,8 +257,16 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
 #ifndef MULTI_COLS
 #define MULTI_COLS 2
 #endif
-#ifndef MULTI_MIN_BLOCKS
-#define MULTI_MIN_BLOCKS 0
+// Blocks per SM the multi-row entries ask ptxas for: with bf16 activations four at 8 rows (128
+// registers, none spilled in any weight format), so that 16 warps per SM keep the loads in
+// flight; at 16 rows ptxas's own choice (about 160 registers: four blocks spill).
+#if !defined(MULTI_MIN_BLOCKS_8) && defined(ACT_BF16)
+#define MULTI_MIN_BLOCKS_8 4
+#elif !defined(MULTI_MIN_BLOCKS_8)
+#define MULTI_MIN_BLOCKS_8 0
+#endif
+#ifndef MULTI_MIN_BLOCKS_16
+#define MULTI_MIN_BLOCKS_16 0
 #endif
 
 // A warp's MULTI_COLS columns for the launch's rows (columns_warp's, several rows at once).
@@ -349,7 +357,7 @@ __device__ __forceinline__ void linear_multi(const act_t* x, const void* w, cons
 // (ceil(n / MULTI_COLS), ceil(rows / R)) with ceil(k / K_BLOCK) MULTI_COLS R 4 bytes of shared
 // memory.
 #define METRALE_LINEAR_MULTI(NAME, R, SPLIT)                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
     NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
          const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
          out_t* __restrict__ y, int rows, int k, int n) {                                       \
@@ -364,7 +372,7 @@ METRALE_LINEAR_MULTI(metrale_linear_split_rows16, 16, true)
 #endif
 
 #define METRALE_LINEAR_ADD_MULTI(NAME, R, SPLIT)                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
     NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
          const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
          const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {          \
@@ -398,7 +406,7 @@ __device__ __forceinline__ void qkv_multi(const act_t* x, const WeightRef (&w)[3
 }
 
 #define METRALE_QKV_MULTI(NAME, R)                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
     NAME(const act_t* __restrict__ x, const void* __restrict__ wq,                              \
          const void* __restrict__ wq_scale, const float* __restrict__ wq_global,                \
          const void* __restrict__ wk, const void* __restrict__ wk_scale,                        \
@@ -436,7 +444,7 @@ __device__ __forceinline__ void gate_up_multi(const act_t* x, WeightRef g, Weigh
 }
 
 #define METRALE_GATE_UP_MULTI(NAME, R)                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS)                  \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
     NAME(const act_t* __restrict__ x, const void* __restrict__ wg,                              \
          const void* __restrict__ wg_scale, const float* __restrict__ wg_global,                \
          const void* __restrict__ wu, const void* __restrict__ wu_scale,                        \

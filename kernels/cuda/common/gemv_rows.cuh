@@ -33,6 +33,37 @@ __device__ __forceinline__ int multi_row_of_lane(int lane) {
     return lane >> (5 - __builtin_ctz(R));
 }
 
+// Eight bf16 values (16 bytes) as f32, exactly: an element's bits are the f32's top half, so a
+// word's low element is the word shifted up 16 and its high one the word with its low half
+// cleared, one instruction each (the generic conversion spends two on the high one).
+__device__ __forceinline__ void bf16x8_unpack(const uint4& raw, float (&out)[8]) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(words[i] << 16);
+        out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+// The eight activations of a chunk for the multi-row dots (act8's values), through the
+// read-only path (no launch writes x while a GEMV reads it).
+__device__ __forceinline__ void multi_act8(const act_t* x, int c, float (&out)[8]) {
+#if defined(ACT_BF16)
+    bf16x8_unpack(__ldg((const uint4*)(x + c)), out);
+#else
+    act8(x, c, out);
+#endif
+}
+
+// A weight chunk for the multi-row dots (weight8_unpack's values).
+__device__ __forceinline__ void multi_weight8(WeightRef w, const WeightRaw8& r, float (&out)[8]) {
+#if defined(WEIGHT_BF16)
+    bf16x8_unpack(r.v, out);
+#else
+    weight8_unpack(w, r, out);
+#endif
+}
+
 // The reduce-scatter's level of half size H (the tree's level o = 32 H / R), then the next ones.
 template <int H, int R, int N>
 __device__ __forceinline__ void multi_scatter(float (&s)[R][N]) {
@@ -83,11 +114,11 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
             if (c < k) {
                 float wv[N][8];
 #pragma unroll
-                for (int j = 0; j < N; ++j) weight8_unpack(w[j], wr[j][u], wv[j]);
+                for (int j = 0; j < N; ++j) multi_weight8(w[j], wr[j][u], wv[j]);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float xv[8];
-                    act8(xp[r], u * step * K_BLOCK, xv);
+                    multi_act8(xp[r], u * step * K_BLOCK, xv);
 #pragma unroll
                     for (int j = 0; j < N; ++j)
 #pragma unroll
@@ -104,8 +135,13 @@ __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
 #pragma unroll
             for (int j = 0; j < N; ++j) sink(j, b, s[0][j]);
         }
+        // the pointers move on; the empty asm keeps each one a register of its own (without
+        // it the compiler rebuilt every row's address from its index at every k-block)
 #pragma unroll
-        for (int s = 0; s < R; ++s) xp[s] += AHEAD * step * K_BLOCK;
+        for (int s = 0; s < R; ++s) {
+            xp[s] += AHEAD * step * K_BLOCK;
+            asm volatile("" : "+l"(xp[s]));
+        }
     }
 }
 

@@ -221,6 +221,7 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
                     std::initializer_list<uint64_t> ins) {
     const std::string t(tmpl);
     const uint64_t* in = ins.begin();
+    if (t.empty()) return;  // an optimization barrier: its "+" operands keep their values
     if (t == "griddepcontrol.wait;") return dependency_wait();
     if (t == "prefetch.global.L2 [%0];" || t == "griddepcontrol.launch_dependents;") return;
     if (t == "cp.async.bulk.prefetch.L2.global [%0], %1;") {  // a hint: checked, nothing moves

@@ -327,6 +327,8 @@ template <class T>
 inline T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }
 template <class T>
 inline T __ldcg(const T* p) { return *p; }  // the L2-only load: one memory here
+template <class T>
+inline T __ldg(const T* p) { return *p; }  // the read-only path: one memory here
 
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
