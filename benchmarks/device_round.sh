@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A device round: install, the CUDA tests, then the decode benchmark (KERNELS_BENCH=1: with
-# each kernel timed alone; an empty second argument skips it), then, with PREFILL="<args>", the
-# prefill benchmark (benchmarks/bench_gpu_prefill.py; PREFILL="--record" with its defaults and
-# evidence), then, with PROFILE="MODEL:QUANT ...", one decode layer of each under
-# Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under $OUT
+# each kernel timed alone; an empty second argument skips it), then, with ROWS="<args>", the
+# multi-row GEMVs against the one-row ones (benchmarks/bench_gpu_gemv_rows.py), then, with
+# PREFILL="<args>", the prefill benchmark (benchmarks/bench_gpu_prefill.py; PREFILL="--record"
+# with its defaults and evidence), then, with PROFILE="MODEL:QUANT ...", one decode layer of each
+# under Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under $OUT
 # come the result files this round wrote and the evidence file (a `--record` run appends to it
 # there), and nothing older: a device call returns at most eight files.
 # Usage: bash benchmarks/device_round.sh "<pytest -k expr or empty>" "<bench_gpu_decode args>"
@@ -17,6 +18,10 @@ if [ -n "${2:-}" ]; then
   # shellcheck disable=SC2086  # the benchmark's arguments are separate words
   python3 benchmarks/bench_gpu_decode.py $2 ${KERNELS_BENCH:+--kernels} 2>&1 \
     | tee "$OUT/bench_decode.log" | grep -v "^    [a-z_]*\[" | tail -60
+fi
+if [ -n "${ROWS+set}" ]; then
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_gpu_gemv_rows.py $ROWS 2>&1 | tee "$OUT/bench_gemv_rows.log" | tail -70
 fi
 if [ -n "${PREFILL+set}" ]; then
   # shellcheck disable=SC2086

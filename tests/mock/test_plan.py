@@ -288,10 +288,10 @@ def test_the_plan_json_names_the_entry_a_linear_launches_at_its_sizes(model, ent
     assert linear and all((k["entry"], k["then"]) == (entry, []) for k in linear), linear[:1]
 
 
-@pytest.mark.parametrize("rows,combined", [(16, True), (2048, False)])
+@pytest.mark.parametrize("rows,combined", [(17, True), (2048, False)])
 def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined):
     """The launches after a kernel's own are the ones made at the plan's sizes: Llama-3.1-8B's
-    prefill GEMMs split k over the grid at 16 rows, and their combine launch follows; at 2048
+    prefill GEMMs split k over the grid at 17 rows, and their combine launch follows; at 2048
     they do not, and it is not launched."""
     from metrale.plan.printers import plan_json
 

@@ -1,0 +1,33 @@
+"""benchmarks/bench_gpu_gemv_rows.py launches what the plans launch, checked where there is no
+GPU: at every shape and row count it times, its multi-row entry, grid and shared memory are the
+ones sm_90's KERNELS.toml gives the bf16 decode point (``MULTI_COLS`` left at the source's 2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_gpu_gemv_rows as bench  # noqa: E402
+
+from metrale.lkb.presentation import Presentation  # noqa: E402
+from metrale.realize.functor import realization  # noqa: E402
+from tests.kernel_cases import matmul_point  # noqa: E402
+
+P = Presentation.load()
+F = realization("sm_90", presentation=P)
+
+
+@pytest.mark.parametrize("rows", [2, 8, 9, 16])
+@pytest.mark.parametrize("model,name,n,k", [s for s in bench.GEMV_SHAPES
+                                            if s[0] != "qwen3-30b-a3b"])
+def test_the_bench_launches_the_plans_multi_row_entry(model, name, n, k, rows):
+    family = "gate_up_swiglu" if name == "gate_up" else "linear"
+    fam = P.family(family)
+    kernel = F.realize(matmul_point(fam, "gemv", "bf16"))
+    (entry, _, (grid, _, shared)), = kernel.launches_for({"rows": rows, "k": k, "n": n})
+    assert bench.multi_launch(name, n, k, rows, "") == (entry, grid, shared)
+    assert entry.endswith("_rows8" if rows <= 8 else "_rows16")
