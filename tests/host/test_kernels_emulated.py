@@ -614,3 +614,22 @@ def test_multi_row_tree_is_the_one_row_tree(build_dir, n):
         assert multi[r].tobytes() == one[0].tobytes(), r
     assert (want[0::2] == 4.0).all() and (want[1::2] == 0.0).all(), want
     assert (multi.astype(np.float32) == want[:, None]).all(), (multi[:, 0], want)
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("params", [
+    {"act": "bf16", "weight": "bf16", "across": "pairwise"},
+    {"act": "bf16", "weight": "f32", "across": "sequential"},
+    {"act": "f32", "weight": "bf16", "across": "sequential"},
+    {"act": "f32", "weight": "f32", "across": "sequential"},
+    {"act": "f32", "weight": "bf16", "across": "pairwise"}], ids=lambda p: "-".join(p.values()))
+@pytest.mark.parametrize("n", [40, 1030])
+def test_multi_row_entries_in_the_other_orders_and_types(build_dir, params, n, rows):
+    """The multi-row entries at linear's other points: the pairwise combine, f32 weights and f32
+    activations (the tests' type), a warp two columns (n = 1030) and the split (n = 40), at
+    k = 2304 (9 k-blocks): each row's bytes are the one-row launch's."""
+    fam = P.family("linear")
+    point = fam.point(shape="gemv", k_block=256, **params)
+    dims = {"k": 2304, "n": n}
+    multi_row_entry(F.realize(point), {**sizes_for(fam, rows), **dims})
+    check_rows_alone(fam, point, lambda *a: run(build_dir, *a), rows, dims)
