@@ -3,7 +3,9 @@
 // One warp per (output column, ROWS_PER_WARP rows), WARPS warps per block: decode is bound by
 // streaming the weights, so a warp takes its rows one after another over the same weight rows
 // (warp_dots_rows), which the rows after the first find in cache; each row's result is the
-// one-row launch's, bit for bit. Weights of any storage format are dequantized on the fly in
+// one-row launch's, bit for bit. The plans launch these entries for one row; past it the
+// multi-row entries at the end of this file (gemv_rows.cuh), which load each weight chunk once
+// for all of a tile's rows, with the same bytes. Weights of any storage format are dequantized on the fly in
 // f32 (metrale.cuh). Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_*, OUT_F32 (lm_head: f32 logits
 // instead of act).
 #include "gemv_rows.cuh"
