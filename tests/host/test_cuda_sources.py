@@ -285,19 +285,27 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     over shared weight chunks) ran the quantized steps 0.8–1.4 ms past the sum of their kernels
     on the H200 (docs/gpu-notes.md, version 7). And each fits the 64 registers that eight blocks
     of 128 threads per SM leave, without spilling (version 8 measured that occupancy); bf16
-    gate_up_swiglu runs seven blocks (72 registers), which measured faster for its two rows."""
+    gate_up_swiglu runs seven blocks (72 registers), which measured faster for its two rows.
+    The multi-row entries (`_rows8`, `_rows16`: several rows' FMAs over each weight chunk, launched
+    past one row) are entries of their own so that those budgets hold; theirs: at most 96 KB,
+    and no spill with bf16 and fp8 weights (fp4's 16-row entries spill a few words)."""
     from metrale.realize.compute import cubin_code_bytes
 
     cubin, log = _sm90a_cubin(tmp_path, "gemv.cu", "ACT_BF16", f"WEIGHT_{weight}", "K_BLOCK=256",
                               "ACROSS_SEQUENTIAL")
     sizes = cubin_code_bytes(cubin)
     entries = {"metrale_linear", "metrale_linear_add", "metrale_qkv", "metrale_gate_up_swiglu"}
-    assert set(sizes) >= entries, sizes
-    assert all(0 < n <= 48 * 1024 for n in sizes.values()), sizes
+    multi = {e for e in sizes if "_rows" in e}
+    assert set(sizes) >= entries and {e + "_rows8" for e in entries} <= multi, sizes
+    assert all(0 < n <= 48 * 1024 for e, n in sizes.items() if e not in multi), sizes
+    assert all(0 < sizes[e] <= 96 * 1024 for e in multi), sizes
     usage = _resource_usage(log)
-    assert set(usage) >= entries, usage
+    assert set(usage) >= entries | multi, usage
     limit = {"metrale_gate_up_swiglu": 72} if weight == "BF16" else {}
-    assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()), usage
+    assert all(regs <= limit.get(e, 64) and spills == 0 for e, (regs, spills) in usage.items()
+               if e not in multi), usage
+    if weight in ("BF16", "FP8"):
+        assert all(usage[e][1] == 0 for e in multi), usage
 
 
 MMA_SYNC = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"

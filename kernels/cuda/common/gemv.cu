@@ -358,35 +358,64 @@ __device__ __forceinline__ void linear_multi(const act_t* x, const void* w, cons
 // linear: grid (ceil(n / (WARPS MULTI_COLS)), ceil(rows / R)); the split entries grid
 // (ceil(n / MULTI_COLS), ceil(rows / R)) with ceil(k / K_BLOCK) MULTI_COLS R 4 bytes of shared
 // memory.
-#define METRALE_LINEAR_MULTI(NAME, R, SPLIT)                                                     \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
-    NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
-         const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
-         out_t* __restrict__ y, int rows, int k, int n) {                                       \
-        linear_multi<R, SPLIT>(x, w, w_scale, w_global, rows, k, n,                             \
-                               [&](long i, float d) { y[i] = out_store(d); });                  \
-    }
-METRALE_LINEAR_MULTI(metrale_linear_rows8, 8, false)
-METRALE_LINEAR_MULTI(metrale_linear_rows16, 16, false)
-#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
-METRALE_LINEAR_MULTI(metrale_linear_split_rows8, 8, true)
-METRALE_LINEAR_MULTI(metrale_linear_split_rows16, 16, true)
-#endif
+#define LINEAR_PARAMS                                                                            \
+    const act_t *__restrict__ x, const void *__restrict__ w, const void *__restrict__ w_scale,  \
+        const float *__restrict__ w_global, out_t *__restrict__ y, int rows, int k, int n
+#define LINEAR_ADD_PARAMS                                                                        \
+    const act_t *__restrict__ x, const void *__restrict__ w, const void *__restrict__ w_scale,  \
+        const float *__restrict__ w_global, const act_t *__restrict__ r, act_t *__restrict__ y,  \
+        int rows, int k, int n
 
-#define METRALE_LINEAR_ADD_MULTI(NAME, R, SPLIT)                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
-    NAME(const act_t* __restrict__ x, const void* __restrict__ w,                               \
-         const void* __restrict__ w_scale, const float* __restrict__ w_global,                  \
-         const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k, int n) {          \
-        linear_multi<R, SPLIT>(                                                                 \
-            x, w, w_scale, w_global, rows, k, n,                                                \
-            [&](long i, float d) { y[i] = act_store(act_round(d) + act_load(r[i])); });         \
-    }
-METRALE_LINEAR_ADD_MULTI(metrale_linear_add_rows8, 8, false)
-METRALE_LINEAR_ADD_MULTI(metrale_linear_add_rows16, 16, false)
+template <int R, bool SPLIT>
+__device__ __forceinline__ void linear_rows(const act_t* x, const void* w, const void* w_scale,
+                                            const float* w_global, out_t* y, int rows, int k,
+                                            int n) {
+    linear_multi<R, SPLIT>(x, w, w_scale, w_global, rows, k, n,
+                           [&](long i, float d) { y[i] = out_store(d); });
+}
+
+template <int R, bool SPLIT>
+__device__ __forceinline__ void linear_add_rows(const act_t* x, const void* w,
+                                                const void* w_scale, const float* w_global,
+                                                const act_t* r, act_t* y, int rows, int k, int n) {
+    linear_multi<R, SPLIT>(x, w, w_scale, w_global, rows, k, n, [&](long i, float d) {
+        y[i] = act_store(act_round(d) + act_load(r[i]));
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_rows8(LINEAR_PARAMS) {
+    linear_rows<8, false>(x, w, w_scale, w_global, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_rows16(LINEAR_PARAMS) {
+    linear_rows<16, false>(x, w, w_scale, w_global, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_add_rows8(LINEAR_ADD_PARAMS) {
+    linear_add_rows<8, false>(x, w, w_scale, w_global, r, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_add_rows16(LINEAR_ADD_PARAMS) {
+    linear_add_rows<16, false>(x, w, w_scale, w_global, r, y, rows, k, n);
+}
 #if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
-METRALE_LINEAR_ADD_MULTI(metrale_linear_add_split_rows8, 8, true)
-METRALE_LINEAR_ADD_MULTI(metrale_linear_add_split_rows16, 16, true)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_split_rows8(LINEAR_PARAMS) {
+    linear_rows<8, true>(x, w, w_scale, w_global, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_split_rows16(LINEAR_PARAMS) {
+    linear_rows<16, true>(x, w, w_scale, w_global, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_add_split_rows8(LINEAR_ADD_PARAMS) {
+    linear_add_rows<8, true>(x, w, w_scale, w_global, r, y, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_add_split_rows16(LINEAR_ADD_PARAMS) {
+    linear_add_rows<16, true>(x, w, w_scale, w_global, r, y, rows, k, n);
+}
 #endif
 
 // qkv: grid (ceil((nq + nk + nv) / (WARPS MULTI_COLS)), ceil(rows / R)).
@@ -407,22 +436,27 @@ __device__ __forceinline__ void qkv_multi(const act_t* x, const WeightRef (&w)[3
         });
 }
 
-#define METRALE_QKV_MULTI(NAME, R)                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
-    NAME(const act_t* __restrict__ x, const void* __restrict__ wq,                              \
-         const void* __restrict__ wq_scale, const float* __restrict__ wq_global,                \
-         const void* __restrict__ wk, const void* __restrict__ wk_scale,                        \
-         const float* __restrict__ wk_global, const void* __restrict__ wv,                      \
-         const void* __restrict__ wv_scale, const float* __restrict__ wv_global,                \
-         act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v, int rows, int k, \
-         int nq, int nk, int nv) {                                                              \
-        const WeightRef w[3] = {weight_ref(wq, wq_scale, wq_global),                            \
-                                weight_ref(wk, wk_scale, wk_global),                            \
-                                weight_ref(wv, wv_scale, wv_global)};                           \
-        qkv_multi<R>(x, w, q, k_, v, rows, k, nq, nk, nv);                                      \
-    }
-METRALE_QKV_MULTI(metrale_qkv_rows8, 8)
-METRALE_QKV_MULTI(metrale_qkv_rows16, 16)
+#define QKV_PARAMS                                                                               \
+    const act_t *__restrict__ x, const void *__restrict__ wq, const void *__restrict__ wq_scale, \
+        const float *__restrict__ wq_global, const void *__restrict__ wk,                        \
+        const void *__restrict__ wk_scale, const float *__restrict__ wk_global,                  \
+        const void *__restrict__ wv, const void *__restrict__ wv_scale,                          \
+        const float *__restrict__ wv_global, act_t *__restrict__ q, act_t *__restrict__ k_,      \
+        act_t *__restrict__ v, int rows, int k, int nq, int nk, int nv
+#define QKV_WEIGHTS                                                                              \
+    {weight_ref(wq, wq_scale, wq_global), weight_ref(wk, wk_scale, wk_global),                  \
+     weight_ref(wv, wv_scale, wv_global)}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_qkv_rows8(QKV_PARAMS) {
+    const WeightRef w[3] = QKV_WEIGHTS;
+    qkv_multi<8>(x, w, q, k_, v, rows, k, nq, nk, nv);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_qkv_rows16(QKV_PARAMS) {
+    const WeightRef w[3] = QKV_WEIGHTS;
+    qkv_multi<16>(x, w, q, k_, v, rows, k, nq, nk, nv);
+}
 
 // gate_up_swiglu: a warp a column (its gate and up rows), grid (ceil(n / WARPS), ceil(rows / R)).
 template <int R>
@@ -445,14 +479,19 @@ __device__ __forceinline__ void gate_up_multi(const act_t* x, WeightRef g, Weigh
         h[(long)(row0 + lane) * n + col] = act_store(silu_mul(act_round(gu[0]), act_round(gu[1])));
 }
 
-#define METRALE_GATE_UP_MULTI(NAME, R)                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_##R)                  \
-    NAME(const act_t* __restrict__ x, const void* __restrict__ wg,                              \
-         const void* __restrict__ wg_scale, const float* __restrict__ wg_global,                \
-         const void* __restrict__ wu, const void* __restrict__ wu_scale,                        \
-         const float* __restrict__ wu_global, act_t* __restrict__ h, int rows, int k, int n) {  \
-        gate_up_multi<R>(x, weight_ref(wg, wg_scale, wg_global),                                \
-                         weight_ref(wu, wu_scale, wu_global), h, rows, k, n);                   \
-    }
-METRALE_GATE_UP_MULTI(metrale_gate_up_swiglu_rows8, 8)
-METRALE_GATE_UP_MULTI(metrale_gate_up_swiglu_rows16, 16)
+#define GATE_UP_PARAMS                                                                           \
+    const act_t *__restrict__ x, const void *__restrict__ wg, const void *__restrict__ wg_scale, \
+        const float *__restrict__ wg_global, const void *__restrict__ wu,                        \
+        const void *__restrict__ wu_scale, const float *__restrict__ wu_global,                  \
+        act_t *__restrict__ h, int rows, int k, int n
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_gate_up_swiglu_rows8(GATE_UP_PARAMS) {
+    gate_up_multi<8>(x, weight_ref(wg, wg_scale, wg_global), weight_ref(wu, wu_scale, wu_global),
+                     h, rows, k, n);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_gate_up_swiglu_rows16(GATE_UP_PARAMS) {
+    gate_up_multi<16>(x, weight_ref(wg, wg_scale, wg_global), weight_ref(wu, wu_scale, wu_global),
+                      h, rows, k, n);
+}
