@@ -409,12 +409,13 @@ def main() -> None:
                                        "rows": rows})
     print(f"wrote {path}")
     if records:
-        from metrale.realize.evidence import EVIDENCE_FILE, append_records
-        from metrale.realize.hardware import default_kernels_dir
+        from metrale.realize.evidence import record_evidence
+        from metrale.realize.evidence_store import default_store_path
 
-        where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
-        append_records(where, records)
-        print(f"appended {len(records)} evidence records to {where}")
+        added = record_evidence(records)
+        print(f"recorded {added} new evidence records in {default_store_path()} "
+              "(`met evidence export --hardware sm_90 --out kernels/sm_90/EVIDENCE.toml` "
+              "ships them)")
 
 
 if __name__ == "__main__":

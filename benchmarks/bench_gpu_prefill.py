@@ -731,12 +731,12 @@ def main() -> None:
 
 
 def record(cases: list[dict], rows: int, more: list) -> None:
-    """Append each measured gemm point's throughput at ``rows`` (its best launch shape) to the
-    sm_90 evidence, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
+    """Record each measured gemm point's throughput at ``rows`` (its best launch shape) in the
+    evidence store, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
     case whose outputs are not finite or differ from cuBLAS's by ``AGREES`` or more (relative to
     the largest output) records nothing."""
-    from metrale.realize.evidence import EVIDENCE_FILE, append_records
-    from metrale.realize.hardware import default_kernels_dir
+    from metrale.realize.evidence import record_evidence
+    from metrale.realize.evidence_store import default_store_path
 
     best: dict[str, dict] = {}
     for c in cases:
@@ -746,9 +746,8 @@ def record(cases: list[dict], rows: int, more: list) -> None:
             best[c["point"]] = c
     records = tensor_records([(c["family"], c["point"], c["tflops"], c["source_hash"])
                               for c in best.values()]) + more
-    where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
-    append_records(where, records)
-    print(f"appended {len(records)} evidence records to {where}")
+    added = record_evidence(records)
+    print(f"recorded {added} new evidence records in {default_store_path()}")
 
 
 if __name__ == "__main__":

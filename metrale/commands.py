@@ -385,7 +385,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024, help="cached positions per row")
     p.add_argument("--steps", type=int, default=100, help="timed steps (median)")
     p.add_argument("--record", action="store_true",
-                   help="append evidence records (kernel bandwidth) for the class")
+                   help="record evidence (kernel bandwidth) for the class in the evidence store "
+                        "(`met evidence`)")
     _policy_arg(p)
     _kernels_arg(p)
     _format_arg(p)
@@ -394,11 +395,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 @command("bench", "time the decode step and each kernel against the memory floor "
                   "(--record writes evidence), or a prefill step (--mode prefill)")(_bench_args)
 def bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from metrale.lkb.errors import ConfigError
-    from metrale.realize.evidence import EVIDENCE_FILE, append_records
-    from metrale.realize.hardware import default_kernels_dir, load_hardware
+    from metrale.realize.evidence import record_evidence
+    from metrale.realize.hardware import load_hardware
     from metrale.runtime.bench import evidence, kernel_times, time_decode
     from metrale.runtime.engine import Engine
 
@@ -419,8 +418,7 @@ def bench(args: argparse.Namespace) -> int:
                                   "which have no source to pin evidence to",
                                   key="--record", expected="a class with compiled kernels",
                                   found=args.hardware)
-            path = Path(args.kernels or default_kernels_dir()) / hw.name / EVIDENCE_FILE
-            append_records(path, records)
+            record_evidence(records)
     if args.format == "json":
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
