@@ -23,8 +23,8 @@ WGMMA_VARIANTS' where it runs, each checked against torch and timed at VARIANT_C
 side with the sources' own choices, into ``gpu_prefill_variants.json``.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
-``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` appends each gemm kernel's throughput at the
-largest rows to the sm_90 evidence, and each other kernel of the longest step's plans, the
+``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` records each gemm kernel's throughput at the
+largest rows as sm_90 evidence in the evidence store, and each other kernel of the longest step's plans, the
 last-row plan's own included). Writes ``benchmarks/results/gpu_prefill.json``.
 """
 
@@ -670,7 +670,7 @@ def main() -> None:
     ap.add_argument("--wgmma-only", action="store_true",
                     help="with --variants: gemm_wgmma.cu's variants only")
     ap.add_argument("--record", action="store_true",
-                    help="append evidence records (throughput at the largest rows) to sm_90")
+                    help="record evidence (throughput at the largest rows) for sm_90 in the evidence store")
     ap.add_argument("--name", default="gpu_prefill", type=result_name,
                     help="write benchmarks/results/NAME.json (an experiment's run beside the "
                          "record's; --variants writes gpu_prefill_variants.json)")

@@ -283,8 +283,8 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     """Each decode GEMV entry compiles to at most 48 KB of sm_90a machine code: a decode step
     fetches every kernel's code again in every layer, and a variant at 50–127 KB (rows unrolled
     over shared weight chunks) ran the quantized steps 0.8–1.4 ms past the sum of their kernels
-    on the H200 (docs/gpu-notes.md, version 7). And each fits the 64 registers that eight blocks
-    of 128 threads per SM leave, without spilling (version 8 measured that occupancy); bf16
+    on the H200. And each fits the 64 registers that eight blocks of 128 threads per SM leave,
+    without spilling (that occupancy measured fastest on the H200); bf16
     gate_up_swiglu runs seven blocks (72 registers), which measured faster for its two rows."""
     from metrale.realize.compute import cubin_code_bytes
 
