@@ -395,6 +395,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 @command("bench", "time the decode step and each kernel against the memory floor "
                   "(--record writes evidence), or a prefill step (--mode prefill)")(_bench_args)
 def bench(args: argparse.Namespace) -> int:
+    import attrs
+
     from metrale.lkb.errors import ConfigError
     from metrale.realize.evidence import record_evidence
     from metrale.realize.hardware import load_hardware
@@ -412,7 +414,9 @@ def bench(args: argparse.Namespace) -> int:
         records = []
         if args.record:
             toolchain = _toolchain(hw)
-            records = evidence(kernels, hw, device, toolchain)
+            shape = f"rows={args.rows},context={args.context}"  # what the records measured
+            records = [attrs.evolve(r, shape=shape)
+                       for r in evidence(kernels, hw, device, toolchain)]
             if not records:
                 raise ConfigError("nothing to record: this class runs the reference semantics, "
                                   "which have no source to pin evidence to",
@@ -444,7 +448,7 @@ def bench(args: argparse.Namespace) -> int:
     console.print(f"step {step.step_s * 1e3:.3f} ms (median of {args.steps}, "
                   f"{'graph replay' if step.graph else 'launches'}), floor "
                   f"{step.floor_s * 1e3:.3f} ms: {step.fraction_of_floor:.0%} of the floor; "
-                  f"{step.launches} launches" + (f"; {len(records)} evidence records written"
+                  f"{step.launches} launches" + (f"; {len(records)} evidence records in the store"
                                                  if records else ""), markup=False)
     return 0
 

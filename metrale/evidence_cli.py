@@ -98,6 +98,7 @@ def _judged(kernels: Path, hw: str | None) -> list[tuple[object, str, str]]:
 def _list(args: argparse.Namespace) -> int:
     import attrs
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from metrale.realize.evidence_store import default_store_path
@@ -109,10 +110,10 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     t = Table(title=f"evidence: {len(rows)} records (store: {default_store_path()})")
     for col in ("class", "point", "shape", "metric", "value", "date", "from", "status"):
-        t.add_column(col, overflow="fold")
+        t.add_column(col, overflow="fold", no_wrap=col not in ("point", "shape"))
     for r, where, status in sorted(rows, key=lambda x: (x[0].hw, x[0].point, x[0].date)):
-        t.add_row(r.hw, r.point, r.shape or "-", r.metric, f"{r.value:.4g} {r.unit}", r.date,
-                  where, status)
+        t.add_row(*map(escape, (r.hw, r.point, r.shape or "-", r.metric,
+                                f"{r.value:.4g} {r.unit}", r.date, where, status)))
     Console(soft_wrap=False).print(t)
     return 0
 

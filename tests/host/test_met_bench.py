@@ -120,8 +120,10 @@ def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch):
 
 
 def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypatch):
-    """`met bench --record` hands its records to the evidence store; the kernels folder (the
-    installed package) is left as it was."""
+    """`met bench --record` hands its records, with the shape they measured, to the evidence
+    store; the kernels folder (the installed package) is left as it was."""
+    import attrs
+
     from metrale import commands
     from metrale.realize.evidence import EvidenceRecord
     from metrale.realize.evidence_store import EvidenceStore
@@ -137,5 +139,5 @@ def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypa
     monkeypatch.setattr(commands, "_toolchain", lambda hw: "nvcc test")
     assert main(["bench", "tiny-qwen3", "--steps", "2", "--context", "8", "--record",
                  "--format", "json"]) == 0
-    assert store.records() == (made,)
+    assert store.records() == (attrs.evolve(made, shape="rows=1,context=8"),)
     assert shipped.read_bytes() == before
