@@ -33,9 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import tomlkit
-import tomlkit.exceptions
-import tomlkit.items
 
 from metrale.lkb.errors import ConfigError, EvidenceError, MetraleError
 from metrale.lkb.files import Fields, atomic_write, read_toml
@@ -336,6 +333,8 @@ def _unescape(raw: str) -> str:
 def export_text(hw: str, records: Iterable[EvidenceRecord], file: object = "export") -> str:
     """The compact export of class ``hw``: one inline table a line, sorted by family, point,
     metric and shape; checked to read back as the same records."""
+    import tomlkit  # the writers' library: a plan, which only reads, does not import it
+
     records = sorted(records, key=lambda r: (r.family, r.point, r.metric, r.shape, r.date))
     for i, r in enumerate(records):
         errs: list[MetraleError] = []
@@ -529,6 +528,10 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
 
 
 def _append_locked(path: Path, records: Iterable[EvidenceRecord]) -> None:
+    import tomlkit
+    import tomlkit.exceptions
+    import tomlkit.items
+
     new = [_record_table(r) for r in records]
     for i, t in enumerate(new):  # write only what the loader will read back
         errs: list[MetraleError] = []

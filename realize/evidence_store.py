@@ -32,9 +32,9 @@ import contextlib
 import hashlib
 import json
 import os
-import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -93,7 +93,9 @@ class EvidenceStore:
         return cls(default_store_path())
 
     @contextlib.contextmanager
-    def _connect(self, write: bool) -> Iterator[sqlite3.Connection]:
+    def _connect(self, write: bool) -> Iterator[Any]:
+        import sqlite3  # here, not at import: a plan with no store never loads it
+
         if write:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = None
@@ -190,6 +192,8 @@ class EvidenceStore:
 
     def salvage(self) -> tuple:
         """Whatever records can still be read from a damaged store, row by row (may be none)."""
+        import sqlite3
+
         from metrale.realize.evidence import EvidenceRecord
 
         out = []
