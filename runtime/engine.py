@@ -484,7 +484,7 @@ class Engine:
     @classmethod
     def load(cls, model: str | os.PathLike | ModelConfig, *, hardware: str = "host",
              quant: str | None = None, backend: GpuBackend | None = None, act: str = "bf16",
-             max_ctx: int = 1024, seed: int = 0, slots: int = 1, blocking: bool = False,
+             max_ctx: int | None = None, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
              loader: Loader | None = None) -> Engine:
@@ -492,7 +492,9 @@ class Engine:
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
 
-        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16);
+        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16); ``max_ctx``
+        (the KV cache's positions) to 1024, or the model's ``max_position_embeddings`` if
+        smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step.
@@ -506,6 +508,8 @@ class Engine:
         else:
             config = model if isinstance(model, ModelConfig) else ModelConfig.load(str(model))
             quant = quant or "bf16"
+        if max_ctx is None:
+            max_ctx = min(1024, config.max_position_embeddings)
         check_sizes(config, quant, max_ctx=max_ctx, slots=slots, hardware=hardware)
         if path is not None:
             weights = checkpoint_weights(path, config, quant)

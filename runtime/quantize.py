@@ -129,7 +129,8 @@ class QuantizeReport:
         """A rich table: one row per tensor, then the totals."""
         t = Table(title=f"quantize {self.src} -> {self.dst} ({self.fmt})")
         for col in ("tensor", "shape", "format", "bytes before", "bytes after", "SQNR dB"):
-            t.add_column(col, justify="left" if col in ("tensor", "format") else "right")
+            t.add_column(col, justify="left" if col in ("tensor", "format") else "right",
+                         overflow="fold")  # a tensor name folds, never cut to ambiguity
         for r in self.tensors:
             sq = "" if r.sqnr_db is None else f"{r.sqnr_db:.2f}"
             t.add_row(r.name, "x".join(map(str, r.shape)), r.fmt, f"{r.bytes_before:,}",
