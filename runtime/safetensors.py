@@ -231,8 +231,8 @@ def path_kind(path: os.PathLike | str) -> str:
     except OSError as e:
         if e.errno == errno.ELOOP:
             return "a link loop"
-        if e.errno == errno.ENOENT:
-            return "a broken link" if os.path.islink(path) else "nothing"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+            return "a broken link" if _is_link(path) else "nothing"
         return e.strerror or "unreadable"
     for test, word in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -240,6 +240,13 @@ def path_kind(path: os.PathLike | str) -> str:
         if test(mode):
             return word
     return "not a regular file"
+
+
+def _is_link(path: os.PathLike | str) -> bool:
+    try:
+        return os.path.islink(path)
+    except (OSError, ValueError):
+        return False
 
 
 class SafetensorsFile:
