@@ -639,6 +639,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 def _run_source(args: argparse.Namespace) -> tuple[Any, str]:
     """What ``met run`` loads and how it says where the weights come from."""
+    import os
     from pathlib import Path
 
     from metrale.lkb.errors import CheckpointError
@@ -647,7 +648,7 @@ def _run_source(args: argparse.Namespace) -> tuple[Any, str]:
 
     if args.checkpoint is not None:
         folder = checkpoint_dir(args.checkpoint)
-        if folder is None or not ((folder / SINGLE).exists() or (folder / INDEX).exists()):
+        if folder is None or not any(os.path.lexists(folder / n) for n in (SINGLE, INDEX)):
             found = ("nothing" if not Path(args.checkpoint).exists() else
                      "a folder without weights" if Path(args.checkpoint).is_dir()
                      else "a file with no weights beside it")

@@ -351,7 +351,7 @@ def checkpoint_dir(model: Any) -> Path | None:
     if path.is_dir():
         return path
     if path.is_file():
-        weights = (path.parent / SINGLE).exists() or (path.parent / INDEX).exists()
+        weights = any(os.path.lexists(path.parent / n) for n in (SINGLE, INDEX))
         if path.suffix == ".safetensors" or path.name == INDEX or weights:
             return path.parent
     return None
