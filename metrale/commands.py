@@ -41,7 +41,19 @@ def _add(t: Table, *cells: str) -> None:
 
 
 def _print_table(t: Table) -> None:
-    _console().print(t, soft_wrap=False)
+    """Print at the terminal's width; the first column (the names) keeps its widest cell's
+    width whenever the other columns can still fold to fit beside it."""
+    console = _console()
+    if t.columns:
+        first = t.columns[0]
+        widest = max([console.measure(c).maximum for c in first._cells]
+                     + [len(str(first.header))])
+        others = sum(max([console.measure(c).minimum for c in col._cells]
+                         + [len(str(col.header))]) for col in t.columns[1:])
+        frame = 3 * len(t.columns) + 1  # borders and one space of padding either side
+        if widest + others + frame <= console.width:
+            first.no_wrap = True
+    console.print(t, soft_wrap=False)
 
 
 @contextlib.contextmanager
@@ -219,15 +231,14 @@ def models(args: argparse.Namespace) -> int:
                            "max_positions": c.max_position_embeddings,
                            "test_model": c.name.startswith("tiny-")} for c in configs], indent=2))
         return 0
-    t = _table(f"built-in models: {len(configs)}",
-               ("model", "arch", "layers", "hidden", "heads", "experts", "vocab", "what"),
+    t = _table(f"built-in models: {len(configs)} (published shapes; tiny-*: test models)",
+               ("model", "arch", "layers", "hidden", "heads", "experts", "vocab"),
                right=("layers", "hidden", "experts", "vocab"))
     for c in configs:
-        what = ("tiny test model" if c.name.startswith("tiny-") else "published shape")
         _add(t, c.name, c.arch, str(c.num_hidden_layers), str(c.hidden_size),
-                  f"{c.num_attention_heads}/{c.num_key_value_heads} x {c.head_dim}",
-                  f"{c.num_experts_per_tok} of {c.num_experts}" if c.num_experts else "",
-                  str(c.vocab_size), what)
+             f"{c.num_attention_heads}/{c.num_key_value_heads} x {c.head_dim}",
+             f"{c.num_experts_per_tok} of {c.num_experts}" if c.num_experts else "",
+             str(c.vocab_size))
     _print_table(t)
     return 0
 
