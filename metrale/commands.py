@@ -375,15 +375,25 @@ def _output_format(text: str) -> str:
         f"--to (met quantize SRC DST --to {text})")
 
 
-def _quantize_args(p: argparse.ArgumentParser) -> None:
-    from metrale.lkb.quant import FORMATS
+def quant_names() -> str:
+    """The weight formats ``met quantize --to`` takes, spelled as its help and its error say.
 
+    >>> quant_names()
+    'fp8, mxfp4, nvfp4, or one of fp8_e4m3_block, fp8_e4m3_channel, fp8_e4m3_tensor, fp8_e5m2_block, fp8_e5m2_channel, fp8_e5m2_tensor (fp8 is fp8_e4m3_channel)'
+    """  # noqa: E501
+    from metrale.lkb.quant import FORMATS, QuantFormat
+
+    fp8 = [f for f in sorted(FORMATS) if f.startswith("fp8_")]
+    return (f"fp8, mxfp4, nvfp4, or one of {', '.join(fp8)} "
+            f"(fp8 is {QuantFormat.parse('fp8').name})")
+
+
+def _quantize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="a bf16 (or f16/f32) safetensors checkpoint directory")
     p.add_argument("dst", help="the folder to write (must not exist, unless --overwrite and it "
                                "is a previous output of met quantize)")
     p.add_argument("--to", required=True, metavar="QUANT",
-                   help="the weight format to write: fp8 (e4m3, per channel), mxfp4, nvfp4, or "
-                        "one of " + ", ".join(f for f in sorted(FORMATS) if f != "bf16"))
+                   help="the weight format to write: " + quant_names())
     p.add_argument("--overwrite", action="store_true",
                    help="replace DST if it is a previous output of met quantize (never "
                         "anything else, never SRC or a folder holding it)")
@@ -395,8 +405,19 @@ def _quantize_args(p: argparse.ArgumentParser) -> None:
 @command("quantize", "write a quantized checkpoint from a bf16 one, with SQNR per tensor")(
     _quantize_args)
 def quantize(args: argparse.Namespace) -> int:
+    from metrale.lkb.errors import ConfigError, nearest
+    from metrale.lkb.quant import FORMATS, QuantFormat
     from metrale.runtime.quantize import quantize_checkpoint
 
+    try:
+        fmt = QuantFormat.parse(args.to)
+    except ConfigError:
+        fmt = None
+    if fmt is None or fmt.name == "bf16":
+        raise ConfigError("unknown weight format", key="--to", expected=quant_names(),
+                          found=repr(args.to),
+                          suggestion=nearest(args.to.lower(), ["fp8", "mxfp4", "nvfp4", *(
+                              f for f in FORMATS if f != "bf16")]))
     report = quantize_checkpoint(args.src, args.dst, args.to, progress=not args.no_progress,
                                  overwrite=args.overwrite, flag="--overwrite")
     if args.format == "json":

@@ -67,3 +67,45 @@ def test_diff_lists_only_the_reasons_that_differ(capsys, diff):
     assert shown == want
     common = declined(a) & declined(b)
     assert common and not any(r.rsplit(" (only ", 1)[0] in common for r in shown)
+
+
+def _on_a_terminal(*argv: str) -> str:
+    """What ``met ARGV`` writes to stderr when stderr is a terminal (a pseudo-terminal)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    main_fd, tty_fd = pty.openpty()
+    env = dict(os.environ, COLUMNS="100", TERM="xterm")
+    proc = subprocess.Popen([sys.executable, "-m", "metrale", *argv], stdout=subprocess.PIPE,
+                            stderr=tty_fd, env=env)
+    os.close(tty_fd)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.communicate(timeout=120)
+    os.close(main_fd)
+    assert proc.returncode == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_and_never_with_no_progress():
+    shown = _on_a_terminal("run", "--steps", "2")
+    assert "loading tiny-qwen3 (random weights (seed 0))" in shown
+    assert _on_a_terminal("run", "--steps", "2", "--no-progress") == ""
+
+
+def test_progress_stays_off_a_pipe(capsys):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "metrale", "run", "--steps", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == ""

@@ -293,3 +293,15 @@ def test_warnings_are_one_line(monkeypatch, capsys):
     _with_command(monkeypatch, run)
     assert cli.main(["fail-test"]) == 0
     assert capsys.readouterr().err == "met: warning: something to know\n"
+
+
+def test_quantize_names_its_formats_the_same_in_help_and_error(capsys):
+    from metrale.commands import quant_names
+
+    _, out, _ = _met(capsys, "quantize", "--help")
+    assert quant_names() in " ".join(out.split())
+    status, _, err = _met(capsys, "quantize", "src", "dst", "--to", "fp9")
+    assert status == 3
+    assert err == f"met: --to: unknown weight format (expected {quant_names()}, found 'fp9'); did you mean 'fp8'?\n"
+    status, _, err = _met(capsys, "quantize", "src", "dst", "--to", "bf16")
+    assert status == 3 and "found 'bf16')\n" in err
