@@ -66,6 +66,9 @@ MODELS = st.sampled_from(["tiny-qwen3", "tiny-llama", "tiny-qwen3-moe", "tiny-qw
                           "{file}"])
 HARDWARE = st.sampled_from(["host", "sm_90", "sm_80", "cuda", "h100", "A100", "rtx 4090",
                             "sm90", "nvidia", "amd", ""])
+RUN_HARDWARE = st.sampled_from(["host", "h100", "A100", "sm90", "nvidia", "amd", ""])
+"""Classes for the commands that run or compile: no GPU class, so that a machine with a GPU or
+nvcc does not compile and run kernels for minutes."""
 QUANTS = st.sampled_from(["bf16", "fp8", "mxfp4", "nvfp4", "fp8_e4m3_block", "fp9", "int4",
                           "FP8", ""])
 PATHS = st.sampled_from(["{ckpt}", "{empty}", "{file}", "/nonexistent/p", "/dev/null",
@@ -79,7 +82,9 @@ BY_DEST = {"model": MODELS, "hardware": HARDWARE, "quant": QUANTS, "to": QUANTS,
            "registry": PATHS, "prompt": PROMPTS}
 
 
-def _value(action: argparse.Action) -> st.SearchStrategy[str]:
+def _value(action: argparse.Action, name: str) -> st.SearchStrategy[str]:
+    if action.dest == "hardware" and name in ("run", "bench", "build"):
+        return st.one_of(RUN_HARDWARE, JUNK)
     if action.choices:
         return st.one_of(st.sampled_from([str(c) for c in action.choices]), JUNK)
     if action.dest in BY_DEST:
@@ -100,15 +105,15 @@ def command_lines(draw, name: str) -> list[str]:
     sp = _subparser(name)
     argv: list[list[str]] = []
     for action in sp._actions:
-        if action.dest in ("help", "debug"):
+        if action.dest in ("help", "debug", "record"):  # --record appends to the shipped kernels
             continue
         if not action.option_strings:
             if action.nargs == "?" and draw(st.booleans()):
                 continue
-            argv.append([draw(_value(action))])
+            argv.append([draw(_value(action, name))])
         elif draw(st.integers(0, 3)) == 0:
             flag = action.option_strings[-1]
-            argv.append([flag] if action.nargs == 0 else [flag, draw(_value(action))])
+            argv.append([flag] if action.nargs == 0 else [flag, draw(_value(action, name))])
     if draw(st.integers(0, 9)) == 0:
         argv.append([draw(st.sampled_from(["--nope", "-x", "--format=", "--steps=1"]))])
     order = draw(st.permutations(range(len(argv))))
