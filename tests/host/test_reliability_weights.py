@@ -265,3 +265,11 @@ def test_steps_beyond_the_context_fail_before_running(capsys):
         assert len(eng.generate([1, 2, 3, 4], 13)) == 13
     status, out, err = _met(capsys, "run", "--context", "16", "--steps", "20")
     assert status == 3 and out == "" and "at most 9 steps" in err
+
+
+def test_timing_zero_steps_is_a_config_error_in_the_api():
+    from metrale.runtime.bench import time_decode
+
+    with Engine.load("tiny-qwen3", max_ctx=16) as eng:
+        with pytest.raises(ConfigError, match="bad step count"):
+            time_decode(eng, 1, steps=0)
