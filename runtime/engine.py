@@ -390,8 +390,9 @@ def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1
     """Check the sizes a load asks for against what the model and the machine allow, before
     anything is allocated; returns the bytes asked (``weights``, ``kv_cache``, ``rope``).
 
-    The host keeps weights as f32 (dequantized once), the KV cache as f32 too, and builds the
-    RoPE tables in float64 first; those bytes are compared with ``memory`` (default: the host's
+    The host keeps weights as f32 (dequantized once, on every backend before they are bound),
+    the KV cache as f32 too (on the host class; a device holds its own), and builds the RoPE
+    tables in float64 first; those bytes are compared with ``memory`` (default: the host's
     available memory). Too much is an ``AllocationError`` saying what was asked and what fits;
     a context past ``max_position_embeddings`` is a :class:`LongContextWarning`.
 
@@ -422,6 +423,11 @@ def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1
     per_position = (config.num_hidden_layers * 2 * config.num_key_value_heads
                     * config.head_dim * 4 * slots)
     rope_per_position = config.head_dim * 16  # float64 angles and cos/sin, then f32 tables
+    from metrale.lkb.vendor import Vendor
+    from metrale.realize.hardware import load_hardware
+
+    if load_hardware().get(hardware).vendor != Vendor.HOST:
+        per_position = 0  # the KV cache lives on the device, whose allocator says when it is full
     kv = per_position * max_ctx
     rope = rope_per_position * max_ctx
     asked = weights + kv + rope
