@@ -9,181 +9,22 @@ terminal's stderr, never in a pipe, and never with ``--no-progress``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import re
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
+from metrale import names
 from metrale.cli import command
-
-
-def _console() -> Console:
-    return Console(soft_wrap=True)
-
-
-def _table(title: str, columns: tuple[str, ...], right: tuple[str, ...] = ()) -> Table:
-    """A table whose cells fold long names onto more lines instead of cutting them."""
-    t = Table(title=title)
-    for col in columns:
-        t.add_column(col, overflow="fold", justify="right" if col in right else "left")
-    return t
-
-
-def _add(t: Table, *cells: str) -> None:
-    """Add a row of plain text: ``[act=bf16]`` in a point name is text, not rich markup."""
-    t.add_row(*(Text(c) for c in cells))
-
-
-def _print_table(t: Table) -> None:
-    """Print at the terminal's width; the first column (the names) keeps its widest cell's
-    width whenever the other columns can still fold to fit beside it."""
-    console = _console()
-    if t.columns:
-        first = t.columns[0]
-        widest = max([console.measure(c).maximum for c in first._cells]
-                     + [len(str(first.header))])
-        others = sum(max([console.measure(c).minimum for c in col._cells]
-                         + [len(str(col.header))]) for col in t.columns[1:])
-        frame = 3 * len(t.columns) + 1  # borders and one space of padding either side
-        if widest + others + frame <= console.width:
-            first.no_wrap = True
-    console.print(t, soft_wrap=False)
-
-
-@contextlib.contextmanager
-def _progress(args: argparse.Namespace, text: str) -> Iterator[None]:
-    """A spinner saying ``text`` on stderr while the block runs (a terminal only)."""
-    if getattr(args, "no_progress", False) or not sys.stderr.isatty():
-        yield
-        return
-    with Console(stderr=True).status(text):
-        yield
-
-
-def _no_progress_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress display (never shown when stderr is not a terminal)")
-
-
-def int_at_least(low: int, high: int | None = None):
-    """An argparse ``type``: an integer in ``[low, high]``; anything else is a usage error
-    (status 2) saying what was expected.
-
-    >>> int_at_least(1)("3")
-    3
-    >>> int_at_least(1)("0")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: expected an integer >= 1, found '0'
-    """
-    def parse(text: str) -> int:
-        want = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {want}, found {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {want}, found {text!r}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-MAX_TOKEN_ID = 2**31 - 1
-
-
-def token_ids(text: str) -> list[int]:
-    """An argparse ``type``: comma-separated token ids, each an int in ``[0, 2**31 - 1]``.
-
-    >>> token_ids("1, 2,3")
-    [1, 2, 3]
-    """
-    try:
-        ids = [int(t, 10) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, found "
-                                         f"{text[:80]!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("expected at least one token id, found none")
-    bad = next((t for t in ids if not 0 <= t <= MAX_TOKEN_ID), None)
-    if bad is not None:
-        raise argparse.ArgumentTypeError(f"expected token ids in [0, {MAX_TOKEN_ID}], found "
-                                         f"{str(bad)[:40]}")
-    return ids
-
-
-def _products(hw: Any) -> list[str]:
-    """The product names a class stands for: its device's, and those its ``HARDWARE.toml``
-    names on its first line (``NVIDIA Hopper GPUs (H100, H200)``)."""
-    names = [hw.device.name]
-    try:
-        first = hw.file.read_text(encoding="utf-8").splitlines()[0] if hw.file else ""
-    except (OSError, IndexError):
-        first = ""
-    m = re.search(r"\(([^)]*)\)", first)
-    if m:
-        names += [n.strip() for n in m.group(1).split(",")]
-    for n in list(names):
-        names.append(re.sub(r"^(NVIDIA|GeForce)\s+", "", n))
-    return names
-
-
-def _squash(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def hardware_class(name: str, kernels: str | None = None, key: str = "--hardware") -> str:
-    """``name`` if it is a hardware class; a product name (``h100``, ``RTX 4090``) is answered
-    with the class it belongs to, anything else with the list of classes.
-
-    >>> hardware_class("sm_90")
-    'sm_90'
-    >>> hardware_class("h100")
-    Traceback (most recent call last):
-    ...
-    metrale.lkb.errors.ConfigError: --hardware: 'h100' is a GPU, not a hardware class: its class is sm_90 (NVIDIA Hopper GPUs (H100, H200), compute capability 9.0) (expected one of cuda, host, sm_100, sm_120, sm_121, sm_80, sm_89, sm_90, found 'h100'); did you mean 'sm_90'?
-    """  # noqa: E501
-    from metrale.lkb.errors import ConfigError
-    from metrale.realize.hardware import load_hardware
-
-    hw = load_hardware(kernels)
-    if name in hw.names:
-        return name
-    cls = _product_class(name, hw)
-    if cls is not None:
-        raise ConfigError(f"{name!r} is a GPU, not a hardware class: its class is "
-                          f"{cls.name} ({_about(cls)})", key=key,
-                          expected="one of " + ", ".join(hw.names), found=repr(name),
-                          suggestion=cls.name)
-    hw.get(name)  # the usual error: the classes, and the nearest by spelling
-    return name
-
-
-def _product_class(name: str, classes: Any) -> Any:
-    """The class whose products include ``name`` (``h100`` → sm_90), or ``None``."""
-    q = _squash(name).removeprefix("nvidia").removeprefix("geforce")
-    for cls in classes:
-        for product in _products(cls):
-            pattern = _squash(product).replace("xx", "[0-9][0-9]")
-            if q and (re.fullmatch(pattern, q) or (len(q) >= 4 and q in _squash(product))):
-                return cls
-    return None
-
-
-def _about(hw: Any) -> str:
-    """What a class is, from the first line of its ``HARDWARE.toml``."""
-    try:
-        first = hw.file.read_text(encoding="utf-8").splitlines()[0] if hw.file else ""
-    except (OSError, IndexError):
-        first = ""
-    return first.split(":", 1)[1].strip() if ":" in first else hw.device.name
+from metrale.terminal import add as _add
+from metrale.terminal import console as _console
+from metrale.terminal import int_at_least, token_ids
+from metrale.terminal import no_progress_arg as _no_progress_arg
+from metrale.terminal import print_table as _print_table
+from metrale.terminal import progress as _progress
+from metrale.terminal import table as _table
 
 
 def _kernels_arg(p: argparse.ArgumentParser) -> None:
@@ -257,13 +98,13 @@ def hardware(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps([{"class": h.name, "vendor": str(h.vendor.value), "arch": h.arch,
                            "inherits": list(h.inherits), "device": h.device.name,
-                           "about": _about(h)} for h in classes], indent=2))
+                           "about": names.about(h)} for h in classes], indent=2))
         return 0
     t = _table(f"hardware classes: {len(classes)}",
                ("class", "vendor", "arch", "inherits", "costed as", "what"))
     for h in classes:
         _add(t, h.name, str(h.vendor.value), h.arch or "", ", ".join(h.inherits),
-                  h.device.name, _about(h))
+             h.device.name, names.about(h))
     _print_table(t)
     return 0
 
@@ -309,7 +150,7 @@ def relations(args: argparse.Namespace) -> int:
     from metrale.lkb.presentation import Presentation
 
     if args.hardware:
-        table, doc = relations_on_table(hardware_class(args.hardware, args.kernels),
+        table, doc = relations_on_table(names.hardware_class(args.hardware, args.kernels),
                                         args.kernels)
         if args.format == "json":
             print(json.dumps(doc, indent=2))
@@ -348,7 +189,7 @@ def check(args: argparse.Namespace) -> int:
     from metrale.lkb.errors import ConfigError
     from metrale.lkb.presentation import Presentation
 
-    if hardware_class(args.hardware, args.kernels) != "host":
+    if names.hardware_class(args.hardware, args.kernels) != "host":
         raise ConfigError("the semantic check runs the host realization; GPU classes are "
                           "checked by tests/cuda on a device", key="--hardware",
                           expected="host", found=args.hardware)
@@ -375,25 +216,12 @@ def _output_format(text: str) -> str:
         f"--to (met quantize SRC DST --to {text})")
 
 
-def quant_names() -> str:
-    """The weight formats ``met quantize --to`` takes, spelled as its help and its error say.
-
-    >>> quant_names()
-    'fp8, mxfp4, nvfp4, or one of fp8_e4m3_block, fp8_e4m3_channel, fp8_e4m3_tensor, fp8_e5m2_block, fp8_e5m2_channel, fp8_e5m2_tensor (fp8 is fp8_e4m3_channel)'
-    """  # noqa: E501
-    from metrale.lkb.quant import FORMATS, QuantFormat
-
-    fp8 = [f for f in sorted(FORMATS) if f.startswith("fp8_")]
-    return (f"fp8, mxfp4, nvfp4, or one of {', '.join(fp8)} "
-            f"(fp8 is {QuantFormat.parse('fp8').name})")
-
-
 def _quantize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="a bf16 (or f16/f32) safetensors checkpoint directory")
     p.add_argument("dst", help="the folder to write (must not exist, unless --overwrite and it "
                                "is a previous output of met quantize)")
     p.add_argument("--to", required=True, metavar="QUANT",
-                   help="the weight format to write: " + quant_names())
+                   help="the weight format to write: " + names.quant_names())
     p.add_argument("--overwrite", action="store_true",
                    help="replace DST if it is a previous output of met quantize (never "
                         "anything else, never SRC or a folder holding it)")
@@ -414,7 +242,7 @@ def quantize(args: argparse.Namespace) -> int:
     except ConfigError:
         fmt = None
     if fmt is None or fmt.name == "bf16":
-        raise ConfigError("unknown weight format", key="--to", expected=quant_names(),
+        raise ConfigError("unknown weight format", key="--to", expected=names.quant_names(),
                           found=repr(args.to),
                           suggestion=nearest(args.to.lower(), ["fp8", "mxfp4", "nvfp4", *(
                               f for f in FORMATS if f != "bf16")]))
@@ -435,7 +263,7 @@ def quantize(args: argparse.Namespace) -> int:
                right=("bytes before", "bytes after", "SQNR dB"))
     for r in report.tensors:
         _add(t, r.name, "x".join(map(str, r.shape)), r.fmt, f"{r.bytes_before:,}",
-                  f"{r.bytes_after:,}", "" if r.sqnr_db is None else f"{r.sqnr_db:.2f}")
+             f"{r.bytes_after:,}", "" if r.sqnr_db is None else f"{r.sqnr_db:.2f}")
     _print_table(t)
     worst = report.min_sqnr_db
     _console().print(f"wrote {args.dst}: {report.bytes_before:,} → {report.bytes_after:,} bytes, "
@@ -486,8 +314,8 @@ def _diff_target(text: str, kernels: str | None) -> tuple[str, str]:
         pass
     else:
         return "quant", text
-    if _product_class(text, load_hardware(kernels)) is not None:
-        hardware_class(text, kernels, key="--diff")  # a product name is answered with its class
+    if names._product_class(text, load_hardware(kernels)) is not None:
+        names.hardware_class(text, kernels, key="--diff")  # a product name is answered with its class
     from metrale.lkb.errors import nearest
 
     raise ConfigError("bad diff target", key="--diff",
@@ -511,7 +339,7 @@ def plan(args: argparse.Namespace) -> int:
                         policy=args.policy, act=args.act, context=args.context,
                         kernels_dir=args.kernels, logits=args.logits)
 
-    hw = hardware_class(args.hardware, args.kernels)
+    hw = names.hardware_class(args.hardware, args.kernels)
     diff = _diff_target(args.diff, args.kernels) if args.diff else None
     p = make(hw, args.quant)
     from metrale.plan.config import ModelConfig
@@ -577,7 +405,7 @@ def _residual_args(p: argparse.ArgumentParser) -> None:
 def residual(args: argparse.Namespace) -> int:
     from metrale.realize.residual import residual as residual_of
 
-    r = residual_of(hardware_class(args.hardware, args.kernels), args.kernels)
+    r = residual_of(names.hardware_class(args.hardware, args.kernels), args.kernels)
     if args.format == "json":
         print(json.dumps(r.to_json(), indent=2))
         return 0
@@ -588,8 +416,8 @@ def residual(args: argparse.Namespace) -> int:
         kinds = ", ".join(f"{k}: {n}" for k, n in r.by_kind().items())
         t = _table(f"Residual({r.hw}): {r.count} ({kinds}); {len(groups)} reason(s)",
                    ("kind", "count", "file", "reason", "evidence", "points"), right=("count",))
-        for (kind, file, reason, ev), names in groups.items():
-            _add(t, kind, str(len(names)), file, reason, ev, "\n".join(names))
+        for (kind, file, reason, ev), points in groups.items():
+            _add(t, kind, str(len(points)), file, reason, ev, "\n".join(points))
         _print_table(t)
     _console().print(f"residual({r.hw}): {r.count}", markup=False)
     return 0
@@ -710,7 +538,7 @@ def run(args: argparse.Namespace) -> int:
 
     source, weights = _run_source(args)
     prompt = args.prompt
-    hardware = hardware_class(args.hardware)
+    hardware = names.hardware_class(args.hardware)
     config = ModelConfig.load(source)
     context = (args.context if args.context is not None
                else min(1024, config.max_position_embeddings))
@@ -799,7 +627,7 @@ def bench(args: argparse.Namespace) -> int:
 
     if args.mode == "prefill":
         return _bench_prefill(args)
-    hw = load_hardware(args.kernels).get(hardware_class(args.hardware, args.kernels))
+    hw = load_hardware(args.kernels).get(names.hardware_class(args.hardware, args.kernels))
     if args.context is None:
         from metrale.plan.config import ModelConfig
 
@@ -881,7 +709,7 @@ def _bench_prefill(args: argparse.Namespace) -> int:
         raise ConfigError("evidence comes from the decode step's kernels, timed one by one",
                           key="--record", expected="--mode decode", found="--mode prefill")
     with _progress(args, f"loading {args.model}"):
-        eng = Engine.load(args.model, hardware=hardware_class(args.hardware, args.kernels),
+        eng = Engine.load(args.model, hardware=names.hardware_class(args.hardware, args.kernels),
                           quant=args.quant, max_ctx=args.rows, policy=args.policy)
     with eng, _progress(args, f"timing {args.steps} prefill steps"):
         step = time_prefill(eng, args.rows, steps=args.steps)

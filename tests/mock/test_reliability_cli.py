@@ -296,7 +296,7 @@ def test_warnings_are_one_line(monkeypatch, capsys):
 
 
 def test_quantize_names_its_formats_the_same_in_help_and_error(capsys):
-    from metrale.commands import quant_names
+    from metrale.names import quant_names
 
     _, out, _ = _met(capsys, "quantize", "--help")
     assert quant_names() in " ".join(out.split())
