@@ -24,6 +24,7 @@ True
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -412,6 +413,9 @@ class _Reader:
     def read(self) -> ModelConfig:
         if not self.f.ok:
             raise_all(self.errors)
+        self.finite(self.data, "")
+        if self.errors:
+            raise_all(self.errors)
         f = self.f
         arch = self.arch()
         hidden = self.positive("hidden_size")
@@ -465,6 +469,19 @@ class _Reader:
             quantization_config=None if quant is None else copy.deepcopy(quant),
             **moe,
         )
+
+    def finite(self, value: Any, key: str) -> None:
+        """Every number of the config is finite: JSON has no NaN or Infinity, but Python's
+        reader accepts them, and one in ``rms_norm_eps`` or ``rope_theta`` would poison every
+        activation; each is reported by its dotted key."""
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, "number is not finite", "a finite number", value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.finite(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.finite(v, f"{key}[{i}]")
 
     def arch(self) -> str | None:
         model_type = self.f.take("model_type", (str, type(None)), default=None)

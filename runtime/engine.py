@@ -48,12 +48,13 @@ from metrale.runtime.backend import DevicePtr, GpuBackend
 from metrale.runtime.executor import HostLoader, Loader, Program
 from metrale.runtime.fault import FaultLatch, Teardown
 
-__all__ = ["Engine", "best_backend", "checkpoint_quant", "checkpoint_weights", "random_weights"]
+__all__ = ["Engine", "LongContextWarning", "best_backend", "check_sizes", "checkpoint_dir",
+           "checkpoint_quant", "checkpoint_weights", "random_weights"]
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\w+)\.weight$")
 
 
-def checkpoint_quant(config: Mapping[str, Any] | None) -> str:
+def checkpoint_quant(config: Mapping[str, Any] | None, *, file: object = None) -> str:
     """The plan's weight format named by a ``config.json``'s ``quantization_config``.
 
     >>> checkpoint_quant({"quantization_config": {"quant_method": "modelopt",
@@ -69,7 +70,7 @@ def checkpoint_quant(config: Mapping[str, Any] | None) -> str:
         if name.startswith(quant):
             return quant
     if name:
-        raise ConfigError("unsupported quantization", key="quantization_config",
+        raise ConfigError("unsupported quantization", file=file, key="quantization_config",
                           expected="fp8, mxfp4 or nvfp4", found=repr(name))
     return "bf16"
 
@@ -103,6 +104,8 @@ def random_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
 
     from metrale.lkb.quant import QuantFormat
 
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError("bad seed", key="seed", expected="an int >= 0", found=repr(seed))
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
     rng = np.random.default_rng(seed)
     std = np.float32(config.hidden_size ** -0.5)
@@ -192,13 +195,23 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                 raise CheckpointError(f"{e.message} (needed by {node})", file=e.file or ck.path,
                                       key=e.key or name, expected=e.expected,
                                       found=e.found) from None
-            for r in raw:
+            names = parts if stacked else [name]
+            for part, r in zip(names, raw):
                 if isinstance(r, np.ndarray) and not _is_float(r, DType):
                     raise CheckpointError(f"weight has the wrong dtype (needed by {node})",
-                                          file=ck.path, key=name,
+                                          file=ck.path, key=part,
                                           expected="bf16, f16 or f32, or a quantized layout",
                                           found=str(r.dtype))
-            w = np.stack([_as_f32(r) for r in raw]) if stacked else _as_f32(raw[0])
+                if stored:
+                    _check_stored_format(r, stored, quant, _file_of(ck, part), part, node)
+                if stacked and tuple(r.shape) != shape[1:]:
+                    raise CheckpointError(f"expert weight has the wrong shape for the config "
+                                          f"(needed by {node})", file=_file_of(ck, part),
+                                          key=part, expected=shape[1:], found=tuple(r.shape))
+            f32 = [_as_f32(r) for r in raw]
+            for part, a in zip(names, f32):
+                _check_finite(a, _file_of(ck, part), part, node)
+            w = np.stack(f32) if stacked else f32[0]
             quantized = next((r for r in raw if isinstance(r, QuantTensor)), None)
             if not stored and quantized is not None:
                 _check_plain_exact(w, plain[name], ck.path, name, node, quantized.fmt.name)
@@ -217,6 +230,50 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
 
 
 _EXACT_CHUNK = 1 << 22  # values per chunk of the exactness check (bounds its temporaries)
+
+
+def _file_of(ck: Any, name: str) -> Any:
+    return ck.file_of(name) if name in ck else ck.path
+
+
+def _check_finite(w: np.ndarray, path: Any, name: str, node: str) -> None:
+    """A weight with a NaN or an infinity is a ``CheckpointError`` naming the tensor, the first
+    bad index and the node that reads it: it would turn every later activation into NaN."""
+    flat = w.reshape(-1)
+    for i in range(0, flat.size, _EXACT_CHUNK):
+        ok = np.isfinite(flat[i:i + _EXACT_CHUNK])
+        if not ok.all():
+            j = i + int(np.argmin(ok))
+            at = [int(x) for x in np.unravel_index(j, w.shape)]
+            raise CheckpointError(f"NaN or inf in a weight (needed by {node})", file=path,
+                                  key=name, expected="finite values", found=f"{flat[j]} at {at}")
+
+
+def _check_stored_format(raw: Any, stored: str, quant: str, path: Any, name: str,
+                         node: str) -> None:
+    """The one format rule, for every backend: a weight the plan reads as ``quant`` (the plan's
+    format, e.g. fp8) must be stored in that format. Plain floats under an fp8 plan are refused
+    (the host would compute in bf16 and call it fp8; a device would re-quantize them)."""
+    from metrale.lkb.quant import QuantTensor
+
+    held = raw.fmt.kind if isinstance(raw, QuantTensor) else None
+    if held == stored:
+        return
+    found = raw.fmt.name if held is not None else f"{_dtype_name(raw)} (not quantized)"
+    raise CheckpointError(f"weight is stored {found}, and the plan reads it as {stored} "
+                          f"(needed by {node}; quantize the checkpoint with met quantize SRC "
+                          f"DST --to {stored}, or run with --quant "
+                          f"{held or 'bf16'})", file=path, key=name,
+                          expected=f"a {stored} layout", found=found)
+
+
+def _dtype_name(a: Any) -> str:
+    from metrale.lkb.dtype import DType
+
+    try:
+        return DType.of(np.asarray(a)).name
+    except ConfigError:
+        return str(np.asarray(a).dtype)
 
 
 def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: str,
@@ -275,6 +332,123 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
                            found=repr(hardware))
 
 
+def checkpoint_dir(model: Any) -> Path | None:
+    """The checkpoint directory ``model`` names, or ``None`` when it names a config to fill with
+    random weights (a built-in name, a ``ModelConfig``, a lone ``config.json``).
+
+    A directory is a checkpoint; so is the folder of a ``.safetensors`` file, of an index, or of
+    a ``config.json`` that has weights beside it: a path into a checkpoint loads that checkpoint,
+    never random weights for its config.
+
+    >>> checkpoint_dir("tiny-qwen3") is None
+    True
+    """
+    from metrale.runtime.checkpoint import INDEX, SINGLE
+
+    if isinstance(model, ModelConfig):
+        return None
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        weights = any(os.path.lexists(path.parent / n) for n in (SINGLE, INDEX))
+        if path.suffix == ".safetensors" or path.name == INDEX or weights:
+            return path.parent
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available now (``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class LongContextWarning(UserWarning):
+    """A context longer than the model's ``max_position_embeddings``: it runs, but the model
+    was not trained on positions that far (its outputs there are not to be trusted)."""
+
+
+MAX_POSITIONS = 2**31 - 1
+"""No context is longer: positions are int32 on every backend."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1,
+                hardware: str = "host", memory: int | None = None) -> dict[str, int]:
+    """Check the sizes a load asks for against what the model and the machine allow, before
+    anything is allocated; returns the bytes asked (``weights``, ``kv_cache``, ``rope``).
+
+    The host keeps weights as f32 (dequantized once, on every backend before they are bound),
+    the KV cache as f32 too (on the host class; a device holds its own), and builds the RoPE
+    tables in float64 first; those bytes are compared with ``memory`` (default: the host's
+    available memory). Too much is an ``AllocationError`` saying what was asked and what fits;
+    a context past ``max_position_embeddings`` is a :class:`LongContextWarning`.
+
+    >>> from metrale.plan.config import ModelConfig
+    >>> c = ModelConfig.load("tiny-qwen3")
+    >>> check_sizes(c, "bf16", max_ctx=1 << 40, memory=1 << 30)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.ConfigError: max_ctx: context longer than positions can count (expected at most 2147483647, found 1099511627776)
+    >>> check_sizes(c, "bf16", max_ctx=1 << 24, memory=1 << 30)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.AllocationError: tiny-qwen3: max_ctx: not enough memory: context 16777216 x 1 slot(s) asks for 12.00 GiB (weights 0.41 MiB, KV cache 8.00 GiB, RoPE tables 4.00 GiB), and 1.00 GiB is available here (expected a context of at most 1,397,544 positions)
+    """  # noqa: E501
+    import warnings
+
+    from metrale.lkb.errors import AllocationError
+
+    for key, value in (("max_ctx", max_ctx), ("slots", slots)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"bad {'context length' if key == 'max_ctx' else 'slot count'}",
+                              key=key, expected="an int >= 1", found=repr(value))
+    if max_ctx > MAX_POSITIONS or max_ctx * slots > MAX_POSITIONS:
+        raise ConfigError("context longer than positions can count", key="max_ctx",
+                          expected=f"at most {MAX_POSITIONS // slots}", found=max_ctx)
+    weights = sum(4 * int(np.prod(shape, dtype=object))
+                  for shape, _ in _weight_shapes(config, quant).values())
+    per_position = (config.num_hidden_layers * 2 * config.num_key_value_heads
+                    * config.head_dim * 4 * slots)
+    rope_per_position = config.head_dim * 16  # float64 angles and cos/sin, then f32 tables
+    from metrale.lkb.vendor import Vendor
+    from metrale.realize.hardware import load_hardware
+
+    if load_hardware().get(hardware).vendor != Vendor.HOST:
+        per_position = 0  # the KV cache lives on the device, whose allocator says when it is full
+    kv = per_position * max_ctx
+    rope = rope_per_position * max_ctx
+    asked = weights + kv + rope
+    memory = available_memory() if memory is None else memory
+    if memory is not None and asked > memory:
+        fits = (memory - weights) // (per_position + rope_per_position)
+        room = (f"a context of at most {fits:,} positions" if fits >= 1 else
+                f"a model whose weights fit in {_gib(memory)} (these need {_gib(weights)})")
+        raise AllocationError(
+            f"not enough memory: context {max_ctx} x {slots} slot(s) asks for {_gib(asked)} "
+            f"(weights {_gib(weights)}, KV cache {_gib(kv)}, RoPE tables {_gib(rope)}), and "
+            f"{_gib(memory)} is available here", file=config.name,
+            key="max_ctx" if fits >= 1 else "weights", expected=room)
+    if max_ctx > config.max_position_embeddings:
+        warnings.warn(LongContextWarning(
+            f"{config.name}: context {max_ctx} is longer than the model's "
+            f"max_position_embeddings ({config.max_position_embeddings}): positions past it "
+            f"were never trained"), stacklevel=3)
+    return {"weights": weights, "kv_cache": kv, "rope": rope}
+
+
 class Engine:
     """A loaded model with its KV cache; see the module docstring. Build with :meth:`load`."""
 
@@ -316,7 +490,7 @@ class Engine:
     @classmethod
     def load(cls, model: str | os.PathLike | ModelConfig, *, hardware: str = "host",
              quant: str | None = None, backend: GpuBackend | None = None, act: str = "bf16",
-             max_ctx: int = 1024, seed: int = 0, slots: int = 1, blocking: bool = False,
+             max_ctx: int | None = None, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
              loader: Loader | None = None) -> Engine:
@@ -324,20 +498,28 @@ class Engine:
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
 
-        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16);
+        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16); ``max_ctx``
+        (the KV cache's positions) to 1024, or the model's ``max_position_embeddings`` if
+        smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step.
         """
-        path = None if isinstance(model, ModelConfig) else Path(model)
-        if path is not None and path.is_dir():
+        path = checkpoint_dir(model)
+        if path is not None:
             config = ModelConfig.load(path)
             quant = quant or checkpoint_quant({"quantization_config":
-                                               config.quantization_config})
-            weights = checkpoint_weights(path, config, quant)
+                                               config.quantization_config},
+                                              file=path / "config.json")
         else:
             config = model if isinstance(model, ModelConfig) else ModelConfig.load(str(model))
             quant = quant or "bf16"
+        if max_ctx is None:
+            max_ctx = min(1024, config.max_position_embeddings)
+        check_sizes(config, quant, max_ctx=max_ctx, slots=slots, hardware=hardware)
+        if path is not None:
+            weights = checkpoint_weights(path, config, quant)
+        else:
             weights = random_weights(config, quant, seed=seed)
         return cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
                    act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
@@ -441,7 +623,12 @@ class Engine:
     # -- steps ----------------------------------------------------------------------------------
 
     def _check_ids(self, token_ids: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(list(token_ids), np.int64)
+        try:
+            ids = np.asarray(list(token_ids), np.int64)
+        except (OverflowError, TypeError, ValueError):
+            raise ConfigError("token ids must be ints in the vocabulary", key="token_ids",
+                              expected=f"0 <= id < {self.config.vocab_size}",
+                              found=repr(token_ids)[:80]) from None
         if ids.ndim != 1 or ids.size == 0:
             raise ConfigError("token ids must be a non-empty list of ints", key="token_ids",
                               found=repr(token_ids))
@@ -522,6 +709,12 @@ class Engine:
                               found=repr(steps))
         if steps == 0:
             return []
+        need = len(prompt_ids) + steps - 1
+        if need > self.max_ctx:  # refused before the first step runs, not at the last one
+            raise ConfigError("prompt and steps do not fit the context", key="steps",
+                              expected=f"prompt + steps - 1 <= {self.max_ctx} (at most "
+                                       f"{max(self.max_ctx - len(prompt_ids) + 1, 0)} steps)",
+                              found=f"{len(prompt_ids)} + {steps} - 1 = {need}")
         token = int(self.prefill(prompt_ids, last=True)[-1].argmax())
         out = [token]
         for _ in range(steps - 1):

@@ -70,7 +70,7 @@ def source(tmp_path_factory) -> Path:
 
 def _quantize(src: Path, dst: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "metrale", "quantize", str(src), str(dst),
-                             "--format", "mxfp4", "--no-progress", *extra],
+                             "--to", "mxfp4", "--no-progress", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
 
 
@@ -105,7 +105,8 @@ def test_interrupted_quantize_leaves_no_destination_and_reruns(source, tmp_path)
 def test_interrupted_overwrite_leaves_the_old_destination_intact(source, tmp_path):
     dst = tmp_path / "out"
     old = {"model.layers.0.mlp.down_proj.weight": np.full((4, 32), 2.0, ml_dtypes.bfloat16)}
-    write_checkpoint(dst, old, {"model_type": "llama"}, FORMATS["bf16"])
+    # a previous output of met quantize: the only kind of folder --overwrite replaces
+    write_checkpoint(dst, old, {"model_type": "llama"}, FORMATS["bf16"], writer="met quantize")
     before = (dst / SINGLE).read_bytes()
     rc, _ = _interrupt_quantize(source, dst, "--overwrite")
     assert rc == EXIT_INTERRUPTED
