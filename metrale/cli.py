@@ -32,7 +32,7 @@ def command(name: str, help: str) -> Callable:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``met`` with every registered subcommand."""
-    from metrale import commands  # noqa: F401 - registers the subcommands
+    from metrale import commands, generate_cli  # noqa: F401 - registers the subcommands
 
     p = argparse.ArgumentParser(
         prog="met", description="Metrale: kernel plans for LLM inference, as category theory.")

@@ -305,15 +305,20 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="a checkpoint directory to load")
     p.add_argument("--hardware", default="host", help="the hardware class to run on")
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps")
-    p.add_argument("--prompt", default="1,2,3,4,5,6,7,8", help="comma-separated token ids")
+    p.add_argument("--prompt", default="1,2,3,4,5,6,7,8",
+                   help="text (a checkpoint with tokenizer.json), else comma-separated token ids")
     p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
     p.add_argument("--quant", default=None, help="weight format (default: the checkpoint's)")
     p.add_argument("--context", type=int, default=1024, help="KV cache positions")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random weights; with a text prompt, of the draws")
     p.add_argument("--blocking", action="store_true",
                    help="synchronize after every launch, so a fault names its kernel")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _policy_arg(p)
+    from metrale.generate_cli import sampling_args
+
+    sampling_args(p)
 
 
 @command("run", "run a model: prefill a prompt, then greedy decode steps, with tokens/s and "
@@ -323,13 +328,16 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from metrale.generate_cli import run_text, wants_text
     from metrale.lkb.errors import ConfigError
     from metrale.plan.printers import summary_lines
     from metrale.runtime.engine import Engine
 
+    if wants_text(args):
+        return run_text(args)
     source = args.checkpoint or args.model or "tiny-qwen3"
     try:
-        prompt = [int(t) for t in args.prompt.split(",") if t.strip()]
+        prompt = [int(t) for t in (args.prompt_ids or args.prompt).split(",") if t.strip()]
     except ValueError:
         raise ConfigError("prompt must be comma-separated token ids", key="--prompt",
                           found=repr(args.prompt)) from None
