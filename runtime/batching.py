@@ -218,7 +218,7 @@ class Batcher:
         cut = _find_stop(run.text, req.stop, run.sent)
         if cut is not None:
             run.text = run.text[:cut]
-            return self._finish(run, token, "stop")
+            return self._finish(run, token, "stop", flush=False)
         full = self.engine.lengths[run.slot] >= self.engine.max_ctx
         if len(run.ids) >= req.max_tokens or full:
             return self._finish(run, token, "length")
@@ -227,7 +227,10 @@ class Batcher:
         delta, run.sent = run.text[run.sent:upto], upto
         return Event(run, token, delta, None)
 
-    def _finish(self, run: Running, token: int | None, reason: str) -> Event:
+    def _finish(self, run: Running, token: int | None, reason: str, flush: bool = True
+                ) -> Event:
+        if run.stream is not None and flush:  # a character still held back comes out now
+            run.text += run.stream.flush()
         delta, run.sent = run.text[run.sent:], len(run.text)
         self.cancel(run, reason)
         return Event(run, token, delta, reason)

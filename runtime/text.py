@@ -14,7 +14,8 @@ Laws:
 
 1. ``decode(encode(s, special=False)) == s`` for text the tokenizer covers (byte-level BPE
    covers all text).
-2. Concatenating a :class:`TextStream`'s deltas gives ``decode(ids)``.
+2. Concatenating a :class:`TextStream`'s deltas and its final ``flush()`` gives
+   ``decode(ids)``.
 
 Every bad file or field is a :class:`~metrale.lkb.errors.ConfigError` naming the file and the
 field.
@@ -345,7 +346,7 @@ class TextStream:
     multi-byte character is incomplete), through ``tokenizers``' ``DecodeStream`` primed with
     the prompt's last ids (so a word-piece's leading space comes out right).
 
-    Concatenated deltas equal ``Text.decode`` of every id pushed.
+    Concatenated deltas and the final :meth:`flush` equal ``Text.decode`` of every id pushed.
     """
 
     PRIME = 8
@@ -355,10 +356,20 @@ class TextStream:
 
         self.text = text
         self.ids: list[int] = []
+        self.emitted = ""
         self._stream = DecodeStream(ids=prompt_ids[-self.PRIME:], skip_special_tokens=True)
 
     def push(self, token: int) -> str:
         """Add one generated id; the text it completes."""
         self.ids.append(int(token))
-        out = self._stream.step(self.text.tokenizer, int(token))
-        return out or ""
+        out = self._stream.step(self.text.tokenizer, int(token)) or ""
+        self.emitted += out
+        return out
+
+    def flush(self) -> str:
+        """The text still held back at the end (an incomplete character, decoded as the
+        tokenizer decodes it, usually U+FFFD), so that the deltas add up to ``decode(ids)``."""
+        full = self.text.decode(self.ids)
+        rest = full[len(self.emitted):] if full.startswith(self.emitted) else ""
+        self.emitted += rest
+        return rest
