@@ -164,26 +164,30 @@ def new_id(prefix: str) -> str:
 
 
 def chunk(kind: str, rid: str, model: str, created: int, text: str, finish: str | None,
-          *, first: bool = False) -> dict[str, Any]:
-    """One streamed chunk of a completion (``kind`` "text") or chat completion ("chat")."""
+          ids: list[int], *, first: bool = False) -> dict[str, Any]:
+    """One streamed chunk of a completion (``kind`` "text") or chat completion ("chat").
+    ``token_ids`` (an extension, as some servers offer) lists the ids the chunk adds."""
     if kind == "text":
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                  "token_ids": ids}
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
                 "choices": [choice]}
     delta: dict[str, Any] = {"role": "assistant", "content": text} if first else (
         {"content": text} if text else {})
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                         "token_ids": ids}]}
 
 
-def whole(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, int]
-          ) -> dict[str, Any]:
+def whole(kind: str, rid: str, model: str, text: str, finish: str, usage: dict[str, int],
+          ids: list[int]) -> dict[str, Any]:
     """The body of a non-streamed completion or chat completion."""
     created = int(time.time())
     if kind == "text":
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": 0, "text": text, "logprobs": None,
-                             "finish_reason": finish}], "usage": usage}
+                             "finish_reason": finish, "token_ids": ids}], "usage": usage}
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}], "usage": usage}
+                         "logprobs": None, "finish_reason": finish, "token_ids": ids}],
+            "usage": usage}

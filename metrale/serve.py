@@ -200,7 +200,8 @@ def make_app(server: Server) -> Any:
         if finish == "error":
             return _json(error_body(f"the engine failed: {server.error}", "server_error"), 500)
         usage = _usage(run)
-        return _json(whole(kind, rid, server.name, "".join(text), finish, usage))
+        return _json(whole(kind, rid, server.name, "".join(text), finish, usage,
+                           list(run.ids)))
 
     async def completions(request: HttpRequest) -> Any:
         return await generate(request, "text")
@@ -238,8 +239,10 @@ async def _stream(server: Server, run: Running, queue: asyncio.Queue, kind: str,
         while finish is None:
             ev = await queue.get()
             finish = ev.finish
-            if ev.text or finish is not None or (first and kind == "chat"):
-                data = chunk(kind, rid, server.name, created, ev.text, finish, first=first)
+            if ev.text or ev.token is not None or finish is not None:
+                ids = [] if ev.token is None else [ev.token]
+                data = chunk(kind, rid, server.name, created, ev.text, finish, ids,
+                             first=first)
                 first = False
                 yield f"data: {json.dumps(data)}\n\n"
         if parsed.include_usage:

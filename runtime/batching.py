@@ -1,11 +1,12 @@
 """Continuous batching over an engine's KV slots: requests join between decode steps.
 
 A :class:`Batcher` owns an :class:`~metrale.runtime.engine.Engine`. :meth:`~Batcher.admit`
-gives a request the lowest free slot (or raises :class:`Busy`); :meth:`~Batcher.step` prefills
-the requests admitted since the last step (each through the prefill plan ending in ``sample``,
-which draws its first token), then runs one decode step for every running request at the plan
-of the rows bucket covering the highest busy slot (free rows below it carry a pad token and do
-not advance), and returns one :class:`Event` per request that moved. :meth:`~Batcher.cancel`
+gives a request the lowest free slot (or raises :class:`Busy`); :meth:`~Batcher.step` runs one
+decode step for every running request at the plan of the rows bucket covering the highest busy
+slot (rows below it without a running request carry a pad token at position 0 and do not
+advance), then prefills the requests admitted since the last step (each through the prefill
+plan ending in ``sample``, which draws its first token), and returns one :class:`Event` per
+request that moved. :meth:`~Batcher.cancel`
 frees a slot at once. Everything is guarded by one lock, so a server thread may step while
 request handlers admit and cancel.
 
@@ -117,6 +118,7 @@ class Batcher:
         self.slots: list[Running | None] = [None] * engine.slots
         self.buckets = buckets(engine.slots)
         self.steps = 0
+        self.peak_rows = 0  # the most requests one decode step has served
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -176,19 +178,13 @@ class Batcher:
         return key_row(run.seed, request=run.request.request, position=position)
 
     def step(self) -> list[Event]:
-        """Prefill what was admitted, then one decode step for the rest; the events."""
+        """One decode step for the running requests, then the prefills of those admitted; the
+        events."""
         with self.lock:
             events: list[Event] = []
-            fresh = [r for r in self.slots if r is not None and not r.prefilled]
-            for run in fresh:
-                req = run.request
-                token = self.engine.prefill_ids(
-                    req.prompt, slot=run.slot, params=req.sampling.row()[None],
-                    keys=self._key(run, len(req.prompt))[None])
-                run.prefilled = True
-                events.append(self._emit(run, int(token)))
-            ready = [r for r in self.slots if r is not None and r.prefilled and r.last is not None
-                     and r not in fresh]
+            # decode first: a pad row writes position 0 of its slot, which a prefill after it
+            # overwrites, but which would clobber a prompt prefilled before it
+            ready = [r for r in self.slots if r is not None and r.prefilled]
             if ready:
                 top = max(r.slot for r in ready) + 1
                 rows = next(b for b in self.buckets if b >= top)
@@ -202,8 +198,16 @@ class Batcher:
                     keys[r.slot] = self._key(r, self.engine.lengths[r.slot] + 1)  # the drawn one's
                     live[r.slot] = True
                 ids = self.engine.decode_ids(tokens, params, keys, live=live)
+                self.peak_rows = max(self.peak_rows, len(ready))
                 for r in ready:
                     events.append(self._emit(r, int(ids[r.slot])))
+            for run in [r for r in self.slots if r is not None and not r.prefilled]:
+                req = run.request
+                token = self.engine.prefill_ids(
+                    req.prompt, slot=run.slot, params=req.sampling.row()[None],
+                    keys=self._key(run, len(req.prompt))[None])
+                run.prefilled = True
+                events.append(self._emit(run, int(token)))
             self.steps += 1
             return events
 
