@@ -66,6 +66,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     seed_given: bool
+    ignore_eos: bool = False
 
 
 def _is_int(v: Any) -> bool:
@@ -107,6 +108,7 @@ def _common(body: Any, model: str, chat: bool) -> dict[str, Any]:
         "a string or a list of at most 4 non-empty strings")
     stream = _field(body, "stream", lambda v: isinstance(v, bool), "a boolean")
     opts = _field(body, "stream_options", lambda v: isinstance(v, Mapping), "an object")
+    ignore_eos = _field(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean")
     top_k = body.get("top_k")
     try:
         sampling = Sampling.from_defaults(
@@ -118,7 +120,7 @@ def _common(body: Any, model: str, chat: bool) -> dict[str, Any]:
     return {"max_tokens": max_tokens, "sampling": sampling,
             "stop": (stop,) if isinstance(stop, str) else tuple(stop or ()),
             "stream": bool(stream), "include_usage": bool((opts or {}).get("include_usage")),
-            "seed_given": body.get("seed") is not None}
+            "seed_given": body.get("seed") is not None, "ignore_eos": bool(ignore_eos)}
 
 
 def parse_completion(body: Any, model: str) -> Parsed:

@@ -64,6 +64,7 @@ class Server:
     # -- the stepping thread -------------------------------------------------------------------
 
     def start(self) -> None:
+        self.batcher.warm()
         self._thread = threading.Thread(target=self._loop, name="metrale-batcher", daemon=True)
         self._thread.start()
 
@@ -112,7 +113,7 @@ class Server:
         max_tokens = parsed.max_tokens
         if max_tokens is None:
             max_tokens = max(1, eng.max_ctx - len(ids)) if parsed.chat else 16
-        stops = eng.text.stop_ids if eng.text is not None else ()
+        stops = eng.text.stop_ids if eng.text is not None and not parsed.ignore_eos else ()
         req = Request(ids, max_tokens, parsed.sampling, stops, parsed.stop)
         queue: asyncio.Queue = asyncio.Queue()
         try:

@@ -120,6 +120,13 @@ class Batcher:
         self.steps = 0
         self.peak_rows = 0  # the most requests one decode step has served
 
+    def warm(self) -> None:
+        """Build (and capture) the decode program of every rows bucket now, so that no
+        request waits for one to be planned when the batch first grows to it."""
+        with self.lock:
+            for rows in self.buckets:
+                self.engine.program("decode", rows, sample=True)
+
     # -- admission ---------------------------------------------------------------------------
 
     def free_slots(self) -> int:
