@@ -196,3 +196,29 @@ def test_stop_strings_cut_the_text(ckpt):
         streamed = "".join(d.text for d in eng.stream("Hello", 12, sampling=Sampling(),
                                                       stop=[stop]))
         assert streamed == cut.text
+
+
+def test_met_run_streams_the_text_generate_gives(ckpt, capsys):
+    from metrale.cli import main
+
+    with Engine.load(ckpt, act="f32", max_ctx=64) as eng:
+        want = eng.generate("The quick brown", 6, sampling=Sampling()).text
+        chat = eng.generate("Hi", 5, sampling=Sampling(), chat=True).text
+        # the flags override generation_config.json's defaults (top_p 0.9 stays)
+        seeded = eng.generate("Hello", 6, sampling=Sampling(temperature=1.0, top_k=50,
+                                                             top_p=0.9, seed=11)).text
+    base = ["run", str(ckpt), "--act", "f32", "--context", "64", "--no-progress"]
+    assert main([*base, "--prompt", "The quick brown", "--max-tokens", "6",
+                 "--temperature", "0"]) == 0
+    out = capsys.readouterr()
+    assert out.out == want + "\n" and "tokens, finish" in out.err
+    assert main([*base, "--prompt", "Hi", "--chat", "--max-tokens", "5",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == chat + "\n"
+    assert main([*base, "--prompt", "Hello", "--max-tokens", "6", "--temperature", "1",
+                 "--top-k", "50", "--seed", "11"]) == 0
+    assert capsys.readouterr().out == seeded + "\n"
+    assert main([*base, "--prompt-ids", "5,6,7", "--steps", "3"]) == 0
+    assert "tokens: [" in capsys.readouterr().out
+    assert main([*base, "--prompt", "x", "--top-p", "0"]) == 3
+    assert "met: top_p: bad sampling parameter" in capsys.readouterr().err
