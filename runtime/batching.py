@@ -7,8 +7,8 @@ slot (rows below it without a running request carry a pad token at position 0 an
 advance), then prefills the requests admitted since the last step (each through the prefill
 plan ending in ``sample``, which draws its first token), and returns one :class:`Event` per
 request that moved. :meth:`~Batcher.cancel`
-frees a slot at once. Everything is guarded by one lock, so a server thread may step while
-request handlers admit and cancel.
+frees a slot at once. The slot table has its own lock, held only for bookkeeping (never while
+the engine runs), so a server thread may step while request handlers admit and cancel.
 
 Laws (the exact policy's plans are row-invariant, and a row's draw is keyed by its own
 (seed, request, position)):
@@ -114,7 +114,8 @@ class Batcher:
     def __init__(self, engine: Any, text: Any = None) -> None:
         self.engine = engine
         self.text = text if text is not None else getattr(engine, "text", None)
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # the slot table
+        self.step_lock = threading.Lock()  # one step at a time
         self.slots: list[Running | None] = [None] * engine.slots
         self.buckets = buckets(engine.slots)
         self.steps = 0
@@ -123,7 +124,7 @@ class Batcher:
     def warm(self) -> None:
         """Build (and capture) the decode program of every rows bucket now, so that no
         request waits for one to be planned when the batch first grows to it."""
-        with self.lock:
+        with self.step_lock:
             for rows in self.buckets:
                 self.engine.program("decode", rows, sample=True)
 
@@ -186,35 +187,46 @@ class Batcher:
 
     def step(self) -> list[Event]:
         """One decode step for the running requests, then the prefills of those admitted; the
-        events."""
-        with self.lock:
+        events. The slot table is locked only around bookkeeping, never while the engine runs,
+        so admitting and cancelling never wait for a step; a request cancelled while its row
+        runs gets no event (what its row wrote into the slot is overwritten by the next
+        prompt's prefill, or written again at its position before that position is read)."""
+        with self.step_lock:
             events: list[Event] = []
             # decode first: a pad row writes position 0 of its slot, which a prefill after it
             # overwrites, but which would clobber a prompt prefilled before it
-            ready = [r for r in self.slots if r is not None and r.prefilled]
+            with self.lock:
+                ready = [r for r in self.slots if r is not None and r.prefilled]
+                if ready:
+                    top = max(r.slot for r in ready) + 1
+                    rows = next(b for b in self.buckets if b >= top)
+                    tokens = np.zeros(rows, np.int32)
+                    params = np.zeros((rows, 4), np.float32)
+                    keys = np.zeros((rows, 4), np.int32)
+                    live = np.zeros(rows, bool)
+                    for r in ready:
+                        tokens[r.slot] = r.last
+                        params[r.slot] = r.request.sampling.row()
+                        # the key of the position the drawn token takes
+                        keys[r.slot] = self._key(r, self.engine.lengths[r.slot] + 1)
+                        live[r.slot] = True
             if ready:
-                top = max(r.slot for r in ready) + 1
-                rows = next(b for b in self.buckets if b >= top)
-                tokens = np.zeros(rows, np.int32)
-                params = np.zeros((rows, 4), np.float32)
-                keys = np.zeros((rows, 4), np.int32)
-                live = np.zeros(rows, bool)
-                for r in ready:
-                    tokens[r.slot] = r.last
-                    params[r.slot] = r.request.sampling.row()
-                    keys[r.slot] = self._key(r, self.engine.lengths[r.slot] + 1)  # the drawn one's
-                    live[r.slot] = True
                 ids = self.engine.decode_ids(tokens, params, keys, live=live)
-                self.peak_rows = max(self.peak_rows, len(ready))
-                for r in ready:
-                    events.append(self._emit(r, int(ids[r.slot])))
-            for run in [r for r in self.slots if r is not None and not r.prefilled]:
+                with self.lock:
+                    self.peak_rows = max(self.peak_rows, len(ready))
+                    events += [self._emit(r, int(ids[r.slot])) for r in ready
+                               if self.slots[r.slot] is r]
+            with self.lock:
+                fresh = [r for r in self.slots if r is not None and not r.prefilled]
+            for run in fresh:
                 req = run.request
                 token = self.engine.prefill_ids(
                     req.prompt, slot=run.slot, params=req.sampling.row()[None],
                     keys=self._key(run, len(req.prompt))[None])
-                run.prefilled = True
-                events.append(self._emit(run, int(token)))
+                with self.lock:
+                    if self.slots[run.slot] is run:
+                        run.prefilled = True
+                        events.append(self._emit(run, int(token)))
             self.steps += 1
             return events
 
