@@ -132,7 +132,8 @@ def sample(logits: np.ndarray, params: np.ndarray, keys: np.ndarray) -> tuple[np
     _shape("sample", "keys", keys, ("rows", "four"), sizes, (np.dtype(np.int32),))
     if sizes["four"] != 4:
         raise _fail("sample", "params", "bad shape", "(rows, 4)", params.shape)
-    u = uniform(keys)
+    drawn = params[:, 0] > 0
+    u = uniform(keys) if drawn.any() else np.zeros(len(keys), np.float32)  # greedy: no draw
     out = np.empty(logits.shape[0], np.int32)
     for r in range(logits.shape[0]):
         t, k, p, m = (float(v) for v in params[r])

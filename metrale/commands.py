@@ -326,6 +326,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    import numpy as np
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from metrale.generate_cli import run_text, wants_text
@@ -352,8 +353,9 @@ def run(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - t0
         for line in summary_lines(eng.plan("decode", 1)):
             console.print(line, markup=False)
+        greedy = np.zeros((1, 4), np.float32)  # temperature 0: the plan's sample op is argmax
         t1 = time.perf_counter()
-        token = int(eng.prefill(prompt)[-1].argmax())
+        token = eng.prefill_ids(prompt, params=greedy, keys=np.zeros((1, 4), np.int32))
         prefill_s = time.perf_counter() - t1
         tokens = [token]
         bar = Progress(TextColumn("[bold]decode[/]"), BarColumn(), MofNCompleteColumn(),
@@ -363,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         with bar:
             task = bar.add_task("decode", total=args.steps - 1)
             for _ in range(args.steps - 1):
-                token = int(eng.decode([token])[0].argmax())
+                token = int(eng.decode_ids([token], greedy, np.zeros((1, 4), np.int32))[0])
                 tokens.append(token)
                 bar.advance(task)
         decode_s = time.perf_counter() - t2

@@ -163,6 +163,7 @@ def _adversarial(n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return logits, params, keys
 
 
+@pytest.mark.xdist_group("emulation")  # one worker: conftest.build_dir
 @pytest.mark.parametrize("n", [40, 256, 1000])
 def test_cuda_kernel_on_the_emulation_gives_the_reference_ids(build_dir, n):
     from tests.host import simt
@@ -216,3 +217,33 @@ def test_tokens_are_the_same_alone_or_batched_however_requests_arrive(engine, pl
         assert step < 200
     assert [tuple(runs[i].ids) for i in range(len(reqs))] == alone
     assert b.free_slots() == engine.slots
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("emulation")
+def test_sm90_engine_draws_on_the_emulation_what_the_reference_draws(build_dir):
+    """The sm_90 plans ending in ``sample`` (the kernel, its params and keys bound through the
+    CUDA plan loader) on the emulation: each drawn id is the reference's draw from the logits the
+    same engine's logits plan gives, in prefill and in a decode of two rows."""
+    from tests.host import simt
+
+    ok, why = simt.available()
+    if not ok:
+        pytest.skip(f"no host emulation: {why}")
+    from metrale.runtime.host_backend import HostBackend
+
+    params = np.array([[0.8, 40, 0.9, 0.02], [0.0, 0, 1.0, 0.0]], np.float32)
+    keys = np.stack([key_row(5, request=r, position=9) for r in range(2)])
+    prompts = [[5, 17, 3, 99, 42, 7, 1, 250], [9, 8, 7]]
+    with Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=32, slots=2, backend=HostBackend(),
+                     loader=simt.plan_loader(build_dir)) as emu:
+        for r, p in enumerate(prompts):
+            logits = emu.prefill(p, slot=r, last=True)
+            want = sample(logits, params[r:r + 1], keys[r:r + 1])[0][0]
+            assert emu.prefill_ids(p, slot=r, params=params[r:r + 1], keys=keys[r:r + 1]) == want
+        logits = emu.decode([11, 12])
+        for r, p in enumerate(prompts):
+            emu.prefill(p, slot=r, last=True)  # back to the state before that decode
+        got = emu.decode_ids([11, 12], params, keys)
+        np.testing.assert_array_equal(got, sample(logits, params, keys)[0])
+        assert got[1] == int(logits[1].argmax())
