@@ -122,7 +122,7 @@ def _ex_sample(rng: np.random.Generator, rows: int, act: str) -> tuple[tuple, di
     return (logits, params, keys), {}
 
 
-@semantics("sample", orders=_sample_orders, example=_ex_sample)
+@semantics("sample", rows=(0, 1, 2), orders=_sample_orders, example=_ex_sample)
 def sample(logits: np.ndarray, params: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray]:
     """Each row's id drawn from its logits by its parameters ``(T, k, p, m)`` and key
     ``(seed_lo, seed_hi, request, position)``, as the module docstring defines it."""
