@@ -18,6 +18,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metrale.runtime.engine import Engine
 from metrale.serve import Server, make_app
@@ -277,3 +279,42 @@ def test_shutdown_finishes_or_cancels_streams_in_flight(ckpt, grace_s):
         assert finishes[-1] in ("closed", "cancelled") and len(finishes) < 60
     assert batcher.free_slots() == 2
     assert run.server.engine.backend.live_bytes() == 0  # the engine was closed
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats()
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=8)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+          "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options", "n",
+          "ignore_eos", "logprobs"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(route=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+       body=st.fixed_dictionaries({"model": st.just(MODEL) | json_values},
+                                  optional={f: json_values for f in FIELDS[1:]}))
+def test_any_json_body_gets_a_response_below_500(fuzz_client, route, body):
+    """Whatever a client sends, the answer is a success or a 4xx with an OpenAI error body;
+    never a 5xx, and every slot is free after it."""
+    client, server = fuzz_client
+    if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
+        body["max_tokens"] = min(body["max_tokens"], 4)  # keep the successes short
+    r = client.post(route, content=json.dumps(body).encode(),  # inf and NaN as Python writes them
+                    headers={"content-type": "application/json"})
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert isinstance(err["message"], str) and err["message"] and err["type"]
+    assert server.batcher.free_slots() == 2
+
+
+@pytest.fixture(scope="module")
+def fuzz_client(ckpt):
+    from starlette.testclient import TestClient
+
+    server = Server(Engine.load(ckpt, act="f32", max_ctx=CONTEXT, slots=2), MODEL)
+    with TestClient(make_app(server)) as client:
+        yield client, server
