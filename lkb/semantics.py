@@ -696,4 +696,4 @@ def argmax(logits: np.ndarray) -> tuple[np.ndarray]:
 
 
 # The attention and MoE families live in their own modules and register themselves here.
-from . import semantics_attention, semantics_layout, semantics_moe  # noqa: E402, F401
+from . import semantics_attention, semantics_layout, semantics_moe, semantics_sample  # noqa: E402, F401, I001

@@ -50,7 +50,7 @@ class HelpFormatter(argparse.HelpFormatter):
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``met`` with every registered subcommand."""
     import metrale
-    from metrale import commands, evidence_cli  # noqa: F401 - registers the subcommands
+    from metrale import commands, evidence_cli, generate_cli  # noqa: F401 - registers them
 
     p = argparse.ArgumentParser(
         prog="met", description="Metrale: kernel plans for LLM inference, as category theory. "

@@ -481,8 +481,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "is never picked on its own")
     p.add_argument("--steps", type=int_at_least(1), default=32,
                    help="tokens to generate greedily (the first by the prefill)")
-    p.add_argument("--prompt", type=token_ids, default=[1, 2, 3, 4, 5, 6, 7, 8],
-                   help="comma-separated token ids (default: 1,2,3,4,5,6,7,8)")
+    p.add_argument("--prompt", default="1,2,3,4,5,6,7,8",
+                   help="text (a checkpoint with tokenizer.json), else comma-separated token ids")
     p.add_argument("--act", choices=("bf16", "f32"), default="bf16", help="activation dtype")
     p.add_argument("--quant", default=None, help="weight format (default: the checkpoint's, "
                                                  "else bf16)")
@@ -490,11 +490,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache positions (default: 1024, or the model's "
                         "max_position_embeddings if smaller)")
     p.add_argument("--seed", type=int_at_least(0, 2**63 - 1), default=0,
-                   help="seed of the random weights")
+                   help="seed of the random weights; with a text prompt, of the draws")
     p.add_argument("--blocking", action="store_true",
                    help="synchronize after every launch, so a fault names its kernel")
     _no_progress_arg(p)
     _policy_arg(p)
+    from metrale.generate_cli import sampling_args
+
+    sampling_args(p)
 
 
 def _run_source(args: argparse.Namespace) -> tuple[Any, str]:
@@ -529,15 +532,23 @@ def _run_source(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    import numpy as np
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from metrale.generate_cli import run_text, wants_text
     from metrale.lkb.errors import ConfigError
     from metrale.plan.config import ModelConfig
     from metrale.plan.printers import summary_lines
     from metrale.runtime.engine import Engine
 
+    if wants_text(args):
+        return run_text(args)
     source, weights = _run_source(args)
-    prompt = args.prompt
+    try:
+        prompt = token_ids(args.prompt_ids or args.prompt)
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError("prompt must be comma-separated token ids", key="--prompt",
+                          found=str(e)) from None
     hardware = names.hardware_class(args.hardware)
     config = ModelConfig.load(source)
     context = (args.context if args.context is not None
@@ -558,8 +569,9 @@ def run(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - t0
         for line in summary_lines(eng.plan("decode", 1)):
             console.print(line, markup=False)
+        greedy = np.zeros((1, 4), np.float32)  # temperature 0: the plan's sample op is argmax
         t1 = time.perf_counter()
-        token = int(eng.prefill(prompt)[-1].argmax())
+        token = eng.prefill_ids(prompt, params=greedy, keys=np.zeros((1, 4), np.int32))
         prefill_s = time.perf_counter() - t1
         tokens = [token]
         bar = Progress(TextColumn("[bold]decode[/]"), BarColumn(), MofNCompleteColumn(),
@@ -569,7 +581,7 @@ def run(args: argparse.Namespace) -> int:
         with bar:
             task = bar.add_task("decode", total=args.steps - 1)
             for _ in range(args.steps - 1):
-                token = int(eng.decode([token])[0].argmax())
+                token = int(eng.decode_ids([token], greedy, np.zeros((1, 4), np.int32))[0])
                 tokens.append(token)
                 bar.advance(task)
         decode_s = time.perf_counter() - t2

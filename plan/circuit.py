@@ -61,7 +61,7 @@ ACTS = {"bf16": BF16, "f32": F32}
 """Activation dtypes a circuit may carry."""
 
 OPS = ("embed", "rmsnorm", "linear", "view", "qk_norm", "rope", "attention", "add", "swiglu",
-       "moe", "last_row", "lm_head")
+       "moe", "last_row", "lm_head", "sample")
 """The Circ generators, by name."""
 
 LOGITS = ("all", "last")
@@ -98,6 +98,7 @@ class Circuit:
     rows: int
     act: str = "bf16"
     logits: str = "all"
+    sample: bool = False
     _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
     _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
@@ -149,17 +150,20 @@ class Circuit:
                             key="max_ctx", expected="an integer > 0", found=repr(max_ctx))
         out = self.config.sizes()
         out.update(rows=self.rows, slots=self.rows if self.mode == "decode" else 1,
-                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1)
+                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1,
+                   four=4)
         return out
 
     def __str__(self) -> str:
-        last = " logits=last" if self.logits == "last" else ""
+        last = (" logits=last" if self.logits == "last" else "") + (" sample" if self.sample
+                                                                     else "")
         return (f"{self.config.name} {self.mode} rows={self.rows}{last} quant={self.quant}"
                 f" act={self.act}: {self.layers} layers, {len(self.diagram)} boxes,"
                 f" {len(self.input_names)} inputs, {len(self.output_names)} outputs")
 
     def __repr__(self) -> str:
-        last = ", logits='last'" if self.logits == "last" else ""
+        last = (", logits='last'" if self.logits == "last" else "") + (", sample=True" if
+                                                                        self.sample else "")
         return (f"circuit_for({self.config.name!r}, {self.quant!r}, {self.mode!r}, {self.rows},"
                 f" act={self.act!r}{last})")
 
@@ -267,6 +271,10 @@ class _Ops:
             experts=c.num_experts, top_k=c.num_experts_per_tok,
             renormalize=c.norm_topk_prob, moe_inter=c.moe_intermediate_size, weight=self.quant)
 
+    def sample(self, lead: str = "rows") -> Box:
+        return self.box("sample", (_t((lead, "vocab"), F32), _t((lead, "four"), F32),
+                                   _t((lead, "four"), I32)), (_t((lead,), I32),))
+
     def lm_head(self, lead: str = "rows") -> Box:
         return self.box("lm_head", (self.x("hidden", lead=lead), _t(("vocab", "hidden"), BF16)),
                         (_t((lead, "vocab"), F32),), weight="bf16")
@@ -300,13 +308,16 @@ def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
     return out
 
 
-def _inputs(ops: _Ops) -> list[tuple[str, TensorType]]:
+def _inputs(ops: _Ops, sample: str = "") -> list[tuple[str, TensorType]]:
     c = ops.config
     idx, table = _t(("rows",), I32), _t(("max_pos", "half"), F32)
     out = [("tokens", idx), ("positions", idx), ("slots", idx),
            ("rope.cos", table), ("rope.sin", table)]
     for i in range(c.num_hidden_layers):
         out += [(f"kv.{i}.k", ops.cache()), (f"kv.{i}.v", ops.cache())]
+    if sample:  # per row: (temperature, top_k, top_p, min_p) and (seed lo, hi, request, position)
+        out += [("sample.params", _t((sample, "four"), F32)),
+                ("sample.keys", _t((sample, "four"), I32))]
     out.append(("model.embed_tokens.weight", _t(("vocab", "hidden"), BF16)))
     for i in range(c.num_hidden_layers):
         out += _layer_weights(ops, i)
@@ -338,13 +349,15 @@ def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str, logi
 
 
 def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "decode",
-                rows: int = 1, *, act: str = "bf16", logits: str = "all") -> Circuit:
+                rows: int = 1, *, act: str = "bf16", logits: str = "all",
+                sample: bool = False) -> Circuit:
     """The circuit of one forward step of ``config`` (a :class:`ModelConfig` or built-in name).
 
     ``quant`` types the linear and expert weights (``bf16``, ``fp8``, ``mxfp4``, ``nvfp4``),
     ``act`` the activations and KV cache (``bf16`` or ``f32``); logits are f32, for every row
     or (``logits="last"``, prefill) for the last row only: the final norm and lm_head then run
-    on that row, ``[last, hidden]`` with ``last`` = 1.
+    on that row, ``[last, hidden]`` with ``last`` = 1. ``sample`` ends the step with the
+    ``sample`` op on those logits: inputs ``sample.params`` and ``sample.keys``, output ``ids``.
 
     >>> c = circuit_for("tiny-qwen3-moe", "nvfp4", "prefill", 16)
     >>> c.op_counts()["moe"], str(c.input_type("model.layers.0.mlp.experts.down_proj.weight"))
@@ -359,7 +372,7 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     config = ModelConfig.load(config)
     _check(config, quant, mode, rows, act, logits)
     ops = _Ops(config, quant, act)
-    inputs = _inputs(ops)
+    inputs = _inputs(ops, ("last" if logits == "last" else "rows") if sample else "")
     names = tuple(n for n, _ in inputs)
     b = Builder(Ty(*(t for _, t in inputs)))
     w: dict[str, Wire] = dict(zip(names, b.inputs))
@@ -420,5 +433,9 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
                            for kv in ("k", "v")))
-    return Circuit(b.build(out, *caches), names, outputs, config, quant, mode, rows, act,
-                   logits)
+    ends = (out, *caches)
+    if sample:
+        (ids,) = b.add(ops.sample(lead), out, w["sample.params"], w["sample.keys"])
+        outputs, ends = (*outputs, "ids"), (*ends, ids)
+    return Circuit(b.build(*ends), names, outputs, config, quant, mode, rows, act, logits,
+                   sample)

@@ -126,6 +126,8 @@ class Lowering:
             outs = self._moe(b, ins, cod, act, p)
         elif name == "last_row":
             outs = b.add(self._box("last_row", dom, cod, {"act": act}), *ins)
+        elif name == "sample":
+            outs = b.add(self._box("sample", dom, cod, {}), *ins)
         elif name == "lm_head":
             outs = b.add(self._box("lm_head", dom, cod, self._matmul_point(act, p["weight"])
                                    | {"out": "f32"}), *ins)

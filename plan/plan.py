@@ -233,10 +233,11 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
-             logits: str = "all") -> Plan:
+             logits: str = "all", sample: bool = False) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
-    ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS).
+    ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS);
+    ``sample`` ends the step with the ``sample`` family (the ids it draws are output ``ids``).
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
@@ -260,7 +261,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
     P = presentation or Presentation.load(kernels_dir)
     step("config")
-    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits)
+    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits, sample=sample)
     step("circuit")
     lowered = lowering(circuit, P, max_ctx=context).functor(circuit.diagram)
     step("lower")

@@ -4,6 +4,8 @@
 >>> any(p.family == "qkv" for p in pts) and any(p.param("shape") == "gemm" for p in pts
 ...                                             if p.family == "qkv")
 True
+>>> any(p.family == "sample" for p in pts)
+True
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ PREFILL_ROWS = (64,)
 
 def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, *,
                 act: str = "bf16") -> frozenset[Point]:
-    """Every point launched by the decode (rows 1 and 8) and prefill (64 rows) plans."""
+    """Every point launched by the decode (rows 1 and 8) and prefill (64 rows) plans, the
+    decode plans ending in ``sample`` as generation runs them."""
     points: set[Point] = set()
     for mode, rows_list in (("decode", DECODE_ROWS), ("prefill", PREFILL_ROWS)):
         for rows in rows_list:
             points |= plan_for(model, quant, hardware, mode=mode, rows=rows, act=act,
-                               kernels_dir=kernels_dir).points()
+                               kernels_dir=kernels_dir, sample=mode == "decode").points()
     return frozenset(points)

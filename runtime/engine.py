@@ -10,8 +10,9 @@ slot (the graph holds the slot's cache pointers).
 
 Laws:
 
-1. ``generate(p, n)[0] == argmax(prefill(p)[-1])``, and each later token is the argmax of the
-   decode step fed the one before.
+1. ``generate(p, n).ids[0] == argmax(prefill(p)[-1])``, and each later greedy token is the
+   argmax of the decode step fed the one before (drawn on the device by the plan's ``sample``
+   op at temperature 0).
 2. A sticky ``DeviceFault`` latches: every later call raises a ``DeviceFault`` with its text.
 3. ``close()`` frees in reverse order of acquisition; after it, ``backend.live_bytes()`` is
    what it was before ``load``.
@@ -20,7 +21,7 @@ Laws:
 >>> logits = eng.prefill([1, 2, 3])
 >>> logits.shape, logits.dtype
 ((3, 256), dtype('float32'))
->>> toks = eng.generate([1, 2, 3], 4)
+>>> toks = eng.generate([1, 2, 3], 4).ids
 >>> toks[0] == int(logits[-1].argmax()), len(toks)
 (True, 4)
 >>> eng.close()
@@ -477,6 +478,7 @@ class Engine:
         self.backend = backend
         self.loader = loader or default_loader
         self.lengths = [0] * slots
+        self.text: Any = None  # the checkpoint's Text (tokenizer, template), when it has one
         self._programs: dict[tuple[str, int], Program] = {}
         self._plans: dict[tuple[str, int], Plan] = {}
         try:
@@ -506,11 +508,16 @@ class Engine:
         kernel); ``debug`` poisons activations with NaN before each step.
         """
         path = checkpoint_dir(model)
+        text = None
         if path is not None:
             config = ModelConfig.load(path)
             quant = quant or checkpoint_quant({"quantization_config":
                                                config.quantization_config},
                                               file=path / "config.json")
+            if (path / "tokenizer.json").is_file():
+                from metrale.runtime.text import Text
+
+                text = Text.load(path)
         else:
             config = model if isinstance(model, ModelConfig) else ModelConfig.load(str(model))
             quant = quant or "bf16"
@@ -521,9 +528,11 @@ class Engine:
             weights = checkpoint_weights(path, config, quant)
         else:
             weights = random_weights(config, quant, seed=seed)
-        return cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
-                   act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
-                   graphs=graphs, fuse=fuse, policy=policy)
+        eng = cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
+                  act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
+                  graphs=graphs, fuse=fuse, policy=policy)
+        eng.text = text
+        return eng
 
     def _alloc(self, nbytes: int, label: str) -> DevicePtr:
         ptr = self.backend.alloc(nbytes, label)
@@ -574,14 +583,15 @@ class Engine:
 
     # -- plans and programs ---------------------------------------------------------------------
 
-    def plan(self, mode: str, rows: int, logits: str = "all") -> Plan:
-        """The plan of one step (cached per ``(mode, rows, logits)``)."""
-        key = (mode, rows, logits)
+    def plan(self, mode: str, rows: int, logits: str = "all", sample: bool = False) -> Plan:
+        """The plan of one step (cached per ``(mode, rows, logits, sample)``); ``sample`` ends
+        it with the ``sample`` family, which draws each row's next id on the device."""
+        key = (mode, rows, logits, sample)
         if key not in self._plans:
             self._plans[key] = plan_for(self.config, self.quant, self.hardware, mode=mode,
                                         rows=rows, act=self.act, context=self.max_ctx,
                                         fuse=self.fuse, policy=self.policy, logits=logits,
-                                        presentation=self.presentation)
+                                        presentation=self.presentation, sample=sample)
         return self._plans[key]
 
     @property
@@ -593,13 +603,15 @@ class Engine:
         step = self._slot_bytes[name]
         return (self.externals[name] + first_slot * step).take(count * step)
 
-    def program(self, mode: str, rows: int, logits: str = "all") -> Program:
-        """The program of one step (built on first use, cached per ``(mode, rows, logits)``).
+    def program(self, mode: str, rows: int, logits: str = "all", sample: bool = False
+                ) -> Program:
+        """The program of one step (built on first use, cached per ``(mode, rows, logits,
+        sample)``).
 
         Prefill programs (one per prompt length and logits choice) are kept for the
         ``MAX_PREFILL_PROGRAMS`` used last; an older one is closed, freeing its activation arena.
         """
-        key = (mode, rows, logits)
+        key = (mode, rows, logits, sample)
         if key in self._programs:
             self._programs[key] = self._programs.pop(key)  # most recently used last
         else:
@@ -608,7 +620,7 @@ class Engine:
                 for old in prefills[:max(0, len(prefills) - MAX_PREFILL_PROGRAMS + 1)]:
                     self._programs.pop(old).close()
                     self._plans.pop(old, None)
-            plan = self.plan(mode, rows, logits)
+            plan = self.plan(mode, rows, logits, sample)
             bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
             for name in self._slot_bytes:
                 bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else 1)
@@ -639,12 +651,15 @@ class Engine:
                               found=int(ids[bad[0]]))
         return ids.astype(np.int32)
 
-    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray], out: str = "logits"
+             ) -> np.ndarray:
         self.latch.check()
         try:
             for name, values in inputs.items():
                 prog.write(name, values)
             prog.run(blocking=self.blocking)
+            if out == "ids":
+                return np.array(prog.read("ids"), np.int32)
             return np.array(prog.read("logits"), np.float32)
         except DeviceFault as e:
             raise self.latch.latch(e) from None
@@ -670,11 +685,12 @@ class Engine:
         self.lengths[slot] = int(ids.size)
         return logits
 
-    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all") -> Program:
+    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all",
+                        sample: bool = False) -> Program:
         """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s, and
         captured as a graph for that slot (unless ``graphs`` is off or runs are blocking): a
         prefill is hundreds of launches, each a few tens of microseconds from the host."""
-        prog = self.program("prefill", rows, logits)
+        prog = self.program("prefill", rows, logits, sample)
         for name in self._slot_bytes:
             prog.bind(name, self._cache_ptr(name, slot, 1))  # drops the graph of another slot
         if self.graphs and not self.blocking and not prog.captured:
@@ -702,25 +718,73 @@ class Engine:
             self.lengths[i] += 1
         return logits
 
-    def generate(self, prompt_ids: Sequence[int], steps: int) -> list[int]:
-        """Greedy decoding in slot 0: ``steps`` new tokens after the prompt."""
-        if not isinstance(steps, int) or steps < 0:
-            raise ConfigError("bad step count", key="steps", expected="an int >= 0",
-                              found=repr(steps))
-        if steps == 0:
-            return []
-        need = len(prompt_ids) + steps - 1
-        if need > self.max_ctx:  # refused before the first step runs, not at the last one
-            raise ConfigError("prompt and steps do not fit the context", key="steps",
-                              expected=f"prompt + steps - 1 <= {self.max_ctx} (at most "
-                                       f"{max(self.max_ctx - len(prompt_ids) + 1, 0)} steps)",
-                              found=f"{len(prompt_ids)} + {steps} - 1 = {need}")
-        token = int(self.prefill(prompt_ids, last=True)[-1].argmax())
-        out = [token]
-        for _ in range(steps - 1):
-            token = int(self.decode([token])[0].argmax())
-            out.append(token)
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise ConfigError("no such cache slot", key="slot",
+                              expected=f"0 <= slot < {self.slots}", found=slot)
+
+    def prefill_ids(self, token_ids: Sequence[int], *, slot: int = 0, params: np.ndarray,
+                    keys: np.ndarray) -> int:
+        """Prefill the prompt into ``slot`` and draw the next id on the device, through the
+        prefill plan ending in ``sample`` (``params`` f32[1, 4], ``keys`` i32[1, 4]; see
+        :mod:`metrale.runtime.sampling`)."""
+        self.latch.check()
+        ids = self._check_ids(token_ids)
+        self._check_slot(slot)
+        if ids.size > self.max_ctx:
+            raise ConfigError("prompt longer than the context", key="token_ids",
+                              expected=f"at most {self.max_ctx} tokens", found=ids.size)
+        prog = self.prefill_program(int(ids.size), slot, "last", sample=True)
+        out = self._run(prog, {"tokens": ids, "positions": np.arange(ids.size, dtype=np.int32),
+                               "slots": np.zeros(ids.size, np.int32),
+                               "sample.params": np.asarray(params, np.float32).reshape(1, 4),
+                               "sample.keys": np.asarray(keys, np.int32).reshape(1, 4)}, "ids")
+        self.lengths[slot] = int(ids.size)
+        return int(out[0])
+
+    def decode_ids(self, token_ids: Sequence[int], params: np.ndarray, keys: np.ndarray, *,
+                   live: Sequence[bool] | None = None) -> np.ndarray:
+        """One decode step for the first ``len(token_ids)`` slots, drawing each row's next id on
+        the device: i32[rows]. Rows not ``live`` (free slots under a busy one) run at position 0
+        and do not advance; under the exact policy they change no other row's bytes."""
+        self.latch.check()
+        ids = self._check_ids(token_ids)
+        rows = int(ids.size)
+        if rows > self.slots:
+            raise ConfigError("more rows than cache slots", key="token_ids",
+                              expected=f"at most {self.slots}", found=rows)
+        alive = np.ones(rows, bool) if live is None else np.asarray(live, bool)
+        positions = np.where(alive, np.array(self.lengths[:rows], np.int32), 0).astype(np.int32)
+        full = np.flatnonzero(positions >= self.max_ctx)
+        if full.size:
+            raise ConfigError("cache slot is full", key=f"slot {int(full[0])}",
+                              expected=f"fewer than {self.max_ctx} tokens", found=self.max_ctx)
+        out = self._run(self.program("decode", rows, sample=True),
+                        {"tokens": ids, "positions": positions,
+                         "slots": np.arange(rows, dtype=np.int32),
+                         "sample.params": np.asarray(params, np.float32).reshape(rows, 4),
+                         "sample.keys": np.asarray(keys, np.int32).reshape(rows, 4)}, "ids")
+        for i in np.flatnonzero(alive):
+            self.lengths[int(i)] += 1
         return out
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 16, *,
+                 sampling: Any = None, stop: Sequence[str] = (), chat: bool = False) -> Any:
+        """Generate after ``prompt`` (text, chat messages with ``chat``, or token ids) in a free
+        slot: a :class:`~metrale.runtime.generate.Generation` with ``ids`` and ``text``.
+        ``sampling`` is a :class:`~metrale.runtime.sampling.Sampling` (default greedy; the
+        device's argmax, the same ids as ``argmax(prefill(p)[-1])`` then ``decode``)."""
+        from metrale.runtime.generate import generate
+
+        return generate(self, prompt, max_tokens, sampling=sampling, stop=stop, chat=chat)
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 16, *,
+               sampling: Any = None, stop: Sequence[str] = (), chat: bool = False) -> Any:
+        """Like :meth:`generate`, as an iterator of :class:`~metrale.runtime.generate.Delta`
+        (the new text and ids of each step)."""
+        from metrale.runtime.generate import stream
+
+        return stream(self, prompt, max_tokens, sampling=sampling, stop=stop, chat=chat)
 
     # -- figures and teardown ---------------------------------------------------------------
 

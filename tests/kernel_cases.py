@@ -53,7 +53,10 @@ def inputs(fam: Family, point: Point, sizes: dict[str, int], seed: int):
             device[port.name] = (v,)
             continue
         if t.dtype.numpy.kind in "iu":
-            v = rng.integers(0, sizes[ranges[port.name]], size=shape).astype(t.dtype.numpy)
+            lo, hi = ((0, sizes[ranges[port.name]]) if port.name in ranges else  # an index
+                      (np.iinfo(t.dtype.numpy).min, np.iinfo(t.dtype.numpy).max))  # bits: keys
+            v = rng.integers(lo, hi, size=shape, endpoint=port.name not in ranges
+                             ).astype(t.dtype.numpy)
             host.append(v)
             device[port.name] = (v,)
             continue

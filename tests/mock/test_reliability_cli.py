@@ -77,7 +77,7 @@ def test_statuses_tell_the_kinds_of_failure_apart():
     by_status: dict[int, set[str]] = {}
     for name, (_, status, _) in rows.items():
         by_status.setdefault(status, set()).add(name)
-    assert by_status[3] == {"ConfigError", "ManyErrors", "EvidenceError"}
+    assert by_status[3] == {"ConfigError", "ManyErrors", "EvidenceError", "Busy"}
     assert by_status[5] == {"CompileError", "CacheError"}  # the build's failures
     assert by_status[8] == {"LaunchError", "PointerError", "SemanticsError"}
     assert all(s not in by_status for s in (0, 2, EXIT_OS_ERROR, EXIT_INTERRUPTED))  # the CLI's
