@@ -61,8 +61,13 @@ class Stage:
     ob: Any = attrs.field(default=None, converter=_freeze)
     ar: Any = attrs.field(default=None, converter=_freeze)
     name: str = ""
+    key: Any = None
+    """The data the maps are built from, when they are callables made from data (a hardware
+    class and its kernel tables, say): stages with equal keys are equal."""
 
     def _key(self) -> tuple:
+        if self.key is not None:
+            return ("data", self.key)
         return (_map_key(self.ob), _map_key(self.ar))
 
     def __eq__(self, other: object) -> bool:
@@ -160,6 +165,13 @@ class Functor:
     >>> rename = Functor("C", "C", ar={Box("f", X, X): Box("g", X, X).diagram}, name="rename")
     >>> print(rename(Box("f", X, X).diagram))
     g
+
+    Mappings compare by their items; callables by identity, unless ``key`` names the data
+    they are built from (hashable), in which case functors with equal keys are equal:
+
+    >>> up = lambda b: Box(b.name.upper(), b.dom, b.cod)
+    >>> Functor("C", "C", ar=up, key="upper") == Functor("C", "C", ar=lambda b: b, key="upper")
+    True
     """
 
     dom: Any
@@ -168,9 +180,11 @@ class Functor:
     name: str = ""
 
     def __init__(self, dom: Any, cod: Any, ob: ObMap = None, ar: ArMap = None, *,
-                 name: str = "", stages: tuple[Stage, ...] | None = None) -> None:
+                 name: str = "", stages: tuple[Stage, ...] | None = None,
+                 key: Any = None) -> None:
         if stages is None:
-            stages = (Stage(ob, ar, name),) if (ob is not None or ar is not None) else ()
+            stages = ((Stage(ob, ar, name, key),) if (ob is not None or ar is not None)
+                      else ())
         self.__attrs_init__(dom, cod, tuple(stages), name)
 
     @staticmethod

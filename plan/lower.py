@@ -61,7 +61,9 @@ class Lowering:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "functor",
-                           Functor("Circ", "LKB", ar=self._lower, name="lower"))
+                           Functor("Circ", "LKB", ar=self._lower, name="lower",
+                                   key=("lower", self.presentation, self.mode, self.rows,
+                                        self.sizes)))
 
     @property
     def shape(self) -> str:

@@ -84,8 +84,10 @@ class Realization:
 
     def __attrs_post_init__(self) -> None:
         self._families.update({f.name: f for f in self.presentation.generators})
-        object.__setattr__(self, "functor", Functor("LKB", f"Impl_{self.hw.name}",
-                                                    ar=self._image, name=f"F_{self.hw.name}"))
+        object.__setattr__(self, "functor", Functor(
+            "LKB", f"Impl_{self.hw.name}", ar=self._image, name=f"F_{self.hw.name}",
+            key=("realization", self.hw, self.chain, self.presentation, str(self.kernels_dir),
+                 self.target)))
 
     @property
     def name(self) -> str:
