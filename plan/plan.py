@@ -464,9 +464,11 @@ def _compose_bound(applied: tuple[Applied, ...], P: Presentation, sizes: Mapping
                    act: str) -> tuple[float, float] | None:
     """The largest bound among the bounded relations applied, or ``None`` when all are exact.
 
-    Each fused kernel's outputs are within its relation's bound of the unfused kernels' on the
-    same inputs; how those per-kernel differences grow through the model is not a formula of
-    this plan, so the plan reports the per-kernel worst case. A relation declared bit-identical
+    Per kernel, not composed: each fused kernel's outputs are within ``rel * |unfused| + abs *
+    magnitude`` of the unfused kernels' on the same inputs (the magnitude as the relation
+    states it: for a reordered sum, the sum of its terms' magnitudes), wherever the magnitude
+    is finite; how those per-kernel differences grow through the model is not a formula of
+    this plan, so the plan reports the per-kernel worst case of each coefficient. A relation declared bit-identical
     that holds here only up to a bound (its two sides' realizations declare different orders)
     states no bound: then the plan's is infinite, printed as not stated.
     """
