@@ -208,8 +208,13 @@ class Functor:
                                  found=type(x).__name__)
         return x
 
-    def __rshift__(self, other: Functor) -> Functor:
-        """``F >> G``: first F, then G (requires ``F.cod == G.dom``)."""
+    def __rshift__(self, other: Any) -> Any:
+        """``F >> G``: first F, then G (requires ``F.cod == G.dom``); with a rewriting or
+        any other step, a :class:`~metrale.lkb.pipeline.Pipeline`."""
+        if not isinstance(other, Functor):
+            from .pipeline import Pipeline
+
+            return Pipeline((self,)) >> other
         if self.cod != other.dom:
             raise AxiomError(f"cannot compose functors: {self.cod} is not {other.dom}")
         return Functor(self.dom, other.cod, stages=self.stages + other.stages,

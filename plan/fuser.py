@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from metrale.lkb.diagram import Box, Diagram, Source, _Flat
+from metrale.lkb.diagram import Box, Diagram, Source
 from metrale.lkb.errors import LaunchError
 from metrale.lkb.family import Point
 from metrale.lkb.presentation import Presentation
@@ -196,7 +196,7 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
 
     With the circuit's ``sizes``, a match whose rhs kernel cannot be launched at them is
     declined, so that a kernel serving only some shapes never leaves a plan unrunnable."""
-    P = presentation or Presentation.load()
+    P = presentation if presentation is not None else F.presentation
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
 
@@ -229,6 +229,115 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             d, origin = _splice(d, fused_here, origin)
     declined.extend(_shadowed(relations, candidates, applied, declined, lowered))
     return Rewrite(d, tuple(applied), tuple(declined), tuple(origin))
+
+
+@attrs.frozen(eq=False, repr=False)
+class Rewriting:
+    """rewrite_H as a value: ``LKB → LKB``, composable with functors by ``>>``.
+
+    Built from data (the class's F_H, the presentation, the policy, the circuit's sizes), it
+    compares and hashes by them. ``R(d)`` is the rewritten diagram; ``R.run(d)`` the whole
+    :class:`Rewrite` (what was applied and declined, and where each box came from), computed
+    once per diagram object. Laws (``metrale.testing.rewriting_laws``): it keeps the
+    interface, it is idempotent, each step is an instance of a relation, and under the exact
+    policy the bytes the diagram computes are unchanged.
+
+    >>> from metrale.plan.circuit import circuit_for
+    >>> from metrale.plan.lower import lowering
+    >>> from metrale.realize.functor import realization
+    >>> c = circuit_for("tiny-qwen3")
+    >>> F = realization("host")
+    >>> L = lowering(c).functor >> rewriting(F, "exact")
+    >>> print(L)
+    lower >> rewrite_host[exact]
+    >>> d = L(c.diagram)
+    >>> (d.dom, d.cod) == (c.diagram.dom, c.diagram.cod), L == lowering(c).functor >> rewriting(F)
+    (True, True)
+    """
+
+    realization: Any
+    policy: str = "exact"
+    presentation: Presentation | None = None
+    sizes: tuple[tuple[str, int], ...] | None = None
+    _last: list = attrs.field(factory=list)
+
+    dom = cod = "LKB"
+
+    def _key(self) -> tuple:
+        F = self.realization
+        return (F.functor, self.policy, self.presentation, self.sizes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rewriting) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def last_input(self) -> Diagram:
+        """The diagram this rewriting was last applied to (whose record ``run`` keeps)."""
+        if not self._last:
+            from metrale.lkb.errors import PlanError
+
+            raise PlanError("this rewriting has not been applied yet", key=str(self))
+        return self._last[0][0]
+
+    def run(self, d: Diagram) -> Rewrite:
+        """The rewrite of ``d`` with its record (kept for the last diagram rewritten)."""
+        if self._last and self._last[0][0] is d:
+            return self._last[0][1]
+        out = rewrite(d, self.realization, policy=self.policy, presentation=self.presentation,
+                      sizes=None if self.sizes is None else dict(self.sizes))
+        self._last[:] = [(d, out)]
+        return out
+
+    def __call__(self, d: Box | Diagram) -> Diagram:
+        return self.run(d.diagram if isinstance(d, Box) else d).diagram
+
+    def __rshift__(self, other: Any) -> Any:
+        from metrale.lkb.pipeline import Pipeline
+
+        return Pipeline((self,)) >> other
+
+    def __str__(self) -> str:
+        return f"rewrite_{self.realization.hw.name}[{self.policy}]"
+
+    __repr__ = __str__
+
+
+def rewriting(F: Any, policy: str = "exact", *, presentation: Presentation | None = None,
+              sizes: Mapping[str, int] | None = None) -> Rewriting:
+    """rewrite_H for F's class under ``policy`` (see :class:`Rewriting`); ``presentation``
+    (default F's) gives the relations, ``sizes`` the circuit's, to decline matches whose
+    kernel cannot serve them."""
+    if policy not in POLICIES:
+        from metrale.lkb.errors import ConfigError
+
+        raise ConfigError("unknown numerics policy", key="policy",
+                          expected="exact or bounded", found=repr(policy))
+    return Rewriting(F, policy, presentation,
+                     None if sizes is None else tuple(sorted(sizes.items())))
+
+
+def fuser(circuit: Any, F: Any, policy: str = "exact", *, context: int = 1024,
+          presentation: Presentation | None = None) -> Any:
+    """L_H for ``circuit`` on F's class: ``lowering(circuit).functor >> rewriting(F, policy)``
+    with the circuit's sizes at ``context`` (what ``plan_for`` composes with ``F.functor``).
+
+    >>> from metrale.plan.circuit import circuit_for
+    >>> from metrale.realize.target import target
+    >>> c = circuit_for("tiny-llama")
+    >>> F = target("sm_90").realization()
+    >>> image = (fuser(c, F) >> F.functor)(c.diagram)
+    >>> sorted({b.name for b in image.boxes})[:3]
+    ['merge_heads', 'metrale_add_rmsnorm', 'metrale_embedding']
+    """
+    from .lower import lowering
+
+    P = presentation if presentation is not None else F.presentation
+    sizes = {**circuit.sizes(context), "context": context}
+    return lowering(circuit, P, max_ctx=context).functor >> rewriting(
+        F, policy, presentation=P, sizes=sizes)
 
 
 def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int, ...]]],
@@ -433,4 +542,4 @@ def _splice(d: Diagram, fused: list[tuple[_Match, Box, Call]], origin: list[tupl
     wiring = tuple(tuple(src(s) for s in inputs[k]) for k in order)
     outputs = tuple(src(s) for s in d.outputs)
     new_origin = [nodes[k][2] for k in order]
-    return Diagram(d.dom, d.cod, ("flat", _Flat(boxes, wiring, outputs))), new_origin
+    return Diagram.flat(d.dom, d.cod, boxes, wiring, outputs), new_origin
