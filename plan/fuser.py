@@ -83,6 +83,19 @@ class Rewrite:
     declined: tuple[Declined, ...]
     origin: tuple[tuple[int, ...], ...]
     """For each box of ``diagram``, the boxes of the lowered diagram it stands for."""
+    steps: tuple[RewriteStep, ...] = attrs.field(default=(), eq=False, repr=False)
+    """The rewriting step by step: for each relation that applied, the diagram it applied to
+    and where (its provenance, which ``metrale.testing.rewriting_laws`` checks)."""
+
+
+@attrs.frozen
+class RewriteStep:
+    """One relation applied, at once, at disjoint matches of ``before``: each match's boxes
+    (indices into ``before``) and the fused box that replaced them."""
+
+    relation: str
+    before: Diagram = attrs.field(eq=False, repr=False)
+    matches: tuple[tuple[tuple[int, ...], Box], ...]
 
 
 @attrs.frozen
@@ -209,6 +222,7 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     lowered = ix = _Index(d)
     candidates = {rel.name: [m.boxes for m in _matches(rel, P, lowered)] for rel in relations}
     served: dict[tuple, str] = {}  # (point, sizes at the box) -> why its kernel cannot serve
+    trace: list[RewriteStep] = []
     for rel in relations:
         if ix.d is not d:  # the last relation spliced its matches in
             ix = _Index(d)
@@ -226,9 +240,10 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             fused_here.append((m, box, rel.rhs.calls[0]))
             applied.append(Applied(rel.name, where, box, numerics))
         if fused_here:
+            trace.append(RewriteStep(rel.name, d, tuple((m.boxes, box) for m, box, _ in fused_here)))
             d, origin = _splice(d, fused_here, origin)
     declined.extend(_shadowed(relations, candidates, applied, declined, lowered))
-    return Rewrite(d, tuple(applied), tuple(declined), tuple(origin))
+    return Rewrite(d, tuple(applied), tuple(declined), tuple(origin), tuple(trace))
 
 
 @attrs.frozen(eq=False, repr=False)
