@@ -42,10 +42,12 @@ import hashlib
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import networkx as nx
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: planning never needs it
+    import networkx as nx
 
 from .errors import AxiomError
 from .ty import TensorType, Ty
@@ -383,6 +385,8 @@ class Diagram:
         carries ``src_port``, ``dst_port`` and ``type``.
         """
         if self._graph is None:
+            import networkx as nx
+
             g = nx.MultiDiGraph()
             for k, t in enumerate(self.dom):
                 g.add_node(("in", k), type=t)
@@ -526,6 +530,8 @@ def _dead_graph(d: Diagram) -> nx.MultiDiGraph:
     """The dead part as a graph for an exact isomorphism test: a node per dead box labelled
     by its refined colour, its box and its sources outside the dead part (live ones by
     canonical index); an edge per dead wire, labelled by its ports."""
+    import networkx as nx
+
     live = _live(d)
     colours, _ = _dead_part(d, live)
     g = nx.MultiDiGraph()
@@ -543,6 +549,8 @@ def _dead_graph(d: Diagram) -> nx.MultiDiGraph:
 def _dead_isomorphic(a: Diagram, b: Diagram) -> bool:
     """Whether the dead parts of ``a`` and ``b`` (whose live parts are equal) are isomorphic,
     decided exactly by networkx's VF2 over the labelled dead graphs."""
+    import networkx as nx
+
     def ports(edges: Mapping) -> list:
         return sorted(e["ports"] for e in edges.values())
 

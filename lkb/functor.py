@@ -93,6 +93,8 @@ class Stage:
         return img
 
     def on_ty(self, ty: Ty) -> Ty:
+        if self.ob is None:  # the identity on objects
+            return ty
         out = Ty()
         for t in ty:
             out = out @ self.on_type(t)
@@ -122,7 +124,8 @@ class Stage:
         dom = self.on_ty(d.dom)
         cod = self.on_ty(d.cod)
         # Where each wire of d lands in the image: a tuple of sources (a type may map to several).
-        width = [len(self.on_type(t)) for t in d.dom]
+        same_objects = self.ob is None
+        width = [1 if same_objects else len(self.on_type(t)) for t in d.dom]
         starts = [sum(width[:k]) for k in range(len(width))]
         where: dict[Source, tuple[Source, ...]] = {
             (-1, k): tuple((-1, starts[k] + i) for i in range(width[k])) for k in range(len(width))
@@ -149,7 +152,7 @@ class Stage:
             outs = [ins[p] if s < 0 else (s + offset, p) for s, p in flat.outputs]
             pos = 0
             for p, t in enumerate(box.cod):
-                w = len(self.on_type(t))
+                w = 1 if same_objects else len(self.on_type(t))
                 where[(j, p)] = tuple(outs[pos:pos + w])
                 pos += w
         outputs = tuple(s for src in d.outputs for s in where[src])

@@ -150,26 +150,36 @@ def _matches(lhs: Diagram, P: Presentation, ix: _Index) -> Iterator[_Match]:
 
     def fits(ci: int, j: int, names: dict[Source, Source], params: dict[str, Any]
              ) -> tuple[dict, dict] | None:
+        # cheap refusals first; the maps are copied only for a box that fits
         if boxes[j].name != pattern[ci].name:
             return None
-        new_params = dict(params)
         bp, pins = ix.params[j], pins_of[ci]
+        fresh: dict[str, Any] = {}
         for k in keys[ci]:
+            v = bp.get(k)
             if k in pins:
-                if bp.get(k) != pins[k]:
+                if v != pins[k]:
                     return None
-            elif k in new_params and new_params[k] != bp.get(k):
-                return None
+            elif k in params:
+                if params[k] != v:
+                    return None
             else:
-                new_params[k] = bp.get(k)
-        new_names = dict(names)
+                fresh[k] = v
+        added: dict[Source, Source] = {}
         for arg, src in zip(lhs.wiring[ci], wiring[j]):
-            if new_names.setdefault(arg, src) != src:
+            have = names.get(arg) or added.get(arg)
+            if have is None:
+                added[arg] = src
+            elif have != src:
                 return None
         for p in range(len(pattern[ci].cod)):
-            if new_names.setdefault((ci, p), (j, p)) != (j, p):
+            have = names.get((ci, p)) or added.get((ci, p))
+            if have is None:
+                added[(ci, p)] = (j, p)
+            elif have != (j, p):
                 return None
-        return new_names, new_params
+        return ({**names, **added} if added else names,
+                {**params, **fresh} if fresh else params)
 
     def candidates(ci: int, names: dict[Source, Source]) -> list[int]:
         for p in range(len(pattern[ci].cod)):
@@ -229,8 +239,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     relations = sorted(P.relations, key=lambda r: -r.priority)
     lowered = ix = _Index(d)
     sides = {rel.name: P.equation(rel.name) for rel in relations}
-    candidates = {rel.name: [m.boxes for m in _matches(sides[rel.name][0], P, lowered)]
-                  for rel in relations}
+    initial = {rel.name: list(_matches(sides[rel.name][0], P, lowered)) for rel in relations}
+    candidates = {name: [m.boxes for m in ms] for name, ms in initial.items()}
     served: dict[tuple, str] = {}  # (point, sizes at the box) -> why its kernel cannot serve
     trace: list[RewriteStep] = []
     for rel in relations:
@@ -239,7 +249,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
         used: dict[int, str] = {}
         lhs, rhs = sides[rel.name]
         fused_here: list[tuple[_Match, Box, list[Source], list[Source]]] = []
-        for m in _matches(lhs, P, ix):
+        # the lowered diagram's matches, found once, serve until a relation splices
+        for m in initial[rel.name] if ix is lowered else _matches(lhs, P, ix):
             fams = tuple(d.boxes[j].name for j in m.boxes)
             where = tuple(sorted(o for j in m.boxes for o in origin[j]))
             reason, box, numerics = _judge(rel, lhs, rhs, m, d, ix, F, P, policy, used, sizes,

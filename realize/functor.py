@@ -226,6 +226,22 @@ class Realization:
         params = (("kernel", kernel.key), *((k, v) for k, v in box.params if k != "kernel"))
         return Box(kernel.entry, box.dom, box.cod, params).diagram
 
+    def with_leaf(self, target: KernelTarget) -> Realization:
+        """F_H resolving first through ``target``'s leaf folder, then this class's folders
+        (already read: only the leaf's tables are read now)."""
+        if self.target is not None:
+            raise ConfigError("a realization with a leaf folder already", key="target",
+                              found=str(self.target))
+        if target.hw != self.hw.name:
+            raise ConfigError("target of another class", key="target",
+                              expected=f"{self.hw.name}/<model>/<quant>", found=repr(str(target)))
+        errors: list[MetraleError] = []
+        leaf = load_folder(self.kernels_dir, target.path, self.hw.name, "leaf",
+                           dict(self._families), errors)
+        raise_all(errors)
+        return Realization(self.hw, self.chain, self.presentation, self.kernels_dir, target,
+                           (leaf, *self.folders))
+
     def __repr__(self) -> str:
         where = f", target={str(self.target)!r}" if self.target else ""
         return f"<Realization F_{self.name}{where}: {len(self.folders)} folders>"

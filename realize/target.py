@@ -67,9 +67,8 @@ class Target:
         stamp = () if leaf is None else _stamp((self.kernels_dir / leaf.path / "KERNELS.toml",))
         found = self._leaves.get(leaf)
         if found is None or found[0] != stamp:
-            found = self._leaves[leaf] = (stamp, realization(
-                self.hw.name, kernels_dir=self.kernels_dir, presentation=self.presentation,
-                target=leaf))
+            assert leaf is not None  # the class's own is built with the Target
+            found = self._leaves[leaf] = (stamp, self._leaves[None][1].with_leaf(leaf))
         return found[1]
 
     @property
