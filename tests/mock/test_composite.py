@@ -116,3 +116,30 @@ def test_target_rebuilds_when_its_files_change(tmp_path):
     fus.write_text(fus.read_text() + "\n# touched\n")
     assert presentation_at(root) is not T.presentation
     assert (root / FAMILIES_FILE).is_file()
+
+
+def test_relations_are_equations_between_diagrams():
+    """Both sides of every relation are Diagrams over the presentation's generators, built by
+    the public Builder (typed and checked), with one domain and one codomain."""
+    from metrale.lkb.diagram import Diagram
+
+    P = presentation_at()
+    for rel in P.relations:
+        lhs, rhs = P.equation(rel.name)
+        assert isinstance(lhs, Diagram) and isinstance(rhs, Diagram)
+        assert lhs.dom == rhs.dom and lhs.cod == rhs.cod, rel.name
+        assert [b.name for b in lhs.boxes] == list(rel.families)
+        assert len(rhs.boxes) == 1 and rhs.boxes[0].name == rel.rhs.calls[0].family
+        for box, call in zip(lhs.boxes, rel.lhs.calls):
+            assert box.params == tuple(sorted(call.pins)) and box.name in P.family_names
+
+
+def test_an_ill_typed_relation_is_no_diagram():
+    from metrale.lkb.equation import equation
+    from metrale.lkb.relation import Relation, parse_side
+
+    P = presentation_at()
+    bad = Relation("bad", parse_side("y = rmsnorm(x, w); z = linear(w, y)", "F", "lhs"),
+                   parse_side("z = linear(x, w)", "F", "rhs"), "bit_identical")
+    with pytest.raises(AxiomError, match="relation bad"):
+        equation(bad, P)
