@@ -9,7 +9,7 @@ stream does: a hypergraph category), and an input may feed nothing.
 time linear in its size. Equality is isomorphism of port graphs, exactly: the part the outputs
 depend on by a canonical form (a traversal from the ordered outputs along ordered input ports,
 linear time), the boxes no output depends on by colour refinement, a tie-broken witness and,
-where the witness cannot decide, networkx's exact isomorphism test. ``hash`` agrees with
+where the witness cannot decide, networkx's exact isomorphism test (VF2++). ``hash`` agrees with
 ``==``, and a box equals its one-box diagram (same hash).
 
 Laws (a strict symmetric monoidal category):
@@ -523,40 +523,79 @@ def _canonical(d: Diagram) -> tuple[tuple, tuple]:
     n_live = len(order)
     colours, sinks = _dead_part(d, dict(index))
     _post_order(d, sinks, index, order)
-    return (live, out, tuple(sorted(colours.values()))), encode(order[n_live:])
+    parts = tuple(sorted(_signature(colours, c) for c in _components(d, colours)))
+    return (live, out, parts), encode(order[n_live:])
 
 
-def _dead_graph(d: Diagram) -> nx.MultiDiGraph:
-    """The dead part as a graph for an exact isomorphism test: a node per dead box labelled
-    by its refined colour, its box and its sources outside the dead part (live ones by
-    canonical index); an edge per dead wire, labelled by its ports."""
+def _components(d: Diagram, dead: Mapping[int, Any]) -> list[list[int]]:
+    """The dead boxes grouped by the dead wires between them (weakly connected parts)."""
+    parent = {j: j for j in dead}
+
+    def find(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    for j in dead:
+        for s, _ in d.wiring[j]:
+            if s in parent:
+                parent[find(s)] = find(j)
+    groups: dict[int, list[int]] = {}
+    for j in dead:
+        groups.setdefault(find(j), []).append(j)
+    return list(groups.values())
+
+
+def _signature(colours: Mapping[int, str], part: list[int]) -> tuple:
+    """An isomorphism invariant of one dead part: its size and its boxes' refined colours."""
+    return (len(part), tuple(sorted(colours[j] for j in part)))
+
+
+def _dead_graphs(d: Diagram) -> dict[tuple, list[Any]]:
+    """The dead part's weakly connected parts as node-labelled graphs for an exact isomorphism
+    test, grouped by their invariant (:func:`_signature`): a node per dead box labelled by its
+    refined colour, its box and its sources outside the dead part (live ones by canonical
+    index), and a node per dead wire labelled by its two ports, between the boxes it joins."""
     import networkx as nx
 
     live = _live(d)
     colours, _ = _dead_part(d, live)
-    g = nx.MultiDiGraph()
-    for j in colours:
-        ext = tuple(None if s in colours else (-1, p) if s < 0 else (live[s], p)
-                    for s, p in d.wiring[j])
-        g.add_node(j, label=(colours[j], d.boxes[j], ext))
-    for j in colours:
-        for i, (s, p) in enumerate(d.wiring[j]):
-            if s in colours:
-                g.add_edge(s, j, ports=(p, i))
-    return g
+    out: dict[tuple, list[Any]] = {}
+    for part in _components(d, colours):
+        g = nx.DiGraph()
+        for j in part:
+            ext = tuple(None if s in colours else (-1, p) if s < 0 else (live[s], p)
+                        for s, p in d.wiring[j])
+            g.add_node(("box", j), label=("box", colours[j], d.boxes[j], ext))
+            for i, (s, p) in enumerate(d.wiring[j]):
+                if s in colours:
+                    wire = ("wire", j, i)
+                    g.add_node(wire, label=("wire", p, i))
+                    g.add_edge(("box", s), wire)
+                    g.add_edge(wire, ("box", j))
+        out.setdefault(_signature(colours, part), []).append(g)
+    return out
 
 
 def _dead_isomorphic(a: Diagram, b: Diagram) -> bool:
-    """Whether the dead parts of ``a`` and ``b`` (whose live parts are equal) are isomorphic,
-    decided exactly by networkx's VF2 over the labelled dead graphs."""
+    """Whether the dead parts of ``a`` and ``b`` (equal live parts, equal multisets of part
+    invariants) are isomorphic: part by part, each of ``a``'s matched to an isomorphic one of
+    ``b``'s with the same invariant, decided by networkx's VF2++. Isomorphism is an
+    equivalence, so matching greedily is exact; its cost is that of VF2++ on the parts."""
     import networkx as nx
 
-    def ports(edges: Mapping) -> list:
-        return sorted(e["ports"] for e in edges.values())
-
-    return nx.is_isomorphic(_dead_graph(a), _dead_graph(b),
-                            node_match=lambda x, y: x["label"] == y["label"],
-                            edge_match=lambda x, y: ports(x) == ports(y))
+    mine, theirs = _dead_graphs(a), _dead_graphs(b)
+    for sig, parts in mine.items():
+        left = list(theirs.get(sig, ()))
+        for g in parts:
+            for k, h in enumerate(left):
+                if nx.vf2pp_is_isomorphic(g, h, node_label="label"):
+                    del left[k]
+                    break
+            else:
+                return False
+    return True
 
 
 def _dead_part(d: Diagram, live: Mapping[int, int]) -> tuple[dict[int, str], list[int]]:

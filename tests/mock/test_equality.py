@@ -82,3 +82,19 @@ def test_functors_built_from_data_compare_by_it():
     assert realization("sm_90").functor != realization("sm_80").functor
     same = Functor("C", "C", ar=lambda b: b.diagram, name="same")
     assert same == same and same != Functor("C", "C", ar=lambda b: b.diagram, name="same")
+
+
+def test_large_dead_parts_are_decided_part_by_part():
+    """300 tied boxes: a relabelling is equal, a transposition (another cycle type) is not;
+    parts are compared by their invariants first, so neither case searches the whole part."""
+    import random
+
+    s = list(range(300))
+    random.Random(1).shuffle(s)
+    relabel = list(range(300))
+    random.Random(2).shuffle(relabel)
+    inv = {r: i for i, r in enumerate(relabel)}
+    assert dead(s) == dead([inv[s[relabel[i]]] for i in range(300)])
+    swapped = list(s)
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    assert dead(s) != dead(swapped)
