@@ -61,7 +61,9 @@ class Lowering:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "functor",
-                           Functor("Circ", "LKB", ar=self._lower, name="lower"))
+                           Functor("Circ", "LKB", ar=self._lower, name="lower",
+                                   key=("lower", self.presentation, self.mode, self.rows,
+                                        self.sizes)))
 
     @property
     def shape(self) -> str:
@@ -176,8 +178,11 @@ class Lowering:
 
 def lowering(circuit: Circuit, presentation: Presentation | None = None,
              max_ctx: int = 1024) -> Lowering:
-    """lower_H for ``circuit`` (its mode and rows) against ``presentation``."""
-    P = presentation or Presentation.load()
+    """lower_H for ``circuit`` (its mode and rows) against ``presentation`` (default: the
+    shipped one, read once)."""
+    from metrale.realize.target import presentation_at
+
+    P = presentation if presentation is not None else presentation_at()
     return Lowering(P, circuit.mode, circuit.rows, tuple(sorted(circuit.sizes(max_ctx).items())))
 
 

@@ -37,7 +37,7 @@ def summary_lines(p: Plan) -> list[str]:
     bound = ("" if p.bound is None else
              " (per-kernel bound: not stated; a bit-identical relation applied where its sides "
              "declare different orders)" if math.isinf(p.bound[0]) else
-             f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × rms)")
+             f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × magnitude)")
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
         f"policy={p.policy}" + (f" logits={p.logits}" if p.logits != "all" else ""),
@@ -88,7 +88,8 @@ def plan_json(p: Plan) -> dict[str, Any]:
         "bound": None if p.bound is None else {
             "stated": not math.isinf(p.bound[0]),
             "rel": None if math.isinf(p.bound[0]) else p.bound[0],
-            "abs_times_rms": None if math.isinf(p.bound[1]) else p.bound[1]},
+            "abs_times_magnitude": None if math.isinf(p.bound[1]) else p.bound[1],
+            "scope": "per kernel"},
         "kernels": [{
             "index": k.index, "family": k.family, "point": str(k.point),
             "params": {a: b for a, b in k.point.params}, "layer": k.layer,

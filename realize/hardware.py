@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
-import networkx as nx
 
 from metrale.lkb.category import Poset
 from metrale.lkb.errors import ConfigError, MetraleError, nearest
@@ -427,6 +426,26 @@ def _check_arch(f: Fields, arch: str, caps: Capabilities | None) -> Capabilities
     return caps
 
 
+def _cycles(nodes: Iterable[str], edges: list[tuple[str, str]]) -> Iterator[list[str]]:
+    """Every elementary cycle of the inheritance graph (networkx's ``simple_cycles``, imported
+    only when the standard library's topological sort finds that there is one)."""
+    import graphlib
+
+    order = graphlib.TopologicalSorter({n: set() for n in nodes})
+    for child, parent in edges:
+        order.add(child, parent)
+    try:
+        order.prepare()
+        return iter(())
+    except graphlib.CycleError:
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(nodes)
+        g.add_edges_from(edges)
+        return nx.simple_cycles(g)
+
+
 def _show(c: HardwareClass, root: Path | None) -> str:
     if c.file is None:
         return c.name
@@ -456,8 +475,7 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
             errors.append(ConfigError(f"two classes named {c.name!r}: {first} and "
                                       f"{_show(c, root)}", file=c.file, key="name"))
         by_name[c.name] = c
-    g = nx.DiGraph()
-    g.add_nodes_from(by_name)
+    edges: list[tuple[str, str]] = []
     for c in classes:
         for p in c.inherits:
             if p == c.name:
@@ -472,9 +490,9 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
                     key="inherits", expected="one of " + ", ".join(sorted(by_name)),
                     found=repr(p), suggestion=nearest(p, [n for n in by_name if n != c.name])))
             else:
-                g.add_edge(c.name, p)
+                edges.append((c.name, p))
     seen_cycles = set()
-    for cycle in nx.simple_cycles(g):
+    for cycle in _cycles(by_name, edges):
         if len(cycle) < 2:
             continue
         start = cycle.index(min(cycle))
@@ -485,7 +503,7 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
         text = " -> ".join(_show(by_name[n], root) for n in cycle) + f" -> {cycle[0]}"
         errors.append(ConfigError(f"inheritance cycle: {text}", file=by_name[cycle[0]].file,
                                   key="inherits"))
-    for child, parent in sorted(g.edges):
+    for child, parent in sorted(set(edges)):
         c, p = by_name[child], by_name[parent]
         if c.vendor is not p.vendor:
             errors.append(ConfigError(

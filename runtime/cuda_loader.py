@@ -227,10 +227,9 @@ class CudaPlanLoader:
         return found
 
     def load(self, backend: Any, plan: Any, specs: Mapping[str, Any]) -> tuple:
-        from metrale.lkb.presentation import Presentation
         from metrale.runtime.executor import Launch
 
-        P = Presentation.load(self.kernels_dir)
+        P = plan.hw_target.presentation  # the plan's own: an extended one is read as made
         sizes = dict(plan.sizes)
         out = []
         for k in plan.launches:

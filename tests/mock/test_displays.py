@@ -221,12 +221,15 @@ def test_plan_diff_display():
 def test_functor_display_shows_maps_and_what_has_no_image():
     F = realization("sm_90")
     fam = F.presentation.family("split_heads")
-    gens = [F.presentation.family("add").box(F.presentation.family("add").points[0]),
-            fam.box(fam.points[0])]
+    view = fam.box(fam.points[0])
+    stranger = Box("not_a_family", view.dom, view.cod)
+    gens = [F.presentation.family("add").box(F.presentation.family("add").points[0]), view,
+            stranger]
     html = functor_html(F.functor, gens)
     assert "<b>F_sm_90</b>: LKB → Impl_sm_90" in html
     assert "metrale_add" in html and "cuda:cuda/common/misc.cu:metrale_add -DACT_BF16" in html
-    assert html.count("no image") == 1 and "split_heads" in html
+    # F_H is total on the LKB: a view has its zero-cost image; only a stranger has none
+    assert html.count("no image") == 1 and "not_a_family" in html and "split_heads" in html
     assert "(the identity: no stages)" in Functor.id("C")._repr_html_()
     x = TensorType(("n",), BF16)
     named = Functor("C", "D", ob={x: Ty(TensorType(("n",), F32))}, name="up")._repr_html_()

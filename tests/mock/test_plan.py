@@ -92,7 +92,8 @@ def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():
     assert any(a.relation == "dequant_linear" and a.numerics == "bounded" for a in p.applied)
     assert not p.exact and p.bound == (math.inf, math.inf)
     assert "per-kernel bound: not stated" in "\n".join(summary_lines(p))
-    assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_rms": None}
+    assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_magnitude": None,
+                                     "scope": "per kernel"}
     exact = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64)
     assert exact.exact and not any(a.relation == "dequant_linear" for a in exact.applied)
 
