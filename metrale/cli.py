@@ -30,9 +30,23 @@ def command(name: str, help: str) -> Callable:
     return register
 
 
+def extend_command(name: str, configure: Callable[[argparse.ArgumentParser], None],
+                   wrap: Callable[[argparse.Namespace, Command], int]) -> None:
+    """Give ``met <name>`` more arguments (``configure``) and a runner ``wrap(args, run)``
+    that may handle them and otherwise calls the command's own ``run``."""
+    first, run, help_text = _COMMANDS[name]
+
+    def both(p: argparse.ArgumentParser) -> None:
+        first(p)
+        configure(p)
+
+    _COMMANDS[name] = (both, lambda args: wrap(args, run), help_text)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``met`` with every registered subcommand."""
     from metrale import commands  # noqa: F401 - registers the subcommands
+    from metrale import tune_cli  # noqa: F401 - met tune, met plan --costs
 
     p = argparse.ArgumentParser(
         prog="met", description="Metrale: kernel plans for LLM inference, as category theory.")

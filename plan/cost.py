@@ -111,12 +111,21 @@ def shape_of(fam: Family, box: Box, sizes: Mapping[str, int]) -> dict[str, int |
     return {k: numbers[k] for k in sorted(keys) if k in numbers}
 
 
+def _matrices(fam: Family) -> frozenset[str]:
+    """The weight ports a row multiplies: at least two dims, the last one an activation input
+    has too (an embedding table, gathered by ids, and a norm's vector are not)."""
+    weights = set(fam.weights)
+    activation_dims = {d for p in fam.inputs if p.name not in weights for d in p.dims}
+    return frozenset(p.name for p in fam.inputs if p.name in weights and len(p.dims) >= 2
+                     and p.dims[-1] in activation_dims)
+
+
 def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_reads: float = 1
                 ) -> float:
     from .plan import FORMAT_BITS
 
     traffic = dict(fam.traffic)
-    weights = set(fam.weights)
+    weights = _matrices(fam)
     total = 0.0
     for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
         if port.name in traffic:
@@ -144,11 +153,11 @@ def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
 
 
 def _flops(fam: Family, env: Mapping[str, int | float]) -> float:
-    weights = set(fam.weights)
+    matrices = _matrices(fam)
     rows = env.get("rows", 1)
     total = 0.0
     for port in fam.inputs:
-        if port.name in weights and len(port.dims) >= 2:
+        if port.name in matrices:
             n, k = (env[d] if isinstance(d, str) else d for d in port.dims[-2:])
             per_row = n * k * (env.get("top_k", 1) if len(port.dims) == 3 else 1)
             total += 2 * rows * per_row
@@ -213,7 +222,7 @@ class CostModel:
         from metrale.realize.kernel import box_numbers
 
         numbers = {**box_numbers(box, fam, dict(self.sizes)), **env}
-        tiles = _row_tiles(kernel, numbers)
+        tiles = _row_tiles(kernel, numbers) if _matrices(fam) else 1.0
         nbytes = _port_bytes(fam, box, env, tiles)
         flops = _flops(fam, env)
         tensor = kernel is not None and info.tensor_tflops > 0 and any(
@@ -233,7 +242,7 @@ class CostModel:
         reads = f" (weights read {_num(tiles)}× by row tiles)" if tiles > 1 else ""
         src = (f"model: {_si(nbytes)}B{reads} / {_num(bw)} GB/s, {_si(flops)}FLOP / "
                f"{_num(rate)} TFLOP/s {'tensor' if tensor else 'vector'}, {launches} × "
-               f"{_num(info.launch_us)} µs launch ([cost] of {whose}){nominal}")
+               f"{_num(info.launch_us)} µs launch (cost figures of {whose}){nominal}")
         return us, src
 
     def _nearest(self, family: str, point: str, source_hash: str,

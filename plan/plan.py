@@ -250,13 +250,17 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
-             logits: str = "all") -> Plan:
+             logits: str = "all", choice: Any = None) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
     ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS).
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
+
+    The alternatives (matmul point, which matches apply) are the cheapest by cost at the rows'
+    bucket (``plan.search.choose``); ``choice`` (a ``plan.search.Choice``) imposes others
+    instead, as ``met tune`` does to time them.
     """
     from metrale.realize.target import target as target_of
 
@@ -287,8 +291,9 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     # the alternatives are chosen by cost, on a two-layer cut at the rows' bucket (plan.search)
     from .search import choose
 
-    choice = choose(config, quant, mode, rows, T=T, F=F, policy=policy, act=act,
-                    context=context, logits=logits, presentation=P)
+    if choice is None:
+        choice = choose(config, quant, mode, rows, T=T, F=F, policy=policy, act=act,
+                        context=context, logits=logits, presentation=P)
     step("search")
     # L_H = lower_H >> rewrite_H; the plan is (L_H >> F_H)(circuit), then annotated
     L_H = fuser(circuit, F, policy, context=context, presentation=P if fuse else _no_relations(P),

@@ -73,6 +73,12 @@ class Site:
     cost_us: float
     priority_us: float
     """The site's cost with nothing skipped (the priority order's plan)."""
+    matches: tuple[Signature, ...] = attrs.field(default=(), eq=False, repr=False)
+    """The matches' signatures, in the order the alternatives are numbered (bit i: skip i)."""
+
+    def skip_of(self, a: int) -> frozenset[Signature]:
+        """The matches alternative ``a`` of this site skips."""
+        return _subset(list(self.matches), a % max(1, self.alternatives))
 
 
 @attrs.frozen
@@ -90,9 +96,35 @@ class Choice:
     note: str = ""
     shapes: tuple[tuple[str, float], ...] = ()
     """Each matmul point tried, with the cut's cost under its best choice (inf: not runnable)."""
+    per_shape: tuple[tuple[str, tuple[Site, ...]], ...] = attrs.field(default=(), eq=False,
+                                                                       repr=False)
+    """Each matmul point tried, with its sites (what ``alternatives`` enumerates)."""
 
 
-_CHOICES: dict[tuple, Choice] = {}
+def alternatives(choice: Choice) -> tuple[Choice, ...]:
+    """Choices that together hold every alternative of every site, for each matmul point the
+    search tried: the a-th takes each site's a-th alternative (so as many as the largest
+    site has), the first being the priority order's. ``met tune`` times their kernels.
+
+    >>> from metrale.realize.target import target
+    >>> from metrale.plan.config import ModelConfig
+    >>> c = choose(ModelConfig.load("tiny-llama"), "bf16", "decode", 1, T=target("host"))
+    >>> alts = alternatives(c)
+    >>> len(alts) >= 2 and alts[0].skip == frozenset()
+    True
+    """
+    out = []
+    for shape, sites in choice.per_shape:
+        n = max((x.alternatives for x in sites), default=1)
+        for a in range(n):
+            skip = frozenset().union(*(x.skip_of(a) if a < x.alternatives else frozenset()
+                                       for x in sites))
+            out.append(attrs.evolve(choice, shape=shape, skip=skip, sites=sites,
+                                    note=f"alternative {a} of {shape}"))
+    return tuple(out)
+
+
+_CHOICES: dict[tuple, tuple[Any, Choice]] = {}
 
 
 def bucket_of(T: Any, mode: str, rows: int) -> int:
@@ -114,10 +146,12 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
     policy = policy or T.policy
     bucket = bucket_of(T, mode, rows)
     P = presentation if presentation is not None else T.presentation
-    key = (T, config, quant, mode, bucket, act, context, logits, policy, P)
+    # by the Target's identity: a Target is rebuilt when its files (its evidence among them)
+    # change, and a rebuilt one compares equal to the old
+    key = (id(T), config, quant, mode, bucket, act, context, logits, policy, P)
     hit = _CHOICES.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[0] is T:
+        return hit[1]
     F = F if F is not None else T.realization()
     allowed = MATMUL_SHAPES
     if mode == "decode" and policy == "exact":
@@ -132,7 +166,7 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
     out = _search(config, quant, mode, bucket, act, context, logits, T, F, P, policy, allowed)
     if len(_CHOICES) >= 256:
         _CHOICES.clear()
-    _CHOICES[key] = out
+    _CHOICES[key] = (T, out)
     return out
 
 
@@ -325,7 +359,7 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
         chosen |= _subset(c, best)
         site_total += table[i][best]
         sites.append(Site(tuple(names[s] for s in c), tuple(names[s] for s in _subset(c, best)),
-                          len(table[i]), table[i][best], table[i][0]))
+                          len(table[i]), table[i][best], table[i][0], tuple(c)))
     # the check: the whole rewritten with every site's choice costs what the sites predict
     covered = set().union(*boxes_of.values()) if boxes_of else set()
     _, rw0, costs0 = ev(frozenset())
@@ -351,6 +385,7 @@ def _search(config: Any, quant: str, mode: str, rows: int, act: str, context: in
     model = CostModel.of(T, sizes)
     best = None
     tried = []
+    per_shape = []
     rewrites = 0
     for shape in allowed:
         lowered = lowering(circuit, P, max_ctx=context, shape=shape).functor(circuit.diagram)
@@ -358,8 +393,9 @@ def _search(config: Any, quant: str, mode: str, rows: int, act: str, context: in
         skip, total, sites, note = _search_shape(ev, margin)
         rewrites += len(ev.runs) + ev.parts
         tried.append((shape, total))
+        per_shape.append((shape, tuple(sites)))
         if best is None or total < best[1]:
             best = (shape, total, skip, sites, note)
     shape, total, skip, sites, note = best
     return Choice(shape, skip, rows, tuple(sites), total, rewrites, time.perf_counter() - t0,
-                  note, tuple(tried))
+                  note, tuple(tried), tuple(per_shape))

@@ -402,6 +402,21 @@ class Engine:
                                         presentation=self.presentation)
         return self._plans[key]
 
+    def use_plan(self, plan: Plan) -> None:
+        """Run ``plan`` for its step (mode, rows, logits) from now on, in place of the one the
+        planner chose: a plan of this engine's model, quant and class (``met tune`` times the
+        alternatives so). The step's program is rebuilt on next use."""
+        if (plan.target.model, plan.target.quant, plan.target.hw) != (
+                self.config.name, self.quant, self.hardware):
+            raise ConfigError("a plan of another target", key="plan",
+                              expected=f"{self.config.name} {self.quant} on {self.hardware}",
+                              found=str(plan.target))
+        key = (plan.mode, plan.rows, plan.logits)
+        old = self._programs.pop(key, None)
+        if old is not None:
+            old.close()
+        self._plans[key] = plan
+
     @property
     def caches(self) -> dict[str, DevicePtr]:
         """Each cache buffer's memory, every slot of it."""
