@@ -46,12 +46,12 @@ def extend_command(name: str, configure: Callable[[argparse.ArgumentParser], Non
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``met`` with every registered subcommand."""
     from metrale import commands  # noqa: F401 - registers the subcommands
-    from metrale import tune_cli  # noqa: F401 - met tune, met plan --costs
 
     p = argparse.ArgumentParser(
         prog="met", description="Metrale: kernel plans for LLM inference, as category theory.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    from metrale import tune_cli  # noqa: F401 - registers met tune and met plan --costs
     for name, (configure, _run, help_text) in _COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         sp.add_argument("--debug", action="store_true", help="show tracebacks",
