@@ -364,7 +364,7 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
     covered = set().union(*boxes_of.values()) if boxes_of else set()
     _, rw0, costs0 = ev(frozenset())
     rest = sum(x for x, o in zip(costs0, rw0.origin) if not covered & set(o))
-    total = ev(chosen)[0]
+    total = ev(chosen)[0] if chosen else sum(costs0)
     predicted = site_total + rest
     if not (math.isclose(total, predicted, rel_tol=1e-9, abs_tol=1e-9)
             or (math.isinf(total) and math.isinf(predicted))):
