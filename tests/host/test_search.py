@@ -189,3 +189,24 @@ def test_met_tune_times_records_and_replans(kernels: Path, capsys) -> None:
     assert all(k.cost.kind == "measured" for k in after.launches), [
         k.cost.source for k in after.launches if k.cost.kind != "measured"]
     assert row["predicted_after_us"] == pytest.approx(after.predicted_us)
+
+
+# -- the engine runs the bucket's program -----------------------------------------------------
+
+def test_the_engine_runs_the_bucket_program_and_a_row_keeps_its_bytes() -> None:
+    """Three rows run the 2-4 bucket's program (four rows, the last repeated); their logits
+    and the cache they leave are the bytes of an engine of three slots, which runs three."""
+    from metrale.runtime.engine import Engine
+
+    out = {}
+    for slots in (4, 3):
+        with Engine.load("tiny-llama", max_ctx=16, slots=slots, graphs=False) as eng:
+            steps = [eng.decode([5, 17, 3]), eng.decode([8, 1, 250])]
+            assert ("decode", min(4, slots), "all") in eng._programs
+            caches = {n: eng.backend.copy_d2h(p, p.nbytes)[:3 * eng._slot_bytes[n]]
+                      for n, p in eng.caches.items()}
+            out[slots] = (steps, caches)
+    (a, ca), (b, cb) = out[4], out[3]
+    assert all(x.shape == (3, 256) and x.tobytes() == y.tobytes() for x, y in zip(a, b))
+    assert ca.keys() == cb.keys() and all(bytes(ca[n]) == bytes(cb[n]) for n in ca)
+    assert any(bytes(ca[n]).strip(b"\0") for n in ca)  # the steps wrote the caches
