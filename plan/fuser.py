@@ -260,7 +260,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             sizes: Mapping[str, int] | None = None,
             skip: frozenset[Signature] = frozenset(),
             frame: tuple[Diagram, Any, tuple[int, ...]] | None = None,
-            served: dict[tuple, str] | None = None) -> Rewrite:
+            served: dict[tuple, str] | None = None,
+            only: frozenset[str] | None = None) -> Rewrite:
     """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined.
 
     With the circuit's ``sizes``, a match whose rhs kernel cannot be launched at them is
@@ -271,7 +272,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     non-overlapping matches is the result of some ``skip``. ``frame`` (a lowered diagram, its
     index and the box of it each box of ``d`` is) says that ``d`` is a part of a larger
     lowered diagram: signatures are then taken there (the search rewrites parts); ``served``
-    memoizes, across calls, why a kernel cannot serve a box's sizes."""
+    memoizes, across calls, why a kernel cannot serve a box's sizes; ``only`` restricts the
+    relations tried to those named (the search's parts, where no other can match)."""
     P = presentation if presentation is not None else F.presentation
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
@@ -281,7 +283,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     origin: list[tuple[int, ...]] = [(j,) for j in range(len(d.boxes))]
     applied: list[Applied] = []
     declined: list[Declined] = []
-    relations = sorted(P.relations, key=lambda r: -r.priority)
+    relations = sorted((r for r in P.relations if only is None or r.name in only),
+                       key=lambda r: -r.priority)
     lowered = ix = _Index(d)
     sides = {rel.name: P.equation(rel.name) for rel in relations}
     candidates = {rel.name: list(_matches(sides[rel.name][0], P, lowered))

@@ -37,6 +37,7 @@ part of a few boxes.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -267,8 +268,28 @@ class _Evaluator:
         """A part rewritten under ``skip`` (signatures taken in the whole), and its cost."""
         self.parts += 1
         rw = rewrite(part, self.F, policy=self.policy, presentation=self.P, sizes=self.sizes,
-                     skip=skip, frame=(self.lowered, self.index, fmap), served=self.served)
+                     skip=skip, frame=(self.lowered, self.index, fmap), served=self.served,
+                     only=self.playable(frozenset(b.name for b in part.boxes)))
         return sum(self.box_cost(b) for b in rw.diagram.boxes), rw
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - one evaluator per search, dropped after
+    def playable(self, families: frozenset[str]) -> frozenset[str]:
+        """The relations that can match in a part of these ``families``: admissible under the
+        policy, and every family of their lhs present or made by another such relation's rhs."""
+        rels = [r for r in self.P.relations if r.exact or self.policy == "bounded"]
+        sides = {r.name: self.P.equation(r.name) for r in rels}
+        have = set(families)
+        out: set[str] = set()
+        grew = True
+        while grew:
+            grew = False
+            for r in rels:
+                lhs, rhs = sides[r.name]
+                if r.name not in out and {b.name for b in lhs.boxes} <= have:
+                    out.add(r.name)
+                    have |= {b.name for b in rhs.boxes}
+                    grew = True
+        return frozenset(out)
 
 
 def _components(boxes_of: Mapping[Signature, set[int]], order: list[Signature]
