@@ -261,7 +261,7 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             skip: frozenset[Signature] = frozenset(),
             frame: tuple[Diagram, Any, tuple[int, ...]] | None = None,
             served: dict[tuple, str] | None = None,
-            only: frozenset[str] | None = None) -> Rewrite:
+            only: frozenset[str] | None = None, record: bool = False) -> Rewrite:
     """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined.
 
     With the circuit's ``sizes``, a match whose rhs kernel cannot be launched at them is
@@ -273,7 +273,8 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     index and the box of it each box of ``d`` is) says that ``d`` is a part of a larger
     lowered diagram: signatures are then taken there (the search rewrites parts); ``served``
     memoizes, across calls, why a kernel cannot serve a box's sizes; ``only`` restricts the
-    relations tried to those named (the search's parts, where no other can match)."""
+    relations tried to those named (the search's parts, where no other can match); ``record``
+    keeps every match met with its signature (``Rewrite.met``, what the search reads)."""
     P = presentation if presentation is not None else F.presentation
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
@@ -307,26 +308,28 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
         for m in _matches(lhs, P, ix):
             fams = tuple(d.boxes[j].name for j in m.boxes)
             where = tuple(sorted(o for j in m.boxes for o in origin[j]))
-            sig, at = signature(rel.name, where)
-            if sig in skip:
-                admissible = not _judge(rel, lhs, rhs, m, d, ix, F, P, policy, {}, sizes,
-                                        served)[0]
+            sig, at = signature(rel.name, where) if skip or record else (None, where)
+            if skip and sig in skip:
                 if any(j in used for j in m.boxes):
                     reason = f"overlaps a match of {used[next(j for j in m.boxes if j in used)]}" \
                              " already applied"
                 else:
                     reason = ("not chosen: the plan costs less without it (the search by "
                               "cost)")
-                met.append((sig, at, "skipped" if admissible else "refused"))
+                if record:
+                    admissible = not _judge(rel, lhs, rhs, m, d, ix, F, P, policy, {}, sizes,
+                                            served)[0]
+                    met.append((sig, at, "skipped" if admissible else "refused"))
                 declined.append(Declined(rel.name, where, fams, reason))
                 continue
             reason, box, numerics = _judge(rel, lhs, rhs, m, d, ix, F, P, policy, used, sizes,
                                            served)
-            status = "applied" if not reason else "refused"
-            if reason.startswith("overlaps") and not _judge(rel, lhs, rhs, m, d, ix, F, P,
-                                                            policy, {}, sizes, served)[0]:
-                status = "overlap"  # admissible but for the overlap: an alternative
-            met.append((sig, at, status))
+            if record:
+                status = "applied" if not reason else "refused"
+                if reason.startswith("overlaps") and not _judge(rel, lhs, rhs, m, d, ix, F, P,
+                                                                policy, {}, sizes, served)[0]:
+                    status = "overlap"  # admissible but for the overlap: an alternative
+                met.append((sig, at, status))
             if reason:
                 declined.append(Declined(rel.name, where, fams, reason))
                 continue
@@ -344,7 +347,7 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     shadowed = _shadowed(relations, boxes_of, applied, declined, lowered)
     declined.extend(shadowed)
     by_rel = {rel.name: rel for rel in relations}
-    for x in shadowed:
+    for x in shadowed if record else ():
         m = next(m for m in candidates[x.relation] if tuple(sorted(m.boxes)) == x.boxes)
         lhs, rhs = sides[x.relation]
         ok = not _judge(by_rel[x.relation], lhs, rhs, m, lowered.d, lowered, F, P, policy, {},

@@ -230,7 +230,7 @@ class _Evaluator:
         hit = self.runs.get(skip)
         if hit is None:
             rw = rewrite(self.lowered, self.F, policy=self.policy, presentation=self.P,
-                         sizes=self.sizes, skip=skip, served=self.served)
+                         sizes=self.sizes, skip=skip, served=self.served, record=True)
             costs = [self.box_cost(b) for b in rw.diagram.boxes]
             hit = self.runs[skip] = (sum(costs), rw, costs)
         return hit
@@ -269,7 +269,7 @@ class _Evaluator:
         self.parts += 1
         rw = rewrite(part, self.F, policy=self.policy, presentation=self.P, sizes=self.sizes,
                      skip=skip, frame=(self.lowered, self.index, fmap), served=self.served,
-                     only=self.playable(frozenset(b.name for b in part.boxes)))
+                     only=self.playable(frozenset(b.name for b in part.boxes)), record=True)
         return sum(self.box_cost(b) for b in rw.diagram.boxes), rw
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one evaluator per search, dropped after
