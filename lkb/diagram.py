@@ -61,7 +61,7 @@ def _params(value: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> tupl
     return tuple(sorted((str(k), v) for k, v in items))
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class Box:
     """A generator: a named arrow ``dom → cod`` with hashable parameters.
 

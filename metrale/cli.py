@@ -47,6 +47,19 @@ class HelpFormatter(argparse.HelpFormatter):
             "%%(default)s", "%(default)s")
 
 
+def extend_command(name: str, configure: Callable[[argparse.ArgumentParser], None],
+                   wrap: Callable[[argparse.Namespace, Command], int]) -> None:
+    """Give ``met <name>`` more arguments (``configure``) and a runner ``wrap(args, run)``
+    that may handle them and otherwise calls the command's own ``run``."""
+    first, run, help_text = _COMMANDS[name]
+
+    def both(p: argparse.ArgumentParser) -> None:
+        first(p)
+        configure(p)
+
+    _COMMANDS[name] = (both, lambda args: wrap(args, run), help_text)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``met`` with every registered subcommand."""
     import metrale
@@ -59,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--version", action="version", version=f"met {metrale.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    from metrale import tune_cli  # noqa: F401 - registers met tune and met plan --costs
     for name, (configure, _run, help_text) in _COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text,
                             formatter_class=HelpFormatter)

@@ -88,6 +88,11 @@ class Rewrite:
     steps: tuple[RewriteStep, ...] = attrs.field(default=(), eq=False, repr=False)
     """The rewriting step by step: for each relation that applied, the diagram it applied to
     and where (its provenance, which ``metrale.testing.rewriting_laws`` checks)."""
+    met: tuple[tuple[Signature, tuple[int, ...], str], ...] = attrs.field(
+        default=(), eq=False, repr=False)
+    """Every match met, as ``(signature, lowered boxes, status)``, status one of applied,
+    overlap (another match took a box), skipped (not chosen) and refused (any other reason):
+    the alternatives the search (``plan.search``) chooses among are the first three."""
 
 
 @attrs.frozen
@@ -107,9 +112,24 @@ class _Match:
     params: tuple[tuple[str, Any], ...]
 
 
+_ORDERS: dict[int, tuple[Diagram, list[int]]] = {}
+
+
 def _order(lhs: Diagram) -> list[int]:
     """The pattern's boxes in an order where each shares a wire with an earlier one (the lhs
-    is connected, so a match grows from one anchor through shared wires)."""
+    is connected, so a match grows from one anchor through shared wires); memoized per
+    pattern object (the presentation builds each relation's sides once)."""
+    hit = _ORDERS.get(id(lhs))
+    if hit is not None and hit[0] is lhs:
+        return hit[1]
+    if len(_ORDERS) > 4096:
+        _ORDERS.clear()
+    out = _order_of(lhs)
+    _ORDERS[id(lhs)] = (lhs, out)
+    return out
+
+
+def _order_of(lhs: Diagram) -> list[int]:
     def wires(i: int) -> set[Source]:
         return set(lhs.wiring[i]) | {(i, p) for p in range(len(lhs.boxes[i].cod))}
 
@@ -213,6 +233,31 @@ def _matches(lhs: Diagram, P: Presentation, ix: _Index) -> Iterator[_Match]:
             yield m
 
 
+Signature = tuple
+"""What a match is, up to the layer it sits in: the relation, the matched boxes (values, so
+equal across layers of equal shapes) and, for each wire entering the match, the box that
+produces it (family and types) or the step input's type. The search (``plan.search``) chooses
+by signature, so one choice holds for every layer where the same match recurs."""
+
+
+def match_signature(rel: str, boxes: tuple[int, ...], d: Diagram, ix: _Index) -> Signature:
+    """The :data:`Signature` of a match of ``rel`` at ``boxes`` (sorted indices) of the lowered
+    diagram ``d``: taken there, not in the diagram being rewritten, so that a match has one
+    signature whichever other matches applied before it."""
+    inside = set(boxes)
+    context = []
+    for j in boxes:
+        for s in d.wiring[j]:
+            if s[0] in inside:
+                continue
+            if s[0] < 0:
+                context.append(("input", d.dom.types[s[1]]))
+            else:
+                b = d.boxes[s[0]]
+                context.append((b.name, b.dom, b.cod, s[1]))
+    return (rel, tuple(d.boxes[j] for j in boxes), tuple(context))
+
+
 def _reductions(F: Realizer, P: Presentation, point: Point) -> frozenset[str]:
     kernel = F.realize(point)
     if kernel is not None:
@@ -222,11 +267,24 @@ def _reductions(F: Realizer, P: Presentation, point: Point) -> frozenset[str]:
 
 def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             presentation: Presentation | None = None,
-            sizes: Mapping[str, int] | None = None) -> Rewrite:
+            sizes: Mapping[str, int] | None = None,
+            skip: frozenset[Signature] = frozenset(),
+            frame: tuple[Diagram, Any, tuple[int, ...]] | None = None,
+            served: dict[tuple, str] | None = None,
+            only: frozenset[str] | None = None, record: bool = False) -> Rewrite:
     """Apply every relation ``F``'s class realizes, under ``policy``; keep what was declined.
 
     With the circuit's ``sizes``, a match whose rhs kernel cannot be launched at them is
-    declined, so that a kernel serving only some shapes never leaves a plan unrunnable."""
+    declined, so that a kernel serving only some shapes never leaves a plan unrunnable.
+    A match whose signature (:func:`match_signature`) is in ``skip`` is declined as not
+    chosen: the search by cost (``plan.search``) found the plan cheaper without it. Where
+    matches overlap, the relations not skipped apply by priority, so any set of
+    non-overlapping matches is the result of some ``skip``. ``frame`` (a lowered diagram, its
+    index and the box of it each box of ``d`` is) says that ``d`` is a part of a larger
+    lowered diagram: signatures are then taken there (the search rewrites parts); ``served``
+    memoizes, across calls, why a kernel cannot serve a box's sizes; ``only`` restricts the
+    relations tried to those named (the search's parts, where no other can match); ``record``
+    keeps every match met with its signature (``Rewrite.met``, what the search reads)."""
     P = presentation if presentation is not None else F.presentation
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
@@ -236,13 +294,22 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
     origin: list[tuple[int, ...]] = [(j,) for j in range(len(d.boxes))]
     applied: list[Applied] = []
     declined: list[Declined] = []
-    relations = sorted(P.relations, key=lambda r: -r.priority)
+    relations = sorted((r for r in P.relations if only is None or r.name in only),
+                       key=lambda r: -r.priority)
     lowered = ix = _Index(d)
     sides = {rel.name: P.equation(rel.name) for rel in relations}
-    initial = {rel.name: list(_matches(sides[rel.name][0], P, lowered)) for rel in relations}
-    candidates = {name: [m.boxes for m in ms] for name, ms in initial.items()}
-    served: dict[tuple, str] = {}  # (point, sizes at the box) -> why its kernel cannot serve
+    # the lowered diagram's matches, found once, serve until a relation splices
+    candidates = initial = {rel.name: list(_matches(sides[rel.name][0], P, lowered))
+                            for rel in relations}
+    frame_d, frame_ix, fmap = frame if frame is not None else (d, lowered, None)
+
+    def signature(rel: str, where: tuple[int, ...]) -> tuple[Signature, tuple[int, ...]]:
+        w = where if fmap is None else tuple(sorted(fmap[o] for o in where))
+        return match_signature(rel, w, frame_d, frame_ix), w
+    if served is None:
+        served = {}  # (point, sizes at the box) -> why its kernel cannot serve
     trace: list[RewriteStep] = []
+    met: list[tuple[Signature, tuple[int, ...], str]] = []
     for rel in relations:
         if ix.d is not d:  # the last relation spliced its matches in
             ix = _Index(d)
@@ -253,8 +320,28 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
         for m in initial[rel.name] if ix is lowered else _matches(lhs, P, ix):
             fams = tuple(d.boxes[j].name for j in m.boxes)
             where = tuple(sorted(o for j in m.boxes for o in origin[j]))
+            sig, at = signature(rel.name, where) if skip or record else (None, where)
+            if skip and sig in skip:
+                if any(j in used for j in m.boxes):
+                    reason = f"overlaps a match of {used[next(j for j in m.boxes if j in used)]}" \
+                             " already applied"
+                else:
+                    reason = ("not chosen: the plan costs less without it (the search by "
+                              "cost)")
+                if record:
+                    admissible = not _judge(rel, lhs, rhs, m, d, ix, F, P, policy, {}, sizes,
+                                            served)[0]
+                    met.append((sig, at, "skipped" if admissible else "refused"))
+                declined.append(Declined(rel.name, where, fams, reason))
+                continue
             reason, box, numerics = _judge(rel, lhs, rhs, m, d, ix, F, P, policy, used, sizes,
                                            served)
+            if record:
+                status = "applied" if not reason else "refused"
+                if reason.startswith("overlaps") and not _judge(rel, lhs, rhs, m, d, ix, F, P,
+                                                                policy, {}, sizes, served)[0]:
+                    status = "overlap"  # admissible but for the overlap: an alternative
+                met.append((sig, at, status))
             if reason:
                 declined.append(Declined(rel.name, where, fams, reason))
                 continue
@@ -268,8 +355,18 @@ def rewrite(d: Diagram, F: Realizer, *, policy: str = "exact",
             trace.append(RewriteStep(rel.name, d, tuple((m.boxes, box)
                                                         for m, box, _, _ in fused_here)))
             d, origin = _splice(d, fused_here, origin)
-    declined.extend(_shadowed(relations, candidates, applied, declined, lowered))
-    return Rewrite(d, tuple(applied), tuple(declined), tuple(origin), tuple(trace))
+    boxes_of = {rel: [m.boxes for m in ms] for rel, ms in candidates.items()}
+    shadowed = _shadowed(relations, boxes_of, applied, declined, lowered)
+    declined.extend(shadowed)
+    by_rel = {rel.name: rel for rel in relations}
+    for x in shadowed if record else ():
+        m = next(m for m in candidates[x.relation] if tuple(sorted(m.boxes)) == x.boxes)
+        lhs, rhs = sides[x.relation]
+        ok = not _judge(by_rel[x.relation], lhs, rhs, m, lowered.d, lowered, F, P, policy, {},
+                        sizes, served)[0]
+        sig, at = signature(x.relation, x.boxes)
+        met.append((sig, at, "overlap" if ok else "refused"))
+    return Rewrite(d, tuple(applied), tuple(declined), tuple(origin), tuple(trace), tuple(met))
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -300,13 +397,15 @@ class Rewriting:
     policy: str = "exact"
     presentation: Presentation | None = None
     sizes: tuple[tuple[str, int], ...] | None = None
+    skip: frozenset = frozenset()
+    """Signatures of the matches the search by cost chose not to apply (``rewrite``)."""
     _last: list = attrs.field(factory=list)
 
     dom = cod = "LKB"
 
     def _key(self) -> tuple:
         F = self.realization
-        return (F.functor, self.policy, self.presentation, self.sizes)
+        return (F.functor, self.policy, self.presentation, self.sizes, self.skip)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Rewriting) and self._key() == other._key()
@@ -328,7 +427,7 @@ class Rewriting:
         if self._last and self._last[0][0] is d:
             return self._last[0][1]
         out = rewrite(d, self.realization, policy=self.policy, presentation=self.presentation,
-                      sizes=None if self.sizes is None else dict(self.sizes))
+                      sizes=None if self.sizes is None else dict(self.sizes), skip=self.skip)
         self._last[:] = [(d, out)]
         return out
 
@@ -347,23 +446,26 @@ class Rewriting:
 
 
 def rewriting(F: Any, policy: str = "exact", *, presentation: Presentation | None = None,
-              sizes: Mapping[str, int] | None = None) -> Rewriting:
+              sizes: Mapping[str, int] | None = None,
+              skip: frozenset = frozenset()) -> Rewriting:
     """rewrite_H for F's class under ``policy`` (see :class:`Rewriting`); ``presentation``
     (default F's) gives the relations, ``sizes`` the circuit's, to decline matches whose
-    kernel cannot serve them."""
+    kernel cannot serve them, ``skip`` the matches the search chose not to apply."""
     if policy not in POLICIES:
         from metrale.lkb.errors import ConfigError
 
         raise ConfigError("unknown numerics policy", key="policy",
                           expected="exact or bounded", found=repr(policy))
     return Rewriting(F, policy, presentation,
-                     None if sizes is None else tuple(sorted(sizes.items())))
+                     None if sizes is None else tuple(sorted(sizes.items())), frozenset(skip))
 
 
 def fuser(circuit: Any, F: Any, policy: str = "exact", *, context: int = 1024,
-          presentation: Presentation | None = None) -> Any:
+          presentation: Presentation | None = None, shape: str = "gemv",
+          skip: frozenset = frozenset()) -> Any:
     """L_H for ``circuit`` on F's class: ``lowering(circuit).functor >> rewriting(F, policy)``
-    with the circuit's sizes at ``context`` (what ``plan_for`` composes with ``F.functor``).
+    with the circuit's sizes at ``context`` (what ``plan_for`` composes with ``F.functor``);
+    ``shape`` and ``skip`` are the search's choices (``plan.search.Choice``).
 
     >>> from metrale.plan.circuit import circuit_for
     >>> from metrale.realize.target import target
@@ -377,8 +479,8 @@ def fuser(circuit: Any, F: Any, policy: str = "exact", *, context: int = 1024,
 
     P = presentation if presentation is not None else F.presentation
     sizes = {**circuit.sizes(context), "context": context}
-    return lowering(circuit, P, max_ctx=context).functor >> rewriting(
-        F, policy, presentation=P, sizes=sizes)
+    return lowering(circuit, P, max_ctx=context, shape=shape).functor >> rewriting(
+        F, policy, presentation=P, sizes=sizes, skip=skip)
 
 
 def _shadowed(relations: list[Relation], candidates: Mapping[str, list[tuple[int, ...]]],

@@ -36,14 +36,10 @@ from metrale.lkb.ty import TensorType, Ty
 
 from .circuit import Circuit
 
-GEMV_MAX_ROWS = 8
-"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers).
-
-Past it the GEMV streams the weights again for each 8 rows while the tensor-core GEMM's time
-barely moves. On the H200 (benchmarks/bench_gpu_prefill.py, version 15) at 16 rows a Llama-3.1-8B
-layer's four matmuls took 595 us as GEMMs against 1399 us as GEMVs, a Qwen3-0.6B layer's 116 us
-against 96 us. At 8 rows (batch-8 decode) the GEMVs win Qwen3-0.6B's layer (65 against 124 us)
-and lose Llama-3.1-8B's by 14 % (719 against 620 us, all of it gate_up's)."""
+MATMUL_SHAPES = ("gemv", "gemm")
+"""The matmul points lowering may choose between: GEMV-shaped (weights streamed once, rows in
+registers) or GEMM-shaped (tiles on tensor cores). No constant picks one by rows: the plan's
+search (``plan.search``) lowers with each and keeps the cheaper by cost, per rows bucket."""
 K_BLOCK = 256
 H_BLOCK = 256
 KV_BLOCK = 256
@@ -57,17 +53,15 @@ class Lowering:
     mode: str
     rows: int
     sizes: tuple[tuple[str, int], ...]
+    shape: str = attrs.field(default="gemv", validator=attrs.validators.in_(MATMUL_SHAPES))
+    """The matmul point (``MATMUL_SHAPES``), chosen by the plan's search."""
     functor: Functor = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "functor",
                            Functor("Circ", "LKB", ar=self._lower, name="lower",
                                    key=("lower", self.presentation, self.mode, self.rows,
-                                        self.sizes)))
-
-    @property
-    def shape(self) -> str:
-        return "gemv" if self.rows <= GEMV_MAX_ROWS else "gemm"
+                                        self.sizes, self.shape)))
 
     def _box(self, family: str, dom: tuple[TensorType, ...], cod: tuple[TensorType, ...],
              point: Mapping[str, Any], attrs_: Mapping[str, Any] | None = None) -> Box:
@@ -177,13 +171,14 @@ class Lowering:
 
 
 def lowering(circuit: Circuit, presentation: Presentation | None = None,
-             max_ctx: int = 1024) -> Lowering:
+             max_ctx: int = 1024, shape: str = "gemv") -> Lowering:
     """lower_H for ``circuit`` (its mode and rows) against ``presentation`` (default: the
-    shipped one, read once)."""
+    shipped one, read once), its matmuls at the point ``shape`` (see ``MATMUL_SHAPES``)."""
     from metrale.realize.target import presentation_at
 
     P = presentation if presentation is not None else presentation_at()
-    return Lowering(P, circuit.mode, circuit.rows, tuple(sorted(circuit.sizes(max_ctx).items())))
+    return Lowering(P, circuit.mode, circuit.rows, tuple(sorted(circuit.sizes(max_ctx).items())),
+                    shape)
 
 
 def family_of(P: Presentation, box: Box) -> Family:

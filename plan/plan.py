@@ -77,6 +77,8 @@ class PlannedKernel:
     launches, less those whose grid is empty there (a GEMM's combine only where k is split;
     gemv.cu's linear makes its own launch or its split one, by n); empty for views and host
     callables."""
+    cost: Any = attrs.field(default=None, eq=False)
+    """The predicted :class:`~metrale.plan.cost.Cost` of the launch, with its source."""
 
     @property
     def label(self) -> str:
@@ -106,6 +108,9 @@ class Plan:
     bound: tuple[float, float] | None
     logits: str = "all"  # "last": a prefill's logits for its last row only
     steps: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
+    choice: Any = attrs.field(default=None, eq=False)
+    """The search's :class:`~metrale.plan.search.Choice` the plan was made by (its bucket, the
+    matmul point, the matches not applied); None for a plan made without relations."""
     hw_target: Any = attrs.field(default=None, eq=False, repr=False)
     """The :class:`~metrale.realize.target.Target` the plan was made against (presentation,
     F_H, evidence, policy): what loaders read the plan's families and kernels from."""
@@ -137,6 +142,16 @@ class Plan:
     def floor_s(self) -> float:
         """The memory-bandwidth floor: bytes moved over the device's bandwidth."""
         return self.bytes_moved / self.bandwidth
+
+    @property
+    def predicted_us(self) -> float:
+        """The predicted step time: the sum of the kernels' predicted costs, microseconds."""
+        return sum(k.cost.us for k in self.kernels if k.cost is not None)
+
+    @property
+    def bucket(self) -> int:
+        """The rows the plan's alternatives were chosen at (a decode's bucket)."""
+        return self.choice.bucket if self.choice is not None else self.rows
 
     @property
     def exact(self) -> bool:
@@ -235,7 +250,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
-             logits: str = "all", sample: bool = False) -> Plan:
+             logits: str = "all", sample: bool = False, choice: Any = None) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
     ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS);
@@ -243,6 +258,10 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
+
+    The alternatives (matmul point, which matches apply) are the cheapest by cost at the rows'
+    bucket (``plan.search.choose``); ``choice`` (a ``plan.search.Choice``) imposes others
+    instead, as ``met tune`` does to time them.
     """
     from metrale.realize.target import target as target_of
 
@@ -270,8 +289,16 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     sizes = dict(circuit.sizes(context))
     sizes["context"] = context
     step("circuit")
+    # the alternatives are chosen by cost, on a two-layer cut at the rows' bucket (plan.search)
+    from .search import choose
+
+    if choice is None:
+        choice = choose(config, quant, mode, rows, T=T, F=F, policy=policy, act=act,
+                        context=context, logits=logits, presentation=P)
+    step("search")
     # L_H = lower_H >> rewrite_H; the plan is (L_H >> F_H)(circuit), then annotated
-    L_H = fuser(circuit, F, policy, context=context, presentation=P if fuse else _no_relations(P))
+    L_H = fuser(circuit, F, policy, context=context, presentation=P if fuse else _no_relations(P),
+                shape=choice.shape, skip=choice.skip if fuse else frozenset())
     R = L_H.steps[-1]
     image = (L_H >> F.functor)(circuit.diagram)
     fused = R.run(R.last_input)  # the record of the rewrite the composite just made
@@ -279,13 +306,19 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     kernels, buffers = _realize(circuit, fused.diagram, image, fused.origin, fused.applied, F, P,
                                 sizes, T.evidence)
     kernels = _check_launches(kernels, P, sizes, F.hw)
+    from .cost import CostModel
+
+    model = CostModel.of(T, sizes)
+    kernels = tuple(attrs.evolve(k, cost=model.kernel(k.box, P.family(k.family), k.kernel))
+                    for k in kernels)
     step("annotate")
     bound = _compose_bound(fused.applied, P, sizes, act)
     hw = F.hw
     plan = Plan(kernel_target, mode, rows, policy, act, context, kernels,
                 buffers, fused.applied, fused.declined, circuit.input_names,
                 circuit.output_names, hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
-                tuple(sorted(sizes.items())), bound, logits, hw_target=T)
+                tuple(sorted(sizes.items())), bound, logits, hw_target=T,
+                choice=choice if fuse else None)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
 

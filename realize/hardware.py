@@ -129,6 +129,39 @@ class DeviceInfo:
 
 
 @attrs.frozen
+class CostInfo:
+    """What the analytic cost model of a class's plans reads (``[cost]`` in HARDWARE.toml):
+    a launch's latency, the dense rates of its engines, and the decode row buckets plans are
+    chosen for (each bucket's largest row count; a step of ``r`` rows runs the plan of the
+    first bucket that holds ``r``).
+
+    >>> c = CostInfo(2.0, 989.0, 67.0, (1, 4, 8, 16))
+    >>> c.bucket(3), c.bucket(1), c.bucket(16), c.bucket(17)
+    (4, 1, 16, 32)
+    """
+
+    launch_us: float = attrs.field(converter=float)
+    tensor_tflops: float = attrs.field(converter=float)
+    """Dense bf16 tensor-core rate (f32 accumulation), 10^12 FLOP/s; 0 without tensor cores."""
+    vector_tflops: float = attrs.field(converter=float)
+    """Scalar/vector f32 rate (CUDA cores; NumPy on the host), 10^12 FLOP/s."""
+    buckets: tuple[int, ...] = attrs.field(converter=tuple)
+    nominal: bool = False
+    """True when the figures are placeholders rather than a device's datasheet or measurement."""
+
+    def bucket(self, rows: int) -> int:
+        """The bucket that holds ``rows``: the first declared bound >= rows; past the last,
+        the last doubled until it holds them."""
+        for b in self.buckets:
+            if rows <= b:
+                return b
+        b = self.buckets[-1]
+        while b < rows:
+            b *= 2
+        return b
+
+
+@attrs.frozen
 class HardwareClass:
     """One object of Hw: a hardware class as read from its ``HARDWARE.toml``.
 
@@ -149,6 +182,9 @@ class HardwareClass:
     device: DeviceInfo
     overlays: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     file: Path | None = attrs.field(default=None, eq=False)
+    cost: CostInfo | None = None
+    """The analytic cost model's figures (optional ``[cost]`` table); None: the nearest
+    ancestor's are used (``plan.cost``)."""
 
     def __str__(self) -> str:
         return self.name
@@ -342,6 +378,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
     overlays = _str_list(f, "overlays", default=[])
     device = _read_device(f.take("device", dict), path, errors)
     caps = _read_capabilities(f.take("capabilities", dict), path, errors)
+    cost = _read_cost(f.take("cost", dict, default=None), path, errors)
     f.close()
     if arch == "none":
         arch = None
@@ -349,7 +386,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
         caps = _check_arch(f, arch, caps)
     if len(errors) > before:
         return None
-    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path)
+    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost)
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
@@ -377,6 +414,32 @@ def _read_device(data: Any, path: Path, errors: list[MetraleError]) -> DeviceInf
     nominal = f.take("nominal", bool, default=False)
     f.close()
     return DeviceInfo(name, bw, nominal) if f.ok else None
+
+
+def _read_cost(data: Any, path: Path, errors: list[MetraleError]) -> CostInfo | None:
+    if data is None:
+        return None
+    f = Fields(data, path, "cost", errors)
+    launch = f.take("launch_us", (int, float))
+    if launch is not None and not launch >= 0:
+        f.fail("launch_us", "must not be negative", ">= 0", repr(launch))
+    rates = {}
+    for k in ("tensor_tflops", "vector_tflops"):
+        v = f.take(k, (int, float))
+        if v is not None and not v >= 0:
+            f.fail(k, "must not be negative", ">= 0", repr(v))
+        rates[k] = v
+    if rates["vector_tflops"] is not None and not rates["vector_tflops"] > 0:
+        f.fail("vector_tflops", "must be positive", "> 0", repr(rates["vector_tflops"]))
+    buckets = f.take("decode_buckets", list)
+    if buckets is not None and not (buckets and all(type(b) is int and b > 0 for b in buckets)
+                                    and list(buckets) == sorted(set(buckets))):
+        f.fail("decode_buckets", "must be increasing positive integers", "e.g. [1, 4, 8, 16]",
+               repr(buckets))
+    nominal = f.take("nominal", bool, default=False)
+    f.close()
+    return CostInfo(launch, rates["tensor_tflops"], rates["vector_tflops"], buckets,
+                    nominal) if f.ok else None
 
 
 def _read_capabilities(data: Any, path: Path, errors: list[MetraleError]) -> Capabilities | None:

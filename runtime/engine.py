@@ -594,6 +594,33 @@ class Engine:
                                         presentation=self.presentation, sample=sample)
         return self._plans[key]
 
+    def bucket_rows(self, rows: int) -> int:
+        """The rows of the decode program a ``rows``-row step runs: its bucket's (the plans
+        are chosen per bucket, HARDWARE.toml ``[cost] decode_buckets``), at most the slots.
+
+        >>> with Engine.load("tiny-llama", max_ctx=8, slots=4) as eng:
+        ...     [eng.bucket_rows(r) for r in (1, 2, 3, 4)]
+        [1, 4, 4, 4]
+        """
+        from metrale.plan.search import bucket_of
+
+        return min(bucket_of(self.plan("decode", 1).hw_target, "decode", rows), self.slots)
+
+    def use_plan(self, plan: Plan) -> None:
+        """Run ``plan`` for its step (mode, rows, logits) from now on, in place of the one the
+        planner chose: a plan of this engine's model, quant and class (``met tune`` times the
+        alternatives so). The step's program is rebuilt on next use."""
+        if (plan.target.model, plan.target.quant, plan.target.hw) != (
+                self.config.name, self.quant, self.hardware):
+            raise ConfigError("a plan of another target", key="plan",
+                              expected=f"{self.config.name} {self.quant} on {self.hardware}",
+                              found=str(plan.target))
+        key = (plan.mode, plan.rows, plan.logits)
+        old = self._programs.pop(key, None)
+        if old is not None:
+            old.close()
+        self._plans[key] = plan
+
     @property
     def caches(self) -> dict[str, DevicePtr]:
         """Each cache buffer's memory, every slot of it."""
@@ -711,9 +738,18 @@ class Engine:
         if full.size:
             raise ConfigError("cache slot is full", key=f"slot {int(full[0])}",
                               expected=f"fewer than {self.max_ctx} tokens", found=self.max_ctx)
-        logits = self._run(self.program("decode", rows),
-                           {"tokens": ids, "positions": positions,
-                            "slots": np.arange(rows, dtype=np.int32)})
+        # the step runs its rows bucket's program: a padding row takes the next slot at that
+        # slot's next position (written there before any step reads it) and its logits drop;
+        # where such a slot is full, the step runs its own rows
+        run = self.bucket_rows(rows)
+        if any(self.lengths[i] >= self.max_ctx for i in range(rows, run)):
+            run = rows
+        pad = np.arange(rows, run)
+        logits = self._run(self.program("decode", run), {
+            "tokens": np.concatenate([ids, np.full(pad.size, ids[-1])]),
+            "positions": np.concatenate([positions,
+                                         np.array([self.lengths[i] for i in pad], np.int32)]),
+            "slots": np.arange(run, dtype=np.int32)})[:rows]
         for i in range(rows):
             self.lengths[i] += 1
         return logits
