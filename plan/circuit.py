@@ -1,8 +1,11 @@
 """Model circuits: one forward step of a model as a Circ string diagram over tensor types.
 
 ``circuit_for(config, quant, mode, rows)`` wires the ops ``embed``, ``rmsnorm``, ``linear``,
-``view``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe``, ``last_row`` and
-``lm_head``.
+``view``, ``bias``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe``,
+``last_row`` and ``lm_head``. What a model adds is data on these boxes, read from its config:
+projections with biases (``attention_bias``) get a ``bias`` box, attention with learned sinks
+an extra ``sinks`` input, a biased MoE with a clamped SwiGLU (gpt-oss) its router and expert
+biases and the ``router``/``limit``/``alpha`` params.
 
 Conventions, fixed once:
 
@@ -60,8 +63,8 @@ MODES = ("decode", "prefill")
 ACTS = {"bf16": BF16, "f32": F32}
 """Activation dtypes a circuit may carry."""
 
-OPS = ("embed", "rmsnorm", "linear", "view", "qk_norm", "rope", "attention", "add", "swiglu",
-       "moe", "last_row", "lm_head")
+OPS = ("embed", "rmsnorm", "linear", "bias", "view", "qk_norm", "rope", "attention", "add",
+       "swiglu", "moe", "last_row", "lm_head")
 """The Circ generators, by name."""
 
 LOGITS = ("all", "last")
@@ -98,6 +101,10 @@ class Circuit:
     rows: int
     act: str = "bf16"
     logits: str = "all"
+    transposed: frozenset[str] = frozenset()
+    """Weights whose plain (bf16/f32) checkpoint tensor is stored with its last two axes
+    swapped, ``[..., k, n]`` (transformers' gpt-oss experts compute ``x @ W``); quantized
+    layouts of them are stored ``[..., n, k]`` as the circuit types them."""
     _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
     _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
@@ -252,11 +259,30 @@ class _Ops:
     def add(self) -> Box:
         return self.box("add", (self.x("hidden"), self.x("hidden")), (self.x("hidden"),))
 
+    def bias(self, n: str) -> Box:
+        return self.box("bias", (self.x(n), _t((n,), BF16)), (self.x(n),))
+
+    def attention_sink(self, window: int) -> Box:
+        box = self.attention(window)
+        dom = (*box.dom.types, _t(("heads",), BF16))
+        return Box("attention", Ty(*dom), box.cod, {**dict(box.params), "sinks": True})
+
     def swiglu(self) -> Box:
         return self.box("swiglu", (self.x("inter"), self.x("inter")), (self.x("inter"),))
 
     def moe(self) -> Box:
         c = self.config
+        if c.expert_bias:
+            return self.box(
+                "moe",
+                (self.x("hidden"), _t(("experts", "hidden"), BF16), _t(("experts",), BF16),
+                 self.weight("experts", "moe_gate_up", "hidden"),
+                 _t(("experts", "moe_gate_up"), BF16),
+                 self.weight("experts", "hidden", "moe_inter"), _t(("experts", "hidden"), BF16)),
+                (self.x("hidden"),),
+                experts=c.num_experts, top_k=c.num_experts_per_tok, router=c.router,
+                moe_inter=c.moe_intermediate_size, weight=self.quant, limit=c.swiglu_limit,
+                alpha=c.swiglu_alpha)
         return self.box(
             "moe",
             (self.x("hidden"), _t(("experts", "hidden"), BF16),
@@ -278,16 +304,26 @@ def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
     """Layer ``i``'s checkpoint weights, in the order the circuit reads them."""
     c, p = ops.config, f"model.layers.{i}."
     norm = _t(("hidden",), BF16)
-    out = [(p + "input_layernorm.weight", norm),
-           (p + "self_attn.q_proj.weight", ops.weight("q_dim", "hidden")),
-           (p + "self_attn.k_proj.weight", ops.weight("kv_dim", "hidden")),
-           (p + "self_attn.v_proj.weight", ops.weight("kv_dim", "hidden"))]
+    out = [(p + "input_layernorm.weight", norm)]
+    for proj, n in (("q_proj", "q_dim"), ("k_proj", "kv_dim"), ("v_proj", "kv_dim")):
+        out.append((p + f"self_attn.{proj}.weight", ops.weight(n, "hidden")))
+        if c.attention_bias:
+            out.append((p + f"self_attn.{proj}.bias", _t((n,), BF16)))
     if c.arch in ("qwen3", "qwen3_moe"):
         head = _t(("head_dim",), BF16)
         out += [(p + "self_attn.q_norm.weight", head), (p + "self_attn.k_norm.weight", head)]
-    out += [(p + "self_attn.o_proj.weight", ops.weight("hidden", "q_dim")),
-            (p + "post_attention_layernorm.weight", norm)]
-    if c.is_moe_layer(i):
+    if c.attention_sinks:
+        out.append((p + "self_attn.sinks", _t(("heads",), BF16)))
+    out.append((p + "self_attn.o_proj.weight", ops.weight("hidden", "q_dim")))
+    if c.attention_bias:
+        out.append((p + "self_attn.o_proj.bias", _t(("hidden",), BF16)))
+    out.append((p + "post_attention_layernorm.weight", norm))
+    if c.is_moe_layer(i) and c.expert_bias:
+        names = ("mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
+                 "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                 "mlp.experts.down_proj_bias")
+        out += [(p + n, t) for n, t in zip(names, ops.moe().dom.types[1:])]
+    elif c.is_moe_layer(i):
         moe = ops.moe().dom.types
         out += [(p + "mlp.gate.weight", moe[1]),
                 (p + "mlp.experts.gate_proj.weight", moe[2]),
@@ -329,9 +365,6 @@ def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str, logi
     if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
         raise ConfigError("rows must be a positive integer", file=where, key="rows",
                           expected="an integer > 0", found=repr(rows))
-    if config.attention_bias:
-        raise ConfigError("attention projections with bias are not supported", file=config.name,
-                          key="attention_bias", expected="false", found="true")
     if logits == "last" and mode == "decode":
         raise ConfigError("decode rows are sequences, each needs its logits", file=where,
                           key="logits", expected="'all' in decode", found="'last'")
@@ -376,8 +409,18 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     o_view = ops.view(("heads", "head_dim"), ("q_dim",))
     qk_norm = ops.qk_norm() if config.arch in ("qwen3", "qwen3_moe") else None
     rope = ops.rope()
-    attention = {win: ops.attention(win) for win in
+    make_attention = ops.attention_sink if config.attention_sinks else ops.attention
+    attention = {win: make_attention(win) for win in
                  {config.layer_window(i) or 0 for i in range(config.num_hidden_layers)}}
+    bias = {n: ops.bias(n) for n in ("q_dim", "kv_dim", "hidden")} if config.attention_bias \
+        else {}
+
+    def project(box: Box, x: Wire, name: str) -> Wire:
+        (y,) = b.add(box, x, w[name + ".weight"])
+        if bias:
+            (y,) = b.add(bias[box.cod.types[0].shape[1]], y, w[name + ".bias"])
+        return y
+
     moe = ops.moe() if config.is_moe else None
 
     (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
@@ -385,22 +428,27 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         (n,) = b.add(rmsnorm, h, w[p + "input_layernorm.weight"])
-        (q,) = b.add(q_proj, n, w[p + "self_attn.q_proj.weight"])
-        (k,) = b.add(k_proj, n, w[p + "self_attn.k_proj.weight"])
-        (v,) = b.add(v_proj, n, w[p + "self_attn.v_proj.weight"])
+        q = project(q_proj, n, p + "self_attn.q_proj")
+        k = project(k_proj, n, p + "self_attn.k_proj")
+        v = project(v_proj, n, p + "self_attn.v_proj")
         (q,), (k,), (v,) = b.add(q_view, q), b.add(kv_view, k), b.add(kv_view, v)
         if qk_norm is not None:
             q, k = b.add(qk_norm, q, k, w[p + "self_attn.q_norm.weight"],
                          w[p + "self_attn.k_norm.weight"])
         q, k = b.add(rope, q, k, w["positions"], w["rope.cos"], w["rope.sin"])
+        sinks = (w[p + "self_attn.sinks"],) if config.attention_sinks else ()
         o, kc, vc = b.add(attention[config.layer_window(i) or 0], q, k, v, w[f"kv.{i}.k"],
-                          w[f"kv.{i}.v"], w["positions"], w["slots"])
+                          w[f"kv.{i}.v"], w["positions"], w["slots"], *sinks)
         caches += [kc, vc]
         (o,) = b.add(o_view, o)
-        (a,) = b.add(o_proj, o, w[p + "self_attn.o_proj.weight"])
+        a = project(o_proj, o, p + "self_attn.o_proj")
         (h,) = b.add(add, h, a)
         (n,) = b.add(rmsnorm, h, w[p + "post_attention_layernorm.weight"])
-        if moe is not None and config.is_moe_layer(i):
+        if moe is not None and config.is_moe_layer(i) and config.expert_bias:
+            (d,) = b.add(moe, n, *(w[p + "mlp." + x] for x in (
+                "router.weight", "router.bias", "experts.gate_up_proj",
+                "experts.gate_up_proj_bias", "experts.down_proj", "experts.down_proj_bias")))
+        elif moe is not None and config.is_moe_layer(i):
             (d,) = b.add(moe, n, w[p + "mlp.gate.weight"], w[p + "mlp.experts.gate_proj.weight"],
                          w[p + "mlp.experts.up_proj.weight"],
                          w[p + "mlp.experts.down_proj.weight"])
@@ -420,5 +468,8 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
                            for kv in ("k", "v")))
+    # transformers' gpt-oss experts store their plain matrices as x @ W takes them
+    transposed = frozenset(n for n in names if config.expert_bias and
+                           n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")))
     return Circuit(b.build(out, *caches), names, outputs, config, quant, mode, rows, act,
-                   logits)
+                   logits, transposed)
