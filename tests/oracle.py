@@ -26,7 +26,8 @@ from metrale.lkb.errors import ConfigError, nearest
 from metrale.plan.config import ARCHS
 from metrale.plan.models import TINY_BY_ARCH, builtin_config
 
-HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig"}
+HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig",
+                     "gpt_oss": "GptOssConfig"}
 """Architecture → the transformers config class that builds it."""
 
 NORM_JITTER = 0.1
