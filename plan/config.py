@@ -289,8 +289,9 @@ class ModelConfig:
         }
         if self.is_moe:
             out.update(experts=self.num_experts, top_k=self.num_experts_per_tok,
-                       moe_inter=self.moe_intermediate_size,
-                       moe_gate_up=2 * self.moe_intermediate_size)
+                       moe_inter=self.moe_intermediate_size)
+        if self.expert_bias:  # gate and up in one interleaved matrix (gpt-oss)
+            out["moe_gate_up"] = 2 * self.moe_intermediate_size
         return out
 
     def with_layers(self, n: int) -> ModelConfig:
@@ -477,6 +478,7 @@ class _Reader:
         use_sliding, window, max_window, layer_types = self.sliding(arch, layers)
         dtype = self.dtype()
         moe = self.moe(arch, layers)
+        moe.update(self.gpt_oss(arch))
         quant = f.take("quantization_config", (dict, type(None)), default=None)
         raise_all(self.errors)
         return ModelConfig(
@@ -502,7 +504,6 @@ class _Reader:
             dtype=dtype,
             quantization_config=None if quant is None else copy.deepcopy(quant),
             **moe,
-            **self.gpt_oss(arch),
         )
 
     def gpt_oss(self, arch: str | None) -> dict[str, Any]:
