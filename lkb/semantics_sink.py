@@ -35,6 +35,7 @@ from .semantics_attention import (
     _ex_kv,
     _kv_orders,
     _row_blocks,
+    kv_append,
 )
 
 
@@ -123,3 +124,40 @@ def bias_add(x: np.ndarray, b: np.ndarray, *, act: str) -> tuple[np.ndarray]:
     _shape(fam, "x", x, ("rows", "n"), sizes, (dt,))
     _shape(fam, "b", b, ("n",), sizes, (F32,))
     return (round_to(x.astype(F32) + b[None, :], dt).astype(dt),)
+
+
+def _ex_kv_append_attention_sink(rng, rows, act):
+    (q, kc, vc, pos, slots, sinks), p = _ex_attention_sink(rng, rows, act)
+    e = _ex_kv(rng, rows, act)
+    return (e["k"], e["v"], q, kc, vc, pos, slots, sinks), p
+
+
+@semantics("kv_append_attention_sink", rows=(0, 1, 2, 5, 6), row_outputs=(0,),
+           orders=_sink_orders, example=_ex_kv_append_attention_sink)
+def kv_append_attention_sink(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cache: np.ndarray,
+                             v_cache: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                             sinks: np.ndarray, *, scale: float, window: int = 0,
+                             kv_block: int = 256,
+                             act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``kv_append`` (in place) then ``attention_sink``: returns ``(o, k_cache, v_cache)``,
+    byte-identical to the two in turn (the relation ``kv_append_attention_sink``); every check
+    runs before the caches are touched.
+
+    >>> kc = np.zeros((1, 2, 1, 2), np.float32)
+    >>> x = np.ones((1, 1, 2), np.float32)
+    >>> o, kc2, _ = kv_append_attention_sink(x, 2 * x, x, kc, kc.copy(), np.array([0], np.int32),
+    ...                                      np.array([0], np.int32), np.zeros(1, np.float32),
+    ...                                      scale=0.0, act="f32")
+    >>> o.tolist(), kc2 is kc  # the sink weighs as much as the one key, and no value
+    ([[[1.0, 1.0]]], True)
+    """
+    fam, sizes = "kv_append_attention_sink", {}
+    dt = act_dtype(fam, act)
+    _shape(fam, "q", q, ("rows", "hq", "d"), sizes, (dt,))
+    _cache_args(fam, dt, k, v, k_cache, v_cache, positions, slots, sizes)
+    _shape(fam, "sinks", sinks, ("hq",), sizes, (F32,))
+    _attention_params(fam, sizes, scale, window, kv_block)
+    kv_append(k, v, k_cache, v_cache, positions, slots, act=act)
+    (o,) = attention_sink(q, k_cache, v_cache, positions, slots, sinks, scale=scale,
+                          window=window, kv_block=kv_block, act=act)
+    return o, k_cache, v_cache
