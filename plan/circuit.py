@@ -43,6 +43,7 @@ True
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -211,6 +212,14 @@ class _Ops:
     def cache(self) -> TensorType:
         return _t(("slots", "max_ctx", "kv_heads", "head_dim"), self.a)
 
+    def at(self, module: str) -> _Ops:
+        """The ops of checkpoint module ``module``: bf16 weights where the checkpoint's
+        ``quantization_config.modules_to_not_convert`` keeps it unquantized (gpt-oss's
+        published mxfp4 checkpoints keep attention and routers bf16), else these."""
+        if self.quant == "bf16" or not _kept(self.config, module):
+            return self
+        return attrs.evolve(self, quant="bf16")
+
     def box(self, name: str, dom: tuple[TensorType, ...], cod: tuple[TensorType, ...],
             **params: Any) -> Box:
         return Box(name, Ty(*dom), Ty(*cod), {"act": self.act, **params})
@@ -300,13 +309,24 @@ class _Ops:
 
 # -- inputs ---------------------------------------------------------------------------------
 
+def _kept(config: ModelConfig, module: str) -> bool:
+    """Whether ``module`` or a module containing it matches a ``modules_to_not_convert``
+    pattern (fnmatch, ``*`` for the layer index) of the config's quantization_config."""
+    patterns = (config.quantization_config or {}).get("modules_to_not_convert") or ()
+    parts = module.split(".")
+    prefixes = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    return any(isinstance(pat, str) and fnmatch.fnmatchcase(m, pat)
+               for pat in patterns for m in prefixes)
+
+
 def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
     """Layer ``i``'s checkpoint weights, in the order the circuit reads them."""
     c, p = ops.config, f"model.layers.{i}."
     norm = _t(("hidden",), BF16)
     out = [(p + "input_layernorm.weight", norm)]
     for proj, n in (("q_proj", "q_dim"), ("k_proj", "kv_dim"), ("v_proj", "kv_dim")):
-        out.append((p + f"self_attn.{proj}.weight", ops.weight(n, "hidden")))
+        out.append((p + f"self_attn.{proj}.weight",
+                    ops.at(p + f"self_attn.{proj}").weight(n, "hidden")))
         if c.attention_bias:
             out.append((p + f"self_attn.{proj}.bias", _t((n,), BF16)))
     if c.arch in ("qwen3", "qwen3_moe"):
@@ -314,7 +334,8 @@ def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
         out += [(p + "self_attn.q_norm.weight", head), (p + "self_attn.k_norm.weight", head)]
     if c.attention_sinks:
         out.append((p + "self_attn.sinks", _t(("heads",), BF16)))
-    out.append((p + "self_attn.o_proj.weight", ops.weight("hidden", "q_dim")))
+    out.append((p + "self_attn.o_proj.weight",
+                ops.at(p + "self_attn.o_proj").weight("hidden", "q_dim")))
     if c.attention_bias:
         out.append((p + "self_attn.o_proj.bias", _t(("hidden",), BF16)))
     out.append((p + "post_attention_layernorm.weight", norm))
@@ -322,17 +343,17 @@ def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
         names = ("mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
                  "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
                  "mlp.experts.down_proj_bias")
-        out += [(p + n, t) for n, t in zip(names, ops.moe().dom.types[1:])]
+        out += [(p + n, t) for n, t in zip(names, ops.at(p + "mlp.experts").moe().dom.types[1:])]
     elif c.is_moe_layer(i):
-        moe = ops.moe().dom.types
+        moe = ops.at(p + "mlp.experts").moe().dom.types
         out += [(p + "mlp.gate.weight", moe[1]),
                 (p + "mlp.experts.gate_proj.weight", moe[2]),
                 (p + "mlp.experts.up_proj.weight", moe[3]),
                 (p + "mlp.experts.down_proj.weight", moe[4])]
     else:
-        out += [(p + "mlp.gate_proj.weight", ops.weight("inter", "hidden")),
-                (p + "mlp.up_proj.weight", ops.weight("inter", "hidden")),
-                (p + "mlp.down_proj.weight", ops.weight("hidden", "inter"))]
+        out += [(p + "mlp.gate_proj.weight", ops.at(p + "mlp.gate_proj").weight("inter", "hidden")),
+                (p + "mlp.up_proj.weight", ops.at(p + "mlp.up_proj").weight("inter", "hidden")),
+                (p + "mlp.down_proj.weight", ops.at(p + "mlp.down_proj").weight("hidden", "inter"))]
     return out
 
 
@@ -398,12 +419,16 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     w: dict[str, Wire] = dict(zip(names, b.inputs))
 
     embed, rmsnorm, add = ops.embed(), ops.rmsnorm(), ops.add()
-    q_proj = ops.linear("q_proj", "hidden", "q_dim")
-    k_proj = ops.linear("k_proj", "hidden", "kv_dim")
-    v_proj = ops.linear("v_proj", "hidden", "kv_dim")
-    o_proj = ops.linear("o_proj", "q_dim", "hidden")
-    gate, up = ops.linear("gate_proj", "hidden", "inter"), ops.linear("up_proj", "hidden", "inter")
-    down, swiglu = ops.linear("down_proj", "inter", "hidden"), ops.swiglu()
+    shapes = {"q_proj": ("hidden", "q_dim"), "k_proj": ("hidden", "kv_dim"),
+              "v_proj": ("hidden", "kv_dim"), "o_proj": ("q_dim", "hidden"),
+              "gate_proj": ("hidden", "inter"), "up_proj": ("hidden", "inter"),
+              "down_proj": ("inter", "hidden")}
+
+    def linear(module: str) -> Box:
+        role = module.rsplit(".", 1)[1]
+        return ops.at(module).linear(role, *shapes[role])
+
+    swiglu = ops.swiglu()
     q_view, kv_view = ops.view(("q_dim",), ("heads", "head_dim")), ops.view(
         ("kv_dim",), ("kv_heads", "head_dim"))
     o_view = ops.view(("heads", "head_dim"), ("q_dim",))
@@ -421,16 +446,15 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
             (y,) = b.add(bias[box.cod.types[0].shape[1]], y, w[name + ".bias"])
         return y
 
-    moe = ops.moe() if config.is_moe else None
 
     (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
     caches: list[Wire] = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         (n,) = b.add(rmsnorm, h, w[p + "input_layernorm.weight"])
-        q = project(q_proj, n, p + "self_attn.q_proj")
-        k = project(k_proj, n, p + "self_attn.k_proj")
-        v = project(v_proj, n, p + "self_attn.v_proj")
+        q = project(linear(p + "self_attn.q_proj"), n, p + "self_attn.q_proj")
+        k = project(linear(p + "self_attn.k_proj"), n, p + "self_attn.k_proj")
+        v = project(linear(p + "self_attn.v_proj"), n, p + "self_attn.v_proj")
         (q,), (k,), (v,) = b.add(q_view, q), b.add(kv_view, k), b.add(kv_view, v)
         if qk_norm is not None:
             q, k = b.add(qk_norm, q, k, w[p + "self_attn.q_norm.weight"],
@@ -441,22 +465,23 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
                           w[f"kv.{i}.v"], w["positions"], w["slots"], *sinks)
         caches += [kc, vc]
         (o,) = b.add(o_view, o)
-        a = project(o_proj, o, p + "self_attn.o_proj")
+        a = project(linear(p + "self_attn.o_proj"), o, p + "self_attn.o_proj")
         (h,) = b.add(add, h, a)
         (n,) = b.add(rmsnorm, h, w[p + "post_attention_layernorm.weight"])
-        if moe is not None and config.is_moe_layer(i) and config.expert_bias:
+        moe = ops.at(p + "mlp.experts").moe() if config.is_moe_layer(i) else None
+        if moe is not None and config.expert_bias:
             (d,) = b.add(moe, n, *(w[p + "mlp." + x] for x in (
                 "router.weight", "router.bias", "experts.gate_up_proj",
                 "experts.gate_up_proj_bias", "experts.down_proj", "experts.down_proj_bias")))
-        elif moe is not None and config.is_moe_layer(i):
+        elif moe is not None:
             (d,) = b.add(moe, n, w[p + "mlp.gate.weight"], w[p + "mlp.experts.gate_proj.weight"],
                          w[p + "mlp.experts.up_proj.weight"],
                          w[p + "mlp.experts.down_proj.weight"])
         else:
-            (g,) = b.add(gate, n, w[p + "mlp.gate_proj.weight"])
-            (u,) = b.add(up, n, w[p + "mlp.up_proj.weight"])
+            (g,) = b.add(linear(p + "mlp.gate_proj"), n, w[p + "mlp.gate_proj.weight"])
+            (u,) = b.add(linear(p + "mlp.up_proj"), n, w[p + "mlp.up_proj.weight"])
             (s,) = b.add(swiglu, g, u)
-            (d,) = b.add(down, s, w[p + "mlp.down_proj.weight"])
+            (d,) = b.add(linear(p + "mlp.down_proj"), s, w[p + "mlp.down_proj.weight"])
         (h,) = b.add(add, h, d)
     lead = "rows"
     if logits == "last":

@@ -124,10 +124,14 @@ def _compare(rows, tokens, ref, label):
         assert pick == best or theirs[best] - theirs[pick] <= 0.01 * spread, (
             f"{label}: step {i} picks {pick}, transformers {best}, "
             f"{theirs[best] - theirs[pick]:.4g} below it of a range {spread:.4g}")
+    # generate() feeds its own tokens: it follows transformers' up to the first step whose
+    # top-2 margin is within twice the logit tolerance (after a near-tie both may rightly part)
     margins = ref.margins()
-    tie = next((i for i, m in enumerate(margins) if m <= 0.01 * _scale(ref)), STEPS + 1)
-    assert tie > STEPS // 2, f"{label}: the reference's greedy path is mostly ties"
-    assert tokens[:tie] == ref.greedy_tokens[:tie], label
+    tol = 2 * (ATOL + RTOL) * scale
+    decisive = [i for i, m in enumerate(margins) if m > tol]
+    assert len(decisive) >= (STEPS + 1) // 2, f"{label}: too few decisive steps {margins}"
+    tie = next((i for i, m in enumerate(margins) if m <= tol), STEPS + 1)
+    assert tokens[:tie] == ref.greedy_tokens[:tie], (label, tie, tokens, ref.greedy_tokens)
 
 
 def test_config_matches_transformers_defaults():
@@ -229,3 +233,44 @@ def test_mxfp4_gpt_oss_matches_transformers_on_dequantized_weights(bf16_checkpoi
         assert engine.quant == "mxfp4"
     rows, tokens = _run(qdir, ref)
     _compare(rows, tokens, ref, "gpt_oss/mxfp4")
+
+
+PUBLISHED_KEEP = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                  "lm_head"]
+"""``quantization_config.modules_to_not_convert`` of the published gpt-oss checkpoints."""
+
+
+def test_published_layout_keeps_attention_bf16(bf16_checkpoint, root):
+    """As published: mxfp4 experts, bf16 attention named in ``modules_to_not_convert``. The
+    circuit types those projections bf16, the engine reads them as stored, and it agrees with
+    transformers on the dequantized weights."""
+    import safetensors.numpy
+
+    qdir = root / "mxfp4"
+    if not qdir.exists():
+        quantize_checkpoint(bf16_checkpoint, qdir, "mxfp4", progress=False)
+    tensors = safetensors.numpy.load_file(str(qdir / "model.safetensors"))
+    plain = safetensors.numpy.load_file(str(bf16_checkpoint / "model.safetensors"))
+    attention = [n for n in plain if ".self_attn." in n and n.endswith("_proj.weight")]
+    for name in attention:
+        x = name.removesuffix(".weight")
+        del tensors[x + ".weight_blocks"], tensors[x + ".weight_scales"]
+        tensors[name] = plain[name]
+    pdir = root / "published"
+    pdir.mkdir(exist_ok=True)
+    safetensors.numpy.save_file(tensors, str(pdir / "model.safetensors"), {"format": "pt"})
+    data = json.loads((qdir / "config.json").read_text())
+    data["quantization_config"]["modules_to_not_convert"] = PUBLISHED_KEEP
+    (pdir / "config.json").write_text(json.dumps(data))
+
+    from metrale.plan.circuit import circuit_for
+
+    circuit = circuit_for(ModelConfig.load(pdir), "mxfp4")
+    assert str(circuit.input_type("model.layers.1.self_attn.o_proj.weight")) == "bf16[hidden,q_dim]"
+    assert circuit.input_type("model.layers.1.mlp.experts.down_proj").fmt == "mxfp4"
+    weights = checkpoint_weights(pdir, ModelConfig.load(pdir), "mxfp4")
+    for name in attention:  # read as stored, not through a quantizer
+        assert weights[name].tobytes() == plain[name].astype(np.float32).tobytes()
+    ref = hf_reference(_dequantized_copy(pdir, root / "published-deq"), PROMPT, STEPS)
+    rows, tokens = _run(pdir, ref)
+    _compare(rows, tokens, ref, "gpt_oss/published mxfp4")

@@ -277,3 +277,18 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def test_modules_to_not_convert_keep_their_weights_bf16() -> None:
+    """A checkpoint's quantization_config.modules_to_not_convert (fnmatch patterns over module
+    names, or their parents) types those weights bf16 in a quantized circuit."""
+    qc = {"quant_method": "mxfp4",
+          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.1.mlp.down_proj"]}
+    cfg = attrs.evolve(ModelConfig.load("tiny-llama"), quantization_config=qc)
+    c = circuit_for(cfg, "mxfp4")
+    assert str(c.input_type("model.layers.0.self_attn.q_proj.weight")) == "bf16[q_dim,hidden]"
+    assert c.input_type("model.layers.0.mlp.down_proj.weight").fmt == "mxfp4"
+    assert c.input_type("model.layers.1.mlp.down_proj.weight").dtype == BF16
+    assert c.input_type("model.layers.1.mlp.up_proj.weight").fmt == "mxfp4"
+    assert circuit_for(attrs.evolve(cfg, quantization_config=None), "mxfp4").input_type(
+        "model.layers.0.self_attn.q_proj.weight").fmt == "mxfp4"
