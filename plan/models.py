@@ -168,6 +168,12 @@ _GPT_OSS_COMMON: dict[str, Any] = {
     "num_experts_per_tok": 4,
     "num_key_value_heads": 8,
     "pad_token_id": 199999,
+    # as published: the experts in mxfp4, attention, routers, embedding and head kept bf16
+    "quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4",
+    },
     "rms_norm_eps": 1e-05,
     "rope_scaling": {
         "beta_fast": 32.0,
