@@ -36,6 +36,8 @@ from .semantics_attention import (
     _kv_orders,
     _row_blocks,
     kv_append,
+    rope,
+    rope_tables,
 )
 
 
@@ -161,3 +163,35 @@ def kv_append_attention_sink(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_cach
     (o,) = attention_sink(q, k_cache, v_cache, positions, slots, sinks, scale=scale,
                           window=window, kv_block=kv_block, act=act)
     return o, k_cache, v_cache
+
+
+def _ex_rope_kv_append_attention_sink(rng, rows, act):
+    (k, v, q, kc, vc, pos, slots, sinks), p = _ex_kv_append_attention_sink(rng, rows, act)
+    cos, sin = rope_tables(kc.shape[1], q.shape[-1])
+    return (q, k, v, kc, vc, pos, slots, cos, sin, sinks), {**p, "style": "neox"}
+
+
+@semantics("rope_kv_append_attention_sink", rows=(0, 1, 2, 5, 6), row_outputs=(0,),
+           orders=_sink_orders, example=_ex_rope_kv_append_attention_sink)
+def rope_kv_append_attention_sink(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+        positions: np.ndarray, slots: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+        sinks: np.ndarray, *, scale: float, window: int = 0, kv_block: int = 256,
+        style: str = "neox", act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``rope`` then ``kv_append_attention_sink``: the rotated k is appended (in place), the
+    rotated q attends; byte-identical to the two in turn (the relation rope_attention_sink).
+
+    >>> kc = np.zeros((1, 2, 1, 2), np.float32)
+    >>> x = np.ones((1, 1, 2), np.float32)
+    >>> cos, sin = np.zeros((2, 1), np.float32), np.ones((2, 1), np.float32)
+    >>> o, kc2, _ = rope_kv_append_attention_sink(
+    ...     x, x, 2 * x, kc, kc.copy(), np.array([1], np.int32), np.array([0], np.int32), cos,
+    ...     sin, np.full(1, -np.inf, np.float32), scale=1.0, act="f32")
+    >>> kc2[0, 1].tolist()  # (1, 1) turned a quarter
+    [[-1.0, 1.0]]
+    >>> round(float(o[0, 0, 0]), 4)  # scores 0 (the empty entry 0) and 2: 2 e² / (1 + e²)
+    1.7616
+    """
+    qr, kr = rope(q, k, positions, cos, sin, style=style, act=act)
+    return kv_append_attention_sink(kr, v, qr, k_cache, v_cache, positions, slots, sinks,
+                                    scale=scale, window=window, kv_block=kv_block, act=act)

@@ -139,3 +139,29 @@ def test_gpt_oss_sm90_plan_on_the_emulation_matches_the_host(build_dir, quant):
             assert err <= 1.6e-2 * scale + 1e-5, (quant, step, err, scale)
             token = int(want[-1].argmax())
             got, want = emu.decode([token]), host.decode([token])
+
+
+@pytest.mark.parametrize("style", ["neox", "interleaved"])
+def test_rope_prologue_is_bit_identical_for_rows_of_one_sequence(build_dir, style):
+    """Prefill rows of one sequence (one slot, consecutive positions) read each other's new k
+    from the launch's inputs, rotated where read: the fused kernel's outputs and caches are the
+    bytes of the rope kernel followed by kv_append_attention_sink's."""
+    fused, point = _point("rope_kv_append_attention_sink", mode="prefill", style=style)
+    sizes = {**sizes_for(fused, 6), "slots": 2, "max_ctx": 40, "max_pos": 40}
+    _, device = inputs(fused, point, sizes, seed=17)
+    device["slots"] = (np.ones(6, np.int32),)
+    device["positions"] = (np.arange(10, 16, dtype=np.int32),)
+    o, kc, vc = run(build_dir, fused, point, sizes, device, {"window": 4})
+    rope_fam, rope_point = _point("rope", style=style)
+    rs = {"rows": 6, "hq": sizes["hq"], "hkv": sizes["hkv"], "d": sizes["d"],
+          "half": sizes["half"], "max_pos": 40}
+    qr, kr = run(build_dir, rope_fam, rope_point, rs,
+                 {n: device[n] for n in ("q", "k", "positions", "cos", "sin")})
+    chain, chain_point = _point("kv_append_attention_sink", mode="prefill")
+    o2, kc2, vc2 = run(build_dir, chain, chain_point, sizes,
+                       {**{n: device[n] for n in ("v", "k_cache", "v_cache", "positions",
+                                                  "slots", "sinks")}, "k": (kr,), "q": (qr,)},
+                       {"window": 4})
+    assert not np.isnan(o.astype(np.float32)).any()
+    assert o.tobytes() == o2.tobytes() and kc.tobytes() == kc2.tobytes()
+    assert vc.tobytes() == vc2.tobytes()
