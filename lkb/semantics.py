@@ -698,4 +698,11 @@ def argmax(logits: np.ndarray) -> tuple[np.ndarray]:
 
 
 # The attention and MoE families live in their own modules and register themselves here.
-from . import semantics_attention, semantics_layout, semantics_moe, semantics_sample  # noqa: E402, F401, I001
+from . import (  # noqa: E402, F401
+    semantics_attention,
+    semantics_layout,
+    semantics_moe,
+    semantics_moe_clamp,
+    semantics_sample,
+    semantics_sink,
+)

@@ -87,6 +87,8 @@ class Lowering:
                                    {"eps": p["eps"]}), *ins)
         elif name == "linear":
             outs = self._linear(b, ins, cod, act, p["weight"])
+        elif name == "bias":
+            outs = b.add(self._box("bias_add", dom, cod, {"act": act}), *ins)
         elif name == "view":
             src, dst = p["src"], p["dst"]
             if len(dst) == 3:
@@ -103,16 +105,19 @@ class Lowering:
         elif name == "rope":
             outs = b.add(self._box("rope", dom, cod, {"act": act, "style": p["style"]}), *ins)
         elif name == "attention":
-            q, k, v, kc, vc, pos, slots = ins
+            q, k, v, kc, vc, pos, slots, *sinks = ins
             kc2, vc2 = b.add(self._box("kv_append", (k.type, v.type, kc.type, vc.type,
                                                      pos.type, slots.type),
                                        (kc.type, vc.type), {"act": act}),
                              k, v, kc, vc, pos, slots)
-            (o,) = b.add(self._box("attention", (q.type, kc.type, vc.type, pos.type, slots.type),
+            # learned sinks (a logit per head in the softmax) make it attention_sink
+            family = "attention_sink" if sinks else "attention"
+            (o,) = b.add(self._box(family, (q.type, kc.type, vc.type, pos.type, slots.type,
+                                            *(s.type for s in sinks)),
                                    (q.type,), {"act": act, "mode": self.mode,
                                                "kv_block": KV_BLOCK},
                                    {"scale": p["scale"], "window": p["window"]}),
-                         q, kc2, vc2, pos, slots)
+                         q, kc2, vc2, pos, slots, *sinks)
             outs = (o, kc2, vc2)
         elif name == "add":
             outs = b.add(self._box("add", dom, cod, {"act": act}), *ins)
@@ -149,6 +154,8 @@ class Lowering:
 
     def _moe(self, b: Builder, ins: tuple[Wire, ...], cod: tuple[TensorType, ...], act: str,
              p: Mapping[str, Any]) -> tuple[Wire, ...]:
+        if p.get("router") == "topk_softmax":
+            return self._moe_biased(b, ins, cod, act, p)
         x, router, wg, wu, wd = ins
         rows = x.type.shape[0]
         logits_t = TensorType((rows, "experts"), _F32)
@@ -167,6 +174,32 @@ class Lowering:
                                moe_point), x, ids, wg, wu)
         y_t = TensorType((rows, "top_k", "hidden"), x.type.dtype)
         (y,) = b.add(self._box("moe_down", (h_t, ids_t, wd.type), (y_t,), moe_point), h, ids, wd)
+        return b.add(self._box("moe_combine", (y_t, w_t), cod, {"act": act}), y, weights)
+
+
+    def _moe_biased(self, b: Builder, ins: tuple[Wire, ...], cod: tuple[TensorType, ...],
+                    act: str, p: Mapping[str, Any]) -> tuple[Wire, ...]:
+        """The biased MoE with a clamped SwiGLU: router logits, top-k then softmax, the fused
+        gate/up with the clamp, the biased down projection, the weighted combine."""
+        x, router, router_bias, wgu, bgu, wd, bd = ins
+        rows = x.type.shape[0]
+        logits_t = TensorType((rows, "experts"), _F32)
+        (logits,) = b.add(self._box("lm_head", (x.type, router.type), (logits_t,),
+                                    self._matmul_point(act, "bf16") | {"out": "f32"}), x, router)
+        w_t = TensorType((rows, "top_k"), _F32)
+        ids_t = TensorType((rows, "top_k"), _I32)
+        weights, ids = b.add(self._box("topk_softmax", (logits_t, router_bias.type),
+                                       (w_t, ids_t), {}, {"top_k": p["top_k"]}),
+                             logits, router_bias)
+        moe_point = {"act": act, "weight": p["weight"], "k_block": K_BLOCK,
+                     "across": "sequential"}
+        h_t = TensorType((rows, "top_k", "moe_inter"), x.type.dtype)
+        (h,) = b.add(self._box("moe_gate_up_clamp", (x.type, ids_t, wgu.type, bgu.type), (h_t,),
+                               moe_point, {"limit": p["limit"], "alpha": p["alpha"]}),
+                     x, ids, wgu, bgu)
+        y_t = TensorType((rows, "top_k", "hidden"), x.type.dtype)
+        (y,) = b.add(self._box("moe_down_bias", (h_t, ids_t, wd.type, bd.type), (y_t,),
+                               moe_point), h, ids, wd, bd)
         return b.add(self._box("moe_combine", (y_t, w_t), cod, {"act": act}), y, weights)
 
 

@@ -384,9 +384,10 @@ def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[i
             names.setdefault(src, circuit.output_names[k])
     kinds: dict[str, str] = {}
     aliases: dict[str, str] = {}
+    checkpoint = set(circuit.weight_names)  # biases and sinks too, not only X.weight
     for n in circuit.input_names:
         kinds[n] = ("cache" if n.startswith("kv.") else
-                    "weight" if n.endswith(".weight") else "input")
+                    "weight" if n in checkpoint else "input")
     kernels: list[PlannedKernel] = []
     layer_of: dict[str, int | None] = {}
     cache: dict[Box, tuple[Point, Any, Family]] = {}

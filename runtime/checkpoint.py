@@ -434,9 +434,17 @@ def stored_tensors(name: str, value: QuantTensor | np.ndarray) -> dict[str, np.n
     if not isinstance(value, QuantTensor):
         return {name: np.asarray(value)}
     fmt = value.fmt
-    if not isinstance(fmt, BF16Format) and not name.endswith(".weight"):
+    stacked_bare = len(value.shape) == 3 and not name.endswith(".weight")
+    if not isinstance(fmt, BF16Format) and not name.endswith(".weight") and not (
+            isinstance(fmt, MXFP4Format) and stacked_bare):
         raise CheckpointError("a quantized weight must be named X.weight", key=name,
                               expected="X.weight", found=name)
+    if isinstance(fmt, MXFP4Format) and stacked_bare:
+        # a bare stacked parameter [E, n, k] (gpt-oss's experts): transformers' X_blocks /
+        # X_scales; a module's weight is still X.weight
+        *lead, n, k = value.shape
+        return {name + "_blocks": value.data.reshape(*lead, n, k // fmt.BLOCK, fmt.BLOCK // 2),
+                name + "_scales": value.scale.view(np.uint8)}
     x = _module(name)
     if isinstance(fmt, BF16Format):
         return {name: value.data}

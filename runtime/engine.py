@@ -159,7 +159,8 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                        ) -> dict[str, np.ndarray]:
     """The weights the circuit reads, from a checkpoint directory, each as f32 once.
 
-    Quantized layouts are dequantized, bf16 is upcast (exact); per-expert tensors
+    Quantized layouts are dequantized, bf16 is upcast (exact); a plain tensor the circuit
+    lists as ``transposed`` is read with its last two axes swapped; per-expert tensors
     ``mlp.experts.{e}.X.weight`` are stacked into ``mlp.experts.X.weight`` [E, ...]; a tied
     ``lm_head`` is the embedding. A tensor the plan needs that is absent, or of the wrong
     shape or dtype, is a ``CheckpointError`` naming the tensor and the node that reads it;
@@ -191,7 +192,8 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                     raw = [ck.weight("model.embed_tokens.weight")]
                 else:
                     raw = [ck.weight(name)]
-                    used.add(name)
+                    # a quantized X_blocks/X_scales pair is listed as the logical X.weight
+                    used.update((name, name.removesuffix(".weight") + ".weight"))
             except CheckpointError as e:
                 raise CheckpointError(f"{e.message} (needed by {node})", file=e.file or ck.path,
                                       key=e.key or name, expected=e.expected,
@@ -213,6 +215,8 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
             for part, a in zip(names, f32):
                 _check_finite(a, _file_of(ck, part), part, node)
             w = np.stack(f32) if stacked else f32[0]
+            if name in circuit.transposed and isinstance(raw[0], np.ndarray):
+                w = np.swapaxes(w, -1, -2)  # stored [..., k, n] as the model's x @ W takes it
             quantized = next((r for r in raw if isinstance(r, QuantTensor)), None)
             if not stored and quantized is not None:
                 _check_plain_exact(w, plain[name], ck.path, name, node, quantized.fmt.name)

@@ -71,7 +71,24 @@ def should_quantize(name: str, shape: tuple[int, ...]) -> bool:
     module = name[: -len(".weight")]
     last = module.rsplit(".", 1)[-1]
     return ("embed_tokens" not in module and "norm" not in last and module != "lm_head"
-            and not module.endswith("mlp.gate"))
+            and not module.endswith(("mlp.gate", "mlp.router")))
+
+
+_TRANSPOSED_EXPERTS = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def transposed_experts(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``name`` is a layer's experts stacked as one bare ``[E, k, n]`` parameter, the
+    ``x @ W`` layout transformers' gpt-oss keeps (``mlp.experts.gate_up_proj``, ``down_proj``):
+    quantized, it is written ``[E, n, k]``, as ``X_blocks``/``X_scales`` in mxfp4 (the
+    published gpt-oss layout) and as ``X.weight`` with its scales in the other formats.
+
+    >>> transposed_experts("model.layers.0.mlp.experts.gate_up_proj", (32, 2880, 5760))
+    True
+    >>> transposed_experts("model.layers.0.mlp.experts.gate_up_proj_bias", (32, 5760))
+    False
+    """
+    return len(shape) == 3 and _TRANSPOSED_EXPERTS.match(name) is not None
 
 
 @attrs.frozen
@@ -223,7 +240,14 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                 bar.update(task, description=name)
                 if info.dtype in _SOURCE_FLOATS and name not in experts:  # groups: in take
                     _check_finite(arr, name, ck.file_of(name))
-                if should_quantize(name, info.shape):
+                if fmt.kind != "bf16" and transposed_experts(name, info.shape):
+                    w32 = np.ascontiguousarray(np.swapaxes(arr.astype(np.float32), -1, -2))
+                    qt = fmt.quantize(w32, name=name)
+                    sq = sqnr_db(w32, qt.dequantize())
+                    reports.append(TensorReport(name, info.shape, info.dtype, fmt.name,
+                                                info.nbytes, qt.nbytes, sq))
+                    yield (name if fmt.kind == "mxfp4" else name + ".weight"), qt
+                elif should_quantize(name, info.shape):
                     w32 = arr.astype(np.float32)
                     group = experts.get(name)
                     qt: QuantTensor = (fmt.quantize(w32, name=name) if group is None
