@@ -8,9 +8,10 @@ Every compiler process (:func:`run`) gets its own process group, and its scratch
   :func:`resume`; a build calls it when Ctrl-C arrives, so its compilers stop at once rather
   than after the queued compiles have run.
 - A parent killed outright (SIGKILL) runs no code of its own. With the first compiler a small
-  *reaper* process starts, reading a pipe whose write end only the parent holds; when the
-  parent dies, however it dies, the pipe closes and the reaper kills the process groups the
-  parent recorded (one empty file per group in ``procs/``) and deletes the session folder.
+  *reaper* process starts (this module run as a script), reading a pipe whose write end only
+  the parent holds; when the parent dies, however it dies, the pipe closes and the reaper
+  kills the process groups the parent recorded (one empty file per group in ``procs/``, and
+  on Linux any process working inside the session folder) and deletes the folder.
 - A session folder whose owner and reaper are both gone is swept by the next process that
   starts a session.
 
@@ -43,22 +44,6 @@ _live: dict[int, subprocess.Popen] = {}
 _stopped = threading.Event()
 _state: dict[str, object] = {}
 
-REAPER = """
-import os, shutil, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-root = sys.argv[1]
-sys.stdin.buffer.read()  # returns at EOF: the parent has exited, however it exited
-procs = os.path.join(root, "procs")
-for name in os.listdir(procs) if os.path.isdir(procs) else ():
-    try:
-        os.killpg(int(name), signal.SIGKILL)
-    except (ValueError, OSError):
-        pass
-shutil.rmtree(root, ignore_errors=True)
-"""
-"""The reaper's program (``python -I -S -c``: no site, starts in a few milliseconds)."""
-
-
 class Interrupted(KeyboardInterrupt):
     """A compiler was stopped, or refused to start, because the build was interrupted."""
 
@@ -73,10 +58,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _kill_groups(procs: Path) -> None:
-    for f in procs.iterdir() if procs.is_dir() else ():
-        with contextlib.suppress(ValueError, OSError):
-            os.killpg(int(f.name), signal.SIGKILL)
+def _groups(root: Path) -> set[int]:
+    """The compiler process groups of session ``root``: those it recorded in ``procs/``, and
+    (on Linux) every process working inside it, which covers a compiler started just before
+    its parent died, before the record was written."""
+    found = set()
+    for f in (root / "procs").iterdir() if (root / "procs").is_dir() else ():
+        with contextlib.suppress(ValueError):
+            found.add(int(f.name))
+    inside = str(root) + os.sep
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            if (os.readlink(proc / "cwd") + os.sep).startswith(inside):
+                found.add(os.getpgid(int(proc.name)))
+    found.discard(os.getpgid(0))  # never the reaper's (or the sweeping process's) own group
+    return found
+
+
+def reap(root: Path) -> None:
+    """Kill the compiler groups of session ``root`` and delete it (the reaper's whole job,
+    and the sweep's for each stale session)."""
+    for group in _groups(root):
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def sweep(tmp: Path | None = None) -> list[Path]:
@@ -88,8 +93,7 @@ def sweep(tmp: Path | None = None) -> list[Path]:
         m = _SESSION.fullmatch(d.name)
         if m is None or not d.is_dir() or _alive(int(m.group(1))):
             continue
-        _kill_groups(d / "procs")
-        shutil.rmtree(d, ignore_errors=True)
+        reap(d)
         gone.append(d)
     return gone
 
@@ -104,7 +108,7 @@ def session() -> Path:
         sweep(tmp)
         root = tmp / f"metrale-build-{os.getpid()}-{secrets.token_hex(4)}"
         (root / "procs").mkdir(parents=True)
-        reaper = subprocess.Popen([sys.executable, "-I", "-S", "-c", REAPER, str(root)],
+        reaper = subprocess.Popen([sys.executable, "-I", "-S", __file__, "--reap", str(root)],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True)
         _state.update(root=root, pid=os.getpid(), reaper=reaper)
@@ -191,3 +195,11 @@ def live() -> tuple[int, ...]:
     """The process ids of the compilers running now."""
     with _lock:
         return tuple(_live)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--reap"]:
+    # The reaper (``python -I -S jobs.py --reap ROOT``, standard library only): wait for the
+    # parent to exit, however it exits (the pipe on stdin closes), then clean up after it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdin.buffer.read()
+    reap(Path(sys.argv[2]))

@@ -21,6 +21,7 @@ import pytest
 from metrale.lkb import semantics  # noqa: F401  (registers every family, dequant included)
 from metrale.lkb.files import read_toml
 from metrale.lkb.semantics import WITHIN, describe, reduction_orders
+from tests.host.conftest import nvidia_group
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 COMMON = KERNELS / "cuda" / "common"
@@ -244,7 +245,7 @@ def dependent(entry: str) -> bool:
                for t, _, default in [table(name)] if entry in entries(name))
 
 
-@pytest.mark.xdist_group("nvidia")
+@nvidia_group("sm_90")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
     """... and an entry declared ``dependent_launch`` waits for the previous launch
@@ -264,7 +265,7 @@ def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
                     (source, defs, e, first and first.group())
 
 
-@pytest.mark.xdist_group("nvidia")
+@nvidia_group("sm_80")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_80(nvidia_builds):
     """Below sm_90 the dependent-launch instructions compile out, and every entry is still
@@ -319,10 +320,10 @@ TENSOR_CORE_BUILDS = [
 ]
 
 
-@pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("source,defs,entries,hw,mma", TENSOR_CORE_BUILDS,
-                         ids=[f"{Path(s).name}-{d[-2]}" for s, d, *_ in TENSOR_CORE_BUILDS])
+@pytest.mark.parametrize("source,defs,entries,hw,mma", [
+    pytest.param(*b, marks=nvidia_group(b[3]), id=f"{Path(b[0]).name}-{b[1][-2]}")
+    for b in TENSOR_CORE_BUILDS])
 def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
                                                         entries, hw, mma):
     """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in
