@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2))
         return 0 if report.ok else 1
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     if args.verbose or not report.ok:
         console.print(report.table())
     if report.count("built"):

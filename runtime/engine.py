@@ -268,11 +268,32 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
         from metrale.runtime.cuda_loader import CudaPlanLoader
         from metrale.runtime.cupy_backend import CupyBackend
 
-        return CupyBackend(), CudaPlanLoader(
-            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
+        backend = CupyBackend()
+        return backend, CudaPlanLoader(
+            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch),
+            output=binary_format(hw, backend))
     raise UnavailableError("no backend runs this hardware class's kernels here",
                            key="--hardware", expected="host or an NVIDIA class with an arch",
                            found=repr(hardware))
+
+
+def binary_format(hw: Any, backend: Any) -> str:
+    """``cubin`` when class ``hw``'s cubins run on ``backend``'s device (what ``met build``
+    compiles, and the driver loads without compiling), else ``ptx`` (the driver compiles it)."""
+    from metrale.realize.preflight import preflight
+
+    cc = getattr(backend, "compute_capability", None)
+    if cc is None:
+        import cupy
+
+        digits = str(cupy.cuda.Device(getattr(backend, "device_id", 0)).compute_capability)
+        cc = (int(digits[:-1]), int(digits[-1]))
+    return "cubin" if preflight(hw, cc, binary_format="cubin").ok else "ptx"
+
+
+PREPARE_PREFILL_ROWS = 64
+"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step
+(with decode rows 1: together, the kernels of every step; ``plan.points`` builds the same)."""
 
 
 class Engine:
@@ -281,7 +302,8 @@ class Engine:
     def __init__(self, config: ModelConfig, quant: str, weights: Mapping[str, np.ndarray], *,
                  hardware: str, backend: GpuBackend | None, loader: Loader | None, act: str,
                  max_ctx: int, slots: int, blocking: bool, debug: bool, graphs: bool,
-                 fuse: bool, policy: str, presentation: Presentation | None = None) -> None:
+                 fuse: bool, policy: str, presentation: Presentation | None = None,
+                 progress: bool = True) -> None:
         if not isinstance(max_ctx, int) or max_ctx < 1:
             raise ConfigError("bad context length", key="max_ctx", expected="an int >= 1",
                               found=repr(max_ctx))
@@ -307,6 +329,11 @@ class Engine:
         self._plans: dict[tuple[str, int], Plan] = {}
         try:
             self._bind(weights)
+            # the loader this engine chose compiles now, not inside the first step (a caller's
+            # own loader is the caller's to prepare)
+            if loader is None and hasattr(self.loader, "prepare"):
+                self.loader.prepare([self.plan("decode", 1), self.plan(
+                    "prefill", min(PREPARE_PREFILL_ROWS, max_ctx))], progress=progress)
         except BaseException as e:
             self._close_after(e)
             raise
@@ -319,7 +346,7 @@ class Engine:
              max_ctx: int = 1024, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
-             loader: Loader | None = None) -> Engine:
+             loader: Loader | None = None, progress: bool = True) -> Engine:
         """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
@@ -327,7 +354,9 @@ class Engine:
         ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
-        kernel); ``debug`` poisons activations with NaN before each step.
+        kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
+        bar (on a terminal) while a GPU class's kernels compile, which they do here, before any
+        step.
         """
         path = None if isinstance(model, ModelConfig) else Path(model)
         if path is not None and path.is_dir():
@@ -341,7 +370,7 @@ class Engine:
             weights = random_weights(config, quant, seed=seed)
         return cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
                    act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
-                   graphs=graphs, fuse=fuse, policy=policy)
+                   graphs=graphs, fuse=fuse, policy=policy, progress=progress)
 
     def _alloc(self, nbytes: int, label: str) -> DevicePtr:
         ptr = self.backend.alloc(nbytes, label)
