@@ -245,25 +245,29 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
     for key, k in sorted(units.items()):
         text, headers = unit_source(kernels_dir, k)
         defs = k.define_map()
-        hit = cache.get(cache_key(text, defs, arch, version, None, headers))
+        ckey = cache_key(text, defs, arch, version, None, headers)
+        hit = cache.get(ckey)
         if hit is None:
-            misses.append((key, k, text, defs, headers))
+            misses.append((key, k, text, defs, headers, ckey))
         else:
             out[key] = (hit, CACHED, 0.0)
     if not misses:
         return out
 
-    def one(k: Kernel, text: str, defs: dict, headers: dict) -> tuple[Binary, float]:
+    def one(k: Kernel, text: str, defs: dict, headers: dict, ckey: str
+            ) -> tuple[Binary, float]:
         t0 = time.perf_counter()
-        b = cache.build(compute, text, arch, defs, Path(k.source).stem, None, headers)
+        extra = {"headers": headers} if headers else {}
+        b = compute.compile(text, arch, defs, name=Path(k.source).stem, **extra)
+        cache.put(ckey, b)  # a failed compile raises first: nothing is stored for it
         return b, time.perf_counter() - t0
 
     workers = max(1, min(jobs or os.cpu_count() or 1, len(misses)))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-compile")
     try:
         with _progress(progress, len(misses), f"compiling {what} ({workers} jobs)") as advance:
-            futures = {pool.submit(one, k, text, defs, headers): (key, k)
-                       for key, k, text, defs, headers in misses}
+            futures = {pool.submit(one, k, text, defs, headers, ckey): (key, k)
+                       for key, k, text, defs, headers, ckey in misses}
             for fut in as_completed(futures):
                 key, k = futures[fut]
                 try:
