@@ -126,3 +126,18 @@ def test_units_compile_in_parallel_each_with_its_time(tmp_path: Path, capsys) ->
     assert warm.compile_s == 0 and "compiling" not in warm.summary()
     table = report.compile_table(2)
     assert table.row_count == 2 and "2 slowest of" in str(table.title)
+
+
+def test_a_checkpoint_folder_with_a_space_in_its_name_builds(tmp_path: Path, capsys) -> None:
+    """Issue 53 item 8: ``met build "my model"`` (a config.json in a folder with a space)."""
+    from metrale.plan.config import ModelConfig
+
+    folder = tmp_path / "my model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(ModelConfig.load("tiny-qwen3").to_hf_dict()))
+    assert main(["build", str(folder), "--quant", "bf16", "--hardware", "host", "--cache",
+                 str(tmp_path / "c"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target"] == "host/my model/bf16" and report["counts"]["host"] > 0
+    assert Registry(tmp_path / "c" / "registry").summands() == (
+        KernelTarget("host", "my model", "bf16"),)
