@@ -262,6 +262,9 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
         cache.put(ckey, b)  # a failed compile raises first: nothing is stored for it
         return b, time.perf_counter() - t0
 
+    # longest first (by source size, the best guess before any timing): the last compile to
+    # start is a short one, so the cores finish together
+    misses.sort(key=lambda m: -(len(m[2]) + sum(map(len, m[4].values()))))
     workers = max(1, min(jobs or os.cpu_count() or 1, len(misses)))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-compile")
     try:

@@ -292,8 +292,9 @@ def binary_format(hw: Any, backend: Any) -> str:
 
 
 PREPARE_PREFILL_ROWS = 64
-"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step
-(with decode rows 1: together, the kernels of every step; ``plan.points`` builds the same)."""
+"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step,
+with the decode plans of rows 1 and of all its slots: together, the kernels its steps launch
+(``plan.points``, what ``met build`` compiles, takes decode rows 1 and 8 and prefill 64)."""
 
 
 class Engine:
@@ -332,8 +333,9 @@ class Engine:
             # the loader this engine chose compiles now, not inside the first step (a caller's
             # own loader is the caller's to prepare)
             if loader is None and hasattr(self.loader, "prepare"):
-                self.loader.prepare([self.plan("decode", 1), self.plan(
-                    "prefill", min(PREPARE_PREFILL_ROWS, max_ctx))], progress=progress)
+                plans = [self.plan("decode", rows) for rows in sorted({1, slots})]
+                plans.append(self.plan("prefill", min(PREPARE_PREFILL_ROWS, max_ctx)))
+                self.loader.prepare(plans, progress=progress)
         except BaseException as e:
             self._close_after(e)
             raise
