@@ -268,27 +268,11 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
         from metrale.runtime.cuda_loader import CudaPlanLoader
         from metrale.runtime.cupy_backend import CupyBackend
 
-        backend = CupyBackend()
-        return backend, CudaPlanLoader(
-            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch),
-            output=binary_format(hw, backend))
+        return CupyBackend(), CudaPlanLoader(
+            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
     raise UnavailableError("no backend runs this hardware class's kernels here",
                            key="--hardware", expected="host or an NVIDIA class with an arch",
                            found=repr(hardware))
-
-
-def binary_format(hw: Any, backend: Any) -> str:
-    """``cubin`` when class ``hw``'s cubins run on ``backend``'s device (what ``met build``
-    compiles, and the driver loads without compiling), else ``ptx`` (the driver compiles it)."""
-    from metrale.realize.preflight import preflight
-
-    cc = getattr(backend, "compute_capability", None)
-    if cc is None:
-        import cupy
-
-        digits = str(cupy.cuda.Device(getattr(backend, "device_id", 0)).compute_capability)
-        cc = (int(digits[:-1]), int(digits[-1]))
-    return "cubin" if preflight(hw, cc, binary_format="cubin").ok else "ptx"
 
 
 PREPARE_PREFILL_ROWS = 64
