@@ -2,9 +2,10 @@
 
 A :class:`CudaLoader` turns a realized ``Kernel`` (``realize.kernel``) into a launchable
 :class:`BoundKernel`: the source (with its headers) is compiled for the class's arch through
-``realize.cache.BuildCache`` (an ``Engine`` compiles its plans' kernels ahead of its first step,
-in parallel, through :meth:`CudaPlanLoader.prepare`: then this is a cache hit), loaded with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args``
-list (``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
+``realize.cache.BuildCache`` (an ``Engine`` compiles its plans' kernels ahead of its first
+step, in parallel, through :meth:`CudaPlanLoader.prepare`: then this is a cache hit), loaded
+with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args`` list
+(``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
 ``w_global``, null where its format has none), dims, attributes and ``values`` formulas by
 number, and a ``scratch`` argument by the pointer of a zeroed workspace of its ``values``
 formula's bytes (:meth:`BoundKernel.scratch_bytes`).
