@@ -24,12 +24,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a built-in name, a config.json, or a checkpoint directory")
     p.add_argument("--quant", required=True, help="bf16, fp8, mxfp4 or nvfp4")
     p.add_argument("--hardware", required=True, help="the hardware class to build for")
-    p.add_argument("--cache", default=None, help="folder for everything the build writes: the "
+    p.add_argument("--cache", default=None, metavar="DIR", help="folder for everything the build writes: the "
                    "build cache, and the registry in DIR/registry (default: $METRALE_CACHE, "
                    "else $XDG_CACHE_HOME/metrale, else ~/.cache/metrale)")
-    p.add_argument("--registry", default=None, help="registry folder (default: "
+    p.add_argument("--registry", default=None, metavar="DIR", help="registry folder (default: "
                    "$METRALE_REGISTRY, else registry/ in the cache folder)")
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="compiles run at once (default: one per CPU core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true",
