@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with Engine.load(source, hardware=args.hardware, quant=args.quant, act=args.act,
                      max_ctx=args.context, seed=args.seed, blocking=args.blocking,
-                     policy=args.policy, progress=not args.no_progress) as eng:
+                     policy=args.policy) as eng:
         load_s = time.perf_counter() - t0
         for line in summary_lines(eng.plan("decode", 1)):
             console.print(line, markup=False)
