@@ -424,15 +424,9 @@ def residual(args: argparse.Namespace) -> int:
 
 
 def _build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a built-in name, a config.json, or a checkpoint directory")
-    p.add_argument("--quant", required=True, help="bf16, fp8, mxfp4 or nvfp4")
-    p.add_argument("--hardware", required=True, help="the hardware class to build for")
-    p.add_argument("--cache", default=None, help="build cache folder (default: "
-                   "$METRALE_CACHE, else ~/.cache/metrale)")
-    p.add_argument("--registry", default=None, help="registry folder (default: "
-                   "$METRALE_REGISTRY, else registry/ in the cache folder)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--verbose", action="store_true", help="list every point")
+    from metrale.build_cli import configure
+
+    configure(p)
     _kernels_arg(p)
     _format_arg(p)
 
@@ -440,33 +434,9 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 @command("build", "compile every point a model's plans use, ahead of time, into the cache "
                   "and the registry")(_build_args)
 def build(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from metrale.build_cli import run as run_build
 
-    from metrale.lkb.target import KernelTarget
-    from metrale.plan.points import plan_points
-    from metrale.realize.build import build as build_points
-    from metrale.realize.cache import BuildCache
-    from metrale.realize.registry import Registry
-
-    points = plan_points(args.model, args.quant, args.hardware, args.kernels)
-    model = Path(args.model).name if Path(args.model).exists() else args.model
-    report = build_points(points, args.hardware,
-                          target=KernelTarget(args.hardware, model, args.quant),
-                          kernels_dir=args.kernels, cache=BuildCache(args.cache),
-                          registry=Registry(args.registry),
-                          progress=not args.no_progress and args.format == "table")
-    if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2))
-        return 0 if report.ok else 1
-    console = _console()
-    if args.verbose or not report.ok:
-        console.print(report.table())
-    for e in report.errors:
-        console.print(str(e), markup=False)
-    console.print(report.summary(), markup=False)
-    if report.registry:
-        console.print(f"registry summand: {report.registry}", markup=False)
-    return 0 if report.ok else 1
+    return run_build(args)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

@@ -454,13 +454,20 @@ def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1
     return {"weights": weights, "kv_cache": kv, "rope": rope}
 
 
+PREPARE_PREFILL_ROWS = 64
+"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step,
+with the decode plans of rows 1 and of all its slots: together, the kernels its steps launch
+(``plan.points``, what ``met build`` compiles, takes decode rows 1 and 8 and prefill 64)."""
+
+
 class Engine:
     """A loaded model with its KV cache; see the module docstring. Build with :meth:`load`."""
 
     def __init__(self, config: ModelConfig, quant: str, weights: Mapping[str, np.ndarray], *,
                  hardware: str, backend: GpuBackend | None, loader: Loader | None, act: str,
                  max_ctx: int, slots: int, blocking: bool, debug: bool, graphs: bool,
-                 fuse: bool, policy: str, presentation: Presentation | None = None) -> None:
+                 fuse: bool, policy: str, presentation: Presentation | None = None,
+                 progress: bool = True) -> None:
         if not isinstance(max_ctx, int) or max_ctx < 1:
             raise ConfigError("bad context length", key="max_ctx", expected="an int >= 1",
                               found=repr(max_ctx))
@@ -487,6 +494,12 @@ class Engine:
         self._plans: dict[tuple[str, int], Plan] = {}
         try:
             self._bind(weights)
+            # the loader this engine chose compiles now, not inside the first step (a caller's
+            # own loader is the caller's to prepare)
+            if loader is None and hasattr(self.loader, "prepare"):
+                plans = [self.plan("decode", rows) for rows in sorted({1, slots})]
+                plans.append(self.plan("prefill", min(PREPARE_PREFILL_ROWS, max_ctx)))
+                self.loader.prepare(plans, progress=progress)
         except BaseException as e:
             self._close_after(e)
             raise
@@ -499,7 +512,7 @@ class Engine:
              max_ctx: int | None = None, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
-             loader: Loader | None = None) -> Engine:
+             loader: Loader | None = None, progress: bool = True) -> Engine:
         """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
@@ -509,7 +522,9 @@ class Engine:
         smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
-        kernel); ``debug`` poisons activations with NaN before each step.
+        kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
+        bar (on a terminal) while a GPU class's kernels compile, which they do here, before any
+        step.
         """
         path = checkpoint_dir(model)
         text = None
@@ -534,7 +549,7 @@ class Engine:
             weights = random_weights(config, quant, seed=seed)
         eng = cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
                   act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
-                  graphs=graphs, fuse=fuse, policy=policy)
+                  graphs=graphs, fuse=fuse, policy=policy, progress=progress)
         eng.text = text
         return eng
 
