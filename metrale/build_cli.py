@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ConfigError("bad job count", key="--jobs", expected="an int >= 1",
                           found=args.jobs)
+    from metrale import names
+
+    args.hardware = names.hardware_class(args.hardware, args.kernels)
     t0 = time.perf_counter()
     points = plan_points(args.model, args.quant, args.hardware, args.kernels)
     planning = time.perf_counter() - t0

@@ -534,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
     with _progress(args, f"loading {config.name} ({weights})"):
         eng = Engine.load(source, hardware=hardware, quant=args.quant, act=args.act,
                           max_ctx=context, seed=args.seed, blocking=args.blocking,
-                          policy=args.policy)
+                          policy=args.policy, progress=not args.no_progress)
     with eng:
         load_s = time.perf_counter() - t0
         for line in summary_lines(eng.plan("decode", 1)):
