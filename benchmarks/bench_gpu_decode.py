@@ -122,7 +122,7 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
     listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
-    the class's floor) is appended there."""
+    the class's floor) is added there."""
     from metrale.runtime.bench import kernel_times, time_decode
 
     eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy,
@@ -231,8 +231,8 @@ def hf_steps(model: str, batch: int, compile_too: bool, out: dict,
     transformers' static cache writes each step at its own running length, whatever
     ``cache_position`` says, so every timed step advances it by one: the cache has room for
     all of them (HF_HEADROOM), and the rows sit at positions 1024 to 1024 + 163 while timed.
-    (With 64 positions of room, the compiled run's 65th step indexed past the cache: the
-    device-side assert of docs/gpu-notes.md.)"""
+    (With 64 positions of room, the compiled run's 65th step indexed past the cache and hit a
+    device-side assert.)"""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
@@ -336,7 +336,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="also time each distinct kernel alone and print the profile")
     ap.add_argument("--record", action="store_true",
-                    help="append evidence records (each kernel at batch 1) to the sm_90 class")
+                    help="record evidence (each kernel at batch 1) for sm_90 in the evidence store")
     ap.add_argument("--plain-too", action="store_true",
                     help="also time each bf16 step with plain (not dependent) launches")
     ap.add_argument("--without", default="",
@@ -409,12 +409,13 @@ def main() -> None:
                                        "rows": rows})
     print(f"wrote {path}")
     if records:
-        from metrale.realize.evidence import EVIDENCE_FILE, append_records
-        from metrale.realize.hardware import default_kernels_dir
+        from metrale.realize.evidence import record_evidence
+        from metrale.realize.evidence_store import default_store_path
 
-        where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
-        append_records(where, records)
-        print(f"appended {len(records)} evidence records to {where}")
+        added = record_evidence(records)
+        print(f"recorded {added} new evidence records in {default_store_path()} "
+              "(`met evidence export --hardware sm_90 --out kernels/sm_90/EVIDENCE.toml` "
+              "ships them)")
 
 
 if __name__ == "__main__":

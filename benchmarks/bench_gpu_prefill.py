@@ -23,8 +23,8 @@ WGMMA_VARIANTS' where it runs, each checked against torch and timed at VARIANT_C
 side with the sources' own choices, into ``gpu_prefill_variants.json``.
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_prefill.py`` (``--rows 8,64,512,2048``,
-``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` appends each gemm kernel's throughput at the
-largest rows to the sm_90 evidence, and each other kernel of the longest step's plans, the
+``--weights bf16,fp8,mxfp4,nvfp4,f32``; ``--record`` records each gemm kernel's throughput at the
+largest rows as sm_90 evidence in the evidence store, and each other kernel of the longest step's plans, the
 last-row plan's own included). Writes ``benchmarks/results/gpu_prefill.json``.
 """
 
@@ -670,7 +670,7 @@ def main() -> None:
     ap.add_argument("--wgmma-only", action="store_true",
                     help="with --variants: gemm_wgmma.cu's variants only")
     ap.add_argument("--record", action="store_true",
-                    help="append evidence records (throughput at the largest rows) to sm_90")
+                    help="record evidence (throughput at the largest rows) for sm_90 in the evidence store")
     ap.add_argument("--name", default="gpu_prefill", type=result_name,
                     help="write benchmarks/results/NAME.json (an experiment's run beside the "
                          "record's; --variants writes gpu_prefill_variants.json)")
@@ -731,12 +731,12 @@ def main() -> None:
 
 
 def record(cases: list[dict], rows: int, more: list) -> None:
-    """Append each measured gemm point's throughput at ``rows`` (its best launch shape) to the
-    sm_90 evidence, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
+    """Record each measured gemm point's throughput at ``rows`` (its best launch shape) in the
+    evidence store, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
     case whose outputs are not finite or differ from cuBLAS's by ``AGREES`` or more (relative to
     the largest output) records nothing."""
-    from metrale.realize.evidence import EVIDENCE_FILE, append_records
-    from metrale.realize.hardware import default_kernels_dir
+    from metrale.realize.evidence import record_evidence
+    from metrale.realize.evidence_store import default_store_path
 
     best: dict[str, dict] = {}
     for c in cases:
@@ -746,9 +746,8 @@ def record(cases: list[dict], rows: int, more: list) -> None:
             best[c["point"]] = c
     records = tensor_records([(c["family"], c["point"], c["tflops"], c["source_hash"])
                               for c in best.values()]) + more
-    where = default_kernels_dir() / "sm_90" / EVIDENCE_FILE
-    append_records(where, records)
-    print(f"appended {len(records)} evidence records to {where}")
+    added = record_evidence(records)
+    print(f"recorded {added} new evidence records in {default_store_path()}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 # multi-row GEMVs against the one-row ones (benchmarks/bench_gpu_gemv_rows.py), then, with
 # PREFILL="<args>", the prefill benchmark (benchmarks/bench_gpu_prefill.py; PREFILL="--record"
 # with its defaults and evidence), then, with PROFILE="MODEL:QUANT ...", one decode layer of each
-# under Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under $OUT
-# come the result files this round wrote and the evidence file (a `--record` run appends to it
-# there), and nothing older: a device call returns at most eight files.
+# under Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile). Back under
+# $OUT come the result files this round wrote and sm_90's evidence export (the shipped records and
+# what a `--record` run added to the evidence store), and nothing older: a device call returns
+# at most eight files.
 # Usage: bash benchmarks/device_round.sh "<pytest -k expr or empty>" "<bench_gpu_decode args>"
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -33,4 +34,4 @@ if [ -n "${PROFILE:-}" ]; then
     | grep -E "^[a-z0-9.-]+ [a-z0-9]+ |wrote" | tail -40
 fi
 find benchmarks/results -name 'gpu_*.json' -newer "$started" -exec cp {} "$OUT/" \;
-cp kernels/sm_90/EVIDENCE.toml "$OUT/" 2>/dev/null || true
+python3 -m metrale evidence export --hardware sm_90 --out "$OUT/EVIDENCE.toml" || true

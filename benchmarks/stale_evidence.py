@@ -16,8 +16,8 @@ Which benchmark records which point:
 
     python3 benchmarks/stale_evidence.py [--hardware sm_90] [--models ...] [--quants ...]
 
-Version 35 planned its record run of every point with it (``docs/gpu-notes.md``). Prints; writes
-nothing.
+Records go to the evidence store; ``met evidence export --hardware sm_90 --out
+kernels/sm_90/EVIDENCE.toml`` ships them. Prints; writes nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A plain PyTorch decode step for the dense built-in models (Llama, Qwen3), for torch.compile.
 
 The peer that ``torch.compile(mode="reduce-overhead")`` compiles where transformers' own
-compiled decode cannot run (on the lent H200's torch 2.11 / transformers 5.17 every variant hit
-a device-side assert inside an inductor kernel; ``docs/gpu-notes.md``). Same math as the
+compiled decode cannot run (with torch 2.11 / transformers 5.17 on an H200 every variant hit
+a device-side assert inside an inductor kernel). Same math as the
 transformers modeling code — RMSNorm in f32 then cast back, RoPE on the two halves with the
 model's (scaled) inverse frequencies, grouped-query attention over a static cache, SwiGLU —
 without transformers' cache and mask objects, and with static shapes so that one CUDA graph

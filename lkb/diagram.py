@@ -6,9 +6,11 @@ input and each diagram output exactly one *source*: ``(-1, k)`` is the diagram's
 stream does: a hypergraph category), and an input may feed nothing.
 
 ``f >> g`` composes, ``f @ g`` tensors; both are O(1): the term is flattened once, lazily, in
-time linear in its size. Equality is isomorphism of port graphs, decided by comparing canonical
-forms (a traversal from the ordered outputs along ordered input ports, linear time; boxes no
-output depends on are ordered by colour refinement); ``hash`` agrees with ``==``.
+time linear in its size. Equality is isomorphism of port graphs, exactly: the part the outputs
+depend on by a canonical form (a traversal from the ordered outputs along ordered input ports,
+linear time), the boxes no output depends on by colour refinement, a tie-broken witness and,
+where the witness cannot decide, networkx's exact isomorphism test (VF2++). ``hash`` agrees with
+``==``, and a box equals its one-box diagram (same hash).
 
 Laws (a strict symmetric monoidal category):
 
@@ -22,6 +24,8 @@ True
 >>> (f @ g) >> (g @ h) == (f >> g) @ (g >> h)
 True
 >>> Diagram.swap(A, B) >> Diagram.swap(B, A) == Diagram.id(A @ B)
+True
+>>> Box("f", A, B) == Diagram.id(A) >> Box("f", A, B) and hash(Box("f", A, B)) == hash(f)
 True
 >>> print(f >> g)
 f >> g
@@ -38,10 +42,12 @@ import hashlib
 import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import networkx as nx
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: planning never needs it
+    import networkx as nx
 
 from .errors import AxiomError
 from .ty import TensorType, Ty
@@ -55,7 +61,7 @@ def _params(value: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> tupl
     return tuple(sorted((str(k), v) for k, v in items))
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class Box:
     """A generator: a named arrow ``dom → cod`` with hashable parameters.
 
@@ -322,30 +328,51 @@ class Diagram:
     # equality -------------------------------------------------------------------------------
 
     def canonical(self) -> tuple:
-        """A canonical form: equal exactly for isomorphic port graphs with the same dom/cod.
+        """An isomorphism invariant: equal for isomorphic port graphs with the same dom/cod.
 
-        Boxes are numbered in post-order of a depth-first traversal from the ordered outputs
-        along ordered input ports, so the numbering depends on the graph alone. Boxes that no
-        output depends on are then taken from their sinks, ordered by colour refinement over
-        both directions of their wires (see :func:`_dead_sinks`).
+        The live part (what the outputs depend on) is encoded exactly: boxes are numbered in
+        post-order of a depth-first traversal from the ordered outputs along ordered input
+        ports, so the numbering depends on the graph alone (linear time). The dead part (boxes
+        no output depends on) enters as the multiset of its colours under colour refinement
+        (see :func:`_dead_part`), which isomorphic diagrams share but which does not decide
+        isomorphism alone; ``==`` decides the rest exactly.
         """
         if self._canon is None:
             with _no_gc():
                 object.__setattr__(self, "_canon", _canonical(self))
-        return self._canon  # type: ignore[return-value]
+        return self._canon[0]  # type: ignore[index]
+
+    def _dead_witness(self) -> tuple:
+        self.canonical()
+        return self._canon[1]  # type: ignore[index]
+
+    def _is_one_box(self) -> bool:
+        """Whether this is the one-box diagram of its only box (wired in port order)."""
+        f = self._flat_form
+        return (len(f.boxes) == 1 and f.wiring[0] == tuple((-1, k) for k in range(len(self.dom)))
+                and f.outputs == tuple((0, p) for p in range(len(self.cod))))
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, Box):
+            other = other.diagram
         if not isinstance(other, Diagram):
             return NotImplemented
         if self is other:
             return True
         if self.dom != other.dom or self.cod != other.cod or len(self) != len(other):
             return False
-        return self.canonical() == other.canonical()
+        if self.canonical() != other.canonical():
+            return False
+        mine, theirs = self._dead_witness(), other._dead_witness()
+        # Equal witnesses are an isomorphism of the dead parts (the k-th dead box of one onto
+        # the k-th of the other); unequal ones prove nothing, so then the exact test decides.
+        return mine == theirs or _dead_isomorphic(self, other)
 
     def __hash__(self) -> int:
         if self._hash is None:
-            object.__setattr__(self, "_hash", hash(self.canonical()))
+            # a box and its one-box diagram are the same arrow: the same hash
+            h = hash(self.boxes[0]) if self._is_one_box() else hash(self.canonical())
+            object.__setattr__(self, "_hash", h)
         return self._hash  # type: ignore[return-value]
 
     # views ----------------------------------------------------------------------------------
@@ -358,6 +385,8 @@ class Diagram:
         carries ``src_port``, ``dst_port`` and ``type``.
         """
         if self._graph is None:
+            import networkx as nx
+
             g = nx.MultiDiGraph()
             for k, t in enumerate(self.dom):
                 g.add_node(("in", k), type=t)
@@ -445,12 +474,14 @@ def _flatten(root: Diagram) -> _Flat:
     return _Flat(tuple(boxes), tuple(wiring), results.pop())
 
 
-def _canonical(d: Diagram) -> tuple:
-    boxes, wiring, outputs = d.boxes, d.wiring, d.outputs
-    index: dict[int, int] = {}
-    order: list[int] = []
-
-    def visit(root: int) -> None:
+def _post_order(d: Diagram, roots: Iterable[int], index: dict[int, int], order: list[int]
+                ) -> None:
+    """Number the boxes ``roots`` depend on in post-order of a depth-first traversal along
+    ordered input ports (iterative: deep chains must not hit the recursion limit)."""
+    wiring = d.wiring
+    for root in roots:
+        if root in index:
+            continue
         stack = [(root, 0)]
         while stack:
             b, i = stack[-1]
@@ -466,20 +497,110 @@ def _canonical(d: Diagram) -> tuple:
                     index[b] = len(order)
                     order.append(b)
 
-    for s, _ in outputs:
-        if s >= 0 and s not in index:
-            visit(s)
-    if len(index) < len(boxes):
-        for b in _dead_sinks(d, index):
-            visit(b)
-    enc = tuple(
-        (boxes[b], tuple((index[s] if s >= 0 else -1, p) for s, p in wiring[b])) for b in order)
+
+def _live(d: Diagram) -> dict[int, int]:
+    index: dict[int, int] = {}
+    _post_order(d, (s for s, _ in d.outputs if s >= 0), index, [])
+    return index
+
+
+def _canonical(d: Diagram) -> tuple[tuple, tuple]:
+    """``(invariant, witness)``: the live part's exact encoding with the dead part's colour
+    multiset, and the encoding of the dead part in one tie-broken order (see ``__eq__``)."""
+    boxes, wiring, outputs = d.boxes, d.wiring, d.outputs
+    index: dict[int, int] = {}
+    order: list[int] = []
+    _post_order(d, (s for s, _ in outputs if s >= 0), index, order)
+
+    def encode(bs: Sequence[int]) -> tuple:
+        return tuple((boxes[b], tuple((index[s] if s >= 0 else -1, p) for s, p in wiring[b]))
+                     for b in bs)
+
+    live = encode(order)
     out = tuple((index[s] if s >= 0 else -1, p) for s, p in outputs)
-    return (enc, out)
+    if len(index) == len(boxes):
+        return (live, out, ()), ()
+    n_live = len(order)
+    colours, sinks = _dead_part(d, dict(index))
+    _post_order(d, sinks, index, order)
+    parts = tuple(sorted(_signature(colours, c) for c in _components(d, colours)))
+    return (live, out, parts), encode(order[n_live:])
 
 
-def _dead_sinks(d: Diagram, live: Mapping[int, int]) -> list[int]:
-    """Boxes no output depends on and no other box reads, in an order fixed by the graph alone.
+def _components(d: Diagram, dead: Mapping[int, Any]) -> list[list[int]]:
+    """The dead boxes grouped by the dead wires between them (weakly connected parts)."""
+    parent = {j: j for j in dead}
+
+    def find(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    for j in dead:
+        for s, _ in d.wiring[j]:
+            if s in parent:
+                parent[find(s)] = find(j)
+    groups: dict[int, list[int]] = {}
+    for j in dead:
+        groups.setdefault(find(j), []).append(j)
+    return list(groups.values())
+
+
+def _signature(colours: Mapping[int, str], part: list[int]) -> tuple:
+    """An isomorphism invariant of one dead part: its size and its boxes' refined colours."""
+    return (len(part), tuple(sorted(colours[j] for j in part)))
+
+
+def _dead_graphs(d: Diagram) -> dict[tuple, list[Any]]:
+    """The dead part's weakly connected parts as node-labelled graphs for an exact isomorphism
+    test, grouped by their invariant (:func:`_signature`): a node per dead box labelled by its
+    refined colour, its box and its sources outside the dead part (live ones by canonical
+    index), and a node per dead wire labelled by its two ports, between the boxes it joins."""
+    import networkx as nx
+
+    live = _live(d)
+    colours, _ = _dead_part(d, live)
+    out: dict[tuple, list[Any]] = {}
+    for part in _components(d, colours):
+        g = nx.DiGraph()
+        for j in part:
+            ext = tuple(None if s in colours else (-1, p) if s < 0 else (live[s], p)
+                        for s, p in d.wiring[j])
+            g.add_node(("box", j), label=("box", colours[j], d.boxes[j], ext))
+            for i, (s, p) in enumerate(d.wiring[j]):
+                if s in colours:
+                    wire = ("wire", j, i)
+                    g.add_node(wire, label=("wire", p, i))
+                    g.add_edge(("box", s), wire)
+                    g.add_edge(wire, ("box", j))
+        out.setdefault(_signature(colours, part), []).append(g)
+    return out
+
+
+def _dead_isomorphic(a: Diagram, b: Diagram) -> bool:
+    """Whether the dead parts of ``a`` and ``b`` (equal live parts, equal multisets of part
+    invariants) are isomorphic: part by part, each of ``a``'s matched to an isomorphic one of
+    ``b``'s with the same invariant, decided by networkx's VF2++. Isomorphism is an
+    equivalence, so matching greedily is exact; its cost is that of VF2++ on the parts."""
+    import networkx as nx
+
+    mine, theirs = _dead_graphs(a), _dead_graphs(b)
+    for sig, parts in mine.items():
+        left = list(theirs.get(sig, ()))
+        for g in parts:
+            for k, h in enumerate(left):
+                if nx.vf2pp_is_isomorphic(g, h, node_label="label"):
+                    del left[k]
+                    break
+            else:
+                return False
+    return True
+
+
+def _dead_part(d: Diagram, live: Mapping[int, int]) -> tuple[dict[int, str], list[int]]:
+    """The refined colour of each dead box (an isomorphism invariant), and the dead sinks in
+    an order that breaks the remaining ties (individualisation, not an invariant).
 
     A digest of the upstream alone ties sinks that differ only in what else reads their
     sources, and construction order would then decide. So: colour refinement (1-dimensional
@@ -569,6 +690,7 @@ def _dead_sinks(d: Diagram, live: Mapping[int, int]) -> list[int]:
                    for j in cell)
 
     refine(set(dead))
+    refined = dict(colour)
     while heap:
         c = heap[0]
         if len(cells[c]) < 2 or twins(cells[c]):
@@ -577,7 +699,7 @@ def _dead_sinks(d: Diagram, live: Mapping[int, int]) -> list[int]:
         v = next(iter(cells[c]))
         move([v], c, _digest(f"{c}*{len(cells[c])}"))  # the class shrinks: a fresh colour
         refine({s for s, _ in wiring[v] if s in readers} | {r for r, _, _ in readers[v]})
-    return sorted((j for j in dead if not readers[j]), key=colour.__getitem__)
+    return refined, sorted((j for j in dead if not readers[j]), key=colour.__getitem__)
 
 
 def _digest(text: str) -> str:

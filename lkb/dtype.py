@@ -20,7 +20,7 @@ import numpy as np
 from .errors import ConfigError, nearest
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class DType:
     """A storage element type: its canonical name, its width in bits and its NumPy dtype.
 

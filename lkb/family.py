@@ -77,7 +77,7 @@ class Port:
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.dims))}]"
 
 
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, cache_hash=True)
 class Point:
     """A family at one parameter assignment: what gets compiled.
 

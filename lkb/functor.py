@@ -61,8 +61,13 @@ class Stage:
     ob: Any = attrs.field(default=None, converter=_freeze)
     ar: Any = attrs.field(default=None, converter=_freeze)
     name: str = ""
+    key: Any = None
+    """The data the maps are built from, when they are callables made from data (a hardware
+    class and its kernel tables, say): stages with equal keys are equal."""
 
     def _key(self) -> tuple:
+        if self.key is not None:
+            return ("data", self.key)
         return (_map_key(self.ob), _map_key(self.ar))
 
     def __eq__(self, other: object) -> bool:
@@ -88,6 +93,8 @@ class Stage:
         return img
 
     def on_ty(self, ty: Ty) -> Ty:
+        if self.ob is None:  # the identity on objects
+            return ty
         out = Ty()
         for t in ty:
             out = out @ self.on_type(t)
@@ -117,7 +124,8 @@ class Stage:
         dom = self.on_ty(d.dom)
         cod = self.on_ty(d.cod)
         # Where each wire of d lands in the image: a tuple of sources (a type may map to several).
-        width = [len(self.on_type(t)) for t in d.dom]
+        same_objects = self.ob is None
+        width = [1 if same_objects else len(self.on_type(t)) for t in d.dom]
         starts = [sum(width[:k]) for k in range(len(width))]
         where: dict[Source, tuple[Source, ...]] = {
             (-1, k): tuple((-1, starts[k] + i) for i in range(width[k])) for k in range(len(width))
@@ -144,7 +152,7 @@ class Stage:
             outs = [ins[p] if s < 0 else (s + offset, p) for s, p in flat.outputs]
             pos = 0
             for p, t in enumerate(box.cod):
-                w = len(self.on_type(t))
+                w = 1 if same_objects else len(self.on_type(t))
                 where[(j, p)] = tuple(outs[pos:pos + w])
                 pos += w
         outputs = tuple(s for src in d.outputs for s in where[src])
@@ -160,6 +168,13 @@ class Functor:
     >>> rename = Functor("C", "C", ar={Box("f", X, X): Box("g", X, X).diagram}, name="rename")
     >>> print(rename(Box("f", X, X).diagram))
     g
+
+    Mappings compare by their items; callables by identity, unless ``key`` names the data
+    they are built from (hashable), in which case functors with equal keys are equal:
+
+    >>> up = lambda b: Box(b.name.upper(), b.dom, b.cod)
+    >>> Functor("C", "C", ar=up, key="upper") == Functor("C", "C", ar=lambda b: b, key="upper")
+    True
     """
 
     dom: Any
@@ -168,9 +183,11 @@ class Functor:
     name: str = ""
 
     def __init__(self, dom: Any, cod: Any, ob: ObMap = None, ar: ArMap = None, *,
-                 name: str = "", stages: tuple[Stage, ...] | None = None) -> None:
+                 name: str = "", stages: tuple[Stage, ...] | None = None,
+                 key: Any = None) -> None:
         if stages is None:
-            stages = (Stage(ob, ar, name),) if (ob is not None or ar is not None) else ()
+            stages = ((Stage(ob, ar, name, key),) if (ob is not None or ar is not None)
+                      else ())
         self.__attrs_init__(dom, cod, tuple(stages), name)
 
     @staticmethod
@@ -194,8 +211,13 @@ class Functor:
                                  found=type(x).__name__)
         return x
 
-    def __rshift__(self, other: Functor) -> Functor:
-        """``F >> G``: first F, then G (requires ``F.cod == G.dom``)."""
+    def __rshift__(self, other: Any) -> Any:
+        """``F >> G``: first F, then G (requires ``F.cod == G.dom``); with a rewriting or
+        any other step, a :class:`~metrale.lkb.pipeline.Pipeline`."""
+        if not isinstance(other, Functor):
+            from .pipeline import Pipeline
+
+            return Pipeline((self,)) >> other
         if self.cod != other.dom:
             raise AxiomError(f"cannot compose functors: {self.cod} is not {other.dom}")
         return Functor(self.dom, other.cod, stages=self.stages + other.stages,

@@ -46,6 +46,7 @@ class Presentation:
     relations: tuple[Relation, ...]
     sources: tuple[tuple[str, str], ...] = ()
     """The TOML texts it was loaded from (file name, text), kept for format-preserving writes."""
+    _equations: dict[str, tuple] = attrs.field(factory=dict, eq=False, repr=False)
 
     def _key(self) -> tuple:
         return (self.generators, self.relations)
@@ -120,6 +121,21 @@ class Presentation:
                 return r
         raise ConfigError("unknown relation", key=name,
                           suggestion=nearest(name, self.relation_names))
+
+    def equation(self, name: str) -> tuple[Any, Any]:
+        """Relation ``name`` as ``(lhs, rhs)`` diagrams over the generators
+        (:func:`metrale.lkb.equation.equation`), built once.
+
+        >>> lhs, rhs = Presentation.load().equation("linear_residual")
+        >>> [b.name for b in lhs.boxes], [b.name for b in rhs.boxes]
+        (['linear', 'add'], ['linear_add'])
+        """
+        found = self._equations.get(name)
+        if found is None:
+            from .equation import equation
+
+            found = self._equations[name] = equation(self.relation(name), self)
+        return found
 
     def points(self) -> tuple[Point, ...]:
         """Every compiled point of every family."""

@@ -11,10 +11,12 @@ lhs); the names the rhs defines are its outputs, and the lhs must define them to
 not pinned are variables shared by name across the relation: ``act`` on ``add`` and ``act`` on
 ``rmsnorm`` must agree in a match, and the rhs takes its parameters from them.
 
-``numerics`` is ``bit_identical`` (both sides give the same bytes) or ``bounded``, with
-``bound = {rel = "...", abs = "..."}``: formulas in the relation's dims (``k`` …) and unit
-roundoffs (``eps_bf16``, ``eps_f32``, ``eps_act``) such that ``|lhs - rhs| <= rel * |lhs| +
-abs * rms(lhs)`` elementwise.
+``numerics`` is ``bit_identical`` (both sides give the same bytes, NaN payloads and signs
+included) or ``bounded``, with ``bound = {rel = "...", abs = "...", over = [...]}``: formulas
+in the relation's dims (``k`` …), unit roundoffs (``eps_bf16``, ``eps_f32``, ``eps_act``) and
+``gamma(n, u)`` such that ``|lhs - rhs| <= rel * |lhs| + abs * magnitude`` elementwise, the
+magnitude being the lhs at the absolute values of the inputs in ``over`` (default all): for a
+reordered k-term sum, Σ|terms|, so that the bound survives cancellation.
 
 >>> side = parse_side("s = add(x, r); y = rmsnorm[h_block=256](s, w)", "F.toml", "lhs")
 >>> [c.family for c in side.calls], side.inputs, side.defined
@@ -174,7 +176,18 @@ def parse_side(text: str, file: object, key: str) -> Side:
 UNIT_ROUNDOFF = {"f64": 2.0 ** -53, "f32": 2.0 ** -24, "f16": 2.0 ** -11, "bf16": 2.0 ** -8,
                  "e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3}
 
-_FUNCS = {"sqrt": math.sqrt, "log2": math.log2, "ceil": math.ceil, "max": max, "min": min}
+def gamma(n: float, u: float) -> float:
+    """Higham's γ_n = n·u / (1 - n·u): a sum of n terms in any order, each addition rounded
+    with unit roundoff u, errs by at most γ_{n-1} · Σ|terms| (infinite once n·u >= 1).
+
+    >>> gamma(4, 2.0 ** -24) > 4 * 2.0 ** -24
+    True
+    """
+    return math.inf if n * u >= 1 else n * u / (1 - n * u)
+
+
+_FUNCS = {"sqrt": math.sqrt, "log2": math.log2, "ceil": math.ceil, "max": max, "min": min,
+          "gamma": gamma}
 _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
            ast.Pow: lambda a, b: a ** b}
@@ -220,10 +233,14 @@ def eval_bound(formula: str, env: Mapping[str, float], file: object = None,
 
 @attrs.frozen
 class Bound:
-    """``|lhs - rhs| <= rel * |lhs| + abs * rms(lhs)``, as formulas."""
+    """``|lhs - rhs| <= rel * |lhs| + abs * magnitude`` elementwise, as formulas, where
+    ``magnitude`` is the lhs evaluated at the absolute values of the inputs named in ``over``
+    (all float inputs when empty): for a reordered sum, the sum of its terms' magnitudes.
+    It holds wherever the magnitude is finite."""
 
     rel: str = "0"
     abs: str = "0"
+    over: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -286,7 +303,8 @@ class Relation:
         if raw_bound is not None:
             bf = Fields(raw_bound, file, f"{key}.bound", errors)
             bound = Bound(str(bf.take("rel", (str, int, float), default="0")),
-                          str(bf.take("abs", (str, int, float), default="0")))
+                          str(bf.take("abs", (str, int, float), default="0")),
+                          tuple(bf.take("over", list, default=[]) or ()))
             bf.close()
         if numerics == "bounded" and bound is None:
             errors.append(ConfigError("a bounded relation states its bound", file=file,
@@ -308,6 +326,8 @@ class Relation:
         table["numerics"] = self.numerics
         if self.bound is not None:
             table["bound"] = {"rel": self.bound.rel, "abs": self.bound.abs}
+            if self.bound.over:
+                table["bound"]["over"] = list(self.bound.over)
         if self.priority:
             table["priority"] = self.priority
         return table

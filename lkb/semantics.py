@@ -587,15 +587,17 @@ def _ex_linear_add(rng, rows, act):
 @semantics("linear_add", rows=(0, 2), orders=_matvec_orders, example=_ex_linear_add)
 def linear_add(x: np.ndarray, w: np.ndarray, r: np.ndarray, *, k_block: int,
                across: str = "sequential", act: str) -> tuple[np.ndarray]:
-    """``add(linear(x, w), r)``: the matmul result is rounded to act first, then added to ``r``
-    and rounded again (HF: ``residual + o_proj(h)``), byte-identical to ``linear; add``.
+    """``add(r, linear(x, w))``: the matmul result is rounded to act first, then ``r`` plus it
+    is rounded again (HF: ``residual + o_proj(h)``), byte-identical to ``t = linear(x, w);
+    add(r, t)``, NaN payloads included (the residual is the first operand, whose NaN the host
+    keeps; a GPU's adds give one canonical NaN either way).
 
     >>> x = np.ones((1, 4), np.float32)
     >>> linear_add(x, np.ones((2, 4), np.float32), x[:, :2], k_block=4, act="f32")[0]
     array([[5., 5.]], dtype=float32)
     """
     (y,) = linear(x, w, k_block=k_block, across=across, act=act)
-    return add(y, r, act=act)
+    return add(r, y, act=act)
 
 
 def _ex_qkv(rng, rows, act):
@@ -696,4 +698,11 @@ def argmax(logits: np.ndarray) -> tuple[np.ndarray]:
 
 
 # The attention and MoE families live in their own modules and register themselves here.
-from . import semantics_attention, semantics_layout, semantics_moe  # noqa: E402, F401
+from . import (  # noqa: E402, F401
+    semantics_attention,
+    semantics_layout,
+    semantics_moe,
+    semantics_moe_clamp,
+    semantics_sample,
+    semantics_sink,
+)

@@ -77,7 +77,7 @@ def _dims(value: object) -> tuple[Dim, ...]:
     return tuple(value)  # type: ignore[arg-type]
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, cache_hash=True)
 class TensorType:
     """A tensor's type: shape over symbolic dims, and element dtype.
 

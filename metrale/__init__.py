@@ -38,6 +38,9 @@ _EXPORTS = {
     # planning
     "ModelConfig": "metrale.plan.config", "circuit_for": "metrale.plan.circuit",
     "lowering": "metrale.plan.lower", "rewrite": "metrale.plan.fuser",
+    "rewriting": "metrale.plan.fuser", "fuser": "metrale.plan.fuser",
+    "target": "metrale.realize.target", "Target": "metrale.realize.target",
+    "Pipeline": "metrale.lkb.pipeline",
     "plan_for": "metrale.plan.plan", "Plan": "metrale.plan.plan",
     # runtime
     "Engine": "metrale.runtime.engine", "Program": "metrale.runtime.executor",

@@ -31,7 +31,8 @@ from metrale.lkb.ty import TensorType, Ty
 __all__ = [
     "LawViolation", "tensor_types", "tys", "boxes", "diagrams", "diagrams_over",
     "composable_chains", "tensor_products", "category_laws", "monoidal_laws", "functor_laws",
-    "small_category_laws", "product_laws", "coproduct_laws",
+    "small_category_laws", "product_laws", "coproduct_laws", "rewriting_laws",
+    "rewrite_laws_at", "is_relation_instance",
 ]
 
 DIMS = ("rows", "hidden", "heads", 4)
@@ -268,3 +269,104 @@ def coproduct_laws(c: Any) -> None:
                  other=seen.get(tagged))
             seen[tagged] = (i, x)
             _law(c.inject(i, s.identity(x)) == c.identity(tagged), "ι(id) == id", x=x)
+
+
+def is_relation_instance(rel: Any, P: Any, d: Diagram, boxes: Sequence[int], fused: Box) -> str:
+    """Why replacing ``boxes`` of ``d`` by ``fused`` is not an instance of relation ``rel``
+    of presentation ``P`` (empty when it is): the boxes are the lhs's calls (family and pinned
+    parameters, shared parameters equal, wired as the lhs wires them, each intermediate read
+    only inside), and ``fused`` is the rhs point with the lhs's shared parameters, typed by
+    the wires it reads and replaces. Written apart from the rewriter, so that it checks it."""
+    import itertools
+
+    calls, rhs = rel.lhs.calls, rel.rhs.calls[0]
+    if len(calls) != len(boxes):
+        return f"{len(boxes)} boxes for {len(calls)} lhs calls"
+    consumers = d.consumers()
+    for perm in itertools.permutations(boxes):
+        names: dict[str, Any] = {}
+        shared: dict[str, Any] = {}
+        ok = True
+        for c, j in zip(calls, perm):
+            box = d.boxes[j]
+            fam = P.family(c.family)
+            params = dict(box.params)
+            if box.name != c.family or any(params.get(k) != v for k, v in c.pins):
+                ok = False
+                break
+            for k in fam.domains:
+                if k not in dict(c.pins) and shared.setdefault(k, params.get(k)) != params.get(k):
+                    ok = False
+            for a, src in zip(c.args, d.wiring[j]):
+                ok = ok and names.setdefault(a, src) == src
+            for p, o in enumerate(c.outs):
+                ok = ok and names.setdefault(o, (j, p)) == (j, p)
+        if not ok:
+            continue
+        inside = set(boxes)
+        if any(k not in inside for name in rel.lhs.defined if name not in rel.outputs
+               for k, _ in consumers.get(names[name], ())):
+            continue
+        fam = P.family(rhs.family)
+        want = {k: dict(rhs.pins).get(k, shared.get(k)) for k in fam.domains}
+        got = dict(fused.params)
+        if fused.name != rhs.family or any(got.get(k) != v for k, v in want.items()):
+            return f"the fused box {fused!r} is not the rhs point {want}"
+        dom = tuple(d.source_type(names[a]) for a in rhs.args)
+        cod = tuple(d.source_type(names[o]) for o in rhs.outs)
+        if fused.dom.types != dom or fused.cod.types != cod:
+            return "the fused box is not typed by the wires it reads and replaces"
+        return ""
+    return f"boxes {sorted(boxes)} are not an instance of the lhs of {rel.name}"
+
+
+def rewrite_laws_at(rewriting: Any, d: Diagram, args: list | None = None) -> Any:
+    """The laws of :func:`rewriting_laws` at one diagram ``d`` (``args``: arrays for its
+    domain, to check the bytes under the exact policy); returns the rewrite's record."""
+    from metrale.lkb.evaluate import evaluate
+
+    P = rewriting.presentation if rewriting.presentation is not None else \
+        rewriting.realization.presentation
+    result = rewriting.run(d)
+    r = result.diagram
+    _law(r.dom == d.dom and r.cod == d.cod, "R keeps the interface", d=d, r=r)
+    _law(rewriting(r) == r, "R(R(d)) == R(d)", d=d, r=r)
+    _law(sum(len(s.matches) for s in result.steps) == len(result.applied),
+         "every application is a step of the trace", d=d)
+    for step in result.steps:
+        for boxes, fused in step.matches:
+            why = is_relation_instance(P.relation(step.relation), P, step.before, boxes, fused)
+            _law(not why, f"each step is an instance of a relation: {step.relation}: {why}",
+                 before=step.before)
+    if rewriting.policy == "exact":
+        for a in result.applied:
+            _law(a.numerics == "bit_identical", "exact policy applies bit-identical steps",
+                 relation=a.relation)
+        if args is not None:
+            before = evaluate(d, [x.copy() for x in args], P)
+            after = evaluate(r, [x.copy() for x in args], P)
+            _law(all(x.tobytes() == y.tobytes() for x, y in zip(before, after)),
+                 "the exact policy keeps the bytes", d=d, r=r)
+    return result
+
+
+def rewriting_laws(lower: Functor, rewriting: Any, generators: Sequence[Box], dom: Ty, *,
+                   inputs: Callable[[Diagram, int], list] | None = None,
+                   max_examples: int | None = None) -> None:
+    """The laws of a rewriting by relations (``plan.fuser.Rewriting``), on lowered random
+    circuits ``lower(c)``, ``c`` drawn from ``generators`` (boxes of the circuit category):
+
+    - it keeps the interface: ``R(d).dom == d.dom`` and ``R(d).cod == d.cod``;
+    - it is idempotent: ``R(R(d)) == R(d)``;
+    - every step it takes is an instance of a relation of its presentation
+      (:func:`is_relation_instance`), and every relation it applies under the exact policy is
+      bit-identical on the class;
+    - under the exact policy it keeps the bytes: with ``inputs(d, seed)`` (arrays for ``d``'s
+      domain), ``R(d)`` and ``d`` evaluated by the reference semantics give equal bytes.
+    """
+    @given(st.data(), st.integers(0, 2**31 - 1))
+    def check(data: Any, seed: int) -> None:
+        d = lower(data.draw(diagrams_over(generators, dom)))
+        rewrite_laws_at(rewriting, d, None if inputs is None else inputs(d, seed))
+
+    _run(check, max_examples)

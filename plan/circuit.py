@@ -1,8 +1,11 @@
 """Model circuits: one forward step of a model as a Circ string diagram over tensor types.
 
 ``circuit_for(config, quant, mode, rows)`` wires the ops ``embed``, ``rmsnorm``, ``linear``,
-``view``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe``, ``last_row`` and
-``lm_head``.
+``view``, ``bias``, ``qk_norm``, ``rope``, ``attention``, ``add``, ``swiglu``, ``moe``,
+``last_row`` and ``lm_head``. What a model adds is data on these boxes, read from its config:
+projections with biases (``attention_bias``) get a ``bias`` box, attention with learned sinks
+an extra ``sinks`` input, a biased MoE with a clamped SwiGLU (gpt-oss) its router and expert
+biases and the ``router``/``limit``/``alpha`` params.
 
 Conventions, fixed once:
 
@@ -40,6 +43,7 @@ True
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -60,8 +64,8 @@ MODES = ("decode", "prefill")
 ACTS = {"bf16": BF16, "f32": F32}
 """Activation dtypes a circuit may carry."""
 
-OPS = ("embed", "rmsnorm", "linear", "view", "qk_norm", "rope", "attention", "add", "swiglu",
-       "moe", "last_row", "lm_head")
+OPS = ("embed", "rmsnorm", "linear", "bias", "view", "qk_norm", "rope", "attention", "add",
+       "swiglu", "moe", "last_row", "lm_head", "sample")
 """The Circ generators, by name."""
 
 LOGITS = ("all", "last")
@@ -98,6 +102,11 @@ class Circuit:
     rows: int
     act: str = "bf16"
     logits: str = "all"
+    sample: bool = False
+    transposed: frozenset[str] = frozenset()
+    """Weights whose plain (bf16/f32) checkpoint tensor is stored with its last two axes
+    swapped, ``[..., k, n]`` (transformers' gpt-oss experts compute ``x @ W``); quantized
+    layouts of them are stored ``[..., n, k]`` as the circuit types them."""
     _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
     _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
@@ -149,17 +158,20 @@ class Circuit:
                             key="max_ctx", expected="an integer > 0", found=repr(max_ctx))
         out = self.config.sizes()
         out.update(rows=self.rows, slots=self.rows if self.mode == "decode" else 1,
-                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1)
+                   max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1,
+                   four=4)
         return out
 
     def __str__(self) -> str:
-        last = " logits=last" if self.logits == "last" else ""
+        last = (" logits=last" if self.logits == "last" else "") + (" sample" if self.sample
+                                                                     else "")
         return (f"{self.config.name} {self.mode} rows={self.rows}{last} quant={self.quant}"
                 f" act={self.act}: {self.layers} layers, {len(self.diagram)} boxes,"
                 f" {len(self.input_names)} inputs, {len(self.output_names)} outputs")
 
     def __repr__(self) -> str:
-        last = ", logits='last'" if self.logits == "last" else ""
+        last = (", logits='last'" if self.logits == "last" else "") + (", sample=True" if
+                                                                        self.sample else "")
         return (f"circuit_for({self.config.name!r}, {self.quant!r}, {self.mode!r}, {self.rows},"
                 f" act={self.act!r}{last})")
 
@@ -203,6 +215,14 @@ class _Ops:
 
     def cache(self) -> TensorType:
         return _t(("slots", "max_ctx", "kv_heads", "head_dim"), self.a)
+
+    def at(self, module: str) -> _Ops:
+        """The ops of checkpoint module ``module``: bf16 weights where the checkpoint's
+        ``quantization_config.modules_to_not_convert`` keeps it unquantized (gpt-oss's
+        published mxfp4 checkpoints keep attention and routers bf16), else these."""
+        if self.quant == "bf16" or not _kept(self.config, module):
+            return self
+        return attrs.evolve(self, quant="bf16")
 
     def box(self, name: str, dom: tuple[TensorType, ...], cod: tuple[TensorType, ...],
             **params: Any) -> Box:
@@ -252,11 +272,30 @@ class _Ops:
     def add(self) -> Box:
         return self.box("add", (self.x("hidden"), self.x("hidden")), (self.x("hidden"),))
 
+    def bias(self, n: str) -> Box:
+        return self.box("bias", (self.x(n), _t((n,), BF16)), (self.x(n),))
+
+    def attention_sink(self, window: int) -> Box:
+        box = self.attention(window)
+        dom = (*box.dom.types, _t(("heads",), BF16))
+        return Box("attention", Ty(*dom), box.cod, {**dict(box.params), "sinks": True})
+
     def swiglu(self) -> Box:
         return self.box("swiglu", (self.x("inter"), self.x("inter")), (self.x("inter"),))
 
     def moe(self) -> Box:
         c = self.config
+        if c.expert_bias:
+            return self.box(
+                "moe",
+                (self.x("hidden"), _t(("experts", "hidden"), BF16), _t(("experts",), BF16),
+                 self.weight("experts", "moe_gate_up", "hidden"),
+                 _t(("experts", "moe_gate_up"), BF16),
+                 self.weight("experts", "hidden", "moe_inter"), _t(("experts", "hidden"), BF16)),
+                (self.x("hidden"),),
+                experts=c.num_experts, top_k=c.num_experts_per_tok, router=c.router,
+                moe_inter=c.moe_intermediate_size, weight=self.quant, limit=c.swiglu_limit,
+                alpha=c.swiglu_alpha)
         return self.box(
             "moe",
             (self.x("hidden"), _t(("experts", "hidden"), BF16),
@@ -267,6 +306,10 @@ class _Ops:
             experts=c.num_experts, top_k=c.num_experts_per_tok,
             renormalize=c.norm_topk_prob, moe_inter=c.moe_intermediate_size, weight=self.quant)
 
+    def sample(self, lead: str = "rows") -> Box:
+        return self.box("sample", (_t((lead, "vocab"), F32), _t((lead, "four"), F32),
+                                   _t((lead, "four"), I32)), (_t((lead,), I32),))
+
     def lm_head(self, lead: str = "rows") -> Box:
         return self.box("lm_head", (self.x("hidden", lead=lead), _t(("vocab", "hidden"), BF16)),
                         (_t((lead, "vocab"), F32),), weight="bf16")
@@ -274,39 +317,64 @@ class _Ops:
 
 # -- inputs ---------------------------------------------------------------------------------
 
+def _kept(config: ModelConfig, module: str) -> bool:
+    """Whether ``module`` or a module containing it matches a ``modules_to_not_convert``
+    pattern (fnmatch, ``*`` for the layer index) of the config's quantization_config."""
+    patterns = (config.quantization_config or {}).get("modules_to_not_convert") or ()
+    parts = module.split(".")
+    prefixes = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    return any(isinstance(pat, str) and fnmatch.fnmatchcase(m, pat)
+               for pat in patterns for m in prefixes)
+
+
 def _layer_weights(ops: _Ops, i: int) -> list[tuple[str, TensorType]]:
     """Layer ``i``'s checkpoint weights, in the order the circuit reads them."""
     c, p = ops.config, f"model.layers.{i}."
     norm = _t(("hidden",), BF16)
-    out = [(p + "input_layernorm.weight", norm),
-           (p + "self_attn.q_proj.weight", ops.weight("q_dim", "hidden")),
-           (p + "self_attn.k_proj.weight", ops.weight("kv_dim", "hidden")),
-           (p + "self_attn.v_proj.weight", ops.weight("kv_dim", "hidden"))]
+    out = [(p + "input_layernorm.weight", norm)]
+    for proj, n in (("q_proj", "q_dim"), ("k_proj", "kv_dim"), ("v_proj", "kv_dim")):
+        out.append((p + f"self_attn.{proj}.weight",
+                    ops.at(p + f"self_attn.{proj}").weight(n, "hidden")))
+        if c.attention_bias:
+            out.append((p + f"self_attn.{proj}.bias", _t((n,), BF16)))
     if c.arch in ("qwen3", "qwen3_moe"):
         head = _t(("head_dim",), BF16)
         out += [(p + "self_attn.q_norm.weight", head), (p + "self_attn.k_norm.weight", head)]
-    out += [(p + "self_attn.o_proj.weight", ops.weight("hidden", "q_dim")),
-            (p + "post_attention_layernorm.weight", norm)]
-    if c.is_moe_layer(i):
-        moe = ops.moe().dom.types
+    if c.attention_sinks:
+        out.append((p + "self_attn.sinks", _t(("heads",), BF16)))
+    out.append((p + "self_attn.o_proj.weight",
+                ops.at(p + "self_attn.o_proj").weight("hidden", "q_dim")))
+    if c.attention_bias:
+        out.append((p + "self_attn.o_proj.bias", _t(("hidden",), BF16)))
+    out.append((p + "post_attention_layernorm.weight", norm))
+    if c.is_moe_layer(i) and c.expert_bias:
+        names = ("mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
+                 "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                 "mlp.experts.down_proj_bias")
+        out += [(p + n, t) for n, t in zip(names, ops.at(p + "mlp.experts").moe().dom.types[1:])]
+    elif c.is_moe_layer(i):
+        moe = ops.at(p + "mlp.experts").moe().dom.types
         out += [(p + "mlp.gate.weight", moe[1]),
                 (p + "mlp.experts.gate_proj.weight", moe[2]),
                 (p + "mlp.experts.up_proj.weight", moe[3]),
                 (p + "mlp.experts.down_proj.weight", moe[4])]
     else:
-        out += [(p + "mlp.gate_proj.weight", ops.weight("inter", "hidden")),
-                (p + "mlp.up_proj.weight", ops.weight("inter", "hidden")),
-                (p + "mlp.down_proj.weight", ops.weight("hidden", "inter"))]
+        out += [(p + "mlp.gate_proj.weight", ops.at(p + "mlp.gate_proj").weight("inter", "hidden")),
+                (p + "mlp.up_proj.weight", ops.at(p + "mlp.up_proj").weight("inter", "hidden")),
+                (p + "mlp.down_proj.weight", ops.at(p + "mlp.down_proj").weight("hidden", "inter"))]
     return out
 
 
-def _inputs(ops: _Ops) -> list[tuple[str, TensorType]]:
+def _inputs(ops: _Ops, sample: str = "") -> list[tuple[str, TensorType]]:
     c = ops.config
     idx, table = _t(("rows",), I32), _t(("max_pos", "half"), F32)
     out = [("tokens", idx), ("positions", idx), ("slots", idx),
            ("rope.cos", table), ("rope.sin", table)]
     for i in range(c.num_hidden_layers):
         out += [(f"kv.{i}.k", ops.cache()), (f"kv.{i}.v", ops.cache())]
+    if sample:  # per row: (temperature, top_k, top_p, min_p) and (seed lo, hi, request, position)
+        out += [("sample.params", _t((sample, "four"), F32)),
+                ("sample.keys", _t((sample, "four"), I32))]
     out.append(("model.embed_tokens.weight", _t(("vocab", "hidden"), BF16)))
     for i in range(c.num_hidden_layers):
         out += _layer_weights(ops, i)
@@ -329,22 +397,21 @@ def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str, logi
     if not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0:
         raise ConfigError("rows must be a positive integer", file=where, key="rows",
                           expected="an integer > 0", found=repr(rows))
-    if config.attention_bias:
-        raise ConfigError("attention projections with bias are not supported", file=config.name,
-                          key="attention_bias", expected="false", found="true")
     if logits == "last" and mode == "decode":
         raise ConfigError("decode rows are sequences, each needs its logits", file=where,
                           key="logits", expected="'all' in decode", found="'last'")
 
 
 def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "decode",
-                rows: int = 1, *, act: str = "bf16", logits: str = "all") -> Circuit:
+                rows: int = 1, *, act: str = "bf16", logits: str = "all",
+                sample: bool = False) -> Circuit:
     """The circuit of one forward step of ``config`` (a :class:`ModelConfig` or built-in name).
 
     ``quant`` types the linear and expert weights (``bf16``, ``fp8``, ``mxfp4``, ``nvfp4``),
     ``act`` the activations and KV cache (``bf16`` or ``f32``); logits are f32, for every row
     or (``logits="last"``, prefill) for the last row only: the final norm and lm_head then run
-    on that row, ``[last, hidden]`` with ``last`` = 1.
+    on that row, ``[last, hidden]`` with ``last`` = 1. ``sample`` ends the step with the
+    ``sample`` op on those logits: inputs ``sample.params`` and ``sample.keys``, output ``ids``.
 
     >>> c = circuit_for("tiny-qwen3-moe", "nvfp4", "prefill", 16)
     >>> c.op_counts()["moe"], str(c.input_type("model.layers.0.mlp.experts.down_proj.weight"))
@@ -359,56 +426,75 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     config = ModelConfig.load(config)
     _check(config, quant, mode, rows, act, logits)
     ops = _Ops(config, quant, act)
-    inputs = _inputs(ops)
+    inputs = _inputs(ops, ("last" if logits == "last" else "rows") if sample else "")
     names = tuple(n for n, _ in inputs)
     b = Builder(Ty(*(t for _, t in inputs)))
     w: dict[str, Wire] = dict(zip(names, b.inputs))
 
     embed, rmsnorm, add = ops.embed(), ops.rmsnorm(), ops.add()
-    q_proj = ops.linear("q_proj", "hidden", "q_dim")
-    k_proj = ops.linear("k_proj", "hidden", "kv_dim")
-    v_proj = ops.linear("v_proj", "hidden", "kv_dim")
-    o_proj = ops.linear("o_proj", "q_dim", "hidden")
-    gate, up = ops.linear("gate_proj", "hidden", "inter"), ops.linear("up_proj", "hidden", "inter")
-    down, swiglu = ops.linear("down_proj", "inter", "hidden"), ops.swiglu()
+    shapes = {"q_proj": ("hidden", "q_dim"), "k_proj": ("hidden", "kv_dim"),
+              "v_proj": ("hidden", "kv_dim"), "o_proj": ("q_dim", "hidden"),
+              "gate_proj": ("hidden", "inter"), "up_proj": ("hidden", "inter"),
+              "down_proj": ("inter", "hidden")}
+
+    def linear(module: str) -> Box:
+        role = module.rsplit(".", 1)[1]
+        return ops.at(module).linear(role, *shapes[role])
+
+    swiglu = ops.swiglu()
     q_view, kv_view = ops.view(("q_dim",), ("heads", "head_dim")), ops.view(
         ("kv_dim",), ("kv_heads", "head_dim"))
     o_view = ops.view(("heads", "head_dim"), ("q_dim",))
     qk_norm = ops.qk_norm() if config.arch in ("qwen3", "qwen3_moe") else None
     rope = ops.rope()
-    attention = {win: ops.attention(win) for win in
+    make_attention = ops.attention_sink if config.attention_sinks else ops.attention
+    attention = {win: make_attention(win) for win in
                  {config.layer_window(i) or 0 for i in range(config.num_hidden_layers)}}
-    moe = ops.moe() if config.is_moe else None
+    bias = {n: ops.bias(n) for n in ("q_dim", "kv_dim", "hidden")} if config.attention_bias \
+        else {}
+
+    def project(box: Box, x: Wire, name: str) -> Wire:
+        (y,) = b.add(box, x, w[name + ".weight"])
+        if bias:
+            (y,) = b.add(bias[box.cod.types[0].shape[1]], y, w[name + ".bias"])
+        return y
+
 
     (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
     caches: list[Wire] = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         (n,) = b.add(rmsnorm, h, w[p + "input_layernorm.weight"])
-        (q,) = b.add(q_proj, n, w[p + "self_attn.q_proj.weight"])
-        (k,) = b.add(k_proj, n, w[p + "self_attn.k_proj.weight"])
-        (v,) = b.add(v_proj, n, w[p + "self_attn.v_proj.weight"])
+        q = project(linear(p + "self_attn.q_proj"), n, p + "self_attn.q_proj")
+        k = project(linear(p + "self_attn.k_proj"), n, p + "self_attn.k_proj")
+        v = project(linear(p + "self_attn.v_proj"), n, p + "self_attn.v_proj")
         (q,), (k,), (v,) = b.add(q_view, q), b.add(kv_view, k), b.add(kv_view, v)
         if qk_norm is not None:
             q, k = b.add(qk_norm, q, k, w[p + "self_attn.q_norm.weight"],
                          w[p + "self_attn.k_norm.weight"])
         q, k = b.add(rope, q, k, w["positions"], w["rope.cos"], w["rope.sin"])
+        sinks = (w[p + "self_attn.sinks"],) if config.attention_sinks else ()
         o, kc, vc = b.add(attention[config.layer_window(i) or 0], q, k, v, w[f"kv.{i}.k"],
-                          w[f"kv.{i}.v"], w["positions"], w["slots"])
+                          w[f"kv.{i}.v"], w["positions"], w["slots"], *sinks)
         caches += [kc, vc]
         (o,) = b.add(o_view, o)
-        (a,) = b.add(o_proj, o, w[p + "self_attn.o_proj.weight"])
+        a = project(linear(p + "self_attn.o_proj"), o, p + "self_attn.o_proj")
         (h,) = b.add(add, h, a)
         (n,) = b.add(rmsnorm, h, w[p + "post_attention_layernorm.weight"])
-        if moe is not None and config.is_moe_layer(i):
+        moe = ops.at(p + "mlp.experts").moe() if config.is_moe_layer(i) else None
+        if moe is not None and config.expert_bias:
+            (d,) = b.add(moe, n, *(w[p + "mlp." + x] for x in (
+                "router.weight", "router.bias", "experts.gate_up_proj",
+                "experts.gate_up_proj_bias", "experts.down_proj", "experts.down_proj_bias")))
+        elif moe is not None:
             (d,) = b.add(moe, n, w[p + "mlp.gate.weight"], w[p + "mlp.experts.gate_proj.weight"],
                          w[p + "mlp.experts.up_proj.weight"],
                          w[p + "mlp.experts.down_proj.weight"])
         else:
-            (g,) = b.add(gate, n, w[p + "mlp.gate_proj.weight"])
-            (u,) = b.add(up, n, w[p + "mlp.up_proj.weight"])
+            (g,) = b.add(linear(p + "mlp.gate_proj"), n, w[p + "mlp.gate_proj.weight"])
+            (u,) = b.add(linear(p + "mlp.up_proj"), n, w[p + "mlp.up_proj.weight"])
             (s,) = b.add(swiglu, g, u)
-            (d,) = b.add(down, s, w[p + "mlp.down_proj.weight"])
+            (d,) = b.add(linear(p + "mlp.down_proj"), s, w[p + "mlp.down_proj.weight"])
         (h,) = b.add(add, h, d)
     lead = "rows"
     if logits == "last":
@@ -420,5 +506,12 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
                            for kv in ("k", "v")))
-    return Circuit(b.build(out, *caches), names, outputs, config, quant, mode, rows, act,
-                   logits)
+    ends = (out, *caches)
+    if sample:
+        (ids,) = b.add(ops.sample(lead), out, w["sample.params"], w["sample.keys"])
+        outputs, ends = (*outputs, "ids"), (*ends, ids)
+    # transformers' gpt-oss experts store their plain matrices as x @ W takes them
+    transposed = frozenset(n for n in names if config.expert_bias and
+                           n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")))
+    return Circuit(b.build(*ends), names, outputs, config, quant, mode, rows, act, logits,
+                   sample, transposed)

@@ -24,6 +24,7 @@ True
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -36,28 +37,34 @@ from metrale.lkb.files import Fields, raise_all, read_json
 
 from .models import BUILTIN, builtin_config, builtin_names
 
-ARCHS = ("llama", "qwen3", "qwen3_moe")
+ARCHS = ("llama", "qwen3", "qwen3_moe", "gpt_oss")
 """Architectures Metrale plans, by their ``model_type``."""
 
 ARCH_CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 """``model_type`` → the transformers class named in ``architectures``."""
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE scaling types Metrale computes (:mod:`metrale.plan.rope`)."""
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # transformers' defaults for keys a config.json may leave out, per config class.
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen3": 32768, "qwen3_moe": 32768}
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen3": 32768, "qwen3_moe": 32768,
+                          "gpt_oss": 131072}
 _DEFAULT_QWEN3_HEAD_DIM = 128  # Qwen3Config.head_dim; Llama and Qwen3-MoE use hidden / heads
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_EPS = 1e-6
 _DEFAULT_SLIDING_WINDOW = 4096
 _DEFAULT_MAX_WINDOW_LAYERS = 28
+# GptOssConfig's defaults: the sliding window, the clamped SwiGLU's limit and sigmoid gain
+_DEFAULT_GPT_OSS_WINDOW = 128
+_DEFAULT_SWIGLU_LIMIT = 7.0
+_DEFAULT_SWIGLU_ALPHA = 1.702
 
 
 def _positive(value: Any) -> bool:
@@ -66,7 +73,10 @@ def _positive(value: Any) -> bool:
 
 @attrs.frozen
 class RopeScaling:
-    """A RoPE frequency rescaling: ``linear`` (divide by ``factor``) or Llama 3.1's ``llama3``.
+    """A RoPE frequency rescaling: ``linear`` (divide by ``factor``), Llama 3.1's ``llama3`` or
+    ``yarn`` (gpt-oss: ``beta_fast``/``beta_slow`` bound the ramp between interpolated and
+    extrapolated frequencies, ``truncate`` rounds the bounds, the tables are scaled by
+    ``attention_factor``, by default ``0.1 ln(factor) + 1``).
 
     The ``default`` type is no rescaling and is spelled ``rope_scaling=None`` on the config.
 
@@ -80,14 +90,28 @@ class RopeScaling:
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool = True
+    attention_factor: float | None = None
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``rope_scaling`` dict of a transformers 4.x ``config.json``."""
+        """The ``rope_scaling`` dict of a transformers 4.x ``config.json``.
+
+        >>> RopeScaling("yarn", 32.0, None, None, 4096, 32.0, 1.0, False).to_hf_dict()["truncate"]
+        False
+        """
         out: dict[str, Any] = {"rope_type": self.rope_type, "factor": self.factor}
         if self.rope_type == "llama3":
             out["low_freq_factor"] = self.low_freq_factor
             out["high_freq_factor"] = self.high_freq_factor
             out["original_max_position_embeddings"] = self.original_max_position_embeddings
+        if self.rope_type == "yarn":
+            out.update(beta_fast=self.beta_fast, beta_slow=self.beta_slow,
+                       original_max_position_embeddings=self.original_max_position_embeddings,
+                       truncate=self.truncate)
+            if self.attention_factor is not None:
+                out["attention_factor"] = self.attention_factor
         return out
 
 
@@ -99,6 +123,9 @@ class ModelConfig:
     slide, and only with ``use_sliding_window``); ``sliding_window`` is the effective window
     (``None`` when sliding is off). MoE fields are zero/empty for dense models.
     ``quantization_config`` is the raw dict of the checkpoint (the checkpoint loader reads it).
+    gpt-oss adds learned per-head ``attention_sinks``, the ``router`` ``topk_softmax`` (softmax
+    over the chosen experts' biased logits; Qwen3-MoE's is ``softmax_topk``), ``expert_bias``
+    and the clamped SwiGLU (``swiglu_limit``, ``swiglu_alpha``; ``None``: the plain SwiGLU).
 
     >>> c = ModelConfig.load("llama-3.1-8b")
     >>> c.head_dim, c.rope_scaling.factor, c.dtype
@@ -133,6 +160,11 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    attention_sinks: bool = False
+    router: str = "softmax_topk"
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float | None = None
     # A raw dict is unhashable: it takes part in == but not in hash (equal values still hash
     # equal, the one law hash must keep).
     quantization_config: dict[str, Any] | None = attrs.field(default=None, hash=False)
@@ -195,7 +227,7 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         """Whether the architecture routes tokens to experts."""
-        return self.arch == "qwen3_moe"
+        return self.arch in ("qwen3_moe", "gpt_oss")
 
     @property
     def q_dim(self) -> int:
@@ -259,6 +291,8 @@ class ModelConfig:
         if self.is_moe:
             out.update(experts=self.num_experts, top_k=self.num_experts_per_tok,
                        moe_inter=self.moe_intermediate_size)
+        if self.expert_bias:  # gate and up in one interleaved matrix (gpt-oss)
+            out["moe_gate_up"] = 2 * self.moe_intermediate_size
         return out
 
     def with_layers(self, n: int) -> ModelConfig:
@@ -320,6 +354,10 @@ class ModelConfig:
         }
         if self.arch == "llama":
             out["mlp_bias"] = False
+        elif self.arch == "gpt_oss":
+            out["sliding_window"] = self.sliding_window
+            out["swiglu_limit"] = self.swiglu_limit
+            out["layer_types"] = list(self.layer_types)
         else:
             out["use_sliding_window"] = self.use_sliding_window
             out["sliding_window"] = self.sliding_window
@@ -327,7 +365,10 @@ class ModelConfig:
                 out["max_window_layers"] = self.max_window_layers
         if self.arch == "qwen3":
             out["layer_types"] = list(self.layer_types)
-        if self.is_moe:
+        if self.arch == "gpt_oss":
+            out.update(num_local_experts=self.num_experts,
+                       num_experts_per_tok=self.num_experts_per_tok)
+        elif self.is_moe:
             out.update(
                 num_experts=self.num_experts,
                 num_experts_per_tok=self.num_experts_per_tok,
@@ -368,6 +409,8 @@ def _derive_layer_types(arch: str, n: int, sliding_window: int | None,
         return ("full_attention",) * n
     if arch == "qwen3_moe":  # Qwen3-MoE slides every layer when sliding is on
         return ("sliding_attention",) * n
+    if arch == "gpt_oss":  # GptOssConfig: even layers slide, odd ones attend to all
+        return tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n))
     first = _DEFAULT_MAX_WINDOW_LAYERS if max_window_layers is None else max_window_layers
     return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n))
 
@@ -412,6 +455,9 @@ class _Reader:
     def read(self) -> ModelConfig:
         if not self.f.ok:
             raise_all(self.errors)
+        self.finite(self.data, "")
+        if self.errors:
+            raise_all(self.errors)
         f = self.f
         arch = self.arch()
         hidden = self.positive("hidden_size")
@@ -430,15 +476,13 @@ class _Reader:
         if eps is not None and not eps > 0:
             self.fail("rms_norm_eps", "epsilon must be positive", "a number > 0", eps)
         tied = f.take("tie_word_embeddings", bool, default=False)
-        bias = f.take("attention_bias", bool, default=False)
-        if bias:
-            self.fail("attention_bias", "attention projections with bias are not supported",
-                      "false", "true")
+        bias = f.take("attention_bias", bool, default=arch == "gpt_oss")
         self.unsupported()
         rope_theta, rope_scaling = self.rope(max_pos)
         use_sliding, window, max_window, layer_types = self.sliding(arch, layers)
         dtype = self.dtype()
         moe = self.moe(arch, layers)
+        moe.update(self.gpt_oss(arch))
         quant = f.take("quantization_config", (dict, type(None)), default=None)
         raise_all(self.errors)
         return ModelConfig(
@@ -465,6 +509,33 @@ class _Reader:
             quantization_config=None if quant is None else copy.deepcopy(quant),
             **moe,
         )
+
+    def finite(self, value: Any, key: str) -> None:
+        """Every number of the config is finite: JSON has no NaN or Infinity, but Python's
+        reader accepts them, and one in ``rms_norm_eps`` or ``rope_theta`` would poison every
+        activation; each is reported by its dotted key."""
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, "number is not finite", "a finite number", value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self.finite(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.finite(v, f"{key}[{i}]")
+
+    def gpt_oss(self, arch: str | None) -> dict[str, Any]:
+        """gpt-oss's fixed structure (sinks, biased experts, its router) and its SwiGLU clamp."""
+        if arch != "gpt_oss":
+            return {}
+        limit = self.f.take("swiglu_limit", (int, float), default=_DEFAULT_SWIGLU_LIMIT,
+                            convert=_as_float)
+        alpha = self.f.take("swiglu_alpha", (int, float), default=_DEFAULT_SWIGLU_ALPHA,
+                            convert=_as_float)
+        for key, value in (("swiglu_limit", limit), ("swiglu_alpha", alpha)):
+            if value is not None and not value > 0:
+                self.fail(key, "must be positive", "a number > 0", value)
+        return {"attention_sinks": True, "router": "topk_softmax", "expert_bias": True,
+                "swiglu_limit": limit, "swiglu_alpha": alpha}
 
     def arch(self) -> str | None:
         model_type = self.f.take("model_type", (str, type(None)), default=None)
@@ -574,6 +645,8 @@ class _Reader:
         scale = factor("factor")
         if rope_type == "linear":
             return None if scale is None else RopeScaling("linear", scale)
+        if rope_type == "yarn":
+            return self.yarn(rf, scale, max_pos)
         low, high = factor("low_freq_factor"), factor("high_freq_factor")
         original = rf.take("original_max_position_embeddings", int, default=max_pos)
         if original is not None and original <= 0:
@@ -587,12 +660,41 @@ class _Reader:
             return None
         return RopeScaling("llama3", scale, low, high, original)
 
+    def yarn(self, rf: Fields, scale: float | None, max_pos: int | None) -> RopeScaling | None:
+        """transformers' ``_compute_yarn_parameters`` keys; ``mscale`` variants are refused."""
+        def number(key: str, default: float | None) -> float | None:
+            value = rf.take(key, (int, float, type(None)), default=default)
+            if value is None:
+                return default
+            if not value > 0:
+                rf.fail(key, "must be positive", "a number > 0", value)
+                return None
+            return float(value)
+
+        fast, slow = number("beta_fast", 32.0), number("beta_slow", 1.0)
+        attention = number("attention_factor", None)
+        truncate = rf.take("truncate", bool, default=True)
+        for key in ("mscale", "mscale_all_dim"):
+            if rf.take(key, (int, float, type(None)), default=None) is not None:
+                rf.fail(key, "yarn's mscale variants are not supported", "absent", "present")
+        original = rf.take("original_max_position_embeddings", int, default=max_pos)
+        if original is not None and original <= 0:
+            rf.fail("original_max_position_embeddings", "size must be positive",
+                    "an integer > 0", original)
+            return None
+        if None in (scale, fast, slow, original, truncate):
+            return None
+        return RopeScaling("yarn", scale, None, None, original, fast, slow, truncate, attention)
+
     def sliding(self, arch: str | None, layers: int | None
                 ) -> tuple[bool, int | None, int | None, tuple[str, ...]]:
         if arch in (None, "llama"):
             return False, None, None, ("full_attention",) * (layers or 0)
-        use = self.f.take("use_sliding_window", bool, default=False)
-        window = self.f.take("sliding_window", (int, type(None)), default=_DEFAULT_SLIDING_WINDOW)
+        # gpt-oss has no use_sliding_window switch: its layer_types decide
+        use = self.f.take("use_sliding_window", bool, default=arch == "gpt_oss")
+        window = self.f.take("sliding_window", (int, type(None)),
+                             default=_DEFAULT_GPT_OSS_WINDOW if arch == "gpt_oss"
+                             else _DEFAULT_SLIDING_WINDOW)
         max_window = self.f.take("max_window_layers", (int, type(None)), default=None)
         if arch == "qwen3" and max_window is None:
             max_window = _DEFAULT_MAX_WINDOW_LAYERS
@@ -607,7 +709,7 @@ class _Reader:
         explicit = self.f.take("layer_types", (list, type(None)), default=None)
         if layers is None:
             return bool(use), window, max_window, ()
-        if arch == "qwen3" and explicit is not None:
+        if arch in ("qwen3", "gpt_oss") and explicit is not None:
             bad = [t for t in explicit if t not in LAYER_TYPES]
             if bad:
                 self.fail("layer_types", "unknown layer type", "one of " + ", ".join(LAYER_TYPES),
@@ -633,6 +735,14 @@ class _Reader:
             return None
 
     def moe(self, arch: str | None, layers: int | None) -> dict[str, Any]:
+        if arch == "gpt_oss":  # every layer MoE; the experts' width is intermediate_size
+            experts = self.positive("num_local_experts")
+            top_k = self.positive("num_experts_per_tok")
+            if _positive(experts) and _positive(top_k) and top_k > experts:
+                self.fail("num_experts_per_tok", "more experts per token than experts",
+                          f"at most num_local_experts = {experts}", top_k)
+            return {"num_experts": experts, "num_experts_per_tok": top_k,
+                    "moe_intermediate_size": self.data.get("intermediate_size")}
         if arch != "qwen3_moe":
             return {}
         f = self.f

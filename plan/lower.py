@@ -36,15 +36,10 @@ from metrale.lkb.ty import TensorType, Ty
 
 from .circuit import Circuit
 
-GEMV_MAX_ROWS = 16
-"""Up to this many rows a matmul is GEMV-shaped (weights streamed once, rows in registers;
-gemv.cu's multi-row entries load each weight chunk once for up to 16 rows).
-
-Past it the GEMV streams the weights again for each 8 rows while the tensor-core GEMM's time
-barely moves. On the H200 (benchmarks/bench_gpu_prefill.py, version 15) at 16 rows a Llama-3.1-8B
-layer's four matmuls took 595 us as GEMMs against 1399 us as GEMVs, a Qwen3-0.6B layer's 116 us
-against 96 us. At 8 rows (batch-8 decode) the GEMVs win Qwen3-0.6B's layer (65 against 124 us)
-and lose Llama-3.1-8B's by 14 % (719 against 620 us, all of it gate_up's)."""
+MATMUL_SHAPES = ("gemv", "gemm")
+"""The matmul points lowering may choose between: GEMV-shaped (weights streamed once, rows in
+registers) or GEMM-shaped (tiles on tensor cores). No constant picks one by rows: the plan's
+search (``plan.search``) lowers with each and keeps the cheaper by cost, per rows bucket."""
 K_BLOCK = 256
 H_BLOCK = 256
 KV_BLOCK = 256
@@ -58,15 +53,15 @@ class Lowering:
     mode: str
     rows: int
     sizes: tuple[tuple[str, int], ...]
+    shape: str = attrs.field(default="gemv", validator=attrs.validators.in_(MATMUL_SHAPES))
+    """The matmul point (``MATMUL_SHAPES``), chosen by the plan's search."""
     functor: Functor = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "functor",
-                           Functor("Circ", "LKB", ar=self._lower, name="lower"))
-
-    @property
-    def shape(self) -> str:
-        return "gemv" if self.rows <= GEMV_MAX_ROWS else "gemm"
+                           Functor("Circ", "LKB", ar=self._lower, name="lower",
+                                   key=("lower", self.presentation, self.mode, self.rows,
+                                        self.sizes, self.shape)))
 
     def _box(self, family: str, dom: tuple[TensorType, ...], cod: tuple[TensorType, ...],
              point: Mapping[str, Any], attrs_: Mapping[str, Any] | None = None) -> Box:
@@ -92,6 +87,8 @@ class Lowering:
                                    {"eps": p["eps"]}), *ins)
         elif name == "linear":
             outs = self._linear(b, ins, cod, act, p["weight"])
+        elif name == "bias":
+            outs = b.add(self._box("bias_add", dom, cod, {"act": act}), *ins)
         elif name == "view":
             src, dst = p["src"], p["dst"]
             if len(dst) == 3:
@@ -108,16 +105,19 @@ class Lowering:
         elif name == "rope":
             outs = b.add(self._box("rope", dom, cod, {"act": act, "style": p["style"]}), *ins)
         elif name == "attention":
-            q, k, v, kc, vc, pos, slots = ins
+            q, k, v, kc, vc, pos, slots, *sinks = ins
             kc2, vc2 = b.add(self._box("kv_append", (k.type, v.type, kc.type, vc.type,
                                                      pos.type, slots.type),
                                        (kc.type, vc.type), {"act": act}),
                              k, v, kc, vc, pos, slots)
-            (o,) = b.add(self._box("attention", (q.type, kc.type, vc.type, pos.type, slots.type),
+            # learned sinks (a logit per head in the softmax) make it attention_sink
+            family = "attention_sink" if sinks else "attention"
+            (o,) = b.add(self._box(family, (q.type, kc.type, vc.type, pos.type, slots.type,
+                                            *(s.type for s in sinks)),
                                    (q.type,), {"act": act, "mode": self.mode,
                                                "kv_block": KV_BLOCK},
                                    {"scale": p["scale"], "window": p["window"]}),
-                         q, kc2, vc2, pos, slots)
+                         q, kc2, vc2, pos, slots, *sinks)
             outs = (o, kc2, vc2)
         elif name == "add":
             outs = b.add(self._box("add", dom, cod, {"act": act}), *ins)
@@ -127,6 +127,8 @@ class Lowering:
             outs = self._moe(b, ins, cod, act, p)
         elif name == "last_row":
             outs = b.add(self._box("last_row", dom, cod, {"act": act}), *ins)
+        elif name == "sample":
+            outs = b.add(self._box("sample", dom, cod, {}), *ins)
         elif name == "lm_head":
             outs = b.add(self._box("lm_head", dom, cod, self._matmul_point(act, p["weight"])
                                    | {"out": "f32"}), *ins)
@@ -152,6 +154,8 @@ class Lowering:
 
     def _moe(self, b: Builder, ins: tuple[Wire, ...], cod: tuple[TensorType, ...], act: str,
              p: Mapping[str, Any]) -> tuple[Wire, ...]:
+        if p.get("router") == "topk_softmax":
+            return self._moe_biased(b, ins, cod, act, p)
         x, router, wg, wu, wd = ins
         rows = x.type.shape[0]
         logits_t = TensorType((rows, "experts"), _F32)
@@ -173,11 +177,41 @@ class Lowering:
         return b.add(self._box("moe_combine", (y_t, w_t), cod, {"act": act}), y, weights)
 
 
+    def _moe_biased(self, b: Builder, ins: tuple[Wire, ...], cod: tuple[TensorType, ...],
+                    act: str, p: Mapping[str, Any]) -> tuple[Wire, ...]:
+        """The biased MoE with a clamped SwiGLU: router logits, top-k then softmax, the fused
+        gate/up with the clamp, the biased down projection, the weighted combine."""
+        x, router, router_bias, wgu, bgu, wd, bd = ins
+        rows = x.type.shape[0]
+        logits_t = TensorType((rows, "experts"), _F32)
+        (logits,) = b.add(self._box("lm_head", (x.type, router.type), (logits_t,),
+                                    self._matmul_point(act, "bf16") | {"out": "f32"}), x, router)
+        w_t = TensorType((rows, "top_k"), _F32)
+        ids_t = TensorType((rows, "top_k"), _I32)
+        weights, ids = b.add(self._box("topk_softmax", (logits_t, router_bias.type),
+                                       (w_t, ids_t), {}, {"top_k": p["top_k"]}),
+                             logits, router_bias)
+        moe_point = {"act": act, "weight": p["weight"], "k_block": K_BLOCK,
+                     "across": "sequential"}
+        h_t = TensorType((rows, "top_k", "moe_inter"), x.type.dtype)
+        (h,) = b.add(self._box("moe_gate_up_clamp", (x.type, ids_t, wgu.type, bgu.type), (h_t,),
+                               moe_point, {"limit": p["limit"], "alpha": p["alpha"]}),
+                     x, ids, wgu, bgu)
+        y_t = TensorType((rows, "top_k", "hidden"), x.type.dtype)
+        (y,) = b.add(self._box("moe_down_bias", (h_t, ids_t, wd.type, bd.type), (y_t,),
+                               moe_point), h, ids, wd, bd)
+        return b.add(self._box("moe_combine", (y_t, w_t), cod, {"act": act}), y, weights)
+
+
 def lowering(circuit: Circuit, presentation: Presentation | None = None,
-             max_ctx: int = 1024) -> Lowering:
-    """lower_H for ``circuit`` (its mode and rows) against ``presentation``."""
-    P = presentation or Presentation.load()
-    return Lowering(P, circuit.mode, circuit.rows, tuple(sorted(circuit.sizes(max_ctx).items())))
+             max_ctx: int = 1024, shape: str = "gemv") -> Lowering:
+    """lower_H for ``circuit`` (its mode and rows) against ``presentation`` (default: the
+    shipped one, read once), its matmuls at the point ``shape`` (see ``MATMUL_SHAPES``)."""
+    from metrale.realize.target import presentation_at
+
+    P = presentation if presentation is not None else presentation_at()
+    return Lowering(P, circuit.mode, circuit.rows, tuple(sorted(circuit.sizes(max_ctx).items())),
+                    shape)
 
 
 def family_of(P: Presentation, box: Box) -> Family:

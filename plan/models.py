@@ -149,6 +149,69 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+# gpt-oss: every layer MoE (router with a bias, softmax over the chosen experts' logits, a
+# clamped SwiGLU with biases), attention with per-head sinks and biased projections,
+# layer_types alternating a 128-position sliding window with full attention, YaRN RoPE.
+_GPT_OSS_COMMON: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": 200002,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initializer_range": 0.02,
+    "intermediate_size": 2880,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_key_value_heads": 8,
+    "pad_token_id": 199999,
+    # as published: the experts in mxfp4, attention, routers, embedding and head kept bf16
+    "quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4",
+    },
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 201088,
+}
+
+
+def _alternating(layers: int) -> list[str]:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+GPT_OSS_20B: dict[str, Any] = {
+    **_GPT_OSS_COMMON,
+    "layer_types": _alternating(24),
+    "num_hidden_layers": 24,
+    "num_local_experts": 32,
+}
+
+GPT_OSS_120B: dict[str, Any] = {
+    **_GPT_OSS_COMMON,
+    "layer_types": _alternating(36),
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+}
+
 # The tiny models are what the oracle tests build random checkpoints of: every structural
 # feature of the big ones (GQA, explicit head_dim, qk-norm for qwen, llama3 rope scaling,
 # top-k routing) at sizes that run in milliseconds on a CPU.
@@ -219,6 +282,34 @@ TINY_QWEN3_MOE: dict[str, Any] = {
     "use_sliding_window": False,
 }
 
+# Layer 0 slides over 8 positions, layer 1 attends to all: a prompt of a few dozen tokens
+# exercises both, the sinks, the biases, yarn's three bands (original 32 positions) and a clamp
+# that binds (the tests draw weights large enough for |gate| > 7 to occur).
+TINY_GPT_OSS: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    **_TINY_SHAPE,
+    "intermediate_size": 32,
+    "max_position_embeddings": 1024,  # = factor x original, as transformers expects of yarn
+    "attention_bias": True,
+    "hidden_act": "silu",
+    "layer_types": ["sliding_attention", "full_attention"],
+    "num_experts_per_tok": 2,
+    "num_local_experts": 6,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 32,
+        "rope_type": "yarn",
+        "truncate": False,
+    },
+    "rope_theta": 150000.0,
+    "sliding_window": 8,
+    "swiglu_limit": 7.0,
+}
+
 BUILTIN: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": QWEN3_0_6B,
     "qwen3-8b": QWEN3_8B,
@@ -226,9 +317,12 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": LLAMA_3_1_8B,
     "llama-3.1-70b": LLAMA_3_1_70B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "gpt-oss-20b": GPT_OSS_20B,
+    "gpt-oss-120b": GPT_OSS_120B,
     "tiny-llama": TINY_LLAMA,
     "tiny-qwen3": TINY_QWEN3,
     "tiny-qwen3-moe": TINY_QWEN3_MOE,
+    "tiny-gpt-oss": TINY_GPT_OSS,
 }
 """Built-in name → its ``config.json`` dict. Read through :func:`builtin_config` (a copy)."""
 
@@ -236,6 +330,7 @@ TINY_BY_ARCH: dict[str, str] = {
     "llama": "tiny-llama",
     "qwen3": "tiny-qwen3",
     "qwen3_moe": "tiny-qwen3-moe",
+    "gpt_oss": "tiny-gpt-oss",
 }
 """The tiny built-in of each architecture (what the oracle checkpoints are built from)."""
 
@@ -243,8 +338,8 @@ TINY_BY_ARCH: dict[str, str] = {
 def builtin_names() -> tuple[str, ...]:
     """The built-in model names, sorted.
 
-    >>> builtin_names()[:2]
-    ('llama-3.1-70b', 'llama-3.1-8b')
+    >>> builtin_names()[:3]
+    ('gpt-oss-120b', 'gpt-oss-20b', 'llama-3.1-70b')
     """
     return tuple(sorted(BUILTIN))
 

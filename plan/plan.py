@@ -1,7 +1,8 @@
 """The plan: F_H ∘ L_H applied to a circuit — kernels, buffers, provenance, evidence, numerics.
 
-``plan_for(model, quant, hardware, mode, rows)`` runs one straight pipeline of named, pure
-steps (config → circuit → lower → rewrite → realize → buffers → totals) and returns a frozen
+``plan_for(model, quant, hardware, mode, rows)`` computes the composite
+``(lower_H >> rewrite_H >> F_H)(circuit)`` and then only annotates its image (buffers,
+bytes, evidence, numerics, launches), in named, pure steps, and returns a frozen
 ``Plan``: the kernels in launch order with their points, realization provenance, evidence
 status and numerics; the relations applied and declined (with reasons); buffers with sizes
 and lifetimes; bytes moved per step and the memory-bandwidth floor of the class's device.
@@ -23,7 +24,6 @@ from typing import Any
 import attrs
 
 from metrale.lkb.diagram import Box, Diagram, Source
-from metrale.lkb.errors import PlanError
 from metrale.lkb.family import Family, Point
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.relation import eval_bound
@@ -32,8 +32,7 @@ from metrale.lkb.ty import TensorType
 
 from .circuit import Circuit, circuit_for
 from .config import ModelConfig
-from .fuser import POLICIES, Applied, Declined, rewrite, shared_excess
-from .lower import lowering
+from .fuser import POLICIES, Applied, Declined, fuser, shared_excess
 
 FORMAT_BITS = {"": None, "fp8": 8.0, "mxfp4": 4.25, "nvfp4": 4.5}
 """Bits a stored weight element costs, scales included (fp8's per-row scale is negligible)."""
@@ -78,6 +77,8 @@ class PlannedKernel:
     launches, less those whose grid is empty there (a GEMM's combine only where k is split;
     gemv.cu's linear makes its own launch or its split one, by n); empty for views and host
     callables."""
+    cost: Any = attrs.field(default=None, eq=False)
+    """The predicted :class:`~metrale.plan.cost.Cost` of the launch, with its source."""
 
     @property
     def label(self) -> str:
@@ -107,6 +108,12 @@ class Plan:
     bound: tuple[float, float] | None
     logits: str = "all"  # "last": a prefill's logits for its last row only
     steps: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
+    choice: Any = attrs.field(default=None, eq=False)
+    """The search's :class:`~metrale.plan.search.Choice` the plan was made by (its bucket, the
+    matmul point, the matches not applied); None for a plan made without relations."""
+    hw_target: Any = attrs.field(default=None, eq=False, repr=False)
+    """The :class:`~metrale.realize.target.Target` the plan was made against (presentation,
+    F_H, evidence, policy): what loaders read the plan's families and kernels from."""
 
     def _key(self) -> tuple:
         return (self.target, self.mode, self.rows, self.policy, self.act, self.context,
@@ -135,6 +142,16 @@ class Plan:
     def floor_s(self) -> float:
         """The memory-bandwidth floor: bytes moved over the device's bandwidth."""
         return self.bytes_moved / self.bandwidth
+
+    @property
+    def predicted_us(self) -> float:
+        """The predicted step time: the sum of the kernels' predicted costs, microseconds."""
+        return sum(k.cost.us for k in self.kernels if k.cost is not None)
+
+    @property
+    def bucket(self) -> int:
+        """The rows the plan's alternatives were chosen at (a decode's bucket)."""
+        return self.choice.bucket if self.choice is not None else self.rows
 
     @property
     def exact(self) -> bool:
@@ -233,15 +250,20 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
-             logits: str = "all") -> Plan:
+             logits: str = "all", sample: bool = False, choice: Any = None) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
-    ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS).
+    ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS);
+    ``sample`` ends the step with the ``sample`` family (the ids it draws are output ``ids``).
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
+
+    The alternatives (matmul point, which matches apply) are the cheapest by cost at the rows'
+    bucket (``plan.search.choose``); ``choice`` (a ``plan.search.Choice``) imposes others
+    instead, as ``met tune`` does to time them.
     """
-    from metrale.realize.functor import realization
+    from metrale.realize.target import target as target_of
 
     steps: list[tuple[str, float]] = []
     clock = time.perf_counter()
@@ -258,29 +280,45 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
         raise ConfigError("unknown numerics policy", key="--policy",
                           expected=" or ".join(POLICIES), found=repr(policy))
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
-    P = presentation or Presentation.load(kernels_dir)
+    T = target_of(hardware, kernels_dir=kernels_dir, presentation=presentation, policy=policy)
+    P = T.presentation
+    kernel_target = KernelTarget(hardware, config.name, quant)
+    F = T.realization(kernel_target)
     step("config")
-    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits)
-    step("circuit")
-    lowered = lowering(circuit, P, max_ctx=context).functor(circuit.diagram)
-    step("lower")
-    target = KernelTarget(hardware, config.name, quant)
-    F = realization(hardware, kernels_dir=kernels_dir, presentation=P, target=target)
+    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits, sample=sample)
     sizes = dict(circuit.sizes(context))
     sizes["context"] = context
-    fused = rewrite(lowered, F, policy=policy, presentation=P if fuse else _no_relations(P),
-                    sizes=sizes)
-    step("rewrite")
-    kernels, buffers = _realize(circuit, fused.diagram, fused.origin, fused.applied, F, P, sizes,
-                                kernels_dir)
+    step("circuit")
+    # the alternatives are chosen by cost, on a two-layer cut at the rows' bucket (plan.search)
+    from .search import choose
+
+    if choice is None:
+        choice = choose(config, quant, mode, rows, T=T, F=F, policy=policy, act=act,
+                        context=context, logits=logits, presentation=P)
+    step("search")
+    # L_H = lower_H >> rewrite_H; the plan is (L_H >> F_H)(circuit), then annotated
+    L_H = fuser(circuit, F, policy, context=context, presentation=P if fuse else _no_relations(P),
+                shape=choice.shape, skip=choice.skip if fuse else frozenset())
+    R = L_H.steps[-1]
+    image = (L_H >> F.functor)(circuit.diagram)
+    fused = R.run(R.last_input)  # the record of the rewrite the composite just made
+    step("compose")
+    kernels, buffers = _realize(circuit, fused.diagram, image, fused.origin, fused.applied, F, P,
+                                sizes, T.evidence)
     kernels = _check_launches(kernels, P, sizes, F.hw)
-    step("realize")
+    from .cost import CostModel
+
+    model = CostModel.of(T, sizes)
+    kernels = tuple(attrs.evolve(k, cost=model.kernel(k.box, P.family(k.family), k.kernel))
+                    for k in kernels)
+    step("annotate")
     bound = _compose_bound(fused.applied, P, sizes, act)
     hw = F.hw
-    plan = Plan(target, mode, rows, policy, act, context, kernels, buffers, fused.applied,
-                fused.declined, circuit.input_names, circuit.output_names,
-                hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
-                tuple(sorted(sizes.items())), bound, logits)
+    plan = Plan(kernel_target, mode, rows, policy, act, context, kernels,
+                buffers, fused.applied, fused.declined, circuit.input_names,
+                circuit.output_names, hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
+                tuple(sorted(sizes.items())), bound, logits, hw_target=T,
+                choice=choice if fuse else None)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
 
@@ -333,13 +371,12 @@ def _nbytes(t: TensorType, elements: int) -> int:
     return int(elements * bits + 7) // 8
 
 
-def _realize(circuit: Circuit, d: Diagram, origin: tuple[tuple[int, ...], ...],
+def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[int, ...], ...],
              applied: tuple[Applied, ...], F: Any, P: Presentation, sizes: Mapping[str, int],
-             kernels_dir: Any) -> tuple[tuple[PlannedKernel, ...], tuple[Buffer, ...]]:
-    from metrale.realize.evidence import evidence_status, load_all_evidence
-    from metrale.realize.hardware import default_kernels_dir
-
-    records = load_all_evidence(kernels_dir or default_kernels_dir())
+             records: Any) -> tuple[tuple[PlannedKernel, ...], tuple[Buffer, ...]]:
+    """Annotate the composite's image: box ``j`` of ``image`` is F_H of box ``j`` of ``d`` (the
+    rewritten diagram), and its kernel is read from it (``F.kernel_of``), not resolved again."""
+    from metrale.realize.evidence import evidence_status
     relation_of: dict[tuple[int, ...], Applied] = {tuple(sorted(a.boxes)): a for a in applied}
     names: dict[Source, str] = {(-1, k): n for k, n in enumerate(circuit.input_names)}
     for k, src in enumerate(d.outputs):
@@ -347,22 +384,20 @@ def _realize(circuit: Circuit, d: Diagram, origin: tuple[tuple[int, ...], ...],
             names.setdefault(src, circuit.output_names[k])
     kinds: dict[str, str] = {}
     aliases: dict[str, str] = {}
+    checkpoint = set(circuit.weight_names)  # biases and sinks too, not only X.weight
     for n in circuit.input_names:
         kinds[n] = ("cache" if n.startswith("kv.") else
-                    "weight" if n.endswith(".weight") else "input")
+                    "weight" if n in checkpoint else "input")
     kernels: list[PlannedKernel] = []
     layer_of: dict[str, int | None] = {}
     cache: dict[Box, tuple[Point, Any, Family]] = {}
     counter = 0
-    for j, (box, srcs) in enumerate(zip(d.boxes, d.wiring)):
+    families = {f.name: f for f in P.generators}
+    for j, (box, srcs, kbox) in enumerate(zip(d.boxes, d.wiring, image.boxes)):
         if box not in cache:
-            fam = P.family(box.name)
-            point = fam.point_of(box)
-            cache[box] = (point, None if fam.view else F.realize(point), fam)
+            fam = families[box.name]
+            cache[box] = (fam.point_of(box), F.kernel_of(kbox), fam)
         point, kernel, fam = cache[box]
-        if kernel is None and not fam.view:
-            raise PlanError(f"{point} is not realized on {F.hw.name}: {F.why_not(point)}",
-                            key=str(point))
         ins = tuple(names[s] for s in srcs)
         outs = []
         inplace = dict(fam.inplace)
@@ -464,9 +499,11 @@ def _compose_bound(applied: tuple[Applied, ...], P: Presentation, sizes: Mapping
                    act: str) -> tuple[float, float] | None:
     """The largest bound among the bounded relations applied, or ``None`` when all are exact.
 
-    Each fused kernel's outputs are within its relation's bound of the unfused kernels' on the
-    same inputs; how those per-kernel differences grow through the model is not a formula of
-    this plan, so the plan reports the per-kernel worst case. A relation declared bit-identical
+    Per kernel, not composed: each fused kernel's outputs are within ``rel * |unfused| + abs *
+    magnitude`` of the unfused kernels' on the same inputs (the magnitude as the relation
+    states it: for a reordered sum, the sum of its terms' magnitudes), wherever the magnitude
+    is finite; how those per-kernel differences grow through the model is not a formula of
+    this plan, so the plan reports the per-kernel worst case of each coefficient. A relation declared bit-identical
     that holds here only up to a bound (its two sides' realizations declare different orders)
     states no bound: then the plan's is infinite, printed as not stated.
     """

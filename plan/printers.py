@@ -14,6 +14,7 @@ from io import StringIO
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def summary_lines(p: Plan) -> list[str]:
     bound = ("" if p.bound is None else
              " (per-kernel bound: not stated; a bit-identical relation applied where its sides "
              "declare different orders)" if math.isinf(p.bound[0]) else
-             f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × rms)")
+             f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × magnitude)")
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
         f"policy={p.policy}" + (f" logits={p.logits}" if p.logits != "all" else ""),
@@ -88,7 +89,8 @@ def plan_json(p: Plan) -> dict[str, Any]:
         "bound": None if p.bound is None else {
             "stated": not math.isinf(p.bound[0]),
             "rel": None if math.isinf(p.bound[0]) else p.bound[0],
-            "abs_times_rms": None if math.isinf(p.bound[1]) else p.bound[1]},
+            "abs_times_magnitude": None if math.isinf(p.bound[1]) else p.bound[1],
+            "scope": "per kernel"},
         "kernels": [{
             "index": k.index, "family": k.family, "point": str(k.point),
             "params": {a: b for a, b in k.point.params}, "layer": k.layer,
@@ -100,6 +102,8 @@ def plan_json(p: Plan) -> dict[str, Any]:
             "provenance": k.provenance, "shadow": k.shadow, "residual": k.residual,
             "evidence": k.evidence, "relation": k.relation, "numerics": k.numerics,
             "row_invariant": k.row_invariant, "bytes_moved": k.bytes_moved, "view": k.view,
+            "cost": None if k.cost is None else {"us": k.cost.us, "source": k.cost.source,
+                                                 "kind": k.cost.kind},
         } for k in p.kernels],
         "buffers": [{"name": b.name, "shape": list(b.type.shape), "dtype": str(b.type.dtype),
                      "format": b.type.fmt or None, "bytes": b.nbytes, "kind": b.kind,
@@ -108,7 +112,75 @@ def plan_json(p: Plan) -> dict[str, Any]:
                      "numerics": a.numerics} for a in p.applied],
         "declined": [{"relation": d.relation, "boxes": list(d.boxes),
                       "families": list(d.families), "reason": d.reason} for d in p.declined],
+        "predicted_us": p.predicted_us,
+        "cost_sources": dict(sorted(Counter(k.cost.kind for k in p.kernels
+                                            if k.cost is not None).items())),
+        "search": _search_json(p),
     }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _search_json(p: Plan) -> dict[str, Any] | None:
+    c = p.choice
+    if c is None:
+        return None
+    return {"bucket": c.bucket, "shape": c.shape,
+            "shapes": {s: _finite(us) for s, us in c.shapes},
+            "cut_predicted_us": _finite(c.predicted_us), "rewrites": c.rewrites,
+            "note": c.note or None,
+            "sites": [{"relations": list(x.relations), "skipped": list(x.skipped),
+                       "alternatives": x.alternatives, "cost_us": _finite(x.cost_us),
+                       "priority_us": _finite(x.priority_us)} for x in c.sites]}
+
+
+_KIND = {"measured": "measured", "model": "by the model", "view": "views"}
+
+
+def plan_costs_text(p: Plan, *, layer: int | None = None, width: int = 160) -> str:
+    """The predicted microseconds of each launch (the step's first layer and the rest), where
+    each number came from, the per-layer and step totals, and what the search chose."""
+    t = Table(title=f"{p.target} {p.mode} rows={p.rows} (bucket {p.bucket}) — predicted cost, "
+              f"layer {0 if layer is None else layer} shown")
+    for col in ("#", "kernel", "µs", "source"):
+        t.add_column(col, overflow="fold")
+    for k in _kernel_rows(p, layer):
+        t.add_row(str(k.index), escape_markup(k.label),
+                  "" if k.cost is None else f"{k.cost.us:.2f}",
+                  "" if k.cost is None else escape_markup(k.cost.source))
+    out = StringIO()
+    console = Console(file=out, width=width, color_system=None, soft_wrap=False)
+    console.print(t)
+    per_layer = Counter()
+    for k in p.launches:
+        if k.layer is not None and k.cost is not None:
+            per_layer[k.layer] += k.cost.us
+    kinds = Counter(k.cost.kind for k in p.launches if k.cost is not None)
+    lines = [f"predicted step: {p.predicted_us:.1f} µs on {p.device} "
+             f"({', '.join(f'{n} {_KIND[kind]}' for kind, n in sorted(kinds.items()))}); "
+             f"memory floor {p.floor_s * 1e6:.1f} µs"]
+    if per_layer:
+        lo, hi = min(per_layer.values()), max(per_layer.values())
+        lines.append(f"per decoder layer: {lo:.2f} µs"
+                     + (f" to {hi:.2f} µs" if f"{hi:.2f}" != f"{lo:.2f}" else ""))
+    c = p.choice
+    if c is not None:
+        shapes = ", ".join(f"{s} {us:.1f} µs" if math.isfinite(us) else f"{s} not runnable"
+                           for s, us in c.shapes)
+        lines.append(f"search (two-layer cut, bucket {c.bucket}): matmul point {c.shape} "
+                     f"[{shapes}]; {len(c.sites)} sites, {c.rewrites} rewrites")
+        for x in c.sites:
+            if x.skipped:
+                lines.append(f"  chose without {', '.join(x.skipped)} among "
+                             f"{', '.join(sorted(set(x.relations)))}: {x.cost_us:.2f} µs "
+                             f"against {x.priority_us:.2f} µs by priority")
+        if c.note:
+            lines.append(f"  note: {c.note}")
+    for line in lines:
+        console.print(line, markup=False)
+    return out.getvalue()
 
 
 def plan_dot(p: Plan) -> str:

@@ -2,7 +2,8 @@
 
 ``build(points, hw, target=...)`` realizes each point on ``hw`` (F_H), groups the kernels that
 compile to one binary (same source, defines and arch), and compiles each group once through
-the content-addressed :class:`BuildCache` (groups in parallel, one per core). A compile
+the content-addressed :class:`BuildCache` (groups in parallel, one per core, with a progress
+bar on a terminal; Ctrl-C stops the running compilers at once, see ``realize.jobs``). A compile
 error is recorded against its group's points and the others still build; nothing is cached
 for it. Every binary is checked to export each entry that uses it. When every point built,
 the target's summand is written to the registry.
@@ -33,6 +34,7 @@ import attrs
 from metrale.lkb.errors import CompileError, ConfigError
 from metrale.lkb.family import Point
 from metrale.lkb.target import KernelTarget
+from metrale.realize import jobs as _jobs
 from metrale.realize.cache import BuildCache, cache_key
 from metrale.realize.compute import (
     Binary,
@@ -42,7 +44,7 @@ from metrale.realize.compute import (
     cubin_code_bytes,
 )
 from metrale.realize.functor import Realization, realization
-from metrale.realize.kernel import Kernel
+from metrale.realize.kernel import Kernel, source_identity
 from metrale.realize.registry import Registry
 
 BUILT, CACHED, FAILED, NOT_REALIZED, HOST = "built", "cached", "failed", "not realized", "host"
@@ -61,29 +63,51 @@ class BuildItem:
     code_bytes: int | None = None
     """Machine code of the entry, where the binary is a cubin (``cubin_code_bytes``): a decode
     step fetches each kernel's code again in every layer, so this is a cost it pays."""
+    compile_s: float = 0.0
+    """Seconds its binary took to compile (0 when the cache had it)."""
+
+
+@attrs.frozen
+class BuildUnit:
+    """One distinct binary of a build (a (source, defines, arch) group): its label, its status
+    (``built``, ``cached`` or ``failed``) and its own compile time in seconds (0 when cached).
+
+    >>> BuildUnit("rmsnorm.cu [-DACT_BF16] for sm_90a", "built", 1.25)
+    BuildUnit(label='rmsnorm.cu [-DACT_BF16] for sm_90a', status='built', seconds=1.25)
+    """
+
+    label: str
+    status: str
+    seconds: float = 0.0
 
 
 @attrs.frozen
 class BuildReport:
     """What a build did: per point, and per compiled binary (``units``: distinct (source,
-    defines, arch) groups, each ``built``, ``cached`` or ``failed``); the seconds it took."""
+    defines, arch) groups, each ``built``, ``cached`` or ``failed``, with its compile time).
+
+    ``seconds`` is the wall time of the whole build; ``planning_s`` the part of it spent
+    planning (finding the points), when the caller planned (:meth:`with_planning`);
+    ``jobs`` the compiles run at once.
+    """
 
     target: KernelTarget
     hw: str
     arch: str | None
     compiler: str
     items: tuple[BuildItem, ...]
-    units: tuple[tuple[str, str], ...]
-    """``(unit label, status)`` for each distinct binary."""
+    units: tuple[BuildUnit, ...]
     seconds: float
     registry: str | None = None
     """The summand folder written, or ``None`` (no registry given, or the build failed)."""
     errors: tuple[CompileError, ...] = attrs.field(default=(), eq=False)
+    planning_s: float = 0.0
+    jobs: int = 1
 
     def count(self, status: str) -> int:
         """Binaries (built, cached, failed) or points (not realized, host) with ``status``."""
         if status in (BUILT, CACHED, FAILED):
-            return sum(s == status for _, s in self.units)
+            return sum(u.status == status for u in self.units)
         return sum(i.status == status for i in self.items)
 
     def counts(self) -> dict[str, int]:
@@ -95,38 +119,88 @@ class BuildReport:
         return not self.count(FAILED) and not self.count(NOT_REALIZED)
 
     @property
+    def compile_s(self) -> float:
+        """The summed compile time of the binaries built (more than the wall time they took
+        when several compiled at once)."""
+        return sum(u.seconds for u in self.units)
+
+    def with_planning(self, seconds: float) -> BuildReport:
+        """This report with ``seconds`` of planning before it, counted in its total."""
+        return attrs.evolve(self, planning_s=seconds, seconds=self.seconds + seconds)
+
+    @property
     def host_entries(self) -> tuple[str, ...]:
         """The semantics names of a host build (nothing was compiled)."""
         return tuple(sorted({i.kernel.entry for i in self.items
                              if i.status == HOST and i.kernel is not None}))
 
     def summary(self) -> str:
+        """One line: points, binaries by status, and the total time with its parts.
+
+        >>> t = KernelTarget("sm_90", "m", "bf16")
+        >>> r = BuildReport(t, "sm_90", "sm_90a", "nvcc 13.0.88", (),
+        ...                 (BuildUnit("a.cu", "built", 3.0), BuildUnit("b.cu", "cached")), 2.5,
+        ...                 planning_s=0.5, jobs=2)
+        >>> r.summary()
+        'build sm_90/m/bf16: 0 points, 1 built, 1 cached, 0 failed in 2.50 s (planning 0.50 s, compiling 3.00 s over 2 jobs; nvcc 13.0.88)'
+        """  # noqa: E501
         c = self.counts()
         parts = [f"{c[s]} {s}" for s in STATUSES if c[s] or s in (BUILT, CACHED, FAILED)]
+        detail = []
+        if self.planning_s:
+            detail.append(f"planning {self.planning_s:.2f} s")
+        if self.count(BUILT):
+            detail.append(f"compiling {self.compile_s:.2f} s over {self.jobs} jobs")
+        how = "; ".join([", ".join(detail)] * bool(detail) + [self.compiler])
         return (f"build {self.target}: {len(self.items)} points, " + ", ".join(parts)
-                + f" in {self.seconds:.2f} s ({self.compiler})")
+                + f" in {self.seconds:.2f} s ({how})")
+
+    def slowest(self, n: int = 5) -> tuple[BuildUnit, ...]:
+        """The ``n`` binaries that took longest to compile (built ones only)."""
+        built = [u for u in self.units if u.status == BUILT]
+        return tuple(sorted(built, key=lambda u: -u.seconds)[:n])
+
+    def compile_table(self, n: int | None = None) -> Any:
+        """A rich table of the binaries compiled, slowest first (``n``: only that many)."""
+        from rich.table import Table
+
+        built = self.slowest(len(self.units) if n is None else n)
+        title = (f"compile time per kernel ({len(built)} slowest of {self.count(BUILT)})"
+                 if n is not None and self.count(BUILT) > len(built)
+                 else "compile time per kernel")
+        t = Table(title=title)
+        t.add_column("binary", overflow="fold")
+        t.add_column("seconds", justify="right")
+        for u in built:
+            t.add_row(u.label, f"{u.seconds:.2f}")
+        return t
 
     def table(self) -> Any:
         """A rich table: one row per point."""
         from rich.table import Table
 
         t = Table(title=self.summary())
-        for col in ("point", "status", "kernel", "code", "detail"):
-            t.add_column(col, justify="right" if col == "code" else "left")
+        for col in ("point", "status", "kernel", "code", "compile", "detail"):
+            t.add_column(col, justify="right" if col in ("code", "compile") else "left")
         for i in self.items:
             kernel = "" if i.kernel is None else f"{i.kernel.entry} ({i.kernel.provenance})"
             detail = i.error.splitlines()[0] if i.error else (i.sha256 or "")[:16]
             code = "" if i.code_bytes is None else f"{i.code_bytes / 1024:.1f} KB"
-            t.add_row(str(i.point), i.status, kernel, code, detail)
+            took = f"{i.compile_s:.2f} s" if i.status == BUILT else ""
+            t.add_row(str(i.point), i.status, kernel, code, took, detail)
         return t
 
     def to_json(self) -> dict[str, Any]:
         return {"target": str(self.target), "hardware": self.hw, "arch": self.arch,
-                "compiler": self.compiler, "seconds": self.seconds, "counts": self.counts(),
-                "registry": self.registry,
+                "compiler": self.compiler, "seconds": self.seconds,
+                "planning_s": self.planning_s, "compile_s": self.compile_s, "jobs": self.jobs,
+                "counts": self.counts(), "registry": self.registry,
+                "units": [{"binary": u.label, "status": u.status, "seconds": u.seconds}
+                          for u in self.units],
                 "items": [{"point": str(i.point), "status": i.status, "sha256": i.sha256,
                            "kernel": None if i.kernel is None else i.kernel.key,
-                           "code_bytes": i.code_bytes, "error": i.error} for i in self.items]}
+                           "code_bytes": i.code_bytes, "compile_s": i.compile_s,
+                           "error": i.error} for i in self.items]}
 
 
 @attrs.frozen
@@ -139,6 +213,83 @@ class _Unit:
     @property
     def label(self) -> str:
         return f"{self.source} [{' '.join(self.defines)}] for {self.arch}"
+
+
+def unit_source(kernels_dir: Path | str, kernel: Kernel) -> tuple[str, dict[str, str]]:
+    """The text and the header texts (by include spelling) that ``kernel``'s binary is compiled
+    from: the build's and the runtime loader's one definition, so they share cache entries."""
+    search = tuple(dict.fromkeys(str(Path(h).parent) for h in kernel.headers))
+    text, _, header_texts, _ = source_identity(Path(kernels_dir), kernel.source, search)
+    return text, header_texts
+
+
+def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path | str,
+                    cache: BuildCache, compute: ComputeTarget, progress: bool = True,
+                    jobs: int | None = None, what: str = "kernels"
+                    ) -> dict[tuple[str, tuple[str, ...]], tuple[Binary | CompileError, str,
+                                                                 float]]:
+    """Compile each distinct (source, defines) of ``kernels`` for ``arch`` through ``cache``,
+    ``jobs`` at a time (default: every core), with a progress bar on a terminal.
+
+    Returns ``(source, defines) → (binary or error, status, seconds)``; status is ``built``,
+    ``cached`` or ``failed`` and seconds is the unit's own compile time (0 when cached).
+    Ctrl-C stops every running compiler at once (:func:`metrale.realize.jobs.interrupt`),
+    drops the queued ones and re-raises.
+    """
+    units: dict[tuple[str, tuple[str, ...]], Kernel] = {}
+    for k in kernels:
+        units.setdefault((k.source, k.defines), k)
+    version = compute.version()
+    out: dict[tuple[str, tuple[str, ...]], tuple[Binary | CompileError, str, float]] = {}
+    misses = []
+    for key, k in sorted(units.items()):
+        text, headers = unit_source(kernels_dir, k)
+        defs = k.define_map()
+        ckey = cache_key(text, defs, arch, version, None, headers)
+        hit = cache.get(ckey)
+        if hit is None:
+            misses.append((key, k, text, defs, headers, ckey))
+        else:
+            out[key] = (hit, CACHED, 0.0)
+    if not misses:
+        return out
+
+    def one(k: Kernel, text: str, defs: dict, headers: dict, ckey: str
+            ) -> tuple[Binary, float]:
+        t0 = time.perf_counter()
+        extra = {"headers": headers} if headers else {}
+        b = compute.compile(text, arch, defs, name=Path(k.source).stem, **extra)
+        cache.put(ckey, b)  # a failed compile raises first: nothing is stored for it
+        return b, time.perf_counter() - t0
+
+    # longest first (by source size, the best guess before any timing): the last compile to
+    # start is a short one, so the cores finish together
+    misses.sort(key=lambda m: -(len(m[2]) + sum(map(len, m[4].values()))))
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(misses)))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-compile")
+    try:
+        with _progress(progress, len(misses), f"compiling {what} ({workers} jobs)") as advance:
+            futures = {pool.submit(one, k, text, defs, headers, ckey): (key, k)
+                       for key, k, text, defs, headers, ckey in misses}
+            for fut in as_completed(futures):
+                key, k = futures[fut]
+                try:
+                    binary, seconds = fut.result()
+                    out[key] = (binary, BUILT, seconds)
+                except CompileError as e:
+                    out[key] = (e, FAILED, 0.0)
+                advance(Path(k.source).name)
+    except BaseException:
+        # Ctrl-C (or any failure of the loop itself): stop the compilers now, not after the
+        # queue has drained, and leave no scratch folder behind.
+        _jobs.interrupt()
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            _jobs.resume()
+        raise
+    pool.shutdown(wait=True)
+    return out
 
 
 def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
@@ -178,31 +329,11 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
     for k in found.values():
         units.setdefault((k.source, k.defines), []).append(k)
     plan = [_Unit(s, d, arch, tuple(ks)) for (s, d), ks in sorted(units.items())]
-    results: dict[_Unit, Binary | CompileError] = {}
-    status: dict[_Unit, str] = {}
-    with _progress(progress, len(plan), str(target)) as advance:
-        misses = []
-        for u in plan:
-            text, _, header_texts, _ = F.source(u.source)
-            defs = u.kernels[0].define_map()
-            hit = cache.get(cache_key(text, defs, arch, version, None, header_texts))
-            if hit is None:
-                misses.append((u, text, defs, header_texts))
-            else:
-                results[u], status[u] = hit, CACHED
-                advance()
-        if misses:
-            with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-                futures = {pool.submit(cache.build, compute, text, arch, defs,
-                                       Path(u.source).stem, None, header_texts): u
-                           for u, text, defs, header_texts in misses}
-                for fut in as_completed(futures):
-                    u = futures[fut]
-                    try:
-                        results[u], status[u] = fut.result(), BUILT
-                    except CompileError as e:
-                        results[u], status[u] = e, FAILED
-                    advance()
+    done = compile_kernels(found.values(), arch, kernels_dir=F.kernels_dir, cache=cache,
+                           compute=compute, progress=progress, jobs=jobs, what=str(target))
+    results = {u: done[(u.source, u.defines)][0] for u in plan}
+    status = {u: done[(u.source, u.defines)][1] for u in plan}
+    seconds = {u: done[(u.source, u.defines)][2] for u in plan}
     items, errors = list(missing), []
     for u in plan:
         got = results[u]
@@ -215,7 +346,8 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
         for k in u.kernels:
             if k.entry in got.entries:
                 items.append(BuildItem(k.point, compiled, k, got.sha256,
-                                       code_bytes=code.get(k.entry)))
+                                       code_bytes=code.get(k.entry),
+                                       compile_s=seconds[u]))
                 continue
             # The binary is sound (others may use it), but this kernel cannot launch from it.
             err = CompileError(f"{u.label}: entry {k.entry!r} is not exported", file=u.source,
@@ -226,7 +358,8 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
             status[u] = FAILED
     items.sort(key=lambda i: i.point)
     report = BuildReport(target, F.name, arch, version, tuple(items),
-                         tuple((u.label, status[u]) for u in plan), 0.0, None, tuple(errors))
+                         tuple(BuildUnit(u.label, status[u], seconds[u]) for u in plan), 0.0,
+                         None, tuple(errors), jobs=jobs or os.cpu_count() or 1)
     written = None
     if registry is not None and report.ok:
         binaries = {str(k.point): (k.entry, results[u]) for u in plan for k in u.kernels}
@@ -262,24 +395,35 @@ def _build_host(F: Realization, target: KernelTarget, found: dict[Point, Kernel]
 
 
 class _progress:
-    """A rich progress bar over the binaries (a no-op when disabled); yields ``advance``."""
+    """A rich progress bar over the binaries, on stderr and only when it is a terminal (a
+    no-op otherwise); yields ``advance(name)``, which also shows the last binary done."""
 
     def __init__(self, enabled: bool, total: int, what: str) -> None:
         self.enabled, self.total, self.what = enabled, total, what
         self.bar: Any = None
 
     def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda: None
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        if not self.enabled or not console.is_terminal:
+            return lambda name="": None
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.bar = Progress("[progress.description]{task.description}", BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=Console(stderr=True))
+                            MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                            TextColumn("{task.fields[last]}"), console=console,
+                            transient=True)
         self.bar.__enter__()
-        task = self.bar.add_task(f"building {self.what}", total=self.total)
-        return lambda: self.bar.advance(task)
+        task = self.bar.add_task(self.what, total=self.total, last="")
+        return lambda name="": self.bar.advance(task) or self.bar.update(task, last=name)
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:

@@ -30,7 +30,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
@@ -479,7 +478,9 @@ class NvidiaTarget:
 
     def _nvcc_compile(self, nvcc: str, source: str, arch: str, flags: list[str], file: str,
                       entry: str | None, headers: dict[str, str]) -> Binary:
-        with tempfile.TemporaryDirectory(prefix="metrale-nvcc-") as tmp:
+        from metrale.realize import jobs
+
+        with jobs.scratch("nvcc-") as tmp:
             root = Path(tmp)
             for h, text in headers.items():
                 (root / h).parent.mkdir(parents=True, exist_ok=True)
@@ -490,8 +491,7 @@ class NvidiaTarget:
                    "-o", str(out), str(root / file)]
             shown = shlex.join(cmd).replace(tmp + "/", "").replace(tmp, ".")
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
-                                      timeout=self.timeout_s)
+                proc = jobs.run(cmd, cwd=tmp, timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
                 raise compile_error(f"nvcc timed out after {self.timeout_s} s compiling {file} "
                                     f"for {arch}", file=file, entry=entry, command=shown, log="",

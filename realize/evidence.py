@@ -1,9 +1,13 @@
-"""Evidence: measurements of kernels, kept per hardware class in ``kernels/<hw>/EVIDENCE.toml``.
+"""Evidence: measurements of kernels, the rules that say when one counts, and the shipped export.
 
 A record counts only on the class that recorded it, and only while the hash of the kernel's
-source still matches; elsewhere the kernel is "shared, unmeasured". A damaged file or record
-does not stop a plan: the loader returns the good records with the errors, and the kernels
-the damage may concern read "evidence unreadable".
+source still matches; elsewhere the kernel is "shared, unmeasured". Records come from two
+places: the export shipped with the kernels (``kernels/<hw>/EVIDENCE.toml``: for each point,
+metric and shape the latest record of the current source, one record a line, written by
+``met evidence export``) and the user's store (:mod:`metrale.realize.evidence_store`), where
+``met bench --record`` writes. :func:`load_all_evidence` reads both lazily: a plan reads only
+the lines and rows of its own points. A damaged file, line or store does not stop a plan: the
+kernels the damage may concern read "evidence unreadable", and the errors say where.
 
 >>> r = EvidenceRecord("sm_90", "NVIDIA H200", "rmsnorm", "rmsnorm[bf16,4096]", "time",
 ...                    3.1, 2.4, "us", "2025-06-01", "nvcc 13.0.88", "ab12")
@@ -22,15 +26,13 @@ import fcntl
 import hashlib
 import math
 import os
+import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
-import tomlkit
-import tomlkit.exceptions
-import tomlkit.items
 
 from metrale.lkb.errors import ConfigError, EvidenceError, MetraleError
 from metrale.lkb.files import Fields, atomic_write, read_toml
@@ -96,6 +98,8 @@ class EvidenceRecord:
     date: str = attrs.field(converter=_iso_date)
     toolchain: str
     source_hash: str
+    shape: str = ""
+    """The sizes it was measured at (``rows=8,context=1024``); empty when not recorded."""
 
 
 _STR_FIELDS = ("hw", "device", "family", "point", "metric", "unit", "toolchain", "source_hash")
@@ -127,6 +131,16 @@ class EvidenceLoad:
     def hashes_of(self, hw: str, family: str, point: str) -> frozenset[str]:
         """The source hashes of the records of ``point`` on ``hw`` (empty when none)."""
         return self._hashes.get((hw, family, point), frozenset())
+
+    def records_of(self, hw: str, family: str, point: str) -> tuple[EvidenceRecord, ...]:
+        """The records of ``point`` of ``family`` on ``hw``, in the order loaded."""
+        if not self._hashes.get((hw, family, point)):
+            return ()
+        return tuple(r for r in self.records if (r.hw, r.family, r.point) == (hw, family, point))
+
+    def unreadable_for(self, hw: str, family: str, point: str) -> bool:
+        """Whether a damaged record or file may concern ``point`` of ``family`` on ``hw``."""
+        return any(_matches(u, (hw, family, point)) for u in self.unreadable)
 
     @property
     def ok(self) -> bool:
@@ -188,29 +202,286 @@ def load_evidence(path: os.PathLike | str, hw: str | None = None) -> EvidenceLoa
     return EvidenceLoad(tuple(records), tuple(bad), tuple(unreadable))
 
 
-def load_all_evidence(kernels_dir: os.PathLike | str) -> EvidenceLoad:
-    """Every ``<kernels_dir>/<hw>/EVIDENCE.toml``, each checked against its folder's class.
+_POINT_KEY = re.compile(r'[{,]\s*point\s*=\s*"((?:[^"\\]|\\.)*)"')
+EXPORT_HEADER = "Evidence that counts on hardware class {hw}"
 
-    A file read before and not changed since (same inode, size and modification time: records
-    are written by replacing the file) is not parsed again; every plan reads them all."""
-    total = EvidenceLoad()
+
+@attrs.frozen(eq=False)
+class ExportFile:
+    """One class's shipped export, read lazily: the file is split into lines once, and the
+    records of a point are parsed only when a plan asks for that point. A file not in the
+    export's layout (``record = [`` with one inline table a line; e.g. ``[[record]]`` tables
+    appended by hand) is parsed whole on first use instead.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "EVIDENCE.toml"
+    >>> r = EvidenceRecord("sm_90", "H200", "add", "add[f32]", "bandwidth", 9.0, None,
+    ...                    "GB/s", "2026-12-01", "nvcc", "ab")
+    >>> write_export(p, "sm_90", [r])
+    >>> ExportFile(p, "sm_90").records_of("sm_90", "add", "add[f32]") == (r,)
+    True
+    """
+
+    path: Path
+    hw: str
+    _lines: dict[str, list[int]] = attrs.field(init=False, factory=dict)
+    _state: dict[str, Any] = attrs.field(init=False, factory=dict)
+    _errors: list[EvidenceError] = attrs.field(init=False, factory=list)
+    _unreadable: list[tuple[str | None, str | None, str | None]] = attrs.field(init=False,
+                                                                             factory=list)
+    _parsed: dict[str, EvidenceLoad] = attrs.field(init=False, factory=dict)
+
+    def _index(self) -> EvidenceLoad | None:
+        """Index the lines by point; a file not in the export layout is loaded whole (the
+        returned load). Runs once."""
+        if "whole" in self._state:
+            return self._state["whole"]
+        whole = None
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            whole = load_evidence(self.path, self.hw)  # reports the error with the file
+        else:
+            lines = text.splitlines()
+            body = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+            if (body[:1] == ["record = ["] and body[-1:] == ["]"]
+                    and all(b.startswith("{") for b in body[1:-1])):
+                self._state["lines"] = lines
+                for n, ln in enumerate(lines):
+                    m = _POINT_KEY.search(ln) if ln.lstrip().startswith("{") else None
+                    if m is None and ln.lstrip().startswith("{"):
+                        self._lines.setdefault("", []).append(n)  # a line with no point
+                    elif m is not None:
+                        self._lines.setdefault(_unescape(m.group(1)), []).append(n)
+                for n in self._lines.get("", []):
+                    self._fail(n, ConfigError("a record without a point", expected="point = "
+                                              "\"...\""), (self.hw, None, None))
+            else:
+                whole = load_evidence(self.path, self.hw)
+        self._state["whole"] = whole
+        return whole
+
+    def _fail(self, n: int, e: MetraleError, concerns: tuple) -> None:
+        self._errors.append(EvidenceError(e.message, file=self.path, line=n + 1, key=e.key,
+                                          expected=e.expected, found=e.found))
+        self._unreadable.append(concerns)
+
+    def _load_point(self, point: str) -> EvidenceLoad:
+        if point not in self._parsed:
+            records = []
+            for n in self._lines.get(point, []):
+                line = self._state["lines"][n].strip().removesuffix(",")
+                errs: list[MetraleError] = []
+                try:
+                    table = tomllib.loads("r = " + line)["r"]
+                except tomllib.TOMLDecodeError as e:
+                    errs.append(ConfigError(f"not a TOML inline table: {e}"))
+                    table = None
+                rec = None if table is None else _record_from_table(table, self.path,
+                                                                    "record", errs)
+                if rec is not None and rec.hw != self.hw:
+                    errs.append(ConfigError("record of another class in this class's evidence",
+                                            key="record.hw", expected=repr(self.hw),
+                                            found=repr(rec.hw)))
+                if errs:
+                    fam = table.get("family") if isinstance(table, dict) else None
+                    self._fail(n, errs[0], (self.hw, fam if isinstance(fam, str) else None,
+                                            point))
+                else:
+                    records.append(rec)
+            self._parsed[point] = EvidenceLoad(tuple(records))
+        return self._parsed[point]
+
+    def records_of(self, hw: str, family: str, point: str) -> tuple[EvidenceRecord, ...]:
+        if hw != self.hw:
+            return ()
+        whole = self._index()
+        if whole is not None:
+            return whole.records_of(hw, family, point)
+        return self._load_point(point).records_of(hw, family, point)
+
+    def unreadable_for(self, hw: str, family: str, point: str) -> bool:
+        whole = self._index()
+        if whole is not None:
+            return whole.unreadable_for(hw, family, point)
+        if hw == self.hw:
+            self._load_point(point)
+        return any(_matches(u, (hw, family, point)) for u in self._unreadable)
+
+    @property
+    def errors(self) -> tuple[EvidenceError, ...]:
+        """The errors found so far (a lazy read finds those of the points it was asked)."""
+        whole = self._index()
+        return whole.errors if whole is not None else tuple(self._errors)
+
+    def load(self) -> EvidenceLoad:
+        """Every record of the file, with the errors: a whole read."""
+        whole = self._index()
+        if whole is not None:
+            return whole
+        for point in self._lines:
+            if point:
+                self._load_point(point)
+        records = tuple(r for p in self._lines if p for r in self._parsed[p].records)
+        return EvidenceLoad(records, tuple(self._errors), tuple(self._unreadable))
+
+
+def _unescape(raw: str) -> str:
+    return tomllib.loads(f'p = "{raw}"')["p"] if "\\" in raw else raw
+
+
+def export_text(hw: str, records: Iterable[EvidenceRecord], file: object = "export") -> str:
+    """The compact export of class ``hw``: one inline table a line, sorted by family, point,
+    metric and shape; checked to read back as the same records."""
+    import tomlkit  # the writers' library: a plan, which only reads, does not import it
+
+    records = sorted(records, key=lambda r: (r.family, r.point, r.metric, r.shape, r.date))
+    for i, r in enumerate(records):
+        errs: list[MetraleError] = []
+        _record_from_table(_record_table(r), file, f"record[{i}]", errs)
+        if r.hw != hw:
+            errs.append(ConfigError("record of another class", file=file, key=f"record[{i}].hw",
+                                    expected=repr(hw), found=repr(r.hw)))
+        if errs:
+            raise _evidence_error(errs[0], Path(str(file)))
+    doc = tomlkit.document()
+    for line in (EXPORT_HEADER.format(hw=hw) + ": for each point, metric and shape,",
+                 "the latest record of the kernel's current source (`met evidence export`).",
+                 "One record a line: a plan parses only the lines of its own points."):
+        doc.add(tomlkit.comment(line))
+    array = tomlkit.array()
+    array.multiline(True)
+    for r in records:
+        table = tomlkit.inline_table()
+        table.update(_record_table(r))
+        array.append(table)
+    doc.add("record", array)
+    out = tomlkit.dumps(doc)
+    back = tuple(_record_from_table(t, file, "", []) for t in tomllib.loads(out)["record"])
+    if back != tuple(records):
+        raise EvidenceError("the export would not read back as the records given", file=file)
+    return out
+
+
+def write_export(path: os.PathLike | str, hw: str, records: Iterable[EvidenceRecord]) -> None:
+    """Replace ``path`` atomically with :func:`export_text`."""
+    atomic_write(path, export_text(hw, records, Path(path)))
+
+
+@attrs.frozen(eq=False)
+class Evidence:
+    """The evidence of every class under one kernels folder: the shipped exports and the user's
+    store, read lazily (see the module). Answers the same questions as :class:`EvidenceLoad`."""
+
+    exports: tuple[ExportFile, ...]
+    store: Any = None  # an EvidenceStore, or None for the shipped evidence alone
+    _store_cache: dict[tuple[str, str, str], tuple[EvidenceRecord, ...]] = attrs.field(
+        init=False, factory=dict)
+    _store_errors: list[EvidenceError] = attrs.field(init=False, factory=list)
+
+    def _from_store(self, hw: str, family: str, point: str) -> tuple[EvidenceRecord, ...]:
+        if self.store is None or self._store_errors:
+            return ()
+        key = (hw, family, point)
+        if key not in self._store_cache:
+            try:
+                self._store_cache[key] = self.store.records_of(hw, family, point)
+            except EvidenceError as e:
+                self._store_errors.append(e)
+                return ()
+        return self._store_cache[key]
+
+    def records_of(self, hw: str, family: str, point: str) -> tuple[EvidenceRecord, ...]:
+        """The shipped records of ``point`` on ``hw``, then the store's."""
+        shipped = tuple(r for f in self.exports for r in f.records_of(hw, family, point))
+        return shipped + self._from_store(hw, family, point)
+
+    def hashes_of(self, hw: str, family: str, point: str) -> frozenset[str]:
+        return frozenset(r.source_hash for r in self.records_of(hw, family, point))
+
+    def unreadable_for(self, hw: str, family: str, point: str) -> bool:
+        self._from_store(hw, family, point)
+        return bool(self._store_errors) or any(f.unreadable_for(hw, family, point)
+                                               for f in self.exports)
+
+    @property
+    def errors(self) -> tuple[EvidenceError, ...]:
+        return tuple(e for f in self.exports for e in f.errors) + tuple(self._store_errors)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def load(self) -> EvidenceLoad:
+        """Everything, read whole: the exports' records and the store's, with the errors."""
+        total = EvidenceLoad()
+        for f in self.exports:
+            total += f.load()
+        if self.store is not None and not self._store_errors:
+            try:
+                total += EvidenceLoad(self.store.records())
+            except EvidenceError as e:
+                self._store_errors.append(e)
+        if self._store_errors:
+            total += EvidenceLoad((), (self._store_errors[0],), ((None, None, None),))
+        return total
+
+    @property
+    def records(self) -> tuple[EvidenceRecord, ...]:
+        return self.load().records
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def _repr_html_(self) -> str:
+        return self.load()._repr_html_()
+
+
+_DEFAULT_STORE = object()
+
+
+def load_all_evidence(kernels_dir: os.PathLike | str, store: Any = _DEFAULT_STORE) -> Evidence:
+    """The evidence of every class: each ``<kernels_dir>/<hw>/EVIDENCE.toml`` (checked against
+    its folder's class) and ``store`` (default: the user's store; ``None``: none), read lazily.
+
+    An export file unchanged since it was last read (same inode, size and modification time:
+    exports are written by replacing the file) keeps what was parsed of it; the store is asked
+    afresh by each call's :class:`Evidence`, so a record made since shows.
+    """
+    from metrale.realize.evidence_store import EvidenceStore
+
+    files = []
     for sub in sorted(p for p in Path(kernels_dir).iterdir() if (p / EVIDENCE_FILE).is_file()):
         path = sub / EVIDENCE_FILE
         try:
             st = path.stat()
+            key = (str(path.resolve()), sub.name, st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError:
-            total += load_evidence(path, hw=sub.name)
+            files.append(ExportFile(path, sub.name))
             continue
-        key = (str(path.resolve()), sub.name, st.st_ino, st.st_size, st.st_mtime_ns)
         if key not in _LOADED:
             if len(_LOADED) >= 64:
                 _LOADED.clear()
-            _LOADED[key] = load_evidence(path, hw=sub.name)
-        total += _LOADED[key]
-    return total
+            _LOADED[key] = ExportFile(path, sub.name)
+        files.append(_LOADED[key])
+    return Evidence(tuple(files), EvidenceStore.default() if store is _DEFAULT_STORE else store)
 
 
-_LOADED: dict[tuple, EvidenceLoad] = {}
+_LOADED: dict[tuple, ExportFile] = {}
+
+
+def record_evidence(records: Iterable[EvidenceRecord], store: Any = None) -> int:
+    """Add ``records`` to ``store`` (default: the user's store, never the installed package);
+    returns how many were new."""
+    from metrale.realize.evidence_store import EvidenceStore
+
+    records = tuple(records)
+    for i, r in enumerate(records):  # store only what the loaders will read back
+        errs: list[MetraleError] = []
+        _record_from_table(_record_table(r), "records to store", f"record[{i}]", errs)
+        if errs:
+            raise _evidence_error(errs[0], Path("records to store"))
+    return (store or EvidenceStore.default()).add(records)
 
 
 def _record_from_table(table: Any, file: Path, prefix: str,
@@ -223,13 +494,16 @@ def _record_from_table(table: Any, file: Path, prefix: str,
     values["value"] = f.take("value", (int, float), convert=_finite)
     values["floor"] = f.take("floor", (int, float), default=None, convert=_finite)
     values["date"] = f.take("date", (str, datetime.date), convert=_iso_date)
+    values["shape"] = f.take("shape", str, default="")
     f.close()
     return EvidenceRecord(**values) if f.ok else None
 
 
 def _record_table(r: EvidenceRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {k: getattr(r, k) for k in ("hw", "device", "family", "point",
-                                                      "metric", "value")}
+    out: dict[str, Any] = {k: getattr(r, k) for k in ("hw", "device", "family", "point")}
+    if r.shape:
+        out["shape"] = r.shape
+    out.update(metric=r.metric, value=r.value)
     if r.floor is not None:
         out["floor"] = r.floor
     out.update(unit=r.unit, date=r.date, toolchain=r.toolchain, source_hash=r.source_hash)
@@ -254,6 +528,10 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
 
 
 def _append_locked(path: Path, records: Iterable[EvidenceRecord]) -> None:
+    import tomlkit
+    import tomlkit.exceptions
+    import tomlkit.items
+
     new = [_record_table(r) for r in records]
     for i, t in enumerate(new):  # write only what the loader will read back
         errs: list[MetraleError] = []
@@ -302,20 +580,24 @@ def _matches(pattern: tuple[str | None, str | None, str | None], key: tuple[str,
     return all(p is None or p == k for p, k in zip(pattern, key))
 
 
-def find_record(records: EvidenceLoad | Iterable[EvidenceRecord], hw: str, family: str,
-                point: str, source_hash: str) -> EvidenceRecord | None:
+def _view(records: Any) -> Any:
+    return records if hasattr(records, "records_of") else EvidenceLoad(tuple(records))
+
+
+def find_record(records: Any, hw: str, family: str, point: str,
+                source_hash: str) -> EvidenceRecord | None:
     """The latest record that counts for this kernel on ``hw`` (same class, same source hash)."""
-    found = [r for r in records if (r.hw, r.family, r.point, r.source_hash)
-             == (hw, family, point, source_hash)]
-    return max(found, key=lambda r: r.date, default=None)
+    found = [r for r in _view(records).records_of(hw, family, point)
+             if r.source_hash == source_hash]
+    return max(reversed(found), key=lambda r: r.date, default=None)
 
 
-def evidence_status(records: EvidenceLoad | Iterable[EvidenceRecord], hw: str, family: str,
-                    point: str, source_hash: str) -> str:
+def evidence_status(records: Any, hw: str, family: str, point: str, source_hash: str) -> str:
     """``"measured on <hw>"``, ``"stale"``, ``"shared, unmeasured"`` or ``"evidence unreadable"``.
 
-    Unreadable wins when a damaged record or file may concern this kernel; then a record of
-    ``hw`` with the current hash makes it measured, one with another hash makes it stale.
+    ``records``: an :class:`Evidence`, an :class:`EvidenceLoad` or records. Unreadable wins when
+    a damaged record, file or store may concern this kernel; then a record of ``hw`` with the
+    current hash makes it measured, one with another hash makes it stale.
 
     >>> bad = EvidenceLoad(unreadable=(("sm_90", None, None),))
     >>> evidence_status(bad, "sm_90", "rmsnorm", "p", "ab")
@@ -323,12 +605,10 @@ def evidence_status(records: EvidenceLoad | Iterable[EvidenceRecord], hw: str, f
     >>> evidence_status(bad, "sm_80", "rmsnorm", "p", "ab")
     'shared, unmeasured'
     """
-    key = (hw, family, point)
-    if not isinstance(records, EvidenceLoad):
-        records = EvidenceLoad(tuple(records))
-    if any(_matches(u, key) for u in records.unreadable):
+    view = _view(records)
+    if view.unreadable_for(hw, family, point):
         return UNREADABLE
-    hashes = records.hashes_of(*key)
+    hashes = view.hashes_of(hw, family, point)
     if source_hash in hashes:
         return measured_on(hw)
     return STALE if hashes else SHARED

@@ -10,7 +10,7 @@ unreadable" where a damaged record may concern it. Host kernels are the referenc
 >>> r.counts()["shared, unmeasured"] == len(r.rows) > 0
 True
 >>> print(str(r).splitlines()[0])
-evidence on sm_80: 197 kernels; shared, unmeasured 197
+evidence on sm_80: 233 kernels; shared, unmeasured 233
 >>> r = evidence_report("sm_90")  # the H200's records count on sm_90 only
 >>> r.counts()["measured on sm_90"] > 0
 True
@@ -111,3 +111,42 @@ def evidence_report(hw: str | Realization, points: Iterable[Point] | None = None
         rec = find_record(load, F.name, p.family, str(k.point), k.source_hash)
         rows.append(EvidenceRow(k.point, k.key, k.provenance, status, rec))
     return EvidenceReport(F.name, tuple(rows), tuple(str(e) for e in load.errors))
+
+
+def current_sources(hw: str | Realization, kernels_dir: Path | str | None = None
+                    ) -> dict[tuple[str, str], frozenset[str]]:
+    """``{(family, point): source hashes}`` of the kernels class ``hw`` realizes today: its
+    compiled points and those of its leaf folders (``kernels/<hw>/<model>/<quant>/``)."""
+    from metrale.realize.residual import leaf_targets
+
+    F = hw if isinstance(hw, Realization) else realization(hw, kernels_dir=kernels_dir)
+    found: dict[tuple[str, str], set[str]] = {}
+    views = [F] + [realization(F.name, kernels_dir=F.kernels_dir, presentation=F.presentation,
+                               target=t) for t in leaf_targets(F.name, F.kernels_dir)]
+    for view in views:
+        for k in view.kernels():
+            if k.source is not None:
+                found.setdefault((k.point.family, str(k.point)), set()).add(k.source_hash)
+    return {key: frozenset(v) for key, v in found.items()}
+
+
+def counting(records: Iterable[EvidenceRecord],
+             current: dict[tuple[str, str], frozenset[str]]) -> tuple[EvidenceRecord, ...]:
+    """The records that count: those of a current source, and of these the latest for each
+    point, metric and shape (a later one wins a tie of dates), in the order given.
+
+    >>> r = EvidenceRecord("sm_90", "H200", "add", "add[f32]", "bandwidth", 9.0, None, "GB/s",
+    ...                    "2026-12-01", "nvcc", "ab")
+    >>> later = attrs.evolve(r, value=10.0, date="2026-12-02")
+    >>> stale = attrs.evolve(r, source_hash="old", date="2026-12-03")
+    >>> counting([r, later, stale], {("add", "add[f32]"): {"ab"}}) == (later,)
+    True
+    """
+    latest: dict[tuple, tuple[int, EvidenceRecord]] = {}
+    for i, r in enumerate(records):
+        if r.source_hash not in current.get((r.family, r.point), ()):
+            continue
+        key = (r.hw, r.family, r.point, r.metric, r.shape, r.source_hash)
+        if key not in latest or r.date >= latest[key][1].date:
+            latest[key] = (i, r)
+    return tuple(r for _, r in sorted(latest.values(), key=lambda ir: ir[0]))

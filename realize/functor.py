@@ -33,12 +33,15 @@ from metrale.lkb.errors import AxiomError, ConfigError, MetraleError, nearest
 from metrale.lkb.family import Family, Point
 from metrale.lkb.files import raise_all
 from metrale.lkb.functor import Functor
-from metrale.lkb.presentation import FAMILIES_FILE, Presentation
+from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
 from metrale.lkb.vendor import Vendor
 from metrale.realize.evidence import hash_source
 from metrale.realize.hardware import HardwareClass, default_kernels_dir, load_hardware
 from metrale.realize.kernel import Kernel, TableFolder, load_folder, source_identity
+
+VIEW = "view"
+"""The ``kernel`` parameter of a view's image: a zero-cost view of a buffer, no launch."""
 
 
 def canonical_point(fam: Family, params: Any) -> Point:
@@ -55,9 +58,11 @@ def canonical_point(fam: Family, params: Any) -> Point:
 
 
 def _presentation_for(kernels_dir: Path | None) -> Presentation:
-    if kernels_dir is not None and (kernels_dir / FAMILIES_FILE).is_file():
-        return Presentation.load(kernels_dir)
-    return Presentation.load()
+    """The presentation of ``kernels_dir`` when it has one, else the shipped one; read once
+    while its files are unchanged (``realize.target.presentation_at``)."""
+    from metrale.realize.target import presentation_at
+
+    return presentation_at(kernels_dir)
 
 
 @attrs.frozen(eq=False)
@@ -77,15 +82,21 @@ class Realization:
     _memo: dict[Point, tuple[Kernel | None, str]] = attrs.field(factory=dict, repr=False)
     _families: dict[str, Family] = attrs.field(factory=dict, repr=False)
     _sources: dict[str, tuple] = attrs.field(factory=dict, repr=False)
+    _by_image: dict[tuple, Kernel] = attrs.field(factory=dict, repr=False)
     functor: Functor = attrs.field(init=False, repr=False)
-    """F_H as an ``lkb`` functor ``LKB → Impl_<hw>``: each family-point box becomes a one-box
-    diagram whose box is the kernel's entry, carrying ``("kernel", kernel.key)`` and the
-    original parameters, with the same dom and cod."""
+    """F_H as an ``lkb`` functor ``LKB → Impl_<hw>``, total on what L_H produces: each
+    family-point box becomes a one-box diagram whose box is the kernel's entry, carrying
+    ``("kernel", kernel.key)`` and the original parameters, with the same dom and cod; a view
+    (a family that relabels a buffer) becomes a zero-cost view box, ``("kernel", "view")``,
+    which launches nothing. Impl_H's arrows are composites of these; ``kernel_of`` reads the
+    kernel back from an image box."""
 
     def __attrs_post_init__(self) -> None:
         self._families.update({f.name: f for f in self.presentation.generators})
-        object.__setattr__(self, "functor", Functor("LKB", f"Impl_{self.hw.name}",
-                                                    ar=self._image, name=f"F_{self.hw.name}"))
+        object.__setattr__(self, "functor", Functor(
+            "LKB", f"Impl_{self.hw.name}", ar=self._image, name=f"F_{self.hw.name}",
+            key=("realization", self.hw, self.chain, self.presentation, str(self.kernels_dir),
+                 self.target)))
 
     @property
     def name(self) -> str:
@@ -186,17 +197,50 @@ class Realization:
 
     # the functor ----------------------------------------------------------------------------
 
+    def kernel_of(self, image: Box) -> Kernel | None:
+        """The kernel an image box of :attr:`functor` stands for (``None`` for a view).
+
+        >>> F = realization("sm_90")
+        >>> p = F.presentation.family("rmsnorm").points[0]
+        >>> F.kernel_of(F.functor(F.presentation.family("rmsnorm").box(p)).boxes[0]).entry
+        'metrale_rmsnorm'
+        """
+        key = image.param("kernel")
+        if key == VIEW:
+            return None
+        return self._by_image[(key, tuple(kv for kv in image.params if kv[0] != "kernel"))]
+
     def _image(self, box: Box) -> Diagram:
         fam = self._families.get(box.name)
         if fam is None:
             raise AxiomError(f"F_{self.name}: {box.name} is not a generator of the LKB",
                              key=box.name, suggestion=nearest(box.name, self._families))
+        if fam.view:
+            params = (("kernel", VIEW), *((k, v) for k, v in box.params if k != "kernel"))
+            return Box(box.name, box.dom, box.cod, params).diagram
         point = canonical_point(fam, box.params)
         kernel, why = self._resolve(point)
         if kernel is None:
             raise AxiomError(f"F_{self.name}: {why}", key=str(point))
+        self._by_image[(kernel.key, tuple(kv for kv in box.params if kv[0] != "kernel"))] = kernel
         params = (("kernel", kernel.key), *((k, v) for k, v in box.params if k != "kernel"))
         return Box(kernel.entry, box.dom, box.cod, params).diagram
+
+    def with_leaf(self, target: KernelTarget) -> Realization:
+        """F_H resolving first through ``target``'s leaf folder, then this class's folders
+        (already read: only the leaf's tables are read now)."""
+        if self.target is not None:
+            raise ConfigError("a realization with a leaf folder already", key="target",
+                              found=str(self.target))
+        if target.hw != self.hw.name:
+            raise ConfigError("target of another class", key="target",
+                              expected=f"{self.hw.name}/<model>/<quant>", found=repr(str(target)))
+        errors: list[MetraleError] = []
+        leaf = load_folder(self.kernels_dir, target.path, self.hw.name, "leaf",
+                           dict(self._families), errors)
+        raise_all(errors)
+        return Realization(self.hw, self.chain, self.presentation, self.kernels_dir, target,
+                           (leaf, *self.folders))
 
     def __repr__(self) -> str:
         where = f", target={str(self.target)!r}" if self.target else ""

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
-import networkx as nx
 
 from metrale.lkb.category import Poset
 from metrale.lkb.errors import ConfigError, MetraleError, nearest
@@ -130,6 +129,39 @@ class DeviceInfo:
 
 
 @attrs.frozen
+class CostInfo:
+    """What the analytic cost model of a class's plans reads (``[cost]`` in HARDWARE.toml):
+    a launch's latency, the dense rates of its engines, and the decode row buckets plans are
+    chosen for (each bucket's largest row count; a step of ``r`` rows runs the plan of the
+    first bucket that holds ``r``).
+
+    >>> c = CostInfo(2.0, 989.0, 67.0, (1, 4, 8, 16))
+    >>> c.bucket(3), c.bucket(1), c.bucket(16), c.bucket(17)
+    (4, 1, 16, 32)
+    """
+
+    launch_us: float = attrs.field(converter=float)
+    tensor_tflops: float = attrs.field(converter=float)
+    """Dense bf16 tensor-core rate (f32 accumulation), 10^12 FLOP/s; 0 without tensor cores."""
+    vector_tflops: float = attrs.field(converter=float)
+    """Scalar/vector f32 rate (CUDA cores; NumPy on the host), 10^12 FLOP/s."""
+    buckets: tuple[int, ...] = attrs.field(converter=tuple)
+    nominal: bool = False
+    """True when the figures are placeholders rather than a device's datasheet or measurement."""
+
+    def bucket(self, rows: int) -> int:
+        """The bucket that holds ``rows``: the first declared bound >= rows; past the last,
+        the last doubled until it holds them."""
+        for b in self.buckets:
+            if rows <= b:
+                return b
+        b = self.buckets[-1]
+        while b < rows:
+            b *= 2
+        return b
+
+
+@attrs.frozen
 class HardwareClass:
     """One object of Hw: a hardware class as read from its ``HARDWARE.toml``.
 
@@ -150,6 +182,9 @@ class HardwareClass:
     device: DeviceInfo
     overlays: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     file: Path | None = attrs.field(default=None, eq=False)
+    cost: CostInfo | None = None
+    """The analytic cost model's figures (optional ``[cost]`` table); None: the nearest
+    ancestor's are used (``plan.cost``)."""
 
     def __str__(self) -> str:
         return self.name
@@ -343,6 +378,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
     overlays = _str_list(f, "overlays", default=[])
     device = _read_device(f.take("device", dict), path, errors)
     caps = _read_capabilities(f.take("capabilities", dict), path, errors)
+    cost = _read_cost(f.take("cost", dict, default=None), path, errors)
     f.close()
     if arch == "none":
         arch = None
@@ -350,7 +386,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
         caps = _check_arch(f, arch, caps)
     if len(errors) > before:
         return None
-    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path)
+    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost)
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
@@ -378,6 +414,32 @@ def _read_device(data: Any, path: Path, errors: list[MetraleError]) -> DeviceInf
     nominal = f.take("nominal", bool, default=False)
     f.close()
     return DeviceInfo(name, bw, nominal) if f.ok else None
+
+
+def _read_cost(data: Any, path: Path, errors: list[MetraleError]) -> CostInfo | None:
+    if data is None:
+        return None
+    f = Fields(data, path, "cost", errors)
+    launch = f.take("launch_us", (int, float))
+    if launch is not None and not launch >= 0:
+        f.fail("launch_us", "must not be negative", ">= 0", repr(launch))
+    rates = {}
+    for k in ("tensor_tflops", "vector_tflops"):
+        v = f.take(k, (int, float))
+        if v is not None and not v >= 0:
+            f.fail(k, "must not be negative", ">= 0", repr(v))
+        rates[k] = v
+    if rates["vector_tflops"] is not None and not rates["vector_tflops"] > 0:
+        f.fail("vector_tflops", "must be positive", "> 0", repr(rates["vector_tflops"]))
+    buckets = f.take("decode_buckets", list)
+    if buckets is not None and not (buckets and all(type(b) is int and b > 0 for b in buckets)
+                                    and list(buckets) == sorted(set(buckets))):
+        f.fail("decode_buckets", "must be increasing positive integers", "e.g. [1, 4, 8, 16]",
+               repr(buckets))
+    nominal = f.take("nominal", bool, default=False)
+    f.close()
+    return CostInfo(launch, rates["tensor_tflops"], rates["vector_tflops"], buckets,
+                    nominal) if f.ok else None
 
 
 def _read_capabilities(data: Any, path: Path, errors: list[MetraleError]) -> Capabilities | None:
@@ -427,6 +489,26 @@ def _check_arch(f: Fields, arch: str, caps: Capabilities | None) -> Capabilities
     return caps
 
 
+def _cycles(nodes: Iterable[str], edges: list[tuple[str, str]]) -> Iterator[list[str]]:
+    """Every elementary cycle of the inheritance graph (networkx's ``simple_cycles``, imported
+    only when the standard library's topological sort finds that there is one)."""
+    import graphlib
+
+    order = graphlib.TopologicalSorter({n: set() for n in nodes})
+    for child, parent in edges:
+        order.add(child, parent)
+    try:
+        order.prepare()
+        return iter(())
+    except graphlib.CycleError:
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(nodes)
+        g.add_edges_from(edges)
+        return nx.simple_cycles(g)
+
+
 def _show(c: HardwareClass, root: Path | None) -> str:
     if c.file is None:
         return c.name
@@ -456,8 +538,7 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
             errors.append(ConfigError(f"two classes named {c.name!r}: {first} and "
                                       f"{_show(c, root)}", file=c.file, key="name"))
         by_name[c.name] = c
-    g = nx.DiGraph()
-    g.add_nodes_from(by_name)
+    edges: list[tuple[str, str]] = []
     for c in classes:
         for p in c.inherits:
             if p == c.name:
@@ -472,9 +553,9 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
                     key="inherits", expected="one of " + ", ".join(sorted(by_name)),
                     found=repr(p), suggestion=nearest(p, [n for n in by_name if n != c.name])))
             else:
-                g.add_edge(c.name, p)
+                edges.append((c.name, p))
     seen_cycles = set()
-    for cycle in nx.simple_cycles(g):
+    for cycle in _cycles(by_name, edges):
         if len(cycle) < 2:
             continue
         start = cycle.index(min(cycle))
@@ -485,7 +566,7 @@ def _check_graph(classes: tuple[HardwareClass, ...], root: Path | None,
         text = " -> ".join(_show(by_name[n], root) for n in cycle) + f" -> {cycle[0]}"
         errors.append(ConfigError(f"inheritance cycle: {text}", file=by_name[cycle[0]].file,
                                   key="inherits"))
-    for child, parent in sorted(g.edges):
+    for child, parent in sorted(set(edges)):
         c, p = by_name[child], by_name[parent]
         if c.vendor is not p.vendor:
             errors.append(ConfigError(

@@ -2,9 +2,13 @@
 
 A summand is the folder ``<root>/<hw>/<model>/<quant>/``: ``manifest.json`` (each point →
 binary file, entry, sha256, arch, compiler, format) and the binaries, named by their hash.
-``add`` writes a whole summand into a hidden temporary folder beside it and renames it into
-place, so a reader sees the old summand or the new one, and building one target never
-touches another summand's bytes. Loading checks every binary against its manifest hash.
+The manifest is the summand: ``add`` first writes the binaries it lacks (each atomically,
+under its content hash, so no file the old manifest names ever changes), then replaces the
+manifest atomically (the commit), and only then deletes the files no manifest names any more.
+An interrupt anywhere leaves the old summand or the new one, whole; the next ``add`` collects
+what an interrupted one left. Writers of one summand take turns (a lock file beside it);
+building one target never touches another summand's bytes. Loading checks every binary
+against its manifest hash.
 
 >>> import tempfile
 >>> from metrale.realize.compute import HostTarget
@@ -22,13 +26,12 @@ Tagged(summand=0, value='add[act=f32]')
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,9 @@ from metrale.realize.compute import FORMATS, Binary
 MANIFEST = "manifest.json"
 LAYOUT = "v1"
 _EXT = {"ptx": ".ptx", "cubin": ".cubin", "host": ".ref"}
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.+ -]*[A-Za-z0-9_.+-])?")
+"""A target coordinate is one plain folder name: a checkpoint folder ``my model`` is fine,
+``..``, ``a/b`` and names that start with a dot or end in a space are not."""
 
 
 def default_registry_root() -> Path:
@@ -54,12 +59,45 @@ def default_registry_root() -> Path:
     return default_cache_root() / "registry"
 
 
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether ``path`` already holds exactly ``data`` (then it is not written again)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _collect(folder: Path, keep: set[str]) -> None:
+    """Delete the files of ``folder`` outside ``keep``: binaries an older manifest named, and
+    whatever an interrupted ``add`` left (its temporary files included)."""
+    for p in folder.iterdir():
+        if p.name not in keep and p.is_file():
+            p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _writer_lock(dest: Path) -> Iterator[None]:
+    """Writers of one summand take turns: an exclusive lock on ``.<quant>.lock`` beside it
+    (where ``fcntl`` exists; readers never lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: one writer at a time is the user's care
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _check_target(target: KernelTarget) -> None:
     for field in ("hw", "model", "quant"):
         value = getattr(target, field)
         if not isinstance(value, str) or not _NAME.fullmatch(value):
             raise ConfigError("a target coordinate must be a plain folder name", key=field,
-                              expected="letters, digits and _ . + -", found=repr(value))
+                              expected="letters, digits, spaces and _ . + -", found=repr(value))
 
 
 @attrs.frozen
@@ -156,11 +194,12 @@ class Registry:
     def add(self, target: KernelTarget, binaries: Mapping[str, tuple[str, Binary]]) -> Summand:
         """Write the summand of ``target``: ``binaries`` maps each point to ``(entry, binary)``.
 
-        Atomic: the summand is assembled in a hidden folder next to it, then renamed into
-        place (the old one, if any, is renamed away first and then deleted).
+        Atomic: the new binaries are written beside the old ones (files named by content hash,
+        so none the old manifest names is changed), the manifest is replaced in one rename, and
+        only then are the files it no longer names deleted. Interrupted anywhere, the folder
+        holds the old summand or the new one, whole.
         """
         dest = self.path(target)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         kernels: dict[str, dict[str, Any]] = {}
         files: dict[str, bytes] = {}
         for point, (entry, b) in sorted(binaries.items()):
@@ -174,24 +213,17 @@ class Registry:
             kernels[point] = {"file": name, "entry": entry, "sha256": b.sha256,
                               "arch": b.arch, "compiler": b.compiler, "format": b.format}
         manifest = {"layout": LAYOUT, "target": list(target.as_tuple()), "kernels": kernels}
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.quant}.new.", dir=dest.parent))
-        old: Path | None = None
         try:
-            for name, data in files.items():
-                atomic_write(tmp / name, data)
-            atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-            if dest.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{target.quant}.old.", dir=dest.parent))
-                os.replace(dest, old / "summand")
-            os.replace(tmp, dest)
+            dest.mkdir(parents=True, exist_ok=True)
+            with _writer_lock(dest):
+                for name, data in files.items():
+                    if not _holds(dest / name, data):
+                        atomic_write(dest / name, data)
+                atomic_write(dest / MANIFEST,
+                             json.dumps(manifest, indent=1, sort_keys=True) + "\n")  # commit
+                _collect(dest, keep={*files, MANIFEST})
         except OSError as e:
-            if old is not None and not dest.exists():  # put the previous summand back
-                os.replace(old / "summand", dest)
             raise CacheError(f"could not write the registry summand: {e}", file=dest) from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
         return self.inject(target)
 
     def coproduct(self) -> Coproduct:

@@ -29,7 +29,7 @@ import attrs
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
 from metrale.realize.compute import target_for
-from metrale.realize.evidence import EVIDENCE_FILE, evidence_status, load_evidence
+from metrale.realize.evidence import evidence_status, load_all_evidence
 from metrale.realize.functor import Realization, realization
 from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.kernel import KERNELS_FILE
@@ -129,10 +129,10 @@ def leaf_targets(hw: str, kernels_dir: Path | str | None = None) -> tuple[Kernel
 def residual(hw: str, kernels_dir: Path | str | None = None, *,
              presentation: Presentation | None = None) -> Residual:
     """Residual(``hw``): shadows, class-only sources and per-point copies, each with its reason
-    and its evidence status on ``hw`` (from ``kernels/<hw>/EVIDENCE.toml``)."""
+    and its evidence status on ``hw`` (the shipped export and the evidence store)."""
     root = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
     F = realization(hw, kernels_dir=root, presentation=presentation)
-    evidence = load_evidence(root / F.name / EVIDENCE_FILE, hw=F.name)
+    evidence = load_all_evidence(root)
     ext = target_for(F.hw.vendor).source_extension
     entries: list[ResidualEntry] = []
     own = f"{F.name}/common"

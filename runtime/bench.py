@@ -76,7 +76,15 @@ def median_wall(fn: Any, n: int, warmup: int) -> float:
 
     >>> median_wall(lambda: None, 3, 1) >= 0
     True
+    >>> median_wall(lambda: None, 0, 1)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.ConfigError: steps: bad step count (expected an int >= 1, found 0)
     """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:  # a median of nothing
+        from metrale.lkb.errors import ConfigError
+
+        raise ConfigError("bad step count", key="steps", expected="an int >= 1", found=repr(n))
     for _ in range(warmup):
         fn()
     times = []

@@ -56,7 +56,7 @@ from metrale.lkb.quant import (
     QuantTensor,
 )
 
-from .safetensors import SafetensorsFile, TensorInfo, encode_safetensors
+from .safetensors import SafetensorsFile, TensorInfo, encode_safetensors, path_kind
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -112,11 +112,20 @@ class Checkpoint:
                 files = sorted(set(listed.values()))
             elif (path / SINGLE).is_file():
                 files, listed = [SINGLE], None
+            elif (bad := next((n for n in (INDEX, SINGLE)
+                               if path_kind(path / n) != "nothing"), None)) is not None:
+                raise CheckpointError("not a regular file", file=path / bad,
+                                      expected="a safetensors file" if bad == SINGLE
+                                      else "a JSON file", found=path_kind(path / bad))
             else:
                 found = sorted(p.name for p in path.glob("*.safetensors"))
                 raise CheckpointError("no checkpoint in directory", file=path,
                                       expected=f"{SINGLE} or {INDEX}",
                                       found=", ".join(found) or "neither")
+        elif path_kind(path) != "nothing":
+            raise CheckpointError("not a checkpoint", file=path,
+                                  expected="a checkpoint directory or a .safetensors file",
+                                  found=path_kind(path))
         else:
             raise CheckpointError("checkpoint not found", file=path)
 
@@ -425,9 +434,17 @@ def stored_tensors(name: str, value: QuantTensor | np.ndarray) -> dict[str, np.n
     if not isinstance(value, QuantTensor):
         return {name: np.asarray(value)}
     fmt = value.fmt
-    if not isinstance(fmt, BF16Format) and not name.endswith(".weight"):
+    stacked_bare = len(value.shape) == 3 and not name.endswith(".weight")
+    if not isinstance(fmt, BF16Format) and not name.endswith(".weight") and not (
+            isinstance(fmt, MXFP4Format) and stacked_bare):
         raise CheckpointError("a quantized weight must be named X.weight", key=name,
                               expected="X.weight", found=name)
+    if isinstance(fmt, MXFP4Format) and stacked_bare:
+        # a bare stacked parameter [E, n, k] (gpt-oss's experts): transformers' X_blocks /
+        # X_scales; a module's weight is still X.weight
+        *lead, n, k = value.shape
+        return {name + "_blocks": value.data.reshape(*lead, n, k // fmt.BLOCK, fmt.BLOCK // 2),
+                name + "_scales": value.scale.view(np.uint8)}
     x = _module(name)
     if isinstance(fmt, BF16Format):
         return {name: value.data}
@@ -464,6 +481,84 @@ def _shards(items: Iterable[tuple[str, QuantTensor | np.ndarray]],
         yield shard
 
 
+OUTPUT_MARKER = ".metrale-output.json"
+"""The file :func:`write_checkpoint` leaves in every folder it writes: it names the writer, and
+only a folder holding it (from the same writer) may be replaced with ``overwrite``."""
+
+
+def _marker_writer(folder: Path) -> str | None:
+    """The writer named by ``folder``'s output marker, or ``None`` when it has none."""
+    marker = folder / OUTPUT_MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > 4096:
+            return None
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    writer = data.get("writer") if isinstance(data, dict) else None
+    return writer if isinstance(writer, str) else None
+
+
+def _same_or_inside(inner: Path, outer: Path) -> bool:
+    """Whether ``inner`` is ``outer`` or lies inside it (both resolved)."""
+    return inner == outer or outer in inner.parents
+
+
+def check_destination(dst: os.PathLike | str, *, overwrite: bool, writer: str,
+                      protect: Iterable[os.PathLike | str] = (), flag: str = "overwrite=True"
+                      ) -> None:
+    """Refuse a destination whose replacement could destroy data its writer did not create.
+
+    A path that does not exist is fine. One that exists is refused unless ``overwrite`` is
+    given and it is a real folder (not a link) holding :data:`OUTPUT_MARKER` from the same
+    ``writer``; and it is never one of ``protect`` (the sources being read) nor a folder above
+    one. ``flag`` is how the caller spells the overwrite switch (``--overwrite`` on the CLI).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> check_destination(d, overwrite=True, writer="met quantize")
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.CheckpointError: ...: destination exists and was not written by met quantize (expected a new folder, or a previous output of met quantize (it holds .metrale-output.json), found a folder without that marker)
+    """  # noqa: E501
+    dst = Path(dst)
+    real = dst.resolve()
+    for src in protect:
+        source = Path(src).resolve()
+        if _same_or_inside(source, real):
+            raise CheckpointError("destination is the source or a folder holding it",
+                                  file=dst, expected="a folder apart from the source",
+                                  found=f"it holds {src}" if source != real else "the source")
+    if not (dst.exists() or dst.is_symlink()):
+        return
+    if not overwrite:
+        raise CheckpointError("destination exists", file=dst, expected="a new folder",
+                              found=f"an existing path; {flag} replaces a previous output "
+                                    f"of {writer}")
+    found = _marker_writer(dst) if dst.is_dir() and not dst.is_symlink() else None
+    if found == writer:
+        return
+    kind = ("a link" if dst.is_symlink() else "a file" if not dst.is_dir()
+            else "a folder without that marker" if found is None else f"the output of {found}")
+    raise CheckpointError(f"destination exists and was not written by {writer}", file=dst,
+                          expected=f"a new folder, or a previous output of {writer} (it holds "
+                                   f"{OUTPUT_MARKER})", found=kind)
+
+
+def _copy_into(folder: Path, name: str, source: Path) -> None:
+    """Copy ``source`` to ``folder / name`` in 1 MiB chunks (never whole in memory)."""
+    tmp = folder / f".{name}.{secrets.token_hex(8)}.tmp"
+    try:
+        with open(source, "rb") as fin, open(tmp, "xb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, folder / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_checkpoint(
     dst: os.PathLike | str,
     tensors: Mapping[str, Weight] | Iterable[tuple[str, Weight]],
@@ -471,23 +566,39 @@ def write_checkpoint(
     fmt: QuantFormat | str,
     *,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-    extra_files: Mapping[str, bytes] | None = None,
+    extra_files: Mapping[str, bytes | os.PathLike] | None = None,
     overwrite: bool = False,
+    writer: str = "write_checkpoint",
+    protect: Iterable[os.PathLike | str] = (),
+    flag: str = "overwrite=True",
 ) -> None:
     """Write a checkpoint directory atomically: all of it appears at ``dst``, or none of it.
 
     ``tensors`` maps names to arrays (stored as they are) or ``QuantTensor`` s (stored in
     their format's layout, see :func:`stored_tensors`); it may be an iterable of pairs, consumed
     once, so a caller can produce tensors while earlier shards are written. ``config.json``
-    gets ``quantization_config`` for ``fmt``. Everything is written into a temporary sibling
-    directory (each file with ``atomic_write``) that is renamed to ``dst`` at the end; an
-    interrupt removes it. An existing ``dst`` is refused unless ``overwrite``.
+    gets ``quantization_config`` for ``fmt``. ``extra_files`` maps plain file names to bytes
+    or to a file to copy (streamed). Everything is written into a temporary sibling directory
+    (each file with ``atomic_write``) that is renamed to ``dst`` at the end; an interrupt
+    removes it. The folder gets :data:`OUTPUT_MARKER` naming ``writer``; an existing ``dst``
+    is refused unless ``overwrite`` and it is a previous output of the same ``writer``, and it
+    is never one of ``protect`` nor a folder holding one (see :func:`check_destination`).
     """
     fmt = QuantFormat.parse(fmt) if isinstance(fmt, str) else fmt
     dst = Path(dst)
-    if dst.exists() and not overwrite:
-        raise CheckpointError("destination exists", file=dst, expected="a new directory",
-                              found="existing path (pass overwrite=True to replace it)")
+    check_destination(dst, overwrite=overwrite, writer=writer, protect=protect, flag=flag)
+    try:
+        _write_checkpoint(dst, tensors, config, fmt, max_shard_bytes, extra_files or {}, writer)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        # a full disk reports no file: name the folder being written (docs/errors.md, 12)
+        raise OSError(e.errno, e.strerror or str(e), str(dst)) from e
+
+
+def _write_checkpoint(dst: Path, tensors: Any, config: Mapping[str, Any] | None,
+                      fmt: QuantFormat, max_shard_bytes: int,
+                      extra_files: Mapping[str, bytes | os.PathLike], writer: str) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     # Names drawn before the folders exist (64 random bits) and folders made inside the
     # ``try``: an interrupt landing anywhere finds them to remove (``mkdtemp`` leaves a gap).
@@ -521,12 +632,17 @@ def write_checkpoint(
         if qc is not None:
             cfg["quantization_config"] = qc
         atomic_write(tmp / CONFIG, json.dumps(cfg, indent=2) + "\n")
-        for name, data in (extra_files or {}).items():
-            if Path(name).name != name or name in (SINGLE, INDEX, CONFIG):
+        for name, data in extra_files.items():
+            if Path(name).name != name or name in (SINGLE, INDEX, CONFIG, OUTPUT_MARKER):
                 raise CheckpointError("extra file name not allowed", file=dst, key=name,
                                       expected="a plain file name other than the checkpoint's")
-            atomic_write(tmp / name, data)
-        if dst.exists():
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                atomic_write(tmp / name, bytes(data))
+            else:
+                _copy_into(tmp, name, Path(data))
+        atomic_write(tmp / OUTPUT_MARKER, json.dumps({"writer": writer, "format": fmt.name})
+                     + "\n")
+        if dst.exists() or dst.is_symlink():
             os.mkdir(trash)
             os.replace(dst, trash / dst.name)
             os.replace(tmp, dst)
@@ -539,4 +655,3 @@ def write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(trash, ignore_errors=True)
         raise
-

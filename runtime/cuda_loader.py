@@ -2,9 +2,10 @@
 
 A :class:`CudaLoader` turns a realized ``Kernel`` (``realize.kernel``) into a launchable
 :class:`BoundKernel`: the source (with its headers) is compiled for the class's arch through
-``realize.cache.BuildCache`` (ahead of time when ``met build`` ran: then this is a cache hit),
-loaded with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args``
-list (``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
+``realize.cache.BuildCache`` (an ``Engine`` compiles its plans' kernels ahead of its first
+step, in parallel, through :meth:`CudaPlanLoader.prepare`: then this is a cache hit), loaded
+with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args`` list
+(``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
 ``w_global``, null where its format has none), dims, attributes and ``values`` formulas by
 number, and a ``scratch`` argument by the pointer of a zeroed workspace of its ``values``
 formula's bytes (:meth:`BoundKernel.scratch_bytes`).
@@ -140,11 +141,18 @@ class CudaLoader:
         mod_key = (kernel.source, kernel.defines)
         module = self._modules.get(mod_key)
         if module is None:
-            source = (self.root / kernel.source).read_text()
-            headers = {Path(h).name: (self.root / h).read_text() for h in kernel.headers}
+            from metrale.lkb.errors import CompileError
+            from metrale.realize.build import unit_source
+
+            # the build's own unit (no entry in the key), so `met build` and `prepare` warm it
+            source, headers = unit_source(self.root, kernel)
             binary = self.cache.build(self.target, source, self.arch, kernel.define_map(),
-                                      name=str(kernel.point), entry=kernel.entry,
-                                      headers=headers)
+                                      name=Path(kernel.source).stem, headers=headers)
+            missing = [e for e in kernel.entries if e not in binary.entries]
+            if missing:
+                raise CompileError(f"entry {missing[0]!r} is not exported", file=kernel.source,
+                                   key=str(kernel.point), expected="one of "
+                                   + ", ".join(binary.entries), found=missing[0])
             module = self.backend.module(binary.data, label=kernel.source)
             self._modules[mod_key] = module
         (handle, args), *then = ((self.backend.kernel(module, entry), parse_args(args))
@@ -168,12 +176,34 @@ class CudaPlanLoader:
     """
 
     def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None,
-                 dependent_launch: bool = False):
+                 dependent_launch: bool = False, output: str = "ptx"):
         self.arch = arch
         self.dependent_launch = dependent_launch  # the class's capability
         self.kernels_dir = kernels_dir
         self.cache = cache
+        self.output = output
         self._loaders: dict[int, CudaLoader] = {}
+
+    def prepare(self, plans: Any, *, progress: bool = True) -> None:
+        """Compile every kernel ``plans`` launch, in parallel and through the build cache,
+        before any step runs (a progress bar on a terminal), so no step compiles on first use;
+        a kernel that does not compile raises its ``CompileError`` here."""
+        from metrale.lkb.errors import CompileError
+        from metrale.realize.build import compile_kernels
+        from metrale.realize.cache import BuildCache
+        from metrale.realize.compute import NvidiaTarget
+        from metrale.realize.hardware import default_kernels_dir
+
+        kernels = [k.kernel for plan in plans for k in plan.launches
+                   if k.kernel.source is not None]
+        done = compile_kernels(
+            kernels, self.arch, cache=self.cache if self.cache is not None else BuildCache(),
+            kernels_dir=self.kernels_dir if self.kernels_dir is not None
+            else default_kernels_dir(), compute=NvidiaTarget(self.output), progress=progress,
+            what=f"{self.arch} kernels")
+        for got, _, _ in done.values():
+            if isinstance(got, CompileError):
+                raise got
 
     def spec(self, buffer: Any) -> Any:
         from metrale.runtime.executor import ArgSpec
@@ -222,15 +252,15 @@ class CudaPlanLoader:
     def _loader(self, backend: Any) -> CudaLoader:
         found = self._loaders.get(id(backend))
         if found is None:
-            found = CudaLoader(backend, self.arch, kernels_dir=self.kernels_dir, cache=self.cache)
+            found = CudaLoader(backend, self.arch, kernels_dir=self.kernels_dir, cache=self.cache,
+                               output=self.output)
             self._loaders[id(backend)] = found
         return found
 
     def load(self, backend: Any, plan: Any, specs: Mapping[str, Any]) -> tuple:
-        from metrale.lkb.presentation import Presentation
         from metrale.runtime.executor import Launch
 
-        P = Presentation.load(self.kernels_dir)
+        P = plan.hw_target.presentation  # the plan's own: an extended one is read as made
         sizes = dict(plan.sizes)
         out = []
         for k in plan.launches:

@@ -10,8 +10,9 @@ slot (the graph holds the slot's cache pointers).
 
 Laws:
 
-1. ``generate(p, n)[0] == argmax(prefill(p)[-1])``, and each later token is the argmax of the
-   decode step fed the one before.
+1. ``generate(p, n).ids[0] == argmax(prefill(p)[-1])``, and each later greedy token is the
+   argmax of the decode step fed the one before (drawn on the device by the plan's ``sample``
+   op at temperature 0).
 2. A sticky ``DeviceFault`` latches: every later call raises a ``DeviceFault`` with its text.
 3. ``close()`` frees in reverse order of acquisition; after it, ``backend.live_bytes()`` is
    what it was before ``load``.
@@ -20,7 +21,7 @@ Laws:
 >>> logits = eng.prefill([1, 2, 3])
 >>> logits.shape, logits.dtype
 ((3, 256), dtype('float32'))
->>> toks = eng.generate([1, 2, 3], 4)
+>>> toks = eng.generate([1, 2, 3], 4).ids
 >>> toks[0] == int(logits[-1].argmax()), len(toks)
 (True, 4)
 >>> eng.close()
@@ -48,12 +49,13 @@ from metrale.runtime.backend import DevicePtr, GpuBackend
 from metrale.runtime.executor import HostLoader, Loader, Program
 from metrale.runtime.fault import FaultLatch, Teardown
 
-__all__ = ["Engine", "best_backend", "checkpoint_quant", "checkpoint_weights", "random_weights"]
+__all__ = ["Engine", "LongContextWarning", "best_backend", "check_sizes", "checkpoint_dir",
+           "checkpoint_quant", "checkpoint_weights", "random_weights"]
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\w+)\.weight$")
 
 
-def checkpoint_quant(config: Mapping[str, Any] | None) -> str:
+def checkpoint_quant(config: Mapping[str, Any] | None, *, file: object = None) -> str:
     """The plan's weight format named by a ``config.json``'s ``quantization_config``.
 
     >>> checkpoint_quant({"quantization_config": {"quant_method": "modelopt",
@@ -69,7 +71,7 @@ def checkpoint_quant(config: Mapping[str, Any] | None) -> str:
         if name.startswith(quant):
             return quant
     if name:
-        raise ConfigError("unsupported quantization", key="quantization_config",
+        raise ConfigError("unsupported quantization", file=file, key="quantization_config",
                           expected="fp8, mxfp4 or nvfp4", found=repr(name))
     return "bf16"
 
@@ -103,6 +105,8 @@ def random_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
 
     from metrale.lkb.quant import QuantFormat
 
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError("bad seed", key="seed", expected="an int >= 0", found=repr(seed))
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
     rng = np.random.default_rng(seed)
     std = np.float32(config.hidden_size ** -0.5)
@@ -155,7 +159,8 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                        ) -> dict[str, np.ndarray]:
     """The weights the circuit reads, from a checkpoint directory, each as f32 once.
 
-    Quantized layouts are dequantized, bf16 is upcast (exact); per-expert tensors
+    Quantized layouts are dequantized, bf16 is upcast (exact); a plain tensor the circuit
+    lists as ``transposed`` is read with its last two axes swapped; per-expert tensors
     ``mlp.experts.{e}.X.weight`` are stacked into ``mlp.experts.X.weight`` [E, ...]; a tied
     ``lm_head`` is the embedding. A tensor the plan needs that is absent, or of the wrong
     shape or dtype, is a ``CheckpointError`` naming the tensor and the node that reads it;
@@ -187,18 +192,31 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
                     raw = [ck.weight("model.embed_tokens.weight")]
                 else:
                     raw = [ck.weight(name)]
-                    used.add(name)
+                    # a quantized X_blocks/X_scales pair is listed as the logical X.weight
+                    used.update((name, name.removesuffix(".weight") + ".weight"))
             except CheckpointError as e:
                 raise CheckpointError(f"{e.message} (needed by {node})", file=e.file or ck.path,
                                       key=e.key or name, expected=e.expected,
                                       found=e.found) from None
-            for r in raw:
+            names = parts if stacked else [name]
+            for part, r in zip(names, raw):
                 if isinstance(r, np.ndarray) and not _is_float(r, DType):
                     raise CheckpointError(f"weight has the wrong dtype (needed by {node})",
-                                          file=ck.path, key=name,
+                                          file=ck.path, key=part,
                                           expected="bf16, f16 or f32, or a quantized layout",
                                           found=str(r.dtype))
-            w = np.stack([_as_f32(r) for r in raw]) if stacked else _as_f32(raw[0])
+                if stored:
+                    _check_stored_format(r, stored, quant, _file_of(ck, part), part, node)
+                if stacked and tuple(r.shape) != shape[1:]:
+                    raise CheckpointError(f"expert weight has the wrong shape for the config "
+                                          f"(needed by {node})", file=_file_of(ck, part),
+                                          key=part, expected=shape[1:], found=tuple(r.shape))
+            f32 = [_as_f32(r) for r in raw]
+            for part, a in zip(names, f32):
+                _check_finite(a, _file_of(ck, part), part, node)
+            w = np.stack(f32) if stacked else f32[0]
+            if name in circuit.transposed and isinstance(raw[0], np.ndarray):
+                w = np.swapaxes(w, -1, -2)  # stored [..., k, n] as the model's x @ W takes it
             quantized = next((r for r in raw if isinstance(r, QuantTensor)), None)
             if not stored and quantized is not None:
                 _check_plain_exact(w, plain[name], ck.path, name, node, quantized.fmt.name)
@@ -217,6 +235,50 @@ def checkpoint_weights(path: str | os.PathLike, config: ModelConfig, quant: str
 
 
 _EXACT_CHUNK = 1 << 22  # values per chunk of the exactness check (bounds its temporaries)
+
+
+def _file_of(ck: Any, name: str) -> Any:
+    return ck.file_of(name) if name in ck else ck.path
+
+
+def _check_finite(w: np.ndarray, path: Any, name: str, node: str) -> None:
+    """A weight with a NaN or an infinity is a ``CheckpointError`` naming the tensor, the first
+    bad index and the node that reads it: it would turn every later activation into NaN."""
+    flat = w.reshape(-1)
+    for i in range(0, flat.size, _EXACT_CHUNK):
+        ok = np.isfinite(flat[i:i + _EXACT_CHUNK])
+        if not ok.all():
+            j = i + int(np.argmin(ok))
+            at = [int(x) for x in np.unravel_index(j, w.shape)]
+            raise CheckpointError(f"NaN or inf in a weight (needed by {node})", file=path,
+                                  key=name, expected="finite values", found=f"{flat[j]} at {at}")
+
+
+def _check_stored_format(raw: Any, stored: str, quant: str, path: Any, name: str,
+                         node: str) -> None:
+    """The one format rule, for every backend: a weight the plan reads as ``quant`` (the plan's
+    format, e.g. fp8) must be stored in that format. Plain floats under an fp8 plan are refused
+    (the host would compute in bf16 and call it fp8; a device would re-quantize them)."""
+    from metrale.lkb.quant import QuantTensor
+
+    held = raw.fmt.kind if isinstance(raw, QuantTensor) else None
+    if held == stored:
+        return
+    found = raw.fmt.name if held is not None else f"{_dtype_name(raw)} (not quantized)"
+    raise CheckpointError(f"weight is stored {found}, and the plan reads it as {stored} "
+                          f"(needed by {node}; quantize the checkpoint with met quantize SRC "
+                          f"DST --to {stored}, or run with --quant "
+                          f"{held or 'bf16'})", file=path, key=name,
+                          expected=f"a {stored} layout", found=found)
+
+
+def _dtype_name(a: Any) -> str:
+    from metrale.lkb.dtype import DType
+
+    try:
+        return DType.of(np.asarray(a)).name
+    except ConfigError:
+        return str(np.asarray(a).dtype)
 
 
 def _check_plain_exact(w: np.ndarray, dtype: Any, path: Any, name: str, node: str,
@@ -275,13 +337,137 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
                            found=repr(hardware))
 
 
+def checkpoint_dir(model: Any) -> Path | None:
+    """The checkpoint directory ``model`` names, or ``None`` when it names a config to fill with
+    random weights (a built-in name, a ``ModelConfig``, a lone ``config.json``).
+
+    A directory is a checkpoint; so is the folder of a ``.safetensors`` file, of an index, or of
+    a ``config.json`` that has weights beside it: a path into a checkpoint loads that checkpoint,
+    never random weights for its config.
+
+    >>> checkpoint_dir("tiny-qwen3") is None
+    True
+    """
+    from metrale.runtime.checkpoint import INDEX, SINGLE
+
+    if isinstance(model, ModelConfig):
+        return None
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        weights = any(os.path.lexists(path.parent / n) for n in (SINGLE, INDEX))
+        if path.suffix == ".safetensors" or path.name == INDEX or weights:
+            return path.parent
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available now (``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class LongContextWarning(UserWarning):
+    """A context longer than the model's ``max_position_embeddings``: it runs, but the model
+    was not trained on positions that far (its outputs there are not to be trusted)."""
+
+
+MAX_POSITIONS = 2**31 - 1
+"""No context is longer: positions are int32 on every backend."""
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1,
+                hardware: str = "host", memory: int | None = None) -> dict[str, int]:
+    """Check the sizes a load asks for against what the model and the machine allow, before
+    anything is allocated; returns the bytes asked (``weights``, ``kv_cache``, ``rope``).
+
+    The host keeps weights as f32 (dequantized once, on every backend before they are bound),
+    the KV cache as f32 too (on the host class; a device holds its own), and builds the RoPE
+    tables in float64 first; those bytes are compared with ``memory`` (default: the host's
+    available memory). Too much is an ``AllocationError`` saying what was asked and what fits;
+    a context past ``max_position_embeddings`` is a :class:`LongContextWarning`.
+
+    >>> from metrale.plan.config import ModelConfig
+    >>> c = ModelConfig.load("tiny-qwen3")
+    >>> check_sizes(c, "bf16", max_ctx=1 << 40, memory=1 << 30)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.ConfigError: max_ctx: context longer than positions can count (expected at most 2147483647, found 1099511627776)
+    >>> check_sizes(c, "bf16", max_ctx=1 << 24, memory=1 << 30)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.AllocationError: tiny-qwen3: max_ctx: not enough memory: context 16777216 x 1 slot(s) asks for 12.00 GiB (weights 0.41 MiB, KV cache 8.00 GiB, RoPE tables 4.00 GiB), and 1.00 GiB is available here (expected a context of at most 1,397,544 positions)
+    """  # noqa: E501
+    import warnings
+
+    from metrale.lkb.errors import AllocationError
+
+    for key, value in (("max_ctx", max_ctx), ("slots", slots)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"bad {'context length' if key == 'max_ctx' else 'slot count'}",
+                              key=key, expected="an int >= 1", found=repr(value))
+    if max_ctx > MAX_POSITIONS or max_ctx * slots > MAX_POSITIONS:
+        raise ConfigError("context longer than positions can count", key="max_ctx",
+                          expected=f"at most {MAX_POSITIONS // slots}", found=max_ctx)
+    weights = sum(4 * int(np.prod(shape, dtype=object))
+                  for shape, _ in _weight_shapes(config, quant).values())
+    per_position = (config.num_hidden_layers * 2 * config.num_key_value_heads
+                    * config.head_dim * 4 * slots)
+    rope_per_position = config.head_dim * 16  # float64 angles and cos/sin, then f32 tables
+    from metrale.lkb.vendor import Vendor
+    from metrale.realize.hardware import load_hardware
+
+    if load_hardware().get(hardware).vendor != Vendor.HOST:
+        per_position = 0  # the KV cache lives on the device, whose allocator says when it is full
+    kv = per_position * max_ctx
+    rope = rope_per_position * max_ctx
+    asked = weights + kv + rope
+    memory = available_memory() if memory is None else memory
+    if memory is not None and asked > memory:
+        fits = (memory - weights) // (per_position + rope_per_position)
+        room = (f"a context of at most {fits:,} positions" if fits >= 1 else
+                f"a model whose weights fit in {_gib(memory)} (these need {_gib(weights)})")
+        raise AllocationError(
+            f"not enough memory: context {max_ctx} x {slots} slot(s) asks for {_gib(asked)} "
+            f"(weights {_gib(weights)}, KV cache {_gib(kv)}, RoPE tables {_gib(rope)}), and "
+            f"{_gib(memory)} is available here", file=config.name,
+            key="max_ctx" if fits >= 1 else "weights", expected=room)
+    if max_ctx > config.max_position_embeddings:
+        warnings.warn(LongContextWarning(
+            f"{config.name}: context {max_ctx} is longer than the model's "
+            f"max_position_embeddings ({config.max_position_embeddings}): positions past it "
+            f"were never trained"), stacklevel=3)
+    return {"weights": weights, "kv_cache": kv, "rope": rope}
+
+
+PREPARE_PREFILL_ROWS = 64
+"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step,
+with the decode plans of rows 1 and of all its slots: together, the kernels its steps launch
+(``plan.points``, what ``met build`` compiles, takes decode rows 1 and 8 and prefill 64)."""
+
+
 class Engine:
     """A loaded model with its KV cache; see the module docstring. Build with :meth:`load`."""
 
     def __init__(self, config: ModelConfig, quant: str, weights: Mapping[str, np.ndarray], *,
                  hardware: str, backend: GpuBackend | None, loader: Loader | None, act: str,
                  max_ctx: int, slots: int, blocking: bool, debug: bool, graphs: bool,
-                 fuse: bool, policy: str, presentation: Presentation | None = None) -> None:
+                 fuse: bool, policy: str, presentation: Presentation | None = None,
+                 progress: bool = True) -> None:
         if not isinstance(max_ctx, int) or max_ctx < 1:
             raise ConfigError("bad context length", key="max_ctx", expected="an int >= 1",
                               found=repr(max_ctx))
@@ -303,10 +489,17 @@ class Engine:
         self.backend = backend
         self.loader = loader or default_loader
         self.lengths = [0] * slots
+        self.text: Any = None  # the checkpoint's Text (tokenizer, template), when it has one
         self._programs: dict[tuple[str, int], Program] = {}
         self._plans: dict[tuple[str, int], Plan] = {}
         try:
             self._bind(weights)
+            # the loader this engine chose compiles now, not inside the first step (a caller's
+            # own loader is the caller's to prepare)
+            if loader is None and hasattr(self.loader, "prepare"):
+                plans = [self.plan("decode", rows) for rows in sorted({1, slots})]
+                plans.append(self.plan("prefill", min(PREPARE_PREFILL_ROWS, max_ctx)))
+                self.loader.prepare(plans, progress=progress)
         except BaseException as e:
             self._close_after(e)
             raise
@@ -316,32 +509,49 @@ class Engine:
     @classmethod
     def load(cls, model: str | os.PathLike | ModelConfig, *, hardware: str = "host",
              quant: str | None = None, backend: GpuBackend | None = None, act: str = "bf16",
-             max_ctx: int = 1024, seed: int = 0, slots: int = 1, blocking: bool = False,
+             max_ctx: int | None = None, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
-             loader: Loader | None = None) -> Engine:
+             loader: Loader | None = None, progress: bool = True) -> Engine:
         """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
 
-        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16);
+        ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16); ``max_ctx``
+        (the KV cache's positions) to 1024, or the model's ``max_position_embeddings`` if
+        smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
-        kernel); ``debug`` poisons activations with NaN before each step.
+        kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
+        bar (on a terminal) while a GPU class's kernels compile, which they do here, before any
+        step.
         """
-        path = None if isinstance(model, ModelConfig) else Path(model)
-        if path is not None and path.is_dir():
+        path = checkpoint_dir(model)
+        text = None
+        if path is not None:
             config = ModelConfig.load(path)
             quant = quant or checkpoint_quant({"quantization_config":
-                                               config.quantization_config})
-            weights = checkpoint_weights(path, config, quant)
+                                               config.quantization_config},
+                                              file=path / "config.json")
+            if (path / "tokenizer.json").is_file():
+                from metrale.runtime.text import Text
+
+                text = Text.load(path)
         else:
             config = model if isinstance(model, ModelConfig) else ModelConfig.load(str(model))
             quant = quant or "bf16"
+        if max_ctx is None:
+            max_ctx = min(1024, config.max_position_embeddings)
+        check_sizes(config, quant, max_ctx=max_ctx, slots=slots, hardware=hardware)
+        if path is not None:
+            weights = checkpoint_weights(path, config, quant)
+        else:
             weights = random_weights(config, quant, seed=seed)
-        return cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
-                   act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
-                   graphs=graphs, fuse=fuse, policy=policy)
+        eng = cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
+                  act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
+                  graphs=graphs, fuse=fuse, policy=policy, progress=progress)
+        eng.text = text
+        return eng
 
     def _alloc(self, nbytes: int, label: str) -> DevicePtr:
         ptr = self.backend.alloc(nbytes, label)
@@ -392,15 +602,43 @@ class Engine:
 
     # -- plans and programs ---------------------------------------------------------------------
 
-    def plan(self, mode: str, rows: int, logits: str = "all") -> Plan:
-        """The plan of one step (cached per ``(mode, rows, logits)``)."""
-        key = (mode, rows, logits)
+    def plan(self, mode: str, rows: int, logits: str = "all", sample: bool = False) -> Plan:
+        """The plan of one step (cached per ``(mode, rows, logits, sample)``); ``sample`` ends
+        it with the ``sample`` family, which draws each row's next id on the device."""
+        key = (mode, rows, logits, sample)
         if key not in self._plans:
             self._plans[key] = plan_for(self.config, self.quant, self.hardware, mode=mode,
                                         rows=rows, act=self.act, context=self.max_ctx,
                                         fuse=self.fuse, policy=self.policy, logits=logits,
-                                        presentation=self.presentation)
+                                        presentation=self.presentation, sample=sample)
         return self._plans[key]
+
+    def bucket_rows(self, rows: int) -> int:
+        """The rows of the decode program a ``rows``-row step runs: its bucket's (the plans
+        are chosen per bucket, HARDWARE.toml ``[cost] decode_buckets``), at most the slots.
+
+        >>> with Engine.load("tiny-llama", max_ctx=8, slots=4) as eng:
+        ...     [eng.bucket_rows(r) for r in (1, 2, 3, 4)]
+        [1, 4, 4, 4]
+        """
+        from metrale.plan.search import bucket_of
+
+        return min(bucket_of(self.plan("decode", 1).hw_target, "decode", rows), self.slots)
+
+    def use_plan(self, plan: Plan) -> None:
+        """Run ``plan`` for its step (mode, rows, logits) from now on, in place of the one the
+        planner chose: a plan of this engine's model, quant and class (``met tune`` times the
+        alternatives so). The step's program is rebuilt on next use."""
+        if (plan.target.model, plan.target.quant, plan.target.hw) != (
+                self.config.name, self.quant, self.hardware):
+            raise ConfigError("a plan of another target", key="plan",
+                              expected=f"{self.config.name} {self.quant} on {self.hardware}",
+                              found=str(plan.target))
+        key = (plan.mode, plan.rows, plan.logits)
+        old = self._programs.pop(key, None)
+        if old is not None:
+            old.close()
+        self._plans[key] = plan
 
     @property
     def caches(self) -> dict[str, DevicePtr]:
@@ -411,13 +649,15 @@ class Engine:
         step = self._slot_bytes[name]
         return (self.externals[name] + first_slot * step).take(count * step)
 
-    def program(self, mode: str, rows: int, logits: str = "all") -> Program:
-        """The program of one step (built on first use, cached per ``(mode, rows, logits)``).
+    def program(self, mode: str, rows: int, logits: str = "all", sample: bool = False
+                ) -> Program:
+        """The program of one step (built on first use, cached per ``(mode, rows, logits,
+        sample)``).
 
         Prefill programs (one per prompt length and logits choice) are kept for the
         ``MAX_PREFILL_PROGRAMS`` used last; an older one is closed, freeing its activation arena.
         """
-        key = (mode, rows, logits)
+        key = (mode, rows, logits, sample)
         if key in self._programs:
             self._programs[key] = self._programs.pop(key)  # most recently used last
         else:
@@ -426,7 +666,7 @@ class Engine:
                 for old in prefills[:max(0, len(prefills) - MAX_PREFILL_PROGRAMS + 1)]:
                     self._programs.pop(old).close()
                     self._plans.pop(old, None)
-            plan = self.plan(mode, rows, logits)
+            plan = self.plan(mode, rows, logits, sample)
             bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
             for name in self._slot_bytes:
                 bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else 1)
@@ -441,7 +681,12 @@ class Engine:
     # -- steps ----------------------------------------------------------------------------------
 
     def _check_ids(self, token_ids: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(list(token_ids), np.int64)
+        try:
+            ids = np.asarray(list(token_ids), np.int64)
+        except (OverflowError, TypeError, ValueError):
+            raise ConfigError("token ids must be ints in the vocabulary", key="token_ids",
+                              expected=f"0 <= id < {self.config.vocab_size}",
+                              found=repr(token_ids)[:80]) from None
         if ids.ndim != 1 or ids.size == 0:
             raise ConfigError("token ids must be a non-empty list of ints", key="token_ids",
                               found=repr(token_ids))
@@ -452,12 +697,15 @@ class Engine:
                               found=int(ids[bad[0]]))
         return ids.astype(np.int32)
 
-    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _run(self, prog: Program, inputs: Mapping[str, np.ndarray], out: str = "logits"
+             ) -> np.ndarray:
         self.latch.check()
         try:
             for name, values in inputs.items():
                 prog.write(name, values)
             prog.run(blocking=self.blocking)
+            if out == "ids":
+                return np.array(prog.read("ids"), np.int32)
             return np.array(prog.read("logits"), np.float32)
         except DeviceFault as e:
             raise self.latch.latch(e) from None
@@ -483,11 +731,12 @@ class Engine:
         self.lengths[slot] = int(ids.size)
         return logits
 
-    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all") -> Program:
+    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all",
+                        sample: bool = False) -> Program:
         """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s, and
         captured as a graph for that slot (unless ``graphs`` is off or runs are blocking): a
         prefill is hundreds of launches, each a few tens of microseconds from the host."""
-        prog = self.program("prefill", rows, logits)
+        prog = self.program("prefill", rows, logits, sample)
         for name in self._slot_bytes:
             prog.bind(name, self._cache_ptr(name, slot, 1))  # drops the graph of another slot
         if self.graphs and not self.blocking and not prog.captured:
@@ -508,26 +757,89 @@ class Engine:
         if full.size:
             raise ConfigError("cache slot is full", key=f"slot {int(full[0])}",
                               expected=f"fewer than {self.max_ctx} tokens", found=self.max_ctx)
-        logits = self._run(self.program("decode", rows),
-                           {"tokens": ids, "positions": positions,
-                            "slots": np.arange(rows, dtype=np.int32)})
+        # the step runs its rows bucket's program: a padding row takes the next slot at that
+        # slot's next position (written there before any step reads it) and its logits drop;
+        # where such a slot is full, the step runs its own rows
+        run = self.bucket_rows(rows)
+        if any(self.lengths[i] >= self.max_ctx for i in range(rows, run)):
+            run = rows
+        pad = np.arange(rows, run)
+        logits = self._run(self.program("decode", run), {
+            "tokens": np.concatenate([ids, np.full(pad.size, ids[-1])]),
+            "positions": np.concatenate([positions,
+                                         np.array([self.lengths[i] for i in pad], np.int32)]),
+            "slots": np.arange(run, dtype=np.int32)})[:rows]
         for i in range(rows):
             self.lengths[i] += 1
         return logits
 
-    def generate(self, prompt_ids: Sequence[int], steps: int) -> list[int]:
-        """Greedy decoding in slot 0: ``steps`` new tokens after the prompt."""
-        if not isinstance(steps, int) or steps < 0:
-            raise ConfigError("bad step count", key="steps", expected="an int >= 0",
-                              found=repr(steps))
-        if steps == 0:
-            return []
-        token = int(self.prefill(prompt_ids, last=True)[-1].argmax())
-        out = [token]
-        for _ in range(steps - 1):
-            token = int(self.decode([token])[0].argmax())
-            out.append(token)
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.slots:
+            raise ConfigError("no such cache slot", key="slot",
+                              expected=f"0 <= slot < {self.slots}", found=slot)
+
+    def prefill_ids(self, token_ids: Sequence[int], *, slot: int = 0, params: np.ndarray,
+                    keys: np.ndarray) -> int:
+        """Prefill the prompt into ``slot`` and draw the next id on the device, through the
+        prefill plan ending in ``sample`` (``params`` f32[1, 4], ``keys`` i32[1, 4]; see
+        :mod:`metrale.runtime.sampling`)."""
+        self.latch.check()
+        ids = self._check_ids(token_ids)
+        self._check_slot(slot)
+        if ids.size > self.max_ctx:
+            raise ConfigError("prompt longer than the context", key="token_ids",
+                              expected=f"at most {self.max_ctx} tokens", found=ids.size)
+        prog = self.prefill_program(int(ids.size), slot, "last", sample=True)
+        out = self._run(prog, {"tokens": ids, "positions": np.arange(ids.size, dtype=np.int32),
+                               "slots": np.zeros(ids.size, np.int32),
+                               "sample.params": np.asarray(params, np.float32).reshape(1, 4),
+                               "sample.keys": np.asarray(keys, np.int32).reshape(1, 4)}, "ids")
+        self.lengths[slot] = int(ids.size)
+        return int(out[0])
+
+    def decode_ids(self, token_ids: Sequence[int], params: np.ndarray, keys: np.ndarray, *,
+                   live: Sequence[bool] | None = None) -> np.ndarray:
+        """One decode step for the first ``len(token_ids)`` slots, drawing each row's next id on
+        the device: i32[rows]. Rows not ``live`` (free slots under a busy one) run at position 0
+        and do not advance; under the exact policy they change no other row's bytes."""
+        self.latch.check()
+        ids = self._check_ids(token_ids)
+        rows = int(ids.size)
+        if rows > self.slots:
+            raise ConfigError("more rows than cache slots", key="token_ids",
+                              expected=f"at most {self.slots}", found=rows)
+        alive = np.ones(rows, bool) if live is None else np.asarray(live, bool)
+        positions = np.where(alive, np.array(self.lengths[:rows], np.int32), 0).astype(np.int32)
+        full = np.flatnonzero(positions >= self.max_ctx)
+        if full.size:
+            raise ConfigError("cache slot is full", key=f"slot {int(full[0])}",
+                              expected=f"fewer than {self.max_ctx} tokens", found=self.max_ctx)
+        out = self._run(self.program("decode", rows, sample=True),
+                        {"tokens": ids, "positions": positions,
+                         "slots": np.arange(rows, dtype=np.int32),
+                         "sample.params": np.asarray(params, np.float32).reshape(rows, 4),
+                         "sample.keys": np.asarray(keys, np.int32).reshape(rows, 4)}, "ids")
+        for i in np.flatnonzero(alive):
+            self.lengths[int(i)] += 1
         return out
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 16, *,
+                 sampling: Any = None, stop: Sequence[str] = (), chat: bool = False) -> Any:
+        """Generate after ``prompt`` (text, chat messages with ``chat``, or token ids) in a free
+        slot: a :class:`~metrale.runtime.generate.Generation` with ``ids`` and ``text``.
+        ``sampling`` is a :class:`~metrale.runtime.sampling.Sampling` (default greedy; the
+        device's argmax, the same ids as ``argmax(prefill(p)[-1])`` then ``decode``)."""
+        from metrale.runtime.generate import generate
+
+        return generate(self, prompt, max_tokens, sampling=sampling, stop=stop, chat=chat)
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 16, *,
+               sampling: Any = None, stop: Sequence[str] = (), chat: bool = False) -> Any:
+        """Like :meth:`generate`, as an iterator of :class:`~metrale.runtime.generate.Delta`
+        (the new text and ids of each step)."""
+        from metrale.runtime.generate import stream
+
+        return stream(self, prompt, max_tokens, sampling=sampling, stop=stop, chat=chat)
 
     # -- figures and teardown ---------------------------------------------------------------
 

@@ -39,12 +39,18 @@ from rich.table import Table
 from metrale.lkb.errors import CheckpointError
 from metrale.lkb.quant import QuantFormat, QuantTensor
 
-from .checkpoint import CONFIG, INDEX, Checkpoint, Weight, write_checkpoint
+from .checkpoint import Checkpoint, Weight, write_checkpoint
+from .safetensors import path_kind
 
 _SOURCE_FLOATS = ("BF16", "F16", "F32")
 _CHUNK = 1 << 22  # elements per chunk for the f64 sums and finiteness checks (bounds memory)
-MAX_EXTRA_FILE_BYTES = 256 << 20
-"""Other files of the source directory (tokenizer, generation config) up to this size are copied."""
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+              "merges.txt", "special_tokens_map.json", "added_tokens.json",
+              "generation_config.json", "chat_template.jinja", "chat_template.json")
+"""The files besides weights and ``config.json`` that a checkpoint needs to run and is copied
+with (tokenizer, chat template, generation defaults); nothing else of the source is copied."""
+WRITER = "met quantize"
+"""The writer :func:`quantize_checkpoint` records in its output's marker file."""
 
 
 def should_quantize(name: str, shape: tuple[int, ...]) -> bool:
@@ -65,7 +71,24 @@ def should_quantize(name: str, shape: tuple[int, ...]) -> bool:
     module = name[: -len(".weight")]
     last = module.rsplit(".", 1)[-1]
     return ("embed_tokens" not in module and "norm" not in last and module != "lm_head"
-            and not module.endswith("mlp.gate"))
+            and not module.endswith(("mlp.gate", "mlp.router")))
+
+
+_TRANSPOSED_EXPERTS = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def transposed_experts(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``name`` is a layer's experts stacked as one bare ``[E, k, n]`` parameter, the
+    ``x @ W`` layout transformers' gpt-oss keeps (``mlp.experts.gate_up_proj``, ``down_proj``):
+    quantized, it is written ``[E, n, k]``, as ``X_blocks``/``X_scales`` in mxfp4 (the
+    published gpt-oss layout) and as ``X.weight`` with its scales in the other formats.
+
+    >>> transposed_experts("model.layers.0.mlp.experts.gate_up_proj", (32, 2880, 5760))
+    True
+    >>> transposed_experts("model.layers.0.mlp.experts.gate_up_proj_bias", (32, 5760))
+    False
+    """
+    return len(shape) == 3 and _TRANSPOSED_EXPERTS.match(name) is not None
 
 
 @attrs.frozen
@@ -123,7 +146,8 @@ class QuantizeReport:
         """A rich table: one row per tensor, then the totals."""
         t = Table(title=f"quantize {self.src} -> {self.dst} ({self.fmt})")
         for col in ("tensor", "shape", "format", "bytes before", "bytes after", "SQNR dB"):
-            t.add_column(col, justify="left" if col in ("tensor", "format") else "right")
+            t.add_column(col, justify="left" if col in ("tensor", "format") else "right",
+                         overflow="fold")  # a tensor name folds, never cut to ambiguity
         for r in self.tensors:
             sq = "" if r.sqnr_db is None else f"{r.sqnr_db:.2f}"
             t.add_row(r.name, "x".join(map(str, r.shape)), r.fmt, f"{r.bytes_before:,}",
@@ -173,15 +197,21 @@ def _check_finite(arr: np.ndarray, name: str, file: Path) -> None:
 
 def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                         fmt: QuantFormat | str, *, progress: bool = True,
-                        overwrite: bool = False) -> QuantizeReport:
+                        overwrite: bool = False, flag: str = "overwrite=True") -> QuantizeReport:
     """Write ``dst``: the checkpoint ``src`` with its linear weights in ``fmt``.
 
     ``src`` holds plain float tensors (bf16, or f16/f32); a tensor with NaN or inf is refused
-    by name, as is a weight whose K the format's block does not divide. Other files of ``src``
-    (tokenizer, generation config) are copied; ``config.json`` gets ``quantization_config``.
-    The write is atomic: on any error or interrupt ``dst`` does not appear.
+    by name, as is a weight whose K the format's block does not divide. The files a checkpoint
+    needs besides its weights (:data:`SIDE_FILES`: tokenizer, generation config) are copied,
+    streamed, and a link among them that leaves ``src`` is refused; ``config.json`` gets
+    ``quantization_config``. The write is atomic: on any error or interrupt ``dst`` does not
+    appear. An existing ``dst`` is replaced only with ``overwrite`` and only when it is a
+    previous output of this function; ``dst`` is never ``src`` nor a folder holding it.
     """
-    fmt = QuantFormat.parse(fmt)
+    from .checkpoint import check_destination
+
+    fmt = QuantFormat.parse(fmt, key="--to" if flag.startswith("--") else "fmt")
+    check_destination(dst, overwrite=overwrite, writer=WRITER, protect=(src,), flag=flag)
     reports: list[TensorReport] = []
     with Checkpoint.open(src) as ck:
         names = ck.names()
@@ -210,7 +240,14 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
                 bar.update(task, description=name)
                 if info.dtype in _SOURCE_FLOATS and name not in experts:  # groups: in take
                     _check_finite(arr, name, ck.file_of(name))
-                if should_quantize(name, info.shape):
+                if fmt.kind != "bf16" and transposed_experts(name, info.shape):
+                    w32 = np.ascontiguousarray(np.swapaxes(arr.astype(np.float32), -1, -2))
+                    qt = fmt.quantize(w32, name=name)
+                    sq = sqnr_db(w32, qt.dequantize())
+                    reports.append(TensorReport(name, info.shape, info.dtype, fmt.name,
+                                                info.nbytes, qt.nbytes, sq))
+                    yield (name if fmt.kind == "mxfp4" else name + ".weight"), qt
+                elif should_quantize(name, info.shape):
                     w32 = arr.astype(np.float32)
                     group = experts.get(name)
                     qt: QuantTensor = (fmt.quantize(w32, name=name) if group is None
@@ -228,7 +265,7 @@ def quantize_checkpoint(src: os.PathLike | str, dst: os.PathLike | str,
         with bar:
             try:
                 write_checkpoint(dst, produce(), ck.config, fmt, extra_files=extra,
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, writer=WRITER, protect=(src,), flag=flag)
             except CheckpointError as e:
                 if e.file is None and e.key is not None and e.key in ck:
                     raise CheckpointError(e.message, file=ck.file_of(e.key), key=e.key,
@@ -300,12 +337,27 @@ class _StackedExperts:
         return self._ready.pop(name)
 
 
-def _extra_files(folder: Path) -> dict[str, bytes]:
+def _extra_files(folder: Path) -> dict[str, Path]:
+    """The :data:`SIDE_FILES` of checkpoint ``folder`` that exist, to copy: each a regular file
+    inside ``folder`` (a link is followed only while it stays inside)."""
     if not folder.is_dir():
         return {}
+    root = folder.resolve()
     out = {}
-    for p in sorted(folder.iterdir()):
-        if (p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors"
-                and p.name not in (INDEX, CONFIG) and p.stat().st_size <= MAX_EXTRA_FILE_BYTES):
-            out[p.name] = p.read_bytes()
+    for name in SIDE_FILES:
+        p = folder / name
+        if not (p.exists() or p.is_symlink()):
+            continue
+        try:
+            real = p.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise CheckpointError("side file is a broken link or a link loop", file=p,
+                                  expected="a regular file") from None
+        if root not in real.parents:
+            raise CheckpointError("side file links outside the source checkpoint", file=p,
+                                  expected=f"a file inside {folder}", found=str(real))
+        if not real.is_file():
+            raise CheckpointError("side file is not a regular file", file=p,
+                                  expected="a regular file", found=path_kind(real))
+        out[name] = real
     return out

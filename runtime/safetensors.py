@@ -216,6 +216,39 @@ def _check_layout(path: Path, infos: list[TensorInfo], data_len: int) -> None:
                               found=f"{data_len} bytes")
 
 
+def path_kind(path: os.PathLike | str) -> str:
+    """What ``path`` is, in words, following links: ``a regular file``, ``a directory``,
+    ``a FIFO``, ``a character device``, ``a link loop``, ``nothing`` …
+
+    >>> path_kind("/dev/null"), path_kind("/"), path_kind("/nonexistent")
+    ('a character device', 'a directory', 'nothing')
+    """
+    import errno
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a link loop"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+            return "a broken link" if _is_link(path) else "nothing"
+        return e.strerror or "unreadable"
+    for test, word in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def _is_link(path: os.PathLike | str) -> bool:
+    try:
+        return os.path.islink(path)
+    except (OSError, ValueError):
+        return False
+
+
 class SafetensorsFile:
     """An open, validated safetensors file; tensors are read-only views of its memory map.
 
@@ -243,6 +276,12 @@ class SafetensorsFile:
         metrale.lkb.errors.CheckpointError: /nonexistent.safetensors: file not found
         """
         path = Path(path)
+        kind = path_kind(path)
+        if kind == "nothing":
+            raise CheckpointError("file not found", file=path)
+        if kind != "a regular file":  # opening a FIFO would block; /dev/zero never ends
+            raise CheckpointError("not a regular file", file=path, expected="a safetensors file",
+                                  found=kind)
         try:
             fh = open(path, "rb")
         except FileNotFoundError:

@@ -1,7 +1,9 @@
-"""Test-wide settings: Hypothesis profiles (``ci``: derandomized and bounded; ``dev``: wider)."""
+"""Test-wide settings: Hypothesis profiles (``ci``: derandomized and bounded; ``dev``: wider);
+an evidence store of the tests' own."""
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -19,3 +21,13 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_evidence_store(tmp_path_factory):
+    """Tests read and record evidence in a store of their own, never the user's
+    (``$METRALE_EVIDENCE``; subprocesses inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("METRALE_EVIDENCE",
+                  str(tmp_path_factory.mktemp("evidence-store") / "evidence.sqlite"))
+        yield

@@ -53,7 +53,10 @@ def inputs(fam: Family, point: Point, sizes: dict[str, int], seed: int):
             device[port.name] = (v,)
             continue
         if t.dtype.numpy.kind in "iu":
-            v = rng.integers(0, sizes[ranges[port.name]], size=shape).astype(t.dtype.numpy)
+            lo, hi = ((0, sizes[ranges[port.name]]) if port.name in ranges else  # an index
+                      (np.iinfo(t.dtype.numpy).min, np.iinfo(t.dtype.numpy).max))  # bits: keys
+            v = rng.integers(lo, hi, size=shape, endpoint=port.name not in ranges
+                             ).astype(t.dtype.numpy)
             host.append(v)
             device[port.name] = (v,)
             continue
@@ -284,19 +287,34 @@ def check_prefill_attention(fam: Family, hq: int, hkv: int, d: int, window: int,
     assert moved < 0.01, f"{point}: {moved:.1%} of the outputs differ from the reference's bits"
 
 
+def magnitude(rel: Any, fam: Family, point: Point, host: list, attrs: dict | None = None
+              ) -> list:
+    """The magnitude a bounded relation's bound scales with: the reference semantics of its
+    (one-call) lhs at the absolute values of the inputs the bound ranges ``over`` (all float
+    inputs when it names none), e.g. Σ|x||w| for a matmul, Σ p |v| for an attention."""
+    over = set(rel.bound.over)
+    args = []
+    for arg, x in zip(rel.lhs.calls[0].args, host, strict=True):
+        floating = x is not None and np.asarray(x).dtype.kind not in "iub"
+        args.append(np.abs(x) if floating and (not over or arg in over) else x)
+    return SEMANTICS[fam.semantics](*args, **{**kwargs(fam, point), **(attrs or {})})
+
+
 def assert_within_bound(rel: Any, lhs: np.ndarray, rhs: np.ndarray, dims: dict[str, int],
-                        where: str) -> None:
+                        where: str, mag: np.ndarray) -> None:
     """``rhs`` within bounded relation ``rel``'s declared bound of ``lhs``: |lhs - rhs| <= rel
-    |lhs| + abs rms(lhs), the formulas at ``dims`` with eps_act bf16's; both finite, and lhs not
-    all zeros (a bound on zeros says nothing)."""
+    |lhs| + abs magnitude (``mag``, see :func:`magnitude`), the formulas at ``dims`` with
+    eps_act bf16's; both finite, and lhs not all zeros (a bound on zeros says nothing)."""
     from metrale.lkb.relation import UNIT_ROUNDOFF, eval_bound
 
     env = {**{f"eps_{n}": u for n, u in UNIT_ROUNDOFF.items()}, "eps_act": UNIT_ROUNDOFF["bf16"],
            **dims}
     rel_b, abs_b = eval_bound(rel.bound.rel, env), eval_bound(rel.bound.abs, env)
     a, b = (np.asarray(np.asarray(x).astype(np.float32), np.float64) for x in (lhs, rhs))
+    m = np.asarray(np.asarray(mag).astype(np.float32), np.float64)
     assert np.isfinite(a).all() and np.isfinite(b).all() and np.abs(a).max() > 0
-    allowed = rel_b * np.abs(a) + abs_b * np.sqrt(np.mean(a * a))
+    assert np.isfinite(m).all() and (m >= 0).all()
+    allowed = rel_b * np.abs(a) + abs_b * m
     worst = float((np.abs(a - b) - allowed).max())
     assert worst <= 0, f"{rel.name} {where}: outside its bound by {worst:.3g}"
 
@@ -315,17 +333,22 @@ def check_online_attention_bound(hq: int, hkv: int, d: int, P: Any, F: Any,
     rows = 300
     sizes = {**sizes_for(lhs_fam, rows), "hq": hq, "hkv": hkv, "d": d, "slots": 1,
              "max_ctx": 512}
-    _, device = inputs(lhs_fam, lhs, sizes, seed=hq * 13 + d)
+    host, device = inputs(lhs_fam, lhs, sizes, seed=hq * 13 + d)
     positions = np.arange(200, 200 + rows, dtype=np.int32)
     device["positions"], device["slots"] = (positions,), (np.zeros(rows, np.int32),)
+    names = [p.name for p in lhs_fam.inputs]
+    host[names.index("positions")], host[names.index("slots")] = positions, np.zeros(
+        rows, np.int32)
     attrs = {"window": 0, "scale": d ** -0.5}
+    mag = magnitude(rel, lhs_fam, lhs, [np.copy(h) for h in host], attrs)[0]
 
     def run(fam: Family, point: Point) -> list:
         fresh = {k: tuple(None if x is None else np.copy(x) for x in v) for k, v in device.items()}
         return runner(fam, point, sizes, fresh, attrs)
 
     a_out, b_out = run(lhs_fam, lhs), run(rhs_fam, rhs)
-    assert_within_bound(rel, a_out[0], b_out[0], {}, f"at {hq}/{hkv} heads, d {d}")
+    assert_within_bound(rel, a_out[0], b_out[0], {"max_ctx": sizes["max_ctx"]},
+                        f"at {hq}/{hkv} heads, d {d}", mag)
     assert (a_out[0] != b_out[0]).any(), \
         "the two kernels gave equal outputs: the online one did not run"
     for name, x, y in zip(("k_cache", "v_cache"), a_out[1:], b_out[1:], strict=True):
@@ -383,10 +406,11 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
     assert F.realize(rhs).entry.endswith("_gemv_mma"), F.realize(rhs)
     assert not F.realize(lhs).entry.endswith("mma"), F.realize(lhs)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
-    _, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
-    for a, b in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device),
-                    strict=True):
-        assert_within_bound(rel, a, b, {"k": sizes["k"]}, f"at {weight}")
+    host, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
+    mags = magnitude(rel, fam, lhs, host)
+    for a, b, m in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device), mags,
+                       strict=True):
+        assert_within_bound(rel, a, b, {"k": sizes["k"]}, f"at {weight}", m)
 
 
 def mxfp4_scaled_inputs(fam: Family, rows: int, k: int, n: int, seed: int,

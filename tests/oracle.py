@@ -8,7 +8,8 @@ prompt, then greedy decode steps through the KV cache. Both are deterministic.
 Weights are drawn with std ``hidden_size ** -0.5`` (not transformers' 0.02) so projections
 keep unit variance: attention scores, router logits and output logits are O(1), and an error
 in RoPE, masking or routing shows in the logits instead of vanishing in a uniform softmax.
-Norm weights are ``1 + 0.1 * N(0, 1)``, so a kernel that ignores them is caught too.
+Norm weights are ``1 + 0.1 * N(0, 1)``, so a kernel that ignores them is caught too; attention
+sinks (gpt-oss) are ``N(0, 1)``, logits on the scale of the attention scores.
 
 torch and transformers are imported on first use, so importing this module is cheap.
 """
@@ -26,7 +27,8 @@ from metrale.lkb.errors import ConfigError, nearest
 from metrale.plan.config import ARCHS
 from metrale.plan.models import TINY_BY_ARCH, builtin_config
 
-HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig"}
+HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig",
+                     "gpt_oss": "GptOssConfig"}
 """Architecture → the transformers config class that builds it."""
 
 NORM_JITTER = 0.1
@@ -96,6 +98,8 @@ def make_hf_checkpoint(arch: str, dst_dir: str | Path, *, seed: int = 0, dtype: 
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + NORM_JITTER * noise)
+            elif name.endswith("sinks"):  # logits on the scale of the scores: they matter
+                param.copy_(noise)
             else:
                 param.copy_(std * noise)
     model = model.to(torch_dtype)

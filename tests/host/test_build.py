@@ -18,6 +18,7 @@ from metrale.realize.compute import cubin_code_bytes, cubin_entries, ptx_entries
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 from metrale.realize.registry import Registry
+from tests.host.conftest import nvidia_group
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -94,9 +95,9 @@ def _unit_key(tree: Path, kernel, compiler: str) -> tuple:
     return text, kernel.define_map(), "sm_90a", compiler, None, headers
 
 
-@pytest.mark.xdist_group("nvidia")  # the run's one build of each class (conftest.nvidia_builds)
-@pytest.mark.parametrize("name", [c.name for c in load_hardware()
-                                  if c.vendor.value == "nvidia" and c.arch is not None])
+@pytest.mark.parametrize("name", [  # the run's one build of each class (conftest.nvidia_builds)
+    pytest.param(c.name, marks=nvidia_group(c.name)) for c in load_hardware()
+    if c.vendor.value == "nvidia" and c.arch is not None])
 def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
         name: str, nvidia_builds) -> None:
     """CI acceptance: every realized point of every NVIDIA class with an arch builds for that
@@ -106,7 +107,10 @@ def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
     report = nvidia_builds.report(name)
     assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
     assert report.arch == F.hw.arch
-    assert report.count("built") == len({(k.source, k.defines) for k in F.kernels()})
+    # every binary compiled now, or served by the cache from an earlier compile of exactly
+    # these inputs (source, headers, defines, arch, compiler and flags): conftest.run_build_cache
+    assert report.count("built") + report.count("cached") == \
+        len({(k.source, k.defines) for k in F.kernels()}) == len(report.units)
     ptx = nvidia_builds.ptx(name)
     for k in F.kernels():
         exported = ptx_entries(ptx[nvidia_builds.key(k.source, k.defines)])
@@ -127,3 +131,48 @@ def test_met_build_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture)
     assert warm["counts"]["built"] == 0 and warm["counts"]["cached"] == cold["counts"]["built"]
     assert Registry(tmp_path / "reg").summands() == (TARGET,)
     assert {i["point"] for i in warm["items"]} == {i["point"] for i in cold["items"]}
+
+
+class _Recorder:
+    """A backend that only records the modules it is given (the loader's side of binding)."""
+
+    def __init__(self) -> None:
+        self.modules: list[tuple[str, bytes]] = []
+
+    def module(self, data: bytes, label: str) -> int:
+        self.modules.append((label, bytes(data)))
+        return len(self.modules) - 1
+
+    def kernel(self, module: int, entry: str) -> tuple[int, str]:
+        return module, entry
+
+
+def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Path) -> None:
+    """Issue 48's cold start: the kernels an Engine on a GPU launches are compiled before its
+    first step (``CudaPlanLoader.prepare``, the build's parallel compile, to the PTX the loader
+    loads), after which binding every launch only reads the cache; and they are the very units
+    the build compiles (one cache key), so a build to the same format finds them all."""
+    from metrale.plan.plan import plan_for
+    from metrale.plan.points import plan_points
+    from metrale.runtime.cuda_loader import CudaPlanLoader
+    from metrale.runtime.engine import PREPARE_PREFILL_ROWS
+
+    plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode="decode", rows=1),
+             plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=PREPARE_PREFILL_ROWS)]
+    units = {(k.kernel.source, k.kernel.defines) for p in plans for k in p.launches}
+    cache = BuildCache(tmp_path / "cache")
+    loader = CudaPlanLoader("sm_90a", cache=cache)
+    loader.prepare(plans, progress=False)
+    assert cache.misses == len(units) > 3 and cache.hits == 0  # each unit compiled once
+    backend = _Recorder()
+    for p in plans:
+        for k in p.launches:
+            handle, _ = loader.bind(backend, k, (1, 1, 1), (1, 1, 1), 0)
+            assert handle[1] == k.kernel.entry
+    assert cache.misses == len(units)  # binding compiled nothing
+    assert len(backend.modules) == len(units)  # one module per unit, loaded once
+    assert all(b".entry " in data for _, data in backend.modules)  # PTX, as the loader loads
+    report = build(plan_points("tiny-qwen3", "bf16", "sm_90"), "sm_90",
+                   target=KernelTarget("sm_90", "tiny-qwen3", "bf16"),
+                   cache=BuildCache(tmp_path / "cache"), progress=False, output="ptx")
+    assert report.ok and report.count("built") == 0 and report.count("cached") == len(units)

@@ -8,6 +8,7 @@ words); with nvcc installed, every claimed point compiles to PTX exposing its en
 from __future__ import annotations
 
 import ast
+import hashlib
 import itertools
 import math
 import re
@@ -21,6 +22,7 @@ import pytest
 from metrale.lkb import semantics  # noqa: F401  (registers every family, dequant included)
 from metrale.lkb.files import read_toml
 from metrale.lkb.semantics import WITHIN, describe, reduction_orders
+from tests.host.conftest import nvidia_group
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 COMMON = KERNELS / "cuda" / "common"
@@ -244,7 +246,7 @@ def dependent(entry: str) -> bool:
                for t, _, default in [table(name)] if entry in entries(name))
 
 
-@pytest.mark.xdist_group("nvidia")
+@nvidia_group("sm_90")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
     """... and an entry declared ``dependent_launch`` waits for the previous launch
@@ -264,7 +266,7 @@ def test_every_claimed_point_compiles_for_sm_90a(nvidia_builds):
                     (source, defs, e, first and first.group())
 
 
-@pytest.mark.xdist_group("nvidia")
+@nvidia_group("sm_80")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_claimed_point_compiles_for_sm_80(nvidia_builds):
     """Below sm_90 the dependent-launch instructions compile out, and every entry is still
@@ -283,8 +285,8 @@ def test_gemv_machine_code_stays_small_and_in_registers(tmp_path, weight):
     """Each decode GEMV entry compiles to at most 48 KB of sm_90a machine code: a decode step
     fetches every kernel's code again in every layer, and a variant at 50–127 KB (rows unrolled
     over shared weight chunks) ran the quantized steps 0.8–1.4 ms past the sum of their kernels
-    on the H200 (docs/gpu-notes.md, version 7). And each fits the 64 registers that eight blocks
-    of 128 threads per SM leave, without spilling (version 8 measured that occupancy); bf16
+    on the H200. And each fits the 64 registers that eight blocks of 128 threads per SM leave,
+    without spilling (that occupancy measured fastest on the H200); bf16
     gate_up_swiglu runs seven blocks (72 registers), which measured faster for its two rows.
     The multi-row entries (`_rows8`, `_rows16`: several rows' FMAs over each weight chunk, launched
     past one row) are entries of their own so that those budgets hold; theirs: at most 96 KB,
@@ -327,10 +329,10 @@ TENSOR_CORE_BUILDS = [
 ]
 
 
-@pytest.mark.xdist_group("nvidia")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("source,defs,entries,hw,mma", TENSOR_CORE_BUILDS,
-                         ids=[f"{Path(s).name}-{d[-2]}" for s, d, *_ in TENSOR_CORE_BUILDS])
+@pytest.mark.parametrize("source,defs,entries,hw,mma", [
+    pytest.param(*b, marks=nvidia_group(b[3]), id=f"{Path(b[0]).name}-{b[1][-2]}")
+    for b in TENSOR_CORE_BUILDS])
 def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
                                                         entries, hw, mma):
     """The prefill GEMM and attention entries issue bf16 MMAs and keep their accumulators in
@@ -366,14 +368,33 @@ def test_decode_attention_machine_code_stays_small(tmp_path):
 
 def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str]:
     """``source`` compiled by nvcc to an sm_90a cubin (-O3, as the build), and ptxas's
-    ``--resource-usage`` report."""
-    out = tmp_path / (Path(source).stem + ".cubin")
+    ``--resource-usage`` report; kept in the run's build cache (``conftest.run_build_cache``)
+    under the hash of the compiler, the command and every source and header it can include,
+    so a later run with the same inputs reads the same bytes and report instead of compiling."""
+    from metrale.lkb.files import atomic_write
+    from metrale.realize.compute import NvidiaTarget
+    from tests.host.conftest import run_build_cache
+
     path = KERNELS / source if "/" in source else COMMON / source  # a class's own, by its path
-    cmd = [NVCC, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "--resource-usage", "-o",
-           str(out), str(path), f"-I{COMMON}", *(f"-D{d}" for d in defines)]
+    flags = ["-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "--resource-usage",
+             *(f"-D{d}" for d in defines)]
+    inputs = sorted({*path.parent.glob("*.cu*"), *COMMON.glob("*.cu*")})
+    key = hashlib.sha256(repr((NvidiaTarget("cubin", compiler="nvcc").version(), flags,
+                               str(path.relative_to(KERNELS)))).encode()
+                         + b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in inputs)
+                         ).hexdigest()
+    kept = run_build_cache(tmp_path / "cache") / "resource-usage" / key[:2] / key
+    if (kept / "done").is_file():
+        return (kept / "out.cubin").read_bytes(), (kept / "ptxas.log").read_text()
+    out = tmp_path / (Path(source).stem + ".cubin")
+    cmd = [NVCC, *flags[:5], "-o", str(out), str(path), f"-I{COMMON}", *flags[5:]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    return out.read_bytes(), r.stdout + r.stderr
+    cubin, log = out.read_bytes(), r.stdout + r.stderr
+    atomic_write(kept / "out.cubin", cubin)
+    atomic_write(kept / "ptxas.log", log)
+    atomic_write(kept / "done", key)  # last: the entry is whole
+    return cubin, log
 
 
 def _resource_usage(ptxas: str) -> dict[str, tuple[int, int]]:

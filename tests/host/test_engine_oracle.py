@@ -89,7 +89,7 @@ def _compare(engine: Engine, ref, label: str) -> list[str]:
     assert len(compared) >= (STEPS + 1) // 2, f"{label}: too few decisive steps: {skipped}"
     for i in compared:
         assert int(rows[i].argmax()) == ref.greedy_tokens[i], f"{label}: greedy step {i}"
-    tokens = engine.generate(PROMPT, STEPS + 1)
+    tokens = list(engine.generate(PROMPT, STEPS + 1).ids)
     first_tie = next((i for i, m in enumerate(margins) if m <= tol), STEPS + 1)
     assert tokens[:first_tie] == ref.greedy_tokens[:first_tie], label
     return skipped

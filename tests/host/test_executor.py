@@ -124,7 +124,7 @@ def test_prefill_replays_a_graph_captured_for_its_slot(mode):
 
 def test_generate_is_greedy_over_prefill_and_decode():
     with Engine.load("tiny-llama", max_ctx=32) as a, Engine.load("tiny-llama", max_ctx=32) as b:
-        tokens = a.generate(PROMPT, 5)
+        tokens = list(a.generate(PROMPT, 5).ids)
         logits = b.prefill(PROMPT)
         expect = [int(logits[-1].argmax())]
         for _ in range(4):

@@ -7,7 +7,6 @@ import shutil
 
 from metrale.cli import main
 from metrale.lkb.family import Point
-from metrale.realize.evidence import EVIDENCE_FILE, load_evidence
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 from metrale.runtime.bench import KernelTiming, evidence
@@ -54,7 +53,7 @@ def test_record_is_refused_where_kernels_have_no_source(capsys):
     assert "nothing to record" in capsys.readouterr().err
 
 
-def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path):
+def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path, monkeypatch):
     """Records from timings count on the class that ran them, for the source that ran."""
     from metrale.plan.plan import plan_for
 
@@ -68,10 +67,12 @@ def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path):
     records = evidence([timing], hw, "NVIDIA H200", "nvcc test")
     assert len(records) == 1 and records[0].source_hash == kernel.source_hash
     assert records[0].floor == hw.device.hbm_bytes_per_s / 1e9
-    from metrale.realize.evidence import append_records
+    from metrale.realize.evidence import record_evidence
+    from metrale.realize.evidence_store import EvidenceStore
 
-    append_records(root / "sm_90" / EVIDENCE_FILE, records)
-    assert len(load_evidence(root / "sm_90" / EVIDENCE_FILE, hw="sm_90").records) == 1
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
+    assert record_evidence(records) == 1 and store.records() == tuple(records)
     statuses = {k.family: k.evidence for k in plan_for("tiny-llama", "bf16", "sm_90",
                                                         kernels_dir=root).launches}
     assert statuses["rmsnorm"] == "measured on sm_90"
@@ -116,3 +117,27 @@ def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch):
             assert all(len(set(row)) == top_k for row in rows.tolist())
         # the weights (and the activations, the output) are the same buffers in every copy
         assert shared[family] >= (2 if family == "moe_gate_up_swiglu" else 1), family
+
+
+def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypatch):
+    """`met bench --record` hands its records, with the shape they measured, to the evidence
+    store; the kernels folder (the installed package) is left as it was."""
+    import attrs
+
+    from metrale import commands
+    from metrale.realize.evidence import EvidenceRecord
+    from metrale.realize.evidence_store import EvidenceStore
+    from metrale.runtime import bench
+
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
+    made = EvidenceRecord("sm_90", "NVIDIA H200", "add", "add[act=bf16]", "bandwidth", 500.0,
+                          4300.0, "GB/s", "2026-12-05", "nvcc test", "ab" * 32)
+    shipped = default_kernels_dir() / "sm_90" / "EVIDENCE.toml"
+    before = shipped.read_bytes()
+    monkeypatch.setattr(bench, "evidence", lambda *a, **k: [made])
+    monkeypatch.setattr(commands, "_toolchain", lambda hw: "nvcc test")
+    assert main(["bench", "tiny-qwen3", "--steps", "2", "--context", "8", "--record",
+                 "--format", "json"]) == 0
+    assert store.records() == (attrs.evolve(made, shape="rows=1,context=8"),)
+    assert shipped.read_bytes() == before

@@ -22,7 +22,7 @@ def bf16_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("fmt", sorted(FLOORS))
 def test_met_quantize_round_trip_meets_sqnr_floor(bf16_checkpoint, tmp_path, fmt, capsys):
     dst = tmp_path / f"q-{fmt}"
-    assert main(["quantize", str(bf16_checkpoint), str(dst), "--format", fmt,
+    assert main(["quantize", str(bf16_checkpoint), str(dst), "--to", fmt,
                  "--no-progress"]) == 0
     assert "lowest SQNR" in capsys.readouterr().out
     quantized = 0
@@ -39,7 +39,7 @@ def test_met_quantize_round_trip_meets_sqnr_floor(bf16_checkpoint, tmp_path, fmt
 
 
 def test_met_quantize_refuses_an_unknown_format(bf16_checkpoint, tmp_path, capsys):
-    assert main(["quantize", str(bf16_checkpoint), str(tmp_path / "x"), "--format", "fp9",
+    assert main(["quantize", str(bf16_checkpoint), str(tmp_path / "x"), "--to", "fp9",
                  "--no-progress"]) == 3
     assert "fp9" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "notebooks"
 NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
 EXPECTED = ["01_the_lkb.ipynb", "02_functors.ipynb", "03_plan_a_model.ipynb",
-            "04_residual_and_evidence.ipynb", "05_run.ipynb"]
+            "04_residual_and_evidence.ipynb", "05_run.ipynb", "06_the_composite.ipynb",
+            "07_gpt_oss.ipynb"]
 CELL_TIMEOUT_S = 120
 BUDGET_S = {"05_run.ipynb": 180}
 """Whole-notebook wall time allowed (default 90 s); 05 builds a transformers checkpoint."""

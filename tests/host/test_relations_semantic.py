@@ -49,7 +49,9 @@ def test_a_bound_too_tight_is_caught(tmp_path, capsys):
     for name in (FAMILIES_FILE, FUSIONS_FILE):
         shutil.copy(default_kernels_dir() / name, tmp_path / name)
     text = (tmp_path / FUSIONS_FILE).read_text().replace(
-        'bound = { rel = "2 * eps_act", abs = "k * eps_f32" }', 'bound = { rel = "0", abs = "0" }')
+        'bound = { rel = "3 * eps_act", abs = "2 * (1 + eps_act) * gamma(k + 1, eps_f32)" }',
+        'bound = { rel = "0", abs = "0" }')
+    assert 'rel = "0", abs = "0"' in text
     (tmp_path / FUSIONS_FILE).write_text(text)
     assert main(["check", "--kernels", str(tmp_path), "--seeds", "2"]) == 1
     assert "outside its bound" in capsys.readouterr().out

@@ -98,7 +98,7 @@ def test_met_prints_one_line_and_exits_with_the_checkpoint_status(single, tmp_pa
     _, spans = _layout(path)
     name, (begin, end) = min(spans.items(), key=lambda kv: kv[1])
     path.write_bytes(path.read_bytes()[:begin + 3])
-    status = main(["quantize", str(single), str(tmp_path / "out"), "--format", "mxfp4",
+    status = main(["quantize", str(single), str(tmp_path / "out"), "--to", "mxfp4",
                    "--no-progress"])
     assert status == CheckpointError.exit_status == 4
     err = capsys.readouterr().err

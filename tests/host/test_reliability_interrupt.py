@@ -70,7 +70,7 @@ def source(tmp_path_factory) -> Path:
 
 def _quantize(src: Path, dst: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "metrale", "quantize", str(src), str(dst),
-                             "--format", "mxfp4", "--no-progress", *extra],
+                             "--to", "mxfp4", "--no-progress", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
 
 
@@ -105,7 +105,8 @@ def test_interrupted_quantize_leaves_no_destination_and_reruns(source, tmp_path)
 def test_interrupted_overwrite_leaves_the_old_destination_intact(source, tmp_path):
     dst = tmp_path / "out"
     old = {"model.layers.0.mlp.down_proj.weight": np.full((4, 32), 2.0, ml_dtypes.bfloat16)}
-    write_checkpoint(dst, old, {"model_type": "llama"}, FORMATS["bf16"])
+    # a previous output of met quantize: the only kind of folder --overwrite replaces
+    write_checkpoint(dst, old, {"model_type": "llama"}, FORMATS["bf16"], writer="met quantize")
     before = (dst / SINGLE).read_bytes()
     rc, _ = _interrupt_quantize(source, dst, "--overwrite")
     assert rc == EXIT_INTERRUPTED
@@ -206,3 +207,111 @@ def test_killed_cache_writer_never_leaves_a_loadable_torn_entry(tmp_path, sig):
     assert rerun.returncode == 0, rerun.stderr.decode()
     fresh = BuildCache(tmp_path)
     assert all(fresh.get(_key(i)) is not None for i in range(60)) and fresh.discarded == 0
+
+
+# -- met build: Ctrl-C stops the compilers, a killed build leaves none behind (issue 53, 6) --------
+
+FAKE_NVCC = """#!/bin/sh
+# A slow nvcc: answers --version, otherwise records its pid and a child's (as nvcc runs cicc
+# and ptxas) and waits for the child, which sleeps far longer than any test waits.
+if [ "$1" = "--version" ]; then
+    echo "Cuda compilation tools, release 13.0, V13.0.88"
+    exit 0
+fi
+sleep 300 &
+echo "$$ $!" >> "$FAKE_NVCC_PIDS"
+wait
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.fixture
+def slow_nvcc(tmp_path):
+    """``(env, pids file, temp folder)``: a PATH whose nvcc is the slow fake, and a TMPDIR of
+    the test's own, so the build's session folders can be seen."""
+    bin_dir, tmp = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    tmp.mkdir()
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    pids = tmp_path / "pids"
+    env = {**ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp),
+           "FAKE_NVCC_PIDS": str(pids), "METRALE_CACHE": str(tmp_path / "cache")}
+    return env, pids, tmp
+
+
+def _met_build(env: dict, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "metrale", "build", "tiny-qwen3", "--quant",
+                             "bf16", "--hardware", "sm_90", "--jobs", "2", "--no-progress",
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=ROOT)
+
+
+def _compilers(pids: Path, n: int) -> list[int]:
+    _wait_for(lambda: pids.is_file() and len(pids.read_text().split()) >= 2 * n,
+              f"{n} compilers to start", timeout=60)
+    return [int(p) for p in pids.read_text().split()]
+
+
+def test_ctrl_c_stops_met_build_and_its_compilers_within_a_second(slow_nvcc):
+    env, pids, tmp = slow_nvcc
+    proc = _met_build(env)
+    started = _compilers(pids, 2)
+    assert [p for p in tmp.iterdir() if p.name.startswith("metrale-build-")]
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _wait_for(lambda: all(_gone(p) for p in started), "the compilers to stop", timeout=30)
+    stopped = time.monotonic() - t0
+    _, err = proc.communicate(timeout=30)
+    exited = time.monotonic() - t0
+    text = err.decode(errors="replace")
+    assert proc.returncode == EXIT_INTERRUPTED, text
+    assert text.strip().splitlines()[-1] == "met: interrupted" and "Traceback" not in text
+    # the compilers (each would run 300 s) are killed at once; met itself then unwinds and
+    # exits (it took 37-45 s when every queued compile ran first), a shared CI core allowing
+    assert stopped < 1.0, f"the compilers ran {stopped:.2f} s past SIGINT"
+    assert exited < 5.0, f"met build took {exited:.2f} s to exit after SIGINT"
+    assert len(pids.read_text().split()) == len(started)  # no queued compile started after
+    assert not list(tmp.iterdir())  # the session folder and the compilers' scratch are gone
+    assert not list((Path(env["METRALE_CACHE"])).rglob("*.bin"))  # nothing cached
+
+
+def test_a_killed_met_build_leaves_no_compiler_and_no_folder(slow_nvcc):
+    env, pids, tmp = slow_nvcc
+    proc = _met_build(env)
+    started = _compilers(pids, 2)
+    proc.kill()  # SIGKILL: met runs no code of its own; its reaper notices the pipe close
+    proc.communicate(timeout=30)
+    _wait_for(lambda: all(_gone(p) for p in started), "the compilers to be killed", timeout=5)
+    _wait_for(lambda: not list(tmp.iterdir()), "the session folder to be removed", timeout=5)
+
+
+def test_a_stale_session_folder_is_swept_by_the_next_build(slow_nvcc, tmp_path):
+    """A build killed together with its reaper (``kill -9`` of both) leaves its folder and
+    compilers; the next session sweeps them: kills the recorded groups, deletes the folder."""
+    from metrale.realize import jobs
+
+    env, _, tmp = slow_nvcc
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp / f"metrale-build-{dead.pid}-0badf00d"
+    (stale / "procs").mkdir(parents=True)
+    (stale / "nvcc-x" / "half.ptx").parent.mkdir()
+    (stale / "nvcc-x" / "half.ptx").write_text("// half")
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    (stale / "procs" / str(orphan.pid)).touch()
+    mine = tmp / f"metrale-build-{os.getpid()}-0badf00d"  # a live owner's folder is kept
+    mine.mkdir()
+    assert jobs.sweep(tmp) == [stale]
+    assert orphan.wait(timeout=5) == -signal.SIGKILL
+    assert not stale.exists() and mine.is_dir()
+    mine.rmdir()

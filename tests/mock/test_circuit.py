@@ -21,8 +21,10 @@ QUANTS = ("bf16", "fp8", "mxfp4", "nvfp4")
 def _per_layer(config: ModelConfig, i: int) -> dict[str, int]:
     """The boxes layer ``i`` should hold."""
     out = {"rmsnorm": 2, "linear": 4, "view": 4, "rope": 1, "attention": 1, "add": 2}
-    if config.arch != "llama":
+    if config.arch in ("qwen3", "qwen3_moe"):
         out["qk_norm"] = 1
+    if config.attention_bias:  # q, k, v and o
+        out["bias"] = 4
     if config.is_moe_layer(i):
         out["moe"] = 1
     else:
@@ -213,10 +215,30 @@ def test_bad_arguments_name_the_key(kwargs, key) -> None:
     assert e.value.key == key and "tiny-llama" in str(e.value)
 
 
-def test_attention_bias_is_refused() -> None:
+def test_attention_bias_adds_a_bias_after_each_projection() -> None:
     cfg = attrs.evolve(ModelConfig.load("tiny-qwen3"), attention_bias=True)
-    with pytest.raises(ConfigError, match="attention_bias"):
-        circuit_for(cfg)
+    c = circuit_for(cfg)
+    assert c.op_counts()["bias"] == 8
+    assert str(c.input_type("model.layers.1.self_attn.o_proj.bias")) == "bf16[hidden]"
+    after = [c.diagram.boxes[j + 1].name for j, b in enumerate(c.diagram.boxes)
+             if b.name == "linear" and b.param("role") in ("q_proj", "k_proj", "v_proj",
+                                                           "o_proj")]
+    assert after == ["bias"] * 8
+
+
+def test_gpt_oss_circuit_reads_sinks_and_biased_experts() -> None:
+    c = circuit_for("tiny-gpt-oss", "mxfp4")
+    attention = [b for b in c.diagram.boxes if b.name == "attention"]
+    assert [b.param("window") for b in attention] == [8, 0]  # sliding, then full
+    assert all(b.param("sinks") and str(b.dom.types[-1]) == "bf16[heads]" for b in attention)
+    (moe,) = {b for b in c.diagram.boxes if b.name == "moe"}
+    assert (moe.param("router"), moe.param("limit"), moe.param("alpha")) == (
+        "topk_softmax", 7.0, 1.702)
+    assert str(c.input_type("model.layers.0.mlp.experts.gate_up_proj")) == (
+        "mxfp4[experts,moe_gate_up,hidden]")
+    assert c.transposed == {f"model.layers.{i}.mlp.experts.{p}" for i in range(2)
+                            for p in ("gate_up_proj", "down_proj")}
+    assert circuit_for("tiny-qwen3-moe").transposed == frozenset()
 
 
 def test_unknown_names_suggest() -> None:
@@ -255,3 +277,18 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def test_modules_to_not_convert_keep_their_weights_bf16() -> None:
+    """A checkpoint's quantization_config.modules_to_not_convert (fnmatch patterns over module
+    names, or their parents) types those weights bf16 in a quantized circuit."""
+    qc = {"quant_method": "mxfp4",
+          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.1.mlp.down_proj"]}
+    cfg = attrs.evolve(ModelConfig.load("tiny-llama"), quantization_config=qc)
+    c = circuit_for(cfg, "mxfp4")
+    assert str(c.input_type("model.layers.0.self_attn.q_proj.weight")) == "bf16[q_dim,hidden]"
+    assert c.input_type("model.layers.0.mlp.down_proj.weight").fmt == "mxfp4"
+    assert c.input_type("model.layers.1.mlp.down_proj.weight").dtype == BF16
+    assert c.input_type("model.layers.1.mlp.up_proj.weight").fmt == "mxfp4"
+    assert circuit_for(attrs.evolve(cfg, quantization_config=None), "mxfp4").input_type(
+        "model.layers.0.self_attn.q_proj.weight").fmt == "mxfp4"

@@ -221,12 +221,15 @@ def test_plan_diff_display():
 def test_functor_display_shows_maps_and_what_has_no_image():
     F = realization("sm_90")
     fam = F.presentation.family("split_heads")
-    gens = [F.presentation.family("add").box(F.presentation.family("add").points[0]),
-            fam.box(fam.points[0])]
+    view = fam.box(fam.points[0])
+    stranger = Box("not_a_family", view.dom, view.cod)
+    gens = [F.presentation.family("add").box(F.presentation.family("add").points[0]), view,
+            stranger]
     html = functor_html(F.functor, gens)
     assert "<b>F_sm_90</b>: LKB → Impl_sm_90" in html
     assert "metrale_add" in html and "cuda:cuda/common/misc.cu:metrale_add -DACT_BF16" in html
-    assert html.count("no image") == 1 and "split_heads" in html
+    # F_H is total on the LKB: a view has its zero-cost image; only a stranger has none
+    assert html.count("no image") == 1 and "not_a_family" in html and "split_heads" in html
     assert "(the identity: no stages)" in Functor.id("C")._repr_html_()
     x = TensorType(("n",), BF16)
     named = Functor("C", "D", ob={x: Ty(TensorType(("n",), F32))}, name="up")._repr_html_()
@@ -247,9 +250,9 @@ def test_composite_functor_display_shows_each_stage():
 def test_hardware_class_display():
     html = load_hardware().get("sm_90")._repr_html_()
     assert "chain: sm_90 → sm_80 → cuda" in html and "NVIDIA H200" in html
-    assert "197 of 201 compiled points realized on sm_90" in html
+    assert "233 of 237 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
-                     r"<td>176</td>", html)
+                     r"<td>212</td>", html)
     # sm_90's own folder: 11 tables, one source (the wgmma GEMM), the 21 gemm points
     assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>11</td><td>1</td><td>21</td>" in html
     assert hardware_html(load_hardware().get("host")).count("<tr>") >= 3
@@ -257,10 +260,10 @@ def test_hardware_class_display():
 
 def test_realization_display_counts_and_reasons():
     html = realization_html(realization("sm_90"))
-    assert ("197 of 201 compiled points realized (176 from cuda, 21 from sm_90); 0 not realized; "
+    assert ("233 of 237 compiled points realized (212 from cuda, 21 from sm_90); 0 not realized; "
             "21 residual") in html
     assert "a view: no kernel, no launch" in html
-    assert realization("host")._repr_html_().count("reference semantics") == 197
+    assert realization("host")._repr_html_().count("reference semantics") == 233
 
 
 def test_residual_display():

@@ -21,6 +21,7 @@ from metrale.realize.evidence import (
     load_all_evidence,
     load_evidence,
     measured_on,
+    write_export,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -160,29 +161,74 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 def test_load_all_evidence_checks_each_folder(tmp_path: Path) -> None:
     write(tmp_path, GOOD.format(h=H), "sm_90")
     write(tmp_path, GOOD.format(h=H), "sm_80")  # says sm_90 inside sm_80's folder
-    load = load_all_evidence(tmp_path / "kernels")
+    load = load_all_evidence(tmp_path / "kernels", store=None)
     assert load.records == (rec(),)
     assert len(load.errors) == 1 and "sm_80" in load.errors[0].file
 
 
-def test_load_all_evidence_reads_an_unchanged_file_once(tmp_path: Path, monkeypatch) -> None:
-    """Every plan loads all evidence; a file not changed since is not parsed again, and a
-    record appended (the file replaced) is seen at once."""
-    import metrale.realize.evidence as ev
+def test_a_plan_reads_only_its_own_points_of_the_export(tmp_path: Path, monkeypatch) -> None:
+    """The shipped export is read lazily: asking for one point parses that point's lines and no
+    other; an export rewritten (the file replaced) is seen at once."""
+    import tomllib
 
     p = tmp_path / "kernels" / "sm_90" / "EVIDENCE.toml"
-    append_records(p, [rec()])
-    parsed = []
-    real = ev.load_evidence
-    monkeypatch.setattr(ev, "load_evidence", lambda *a, **k: parsed.append(a) or real(*a, **k))
-    first, again = load_all_evidence(tmp_path / "kernels"), load_all_evidence(tmp_path / "kernels")
-    assert first == again and first.records == (rec(),) and len(parsed) == 1
-    append_records(p, [rec(point="rmsnorm[bf16,8192]")])
-    after = load_all_evidence(tmp_path / "kernels")
-    assert len(parsed) == 2 and [r.point for r in after] == ["rmsnorm[bf16,4096]",
-                                                            "rmsnorm[bf16,8192]"]
-    assert evidence_status(after, "sm_90", "rmsnorm", "rmsnorm[bf16,8192]", H) == \
+    rs = [rec(point=f"rmsnorm[bf16,{n}]") for n in (1024, 2048, 4096)]
+    write_export(p, "sm_90", rs)
+    parsed: list[str] = []
+    real = tomllib.loads
+    monkeypatch.setattr(tomllib, "loads", lambda text, **k: parsed.append(text) or real(text, **k))
+    first = load_all_evidence(tmp_path / "kernels", store=None)
+    assert evidence_status(first, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == \
         measured_on("sm_90")
+    assert len(parsed) == 1 and "rmsnorm[bf16,4096]" in parsed[0]
+    assert evidence_status(first, "sm_90", "rmsnorm", "rmsnorm[bf16,512]", H) == SHARED
+    again = load_all_evidence(tmp_path / "kernels", store=None)  # unchanged: nothing re-read
+    assert evidence_status(again, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == \
+        measured_on("sm_90")
+    assert len(parsed) == 1
+    write_export(p, "sm_90", [*rs, rec(point="rmsnorm[bf16,512]")])
+    after = load_all_evidence(tmp_path / "kernels", store=None)
+    assert evidence_status(after, "sm_90", "rmsnorm", "rmsnorm[bf16,512]", H) == \
+        measured_on("sm_90")
+    monkeypatch.undo()
+    assert after.load().records == (*rs, rec(point="rmsnorm[bf16,512]"))  # sorted by point
+
+
+def test_a_damaged_export_line_concerns_its_point_only(tmp_path: Path) -> None:
+    p = tmp_path / "kernels" / "sm_90" / "EVIDENCE.toml"
+    write_export(p, "sm_90", [rec(), rec(point="rmsnorm[bf16,8192]")])
+    lines = p.read_text().splitlines()
+    n = next(i for i, ln in enumerate(lines) if "8192" in ln)
+    lines[n] = lines[n].replace("value = 3.25", 'value = "fast"')
+    p.write_text("\n".join(lines) + "\n")
+    load = load_all_evidence(tmp_path / "kernels", store=None)
+    assert evidence_status(load, "sm_90", "rmsnorm", "rmsnorm[bf16,4096]", H) == \
+        measured_on("sm_90")
+    assert evidence_status(load, "sm_90", "rmsnorm", "rmsnorm[bf16,8192]", H) == UNREADABLE
+    (e,) = load.errors
+    assert isinstance(e, EvidenceError) and e.file == str(p) and e.line == n + 1
+    assert e.key == "record.value"
+
+
+def test_a_file_in_the_old_layout_is_read_whole(tmp_path: Path) -> None:
+    """``[[record]]`` tables (the layout ``met bench --record`` appended before the store)
+    still count: a file not in the export's layout is parsed whole."""
+    second = GOOD.format(h=H).split("\n", 1)[1].replace("4096", "8192")
+    write(tmp_path, GOOD.format(h=H) + second)
+    load = load_all_evidence(tmp_path / "kernels", store=None)
+    for n in (4096, 8192):
+        assert evidence_status(load, "sm_90", "rmsnorm", f"rmsnorm[bf16,{n}]", H) == \
+            measured_on("sm_90")
+    assert len(load.records) == 2 and load.ok
+
+
+def test_export_keeps_shapes_and_refuses_another_class(tmp_path: Path) -> None:
+    p = tmp_path / "E.toml"
+    shaped = rec(shape="rows=8,context=1024")
+    write_export(p, "sm_90", [shaped, rec()])
+    assert load_evidence(p, hw="sm_90").records == (rec(), shaped)
+    with pytest.raises(ConfigError, match="another class"):
+        write_export(p, "sm_80", [rec()])
 
 
 # --- appending -------------------------------------------------------------------------------

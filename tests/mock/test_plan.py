@@ -92,9 +92,14 @@ def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():
     assert any(a.relation == "dequant_linear" and a.numerics == "bounded" for a in p.applied)
     assert not p.exact and p.bound == (math.inf, math.inf)
     assert "per-kernel bound: not stated" in "\n".join(summary_lines(p))
-    assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_rms": None}
+    assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_magnitude": None,
+                                     "scope": "per kernel"}
     exact = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64)
-    assert exact.exact and not any(a.relation == "dequant_linear" for a in exact.applied)
+    # under the exact policy the GEMM-shaped fusion is declined; the search may still take
+    # the GEMV-shaped matmuls, where dequant_linear holds bit for bit
+    assert exact.exact and all(a.numerics == "bit_identical" for a in exact.applied)
+    assert not any(a.relation == "dequant_linear" and dict(a.fused.params)["shape"] == "gemm"
+                   for a in exact.applied)
 
 
 def test_unrealized_rhs_point_is_declined_with_why(tmp_path):
@@ -103,13 +108,14 @@ def test_unrealized_rhs_point_is_declined_with_why(tmp_path):
     from metrale.realize.hardware import default_kernels_dir
     root = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), root)
-    toml = root / "cuda" / "common" / "KERNELS.toml"
-    text = toml.read_text()
-    for table in ("[kernel.qkv_pairs]", "[kernel.qkv]"):  # every table of the qkv family
-        start = text.index(table)
-        end = text.index("\n[kernel.", start + 1)
-        text = text[:start] + text[end + 1:]
-    toml.write_text(text)
+    for folder in ("cuda", "sm_90"):  # every table of the qkv family, GEMV and GEMM shaped
+        toml = root / folder / "common" / "KERNELS.toml"
+        text = toml.read_text()
+        while "\n[kernel.qkv" in text:
+            start = text.index("\n[kernel.qkv") + 1
+            end = text.find("\n[kernel.", start + 1)
+            text = text[:start] + (text[end + 1:] if end >= 0 else "")
+        toml.write_text(text)
     p = plan_for("tiny-qwen3", "bf16", "sm_90", kernels_dir=root)
     why = [d.reason for d in p.declined if d.relation == "qkv_concat"]
     assert why and "not realized on sm_90" in why[0]

@@ -134,7 +134,7 @@ MALFORMED = [
      [FUS, "relation.linear_residual", "same inputs"]),
     (FUS, 'rhs = "y = linear(x, wq)"', 'rhs = "y = linear[k_block=64](x, wq)"',
      [FUS, "relation.dequant_linear.rhs", "k_block outside its domain"]),
-    (FUS, 'bound = { rel = "2 * eps_act", abs = "k * eps_f32" }', '',
+    (FUS, 'bound = { rel = "3 * eps_act", abs = "2 * (1 + eps_act) * gamma(k + 1, eps_f32)" }', '',
      [FUS, "relation.splitk_pairwise.bound", "states its bound"]),
     (FUS, 'lhs = "p = softmax(l); w, ids = topk(p)"', 'lhs = "p = softmax(l); w, ids = topk(q)"',
      [FUS, "relation.router_softmax_topk"]),

@@ -104,8 +104,9 @@ def test_summands_inject_and_load(tmp_path: Path) -> None:
     assert set(e) == {"file", "entry", "sha256", "arch", "compiler", "format"}
     assert e["arch"] == "sm_90a" and e["sha256"] == b.sha256
     coproduct_laws(reg.coproduct())
-    # no temporary folders are left behind
-    assert not [p for p in (tmp_path / "reg").rglob(".*")]
+    # nothing temporary is left behind (the writers' lock files stay, empty)
+    assert not [p for p in (tmp_path / "reg").rglob(".*") if not p.name.endswith(".lock")]
+    assert all(p.stat().st_size == 0 for p in (tmp_path / "reg").rglob(".*.lock"))
 
 
 def test_adding_a_target_leaves_every_other_summand_byte_identical(tmp_path: Path) -> None:
@@ -247,3 +248,84 @@ def test_host_build_records_the_semantics(tmp_path: Path) -> None:
     from metrale.lkb.semantics import linear
 
     assert HostTarget.load(b) is linear
+
+
+# ------------------------------------------------------------- interrupted adds (issue 53)
+
+
+class _Interrupt:
+    """Raises ``KeyboardInterrupt`` at the ``at``-th file-system mutation (``os.replace``,
+    ``os.rename``, ``os.unlink``, ``shutil.rmtree``) and lets the others through: an interrupt
+    injected between any two steps of ``Registry.add``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: int) -> None:
+        import os
+
+        self.at, self.seen = at, 0
+        for module, name in ((os, "replace"), (os, "rename"), (os, "unlink"),
+                             (shutil, "rmtree")):
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, self._wrap(real))
+
+    def _wrap(self, real):
+        def step(*args, **kwargs):
+            self.seen += 1
+            if self.seen == self.at:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        return step
+
+
+def test_an_interrupt_anywhere_in_add_leaves_the_old_summand_or_the_new(tmp_path: Path) -> None:
+    """Fault injection: for every step k of replacing a summand, an interrupt at k leaves a
+    summand that loads whole, the old one or the new one (never nothing: the old one must
+    not be deleted before the new one is in place), and the next add collects the leftovers."""
+    old = {f"add[act=f{i}]": ("metrale_add", fake_binary("metrale_add", tag=f"old{i}"))
+           for i in range(3)}
+    new = {f"add[act=f{i}]": ("metrale_add", fake_binary("metrale_add", tag=f"new{i}"))
+           for i in range(1, 5)}
+
+    def loaded(reg: Registry) -> dict[str, bytes]:
+        s = reg.inject(A)
+        return {p: s.load(p).data for p in s.points}
+
+    want_old = {p: b.data for p, (_, b) in old.items()}
+    want_new = {p: b.data for p, (_, b) in new.items()}
+    outcomes = []
+    for at in range(1, 40):
+        reg = Registry(tmp_path / f"reg{at}")
+        reg.add(A, old)
+        with pytest.MonkeyPatch.context() as mp:
+            fault = _Interrupt(mp, at)
+            try:
+                reg.add(A, new)
+            except KeyboardInterrupt:
+                interrupted = True
+            else:
+                interrupted = False
+        got = loaded(reg)
+        assert got in (want_old, want_new), at
+        outcomes.append(got == want_new)
+        reg.add(A, new)  # a clean add after the interrupted one: the new summand, nothing else
+        assert loaded(reg) == want_new
+        files = {p.name for p in reg.path(A).iterdir()}
+        assert files == {MANIFEST} | {e.file for _, e in reg.inject(A).kernels}, at
+        if not interrupted:
+            assert fault.seen < at  # past the last step: every interrupt point was tried
+            break
+    else:
+        raise AssertionError("Registry.add took more steps than the test tries")
+    assert not outcomes[0] and outcomes[-1]  # both sides of the commit were hit
+
+
+def test_a_checkpoint_folder_with_a_space_builds(tmp_path: Path) -> None:
+    """Issue 53 item 8: the registry takes ``my model`` as a model coordinate."""
+    t = KernelTarget("host", "my model", "bf16")
+    reg = Registry(tmp_path / "reg")
+    report = build(points("add"), "host", target=t, registry=reg, progress=False)
+    assert report.ok and report.registry == str(tmp_path / "reg" / "host" / "my model" / "bf16")
+    assert reg.summands() == (t,) and reg.inject(t).points == tuple(str(p) for p in points("add"))
+    for bad in ("../x", "a/b", ".hidden", "trailing ", " leading", ""):
+        with pytest.raises(ConfigError, match="plain folder name"):
+            reg.path(KernelTarget("host", bad, "bf16"))

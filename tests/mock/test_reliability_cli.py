@@ -8,6 +8,7 @@ each type, for ``--debug`` and for Ctrl-C.
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import re
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_statuses_tell_the_kinds_of_failure_apart():
     by_status: dict[int, set[str]] = {}
     for name, (_, status, _) in rows.items():
         by_status.setdefault(status, set()).add(name)
-    assert by_status[3] == {"ConfigError", "ManyErrors", "EvidenceError"}
+    assert by_status[3] == {"ConfigError", "ManyErrors", "EvidenceError", "Busy"}
     assert by_status[5] == {"CompileError", "CacheError"}  # the build's failures
     assert by_status[8] == {"LaunchError", "PointerError", "SemanticsError"}
     assert all(s not in by_status for s in (0, 2, EXIT_OS_ERROR, EXIT_INTERRUPTED))  # the CLI's
@@ -152,3 +153,155 @@ def test_a_real_command_reports_a_bad_registry_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"met: {tmp_path / 'KERNEL_FAMILIES.toml'}:1:12: TOML syntax error: ")
     assert err.count("\n") == 1
+
+
+# -- issue 53 and 54: arguments refused before anything runs, one line each ------------------
+
+
+def _met(capsys, *argv):
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as e:  # argparse: usage errors exit 2, --version and --help exit 0
+        status = e.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return status, out, err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["run", "--prompt", "1,99999999999999999999"], "argument --prompt: expected token ids in"),
+    (["run", "--prompt", "1,x"], "argument --prompt: expected comma-separated token ids"),
+    (["run", "--prompt", ","], "argument --prompt: expected at least one token id"),
+    (["run", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+    (["run", "--steps", "0"], "argument --steps: expected an integer >= 1, found '0'"),
+    (["run", "--context", "0"], "argument --context: expected an integer >= 1"),
+    (["bench", "tiny-qwen3", "--steps", "0"], "argument --steps: expected an integer >= 1"),
+    (["bench", "tiny-qwen3", "--rows", "0"], "argument --rows: expected an integer >= 1"),
+    (["plan", "tiny-qwen3", "--rows", "-3"], "argument --rows: expected an integer >= 1"),
+    (["plan", "tiny-qwen3", "--layer", "-1"], "argument --layer: expected an integer >= 0"),
+    (["quantize", "a", "b", "--to", "fp8", "--format", "fp8"],
+     "--format is the output format (table or json), found 'fp8'; the weight format is --to"),
+])
+def test_bad_numbers_are_usage_errors_naming_the_flag(capsys, argv, says):
+    status, out, err = _met(capsys, *argv)
+    assert status == 2 and out == ""
+    assert says in err and err.rstrip().splitlines()[-1].startswith(f"met {argv[0]}: error: ")
+    assert "slot" not in err
+
+
+def test_rows_zero_speaks_of_rows_not_slots(capsys):
+    _, _, err = _met(capsys, "bench", "tiny-qwen3", "--rows", "0")
+    assert "--rows" in err and "slot" not in err
+
+
+@pytest.mark.parametrize("layer,layers", [("99", 2), ("2", 2)])
+def test_a_layer_past_the_last_is_refused(capsys, layer, layers):
+    status, out, err = _met(capsys, "plan", "tiny-qwen3", "--layer", layer)
+    assert status == ConfigError.exit_status and out == ""
+    assert err == (f"met: --layer: no such layer (expected 0 <= layer < {layers} (tiny-qwen3 has "
+                   f"{layers}), found {layer})\n")
+
+
+def test_layer_40_on_a_28_layer_model_is_refused(capsys):
+    status, _, err = _met(capsys, "plan", "qwen3-0.6b", "--layer", "40")
+    assert status == 3 and "0 <= layer < 28" in err
+    status, out, _ = _met(capsys, "plan", "qwen3-0.6b", "--layer", "27")
+    assert status == 0 and "layer 27 shown" in out
+
+
+def test_a_bad_diff_target_is_named_as_one(capsys):
+    status, _, err = _met(capsys, "plan", "tiny-qwen3", "--diff", "foo")
+    assert status == 3
+    assert err.startswith("met: --diff: bad diff target (expected a hardware class (cuda, host, ")
+    assert "or a quant (bf16, fp8, mxfp4, nvfp4), found 'foo')" in err
+    assert "quant" in err and "unknown quantization format" not in err
+
+
+@pytest.mark.parametrize("product,cls", [("h100", "sm_90"), ("H200", "sm_90"),
+                                         ("a100", "sm_80"), ("RTX 4090", "sm_89"),
+                                         ("rtx5090", "sm_120"), ("b200", "sm_100"),
+                                         ("gb10", "sm_121"), ("L40S", "sm_89")])
+def test_a_gpu_product_is_answered_with_its_class(capsys, product, cls):
+    status, out, err = _met(capsys, "plan", "tiny-qwen3", "--hardware", product)
+    assert status == 3 and out == ""
+    assert f"{product!r} is a GPU, not a hardware class: its class is {cls}" in err
+    assert err.rstrip().endswith(f"did you mean {cls!r}?")
+
+
+def test_a_misspelt_class_still_gets_the_nearest_spelling(capsys):
+    _, _, err = _met(capsys, "residual", "--hardware", "sm90")
+    assert "unknown hardware class" in err and "did you mean 'sm_90'?" in err
+
+
+def test_met_version_flag_and_command_agree(capsys):
+    status, out, _ = _met(capsys, "--version")
+    assert status == 0 and out == f"met {metrale.__version__}\n"
+    assert _met(capsys, "version")[1] == f"{metrale.__version__}\n"
+
+
+def test_every_help_states_the_defaults(capsys):
+    parser = cli.parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    for name, sp in sub.choices.items():
+        text = sp.format_help()
+        for action in sp._actions:
+            if (not action.option_strings or action.nargs == 0 or action.default is None
+                    or action.default is __import__("argparse").SUPPRESS):
+                continue
+            assert "default" in (action.help or "") or "(default: " in text, (name, action.dest)
+            shown = (",".join(map(str, action.default)) if isinstance(action.default, list)
+                     else str(action.default))
+            assert shown in " ".join(text.split()), (name, action.dest)
+
+
+def test_run_and_plan_say_they_default_to_the_host(capsys):
+    for name in ("run", "plan", "bench"):
+        _, out, _ = _met(capsys, name, "--help")
+        flat = " ".join(out.split())
+        assert "(default: host)" in flat, name
+
+
+def test_models_lists_every_built_in_with_what_it_is(capsys):
+    from metrale.plan.models import builtin_names
+
+    status, out, _ = _met(capsys, "models", "--format", "json")
+    rows = json.loads(out)
+    assert status == 0 and [r["model"] for r in rows] == list(builtin_names())
+    assert {r["model"]: r["test_model"] for r in rows}["tiny-qwen3"] is True
+    assert {r["model"]: r["layers"] for r in rows}["qwen3-0.6b"] == 28
+    status, out, _ = _met(capsys, "models")
+    assert all(n in out for n in builtin_names()) and "tiny-*: test models" in out
+
+
+def test_hardware_lists_every_class_with_its_products(capsys):
+    from metrale.realize.hardware import load_hardware
+
+    status, out, _ = _met(capsys, "hardware", "--format", "json")
+    rows = json.loads(out)
+    assert status == 0 and [r["class"] for r in rows] == list(load_hardware().names)
+    about = {r["class"]: r["about"] for r in rows}
+    assert "H100" in about["sm_90"] and "A100" in about["sm_80"]
+
+
+def test_warnings_are_one_line(monkeypatch, capsys):
+    import warnings
+
+    def run(args):
+        warnings.warn("something to know", UserWarning, stacklevel=1)
+        return 0
+
+    _with_command(monkeypatch, run)
+    assert cli.main(["fail-test"]) == 0
+    assert capsys.readouterr().err == "met: warning: something to know\n"
+
+
+def test_quantize_names_its_formats_the_same_in_help_and_error(capsys):
+    from metrale.names import quant_names
+
+    _, out, _ = _met(capsys, "quantize", "--help")
+    assert quant_names() in " ".join(out.split())
+    status, _, err = _met(capsys, "quantize", "src", "dst", "--to", "fp9")
+    assert status == 3
+    assert err == f"met: --to: unknown weight format (expected {quant_names()}, found 'fp9'); did you mean 'fp8'?\n"
+    status, _, err = _met(capsys, "quantize", "src", "dst", "--to", "bf16")
+    assert status == 3 and "found 'bf16')\n" in err

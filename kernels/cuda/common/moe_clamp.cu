@@ -1,0 +1,133 @@
+// Metrale CUDA: gpt-oss's mixture of experts (topk_softmax, moe_gate_up_clamp, moe_down_bias).
+//
+// topk_softmax: one warp per row; the biased logits l = logits + bias go to dynamic shared
+// memory (e floats), top_k rounds of a warp argmax pick them (descending, ties to the lower
+// id), and the softmax runs over the chosen: e_j = exp(v_j - v_0), their sum left to right,
+// w_j = e_j / sum. The expert kernels reduce through warp_dots (gemv.cuh), one warp per
+// (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
+// 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
+// metrale.lkb.semantics_moe_clamp; moe_down_bias adds the expert's bias to its down projection.
+// Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap.
+// Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (expert kernels).
+#if !defined(ACT_BF16) && !defined(ACT_F32)
+#define ACT_F32 1  // the router has no activation; f32 lets the header compile
+#endif
+#if defined(WEIGHT_BF16) || defined(WEIGHT_F32) || defined(WEIGHT_FP8) || \
+    defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
+#include "gemv.cuh"
+#define MOE_EXPERTS 1
+#else
+#include "metrale.cuh"
+#endif
+
+#ifndef WARPS
+#define WARPS 4
+#endif
+#ifndef MAX_TOP_K
+#define MAX_TOP_K 32
+#endif
+
+// grid (rows), block 32; the biased logits live in dynamic shared memory (e floats).
+extern "C" __global__ void __launch_bounds__(32)
+metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __restrict__ bias,
+                     float* __restrict__ weights, int* __restrict__ ids, int rows, int e,
+                     int top_k) {
+    grid_dependency_sync();
+    extern __shared__ float biased[];
+    const int row = blockIdx.x, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    if (top_k > MAX_TOP_K || top_k > e) __trap();  // a selection the kernel cannot serve
+    for (int i = lane; i < e; i += 32)
+        biased[i] = __fadd_rn(logits[(long)row * e + i], __bfloat162float(bias[i]));
+    __syncwarp();
+    float chosen[MAX_TOP_K];
+    int last_id = -1;
+    float last_v = INFINITY;
+    for (int j = 0; j < top_k; ++j) {
+        // the best entry strictly after (last_v, last_id) in the order (value desc, id asc)
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < e; i += 32) {
+            const float v = biased[i];
+            const bool after = v < last_v || (v == last_v && i > last_id);
+            if (after && (v > bv || (v == bv && i < bi))) { bv = v; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        chosen[j] = bv;
+        last_v = bv;
+        last_id = bi;
+        if (lane == 0) ids[(long)row * top_k + j] = bi;
+    }
+    const float top = chosen[0];
+    float total = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        chosen[j] = expf(chosen[j] - top);
+        total = j ? __fadd_rn(total, chosen[j]) : chosen[j];
+    }
+    if (lane == 0)
+        for (int j = 0; j < top_k; ++j) weights[(long)row * top_k + j] = chosen[j] / total;
+}
+
+#if defined(MOE_EXPERTS)
+// (clamp(up) + 1) · g · σ(alpha · g), g = min(gate, limit), each step rounded to act.
+__device__ __forceinline__ float clamped_swiglu(float gate, float up, float limit,
+                                                float alpha) {
+    const float g = fminf(gate, limit);
+    const float u = fmaxf(fminf(up, limit), -limit);
+    // NaN stays NaN, as the reference's clamps (fminf would drop it)
+    const float gn = gate != gate ? gate : g, un = up != up ? up : u;
+    const float sig = act_round(1.0f / (1.0f + expf(-act_round(__fmul_rn(gn, alpha)))));
+    const float glu = act_round(__fmul_rn(gn, sig));
+    return act_round(__fmul_rn(act_round(__fadd_rn(un, 1.0f)), glu));
+}
+
+// h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
+// grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+metrale_moe_gate_up_clamp(const act_t* __restrict__ x, const int* __restrict__ ids,
+                          const void* __restrict__ wgu, const void* __restrict__ wgu_scale,
+                          const float* __restrict__ wgu_global,
+                          const __nv_bfloat16* __restrict__ bgu, act_t* __restrict__ h,
+                          int rows, int top_k, int e, int n, int k, float limit, float alpha) {
+    grid_dependency_sync();
+    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int rs = blockIdx.y;  // row * top_k + slot
+    if (col >= n || rs >= rows * top_k) return;
+    const int ex = ids[rs];
+    if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
+    const act_t* xr = x + (long)(rs / top_k) * k;
+    const long wrow = (long)ex * 2 * n + 2 * col;
+    const WeightRef ref = weight_ref(wgu, wgu_scale, wgu_global);
+    const WeightRef w[2] = {weight_rows(ref, wrow, k), weight_rows(ref, wrow + 1, k)};
+    float gu[2];
+    warp_dots<2>(xr, w, k, gu);
+    const float g = act_round(__fadd_rn(act_round(gu[0]), __bfloat162float(bgu[wrow])));
+    const float u = act_round(__fadd_rn(act_round(gu[1]), __bfloat162float(bgu[wrow + 1])));
+    if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(clamped_swiglu(g, u, limit,
+                                                                                 alpha));
+}
+
+// y[r, s] = round(round(h[r, s] · wd[e]ᵀ) + bd[e]), e = ids[r, s]; wd [e, k, n], bd [e, k].
+// grid (ceil(k / WARPS), rows * top_k), block 32 * WARPS.
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+metrale_moe_down_bias(const act_t* __restrict__ h, const int* __restrict__ ids,
+                      const void* __restrict__ wd, const void* __restrict__ wd_scale,
+                      const float* __restrict__ wd_global, const __nv_bfloat16* __restrict__ bd,
+                      act_t* __restrict__ y, int rows, int top_k, int e, int n, int k) {
+    grid_dependency_sync();
+    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    const int rs = blockIdx.y;
+    if (col >= k || rs >= rows * top_k) return;
+    const int ex = ids[rs];
+    if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
+    const WeightRef wr = weight_rows(weight_ref(wd, wd_scale, wd_global), (long)ex * k + col, n);
+    const float d = act_round(warp_dot(h + (long)rs * n, wr, n));
+    if ((threadIdx.x & 31) == 0)
+        y[(long)rs * k + col] = act_store(__fadd_rn(d, __bfloat162float(bd[(long)ex * k + col])));
+}
+#endif

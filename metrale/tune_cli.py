@@ -1,0 +1,202 @@
+"""``met tune`` and ``met plan --costs``: measure the alternatives, record, re-plan.
+
+``tune(...)`` runs, for each rows value: the plan the planner chooses now (its predicted step
+time, and the step timed where it runs); then every alternative the search enumerated
+(``plan.search.alternatives``: each matmul point, each site's alternatives), each kernel of
+each timed alone at the plan's sizes (``runtime.bench.kernel_times``); the times are recorded
+as evidence of the class (``plan.cost.time_records``, ``record_times``: ``time@<shape>`` in
+microseconds, with the source hash of what ran); then the plan is made again, now priced by
+what was measured, and its step timed. Timing is real wherever it runs: on the host, the
+reference semantics through NumPy.
+
+>>> import contextlib, io
+>>> from metrale.cli import main
+>>> out = io.StringIO()
+>>> with contextlib.redirect_stdout(out):
+...     status = main(["plan", "tiny-llama", "--costs", "--hardware", "host"])
+>>> status, "predicted step:" in out.getvalue()
+(0, True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from metrale import commands  # noqa: F401 - met plan, which --costs extends
+from metrale.cli import command, extend_command
+
+
+@attrs.frozen
+class TuneRow:
+    """One rows value tuned: predicted and measured step seconds before and after, the
+    kernels timed and the records written."""
+
+    rows: int
+    bucket: int
+    predicted_before_us: float
+    measured_before_us: float
+    predicted_after_us: float
+    measured_after_us: float
+    alternatives: int
+    kernels_timed: int
+    recorded: int
+    changed: bool
+    """Whether the plan after differs from the plan before (other kernels)."""
+
+
+def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] = (1,),
+         mode: str = "decode", context: int = 1024, policy: str = "exact",
+         kernels: str | None = None, steps: int = 20, repeats: int = 5,
+         record: bool = True) -> list[TuneRow]:
+    """Time every alternative's kernels at the plan's shapes for each ``rows``, record them
+    (``record=False``: time only), re-plan and time the step before and after."""
+    from metrale.plan.config import ModelConfig
+    from metrale.plan.cost import record_times, shape_of, time_records
+    from metrale.plan.plan import plan_for
+    from metrale.plan.search import alternatives
+    from metrale.realize.evidence import EVIDENCE_FILE
+    from metrale.realize.target import target
+    from metrale.runtime.bench import kernel_times, time_decode, time_prefill
+    from metrale.runtime.engine import Engine
+
+    config = ModelConfig.load(model)
+    out = []
+    for r in rows:
+        T = target(hardware, kernels_dir=kernels, policy=policy)
+        ctx = context if mode == "decode" else max(context, r)
+
+        def make(choice: Any = None, r: int = r, ctx: int = ctx) -> Any:
+            return plan_for(config, quant, hardware, mode=mode, rows=r, policy=policy,
+                            context=ctx + (1 if mode == "decode" else 0), kernels_dir=kernels,
+                            choice=choice)
+
+        before = make()
+        with Engine.load(config, hardware=hardware, quant=quant, policy=policy,
+                         max_ctx=ctx + (1 if mode == "decode" else 0),
+                         slots=r if mode == "decode" else 1) as eng:
+            eng.use_plan(before)
+            step_before = _step(eng, mode, r, steps, time_decode, time_prefill)
+            timed: dict[tuple, tuple[Any, dict, float]] = {}
+            alts = alternatives(before.choice)
+            for choice in alts:
+                p = make(choice)
+                eng.use_plan(p)
+                by_index = {k.index: k for k in p.kernels}
+                for t in kernel_times(eng, r, mode=mode, repeats=repeats):
+                    k = by_index[int(t.label[1:].split()[0])]
+                    if k.kernel is None:
+                        continue
+                    shape = shape_of(p.hw_target.presentation.family(k.family), k.box,
+                                     dict(p.sizes))
+                    key = (str(k.point), k.kernel.source_hash, tuple(sorted(shape.items())))
+                    timed.setdefault(key, (k.kernel, shape, t.seconds * 1e6))
+            device = eng.backend.limits.name
+            records = time_records(timed.values(), T.hw, device, _toolchain(T.hw),
+                                   datetime.date.today().isoformat())
+            if record and records:
+                record_times(Path(T.kernels_dir) / T.hw.name / EVIDENCE_FILE, records)
+            after = make()
+            eng.use_plan(after)
+            step_after = _step(eng, mode, r, steps, time_decode, time_prefill)
+        out.append(TuneRow(r, before.bucket, before.predicted_us, step_before * 1e6,
+                           after.predicted_us, step_after * 1e6, len(alts), len(timed),
+                           len(records) if record else 0, after != before))
+    return out
+
+
+def _step(eng: Any, mode: str, rows: int, steps: int, time_decode: Any, time_prefill: Any
+          ) -> float:
+    if mode == "decode":
+        return time_decode(eng, rows, steps=steps, warmup=2).step_s
+    return time_prefill(eng, rows, steps=max(1, steps // 10), warmup=1).step_s
+
+
+def _toolchain(hw: Any) -> str:
+    from metrale.commands import _toolchain as toolchain
+
+    return toolchain(hw)
+
+
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a built-in name or a config.json")
+    p.add_argument("--hardware", default="host", help="the class to tune (e.g. sm_90)")
+    p.add_argument("--quant", default="bf16", help="bf16, fp8, mxfp4 or nvfp4")
+    p.add_argument("--rows", type=int, nargs="+", default=[1],
+                   help="decode: rows (sequences) per step; prefill: the prompt's tokens")
+    p.add_argument("--mode", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--context", type=int, default=1024, help="cached positions per row")
+    p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
+    p.add_argument("--repeats", type=int, default=5, help="timed launches of each kernel")
+    p.add_argument("--no-record", action="store_true", help="time only, record nothing")
+    p.add_argument("--kernels", default=None, help="kernels folder (default: the shipped one)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+@command("tune", "time every alternative's kernels at the plan's shapes, record them as "
+                 "evidence, re-plan, and compare predicted and measured steps")(_tune_args)
+def tune_command(args: argparse.Namespace) -> int:
+    from metrale.lkb.errors import ConfigError
+
+    if any(r < 1 for r in args.rows):
+        raise ConfigError("rows must be positive", key="--rows", expected="integers >= 1",
+                          found=repr(args.rows))
+    rows = tune(args.model, args.hardware, quant=args.quant, rows=args.rows, mode=args.mode,
+                context=args.context, policy=args.policy, kernels=args.kernels,
+                steps=args.steps, repeats=args.repeats, record=not args.no_record)
+    if args.format == "json":
+        print(json.dumps([attrs.asdict(r) for r in rows], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"met tune {args.model} {args.quant} on {args.hardware}, {args.mode}, "
+                    f"policy {args.policy}")
+    for col in ("rows", "bucket", "predicted before µs", "measured before µs",
+                "predicted after µs", "measured after µs", "alternatives", "kernels timed",
+                "recorded", "plan changed"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(str(r.rows), str(r.bucket), f"{r.predicted_before_us:.1f}",
+                  f"{r.measured_before_us:.1f}", f"{r.predicted_after_us:.1f}",
+                  f"{r.measured_after_us:.1f}", str(r.alternatives), str(r.kernels_timed),
+                  str(r.recorded), "yes" if r.changed else "no")
+    Console(soft_wrap=True).print(t)
+    return 0
+
+
+def _costs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--costs", action="store_true",
+                   help="print each kernel's predicted µs, where the number came from, the "
+                        "step total and what the search chose")
+
+
+def _plan_costs(args: argparse.Namespace, run: Any) -> int:
+    if not getattr(args, "costs", False):
+        return run(args)
+    from metrale.plan.plan import plan_for
+    from metrale.plan.printers import plan_costs_text
+
+    p = plan_for(args.model, args.quant, args.hardware, mode=args.mode, rows=args.rows,
+                 policy=args.policy, act=args.act, context=args.context,
+                 kernels_dir=args.kernels, logits=args.logits)
+    if args.format == "json":
+        doc = p.to_json()
+        print(json.dumps({k: doc[k] for k in ("target", "mode", "rows", "predicted_us",
+                                              "cost_sources", "search")}
+                         | {"kernels": [{"index": k["index"], "family": k["family"],
+                                         "cost": k["cost"]} for k in doc["kernels"]]},
+                         indent=2, sort_keys=True))
+    else:
+        print(plan_costs_text(p, layer=args.layer), end="")
+    return 0
+
+
+extend_command("plan", _costs_arg, _plan_costs)

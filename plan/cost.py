@@ -1,0 +1,321 @@
+"""Cost: the predicted time of every kernel of a plan, each number with its source.
+
+A kernel's cost is, in order of preference:
+
+1. **measured**: a ``time@<shape>`` evidence record of its point on the plan's class, with
+   the kernel's current source hash (evidence counts only on the class that recorded it and
+   the source it measured), at the recorded shape nearest to the kernel's (the distance is
+   the sum of ``|log2(a / b)|`` over the shape's numbers); at another shape than the
+   kernel's, the measured time is scaled by the analytic model's ratio between the two;
+2. **model**: ``max(bytes / bandwidth, FLOPs / rate) + launches × launch latency``, from the
+   class's ``HARDWARE.toml`` (``[device]`` bandwidth, ``[cost]`` rates and latency; a class
+   without ``[cost]`` uses its nearest ancestor's). A weight is read once per block of rows
+   the kernel's grid tiles (a GEMV's 8 rows, a GEMM's row tile). FLOPs: ``2 · rows · n · k`` per weight
+   matrix a row meets (``top_k`` of them in an expert stack), ``4 · |o| · context`` for an
+   attention (families whose traffic reads ``context``), none elsewhere; the rate is the
+   tensor cores' where the kernel's declared reduction order says tensor-core MMA, else the
+   vector units'.
+
+Views cost nothing. A measured time is in microseconds; its record's metric names the shape
+(:func:`shape_metric`), so the record API of ``realize.evidence`` carries it unchanged.
+
+>>> from metrale.plan.plan import plan_for
+>>> p = plan_for("tiny-qwen3", "bf16", "host")
+>>> c = p.kernels[1].cost
+>>> c.us > 0, c.source.startswith("model:")
+(True, True)
+>>> shape_metric({"rows": 1, "k": 64}), parse_shape_metric("time@k=64,rows=1")
+('time@k=64,rows=1', {'k': 64, 'rows': 1})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from metrale.lkb.diagram import Box
+from metrale.lkb.family import Family
+from metrale.lkb.relation import eval_bound
+
+TIME_METRIC = "time"
+"""Evidence records of kernel times have the metric ``time@<shape>`` and the unit ``us``."""
+
+
+@attrs.frozen
+class Cost:
+    """Predicted microseconds of one launch of a kernel (its chain of launches), and whence.
+
+    >>> Cost(2.5, "model: 1 B / 1 GB/s")
+    Cost(us=2.5, source='model: 1 B / 1 GB/s')
+    """
+
+    us: float
+    source: str
+
+    @property
+    def kind(self) -> str:
+        """``measured``, ``model`` or ``view``: the first word of the source."""
+        return self.source.split(":", 1)[0]
+
+
+def shape_metric(shape: Mapping[str, int | float]) -> str:
+    """The metric of a time record at ``shape`` (its numbers sorted by name)."""
+    return TIME_METRIC + "@" + ",".join(f"{k}={_num(v)}" for k, v in sorted(shape.items()))
+
+
+def parse_shape_metric(metric: str) -> dict[str, int | float] | None:
+    """The shape a time record was measured at; None for any other metric."""
+    head, at, rest = metric.partition("@")
+    if head != TIME_METRIC or not at:
+        return None
+    out: dict[str, int | float] = {}
+    for part in filter(None, rest.split(",")):
+        k, eq, v = part.partition("=")
+        if not eq:
+            return None
+        try:
+            out[k] = int(v) if v.lstrip("-").isdigit() else float(v)
+        except ValueError:
+            return None
+    return out
+
+
+def _num(v: int | float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def cost_info(hw: Any, chain: Iterable[Any] = ()) -> tuple[Any, str]:
+    """The ``[cost]`` figures of ``hw`` or its nearest ancestor in ``chain``, and its name."""
+    for c in (hw, *chain):
+        if getattr(c, "cost", None) is not None:
+            return c.cost, c.name
+    from metrale.lkb.errors import ConfigError
+
+    raise ConfigError("no [cost] table in this class's HARDWARE.toml or its ancestors'",
+                      file=getattr(hw, "file", None), key="cost",
+                      expected="launch_us, tensor_tflops, vector_tflops, decode_buckets")
+
+
+def shape_of(fam: Family, box: Box, sizes: Mapping[str, int]) -> dict[str, int | float]:
+    """The numbers a kernel's time depends on at ``box``: the family's dims there (and the
+    cached positions, ``context``, where its traffic reads them)."""
+    from metrale.realize.kernel import box_numbers, family_dims
+
+    numbers = box_numbers(box, fam, sizes)
+    keys = set(family_dims(fam))
+    if any("context" in f for _, f in fam.traffic):
+        keys.add("context")
+    return {k: numbers[k] for k in sorted(keys) if k in numbers}
+
+
+def _matrices(fam: Family) -> frozenset[str]:
+    """The weight ports a row multiplies: at least two dims, the last one an activation input
+    has too (an embedding table, gathered by ids, and a norm's vector are not)."""
+    weights = set(fam.weights)
+    activation_dims = {d for p in fam.inputs if p.name not in weights for d in p.dims}
+    return frozenset(p.name for p in fam.inputs if p.name in weights and len(p.dims) >= 2
+                     and p.dims[-1] in activation_dims)
+
+
+def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_reads: float = 1
+                ) -> float:
+    from .plan import FORMAT_BITS
+
+    traffic = dict(fam.traffic)
+    weights = _matrices(fam)
+    total = 0.0
+    for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
+        if port.name in traffic:
+            elements = eval_bound(traffic[port.name], dict(env), fam.file,
+                                  f"family.{fam.name}.traffic.{port.name}")
+        else:
+            elements = math.prod(env[d] if isinstance(d, str) else d for d in port.dims)
+        bits = FORMAT_BITS.get(t.fmt) or t.dtype.element_size_bits
+        total += elements * bits / 8 * (weight_reads if port.name in weights else 1)
+    return total
+
+
+def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
+    """How many times a launch reads its weights: the blocks its grid tiles the rows into
+    (the grid at these rows over the grid at one row; a GEMV's blocks of 8 rows, a GEMM's row
+    tiles), 1 for a host callable or where the grid does not depend on the rows."""
+    if kernel is None or kernel.launch is None or "rows" not in numbers:
+        return 1.0
+    try:
+        here = kernel.launch_for(numbers)[0]
+        one = kernel.launch_for({**numbers, "rows": 1})[0]
+    except Exception:  # noqa: BLE001 - a kernel that cannot launch here is refused elsewhere
+        return 1.0
+    return max(1.0, math.prod(here) / max(1, math.prod(one)))
+
+
+def _flops(fam: Family, env: Mapping[str, int | float]) -> float:
+    matrices = _matrices(fam)
+    rows = env.get("rows", 1)
+    total = 0.0
+    for port in fam.inputs:
+        if port.name in matrices:
+            n, k = (env[d] if isinstance(d, str) else d for d in port.dims[-2:])
+            per_row = n * k * (env.get("top_k", 1) if len(port.dims) == 3 else 1)
+            total += 2 * rows * per_row
+    if any("context" in f for _, f in fam.traffic) and fam.outputs:
+        o = fam.outputs[0]
+        total += 4 * math.prod(env[d] if isinstance(d, str) else d for d in o.dims) \
+            * env.get("context", 0)
+    return total
+
+
+@attrs.frozen(eq=False)
+class CostModel:
+    """Costs of kernels on one class: its figures, its evidence, the circuit's sizes.
+
+    ``kernel(box, fam, kernel)`` is the :class:`Cost` of one box of a plan (memoized by box).
+    """
+
+    hw: Any
+    chain: tuple[Any, ...]
+    evidence: Any
+    sizes: tuple[tuple[str, int], ...]
+    _memo: dict = attrs.field(factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, T: Any, sizes: Mapping[str, int]) -> CostModel:
+        """The cost model of Target ``T``'s class at ``sizes``."""
+        return cls(T.hw, T.chain, T.evidence, tuple(sorted(sizes.items())))
+
+    def kernel(self, box: Box, fam: Family, kernel: Any) -> Cost:
+        key = (box, None if kernel is None else kernel.key)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._cost(box, fam, kernel)
+        return hit
+
+    def _cost(self, box: Box, fam: Family, kernel: Any) -> Cost:
+        if fam.view:
+            return Cost(0.0, "view: no kernel")
+        sizes = dict(self.sizes)
+        shape = shape_of(fam, box, sizes)
+        env = {**sizes, **shape}
+        model_us, model_src = self.model(box, fam, kernel, env)
+        if kernel is not None:
+            found = self._nearest(fam.name, str(kernel.point), kernel.source_hash, shape)
+            if found is not None:
+                rec, at = found
+                if at == shape:
+                    return Cost(rec.value, f"measured: on {rec.hw} ({rec.device}, {rec.date}) "
+                                           f"at {_shape_text(at)}")
+                there, _ = self.model(box, fam, kernel, {**sizes, **at})
+                scaled = rec.value * (model_us / there if there > 0 else 1.0)
+                return Cost(scaled, f"measured: on {rec.hw} ({rec.device}, {rec.date}) at "
+                                    f"{_shape_text(at)}, scaled by the model to "
+                                    f"{_shape_text(shape)}")
+        return Cost(model_us, model_src)
+
+    def model(self, box: Box, fam: Family, kernel: Any, env: Mapping[str, int | float]
+              ) -> tuple[float, str]:
+        """The analytic time at ``env`` (the circuit's sizes and the family's dims) and its
+        source in words."""
+        info, whose = cost_info(self.hw, self.chain)
+        from metrale.realize.kernel import box_numbers
+
+        numbers = {**box_numbers(box, fam, dict(self.sizes)), **env}
+        tiles = _row_tiles(kernel, numbers) if _matrices(fam) else 1.0
+        nbytes = _port_bytes(fam, box, env, tiles)
+        flops = _flops(fam, env)
+        tensor = kernel is not None and info.tensor_tflops > 0 and any(
+            "tensor-core" in r for r in kernel.reduction)
+        rate = info.tensor_tflops if tensor else info.vector_tflops
+        launches = 1
+        if kernel is not None and kernel.launch is not None:
+            try:
+                launches = max(1, len(kernel.launches_for(numbers)))
+            except Exception:  # noqa: BLE001 - an unlaunchable kernel is refused by the plan
+                launches = 1 + len(kernel.then)
+        bw = self.hw.device.hbm_bandwidth_gbs
+        mem_us = nbytes / (bw * 1e3)
+        math_us = flops / (rate * 1e6)
+        us = max(mem_us, math_us) + launches * info.launch_us
+        nominal = " (nominal figures)" if info.nominal or self.hw.device.nominal else ""
+        reads = f" (weights read {_num(tiles)}× by row tiles)" if tiles > 1 else ""
+        src = (f"model: {_si(nbytes)}B{reads} / {_num(bw)} GB/s, {_si(flops)}FLOP / "
+               f"{_num(rate)} TFLOP/s {'tensor' if tensor else 'vector'}, {launches} × "
+               f"{_num(info.launch_us)} µs launch (cost figures of {whose}){nominal}")
+        return us, src
+
+    def _nearest(self, family: str, point: str, source_hash: str,
+                 shape: Mapping[str, int | float]) -> tuple[Any, dict] | None:
+        best = None
+        for r, at in _time_index(self.evidence).get((self.hw.name, family, point, source_hash),
+                                                    ()):
+            if set(at) != set(shape):
+                continue
+            d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
+                    or at[k] > 0 else 0.0 for k in shape)
+            rank = (d, _neg_date(r.date))
+            if best is None or rank < best[0]:
+                best = (rank, r, at)
+        return None if best is None else (best[1], best[2])
+
+
+_INDEX: dict[int, tuple[Any, dict]] = {}
+
+
+def _time_index(evidence: Any) -> dict[tuple[str, str, str, str], list[tuple[Any, dict]]]:
+    """The time records of ``evidence`` by (class, family, point, source hash), built once per
+    evidence value (a Target's evidence is read once while its file is unchanged)."""
+    hit = _INDEX.get(id(evidence))
+    if hit is not None and hit[0] is evidence:
+        return hit[1]
+    index: dict[tuple[str, str, str, str], list[tuple[Any, dict]]] = {}
+    for r in evidence:
+        at = parse_shape_metric(r.metric) if r.unit == "us" else None
+        if at is not None:
+            index.setdefault((r.hw, r.family, r.point, r.source_hash), []).append((r, at))
+    if len(_INDEX) > 64:
+        _INDEX.clear()
+    _INDEX[id(evidence)] = (evidence, index)
+    return index
+
+
+def _neg_date(date: str) -> tuple[int, ...]:
+    return tuple(-int(x) for x in date.split("-"))
+
+
+def _shape_text(shape: Mapping[str, int | float]) -> str:
+    return ",".join(f"{k}={_num(v)}" for k, v in sorted(shape.items()))
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} "
+
+
+def time_records(rows: Iterable[tuple[Any, Mapping[str, int | float], float]], hw: Any,
+                 device: str, toolchain: str, date: str) -> list[Any]:
+    """Evidence records of kernel times: ``(kernel, shape, microseconds)`` each, on ``hw``.
+
+    >>> from metrale.realize.functor import realization
+    >>> from metrale.lkb.family import Point
+    >>> F = realization("host")
+    >>> k = F.realize(Point("add", (("act", "bf16"),)))
+    >>> [r] = time_records([(k, {"rows": 1, "h": 64}, 3.5)], F.hw, "cpu", "numpy", "2026-12-05")
+    >>> r.metric, r.value, r.unit, r.point
+    ('time@h=64,rows=1', 3.5, 'us', 'add[act=bf16]')
+    """
+    from metrale.realize.evidence import EvidenceRecord
+
+    return [EvidenceRecord(hw.name, device, k.point.family, str(k.point), shape_metric(shape),
+                           us, None, "us", date, toolchain, k.source_hash)
+            for k, shape, us in rows]
+
+
+def record_times(path: Any, records: Iterable[Any]) -> None:
+    """Append time records to the class's evidence (the one place kernel times are written)."""
+    from metrale.realize.evidence import append_records
+
+    append_records(path, records)

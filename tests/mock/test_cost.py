@@ -1,0 +1,163 @@
+"""Costs: each kernel priced by the class's evidence at the nearest shape, else the model from
+HARDWARE.toml's [cost] table, each number with its source; the plan JSON carries them; the
+``met plan --costs`` printout is pinned."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from metrale.lkb.errors import ConfigError, ManyErrors
+from metrale.plan.cost import (
+    CostModel,
+    parse_shape_metric,
+    record_times,
+    shape_metric,
+    shape_of,
+    time_records,
+)
+from metrale.plan.plan import plan_for
+from metrale.realize.evidence import EVIDENCE_FILE
+from metrale.realize.hardware import default_kernels_dir, load_hardware
+
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
+
+
+@pytest.fixture
+def kernels(tmp_path: Path) -> Path:
+    root = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), root)
+    return root
+
+
+def _record(root: Path, plan, family: str, us: float, *, hw: str = "host",
+            source_hash: str | None = None) -> None:
+    """A time record for every distinct kernel of ``family`` in ``plan``, at its shape."""
+    rows = {}
+    for k in plan.launches:
+        if k.family == family:
+            shape = shape_of(plan.hw_target.presentation.family(family), k.box, dict(plan.sizes))
+            rows[(str(k.point), tuple(sorted(shape.items())))] = (k.kernel, shape, us)
+    assert rows, family
+    records = time_records(rows.values(), load_hardware(root).get(hw), "test CPU", "numpy",
+                           "2026-12-01")
+    if source_hash is not None:
+        import attrs
+
+        records = [attrs.evolve(r, source_hash=source_hash) for r in records]
+    record_times(root / hw / EVIDENCE_FILE, records)
+
+
+def test_every_kernel_is_costed_by_the_model_with_its_source() -> None:
+    p = plan_for("tiny-qwen3", "bf16", "sm_90")
+    assert all(k.cost is not None for k in p.kernels)
+    for k in p.launches:
+        assert k.cost.kind == "model" and k.cost.us >= 2.0, k.cost  # one launch at least
+        assert "4300 GB/s" in k.cost.source and "cost figures of sm_90" in k.cost.source
+    assert all(k.cost.us == 0 and k.cost.kind == "view" for k in p.kernels if k.view)
+    assert p.predicted_us == pytest.approx(sum(k.cost.us for k in p.launches))
+
+
+def test_the_model_reads_bytes_flops_and_the_engine_of_the_declared_order() -> None:
+    """A GEMM-shaped prefill matmul on sm_90 declares a tensor-core order: its FLOPs go at the
+    tensor rate; the GEMV's at the vector rate, its weights read once per 8 rows."""
+    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=64)
+    qkv = next(k for k in p.launches if k.family == "qkv")
+    assert dict(qkv.point.params)["shape"] == "gemm"
+    assert "989 TFLOP/s tensor" in qkv.cost.source
+    d = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="decode", rows=16)
+    qkv16 = next(k for k in d.launches if k.family == "qkv")
+    assert "67 TFLOP/s vector" in qkv16.cost.source
+    assert "weights read 2× by row tiles" in qkv16.cost.source
+    # 2 * rows * (nq + nk + nv) * k FLOPs: 2 * 16 * 6144 * 4096
+    assert "805 MFLOP" in qkv16.cost.source
+
+
+def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
+    base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    _record(kernels, base, "rmsnorm", 123.0)
+    p = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    norms = [k for k in p.launches if k.family == "rmsnorm"]
+    assert norms and all(k.cost.us == 123.0 for k in norms)
+    assert norms[0].cost.source.startswith("measured: on host (test CPU, 2026-12-01) at h=")
+    assert "measured" in json.dumps(p.to_json()["cost_sources"])
+
+
+def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None:
+    base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    _record(kernels, base, "rmsnorm", 123.0)
+    p = plan_for("tiny-llama", "bf16", "host", rows=8, kernels_dir=kernels)
+    k = next(k for k in p.launches if k.family == "rmsnorm")
+    assert "rows=1, scaled by the model to" in k.cost.source and "rows=8" in k.cost.source
+    model = CostModel.of(p.hw_target, dict(p.sizes))
+    fam = p.hw_target.presentation.family("rmsnorm")
+    here = model.model(k.box, fam, k.kernel, {**dict(p.sizes), **shape_of(fam, k.box,
+                                                                           dict(p.sizes))})[0]
+    there = model.model(k.box, fam, k.kernel, {**dict(p.sizes), "rows": 1, "h": 64})[0]
+    assert k.cost.us == pytest.approx(123.0 * here / there)
+
+
+def test_a_record_of_another_source_does_not_count(kernels: Path) -> None:
+    base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    _record(kernels, base, "rmsnorm", 123.0, source_hash="0" * 64)
+    p = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    assert all(k.cost.kind == "model" for k in p.launches if k.family == "rmsnorm")
+
+
+def test_shape_metric_round_trip_and_refusals() -> None:
+    shape = {"rows": 8, "k": 4096, "context": 1024}
+    assert parse_shape_metric(shape_metric(shape)) == shape
+    assert parse_shape_metric("bandwidth") is None
+    assert parse_shape_metric("time@rows") is None
+    assert parse_shape_metric("time@rows=x") is None
+
+
+@pytest.mark.parametrize("line,key", [
+    ("decode_buckets = [4, 1]", "cost.decode_buckets"),
+    ("decode_buckets = []", "cost.decode_buckets"),
+    ("launch_us = -1.0", "cost.launch_us"),
+    ("vector_tflops = 0.0", "cost.vector_tflops"),
+    ("launch_ms = 1.0", "cost.launch_ms"),
+])
+def test_a_bad_cost_table_names_the_file_and_key(kernels: Path, line: str, key: str) -> None:
+    path = kernels / "sm_90" / "HARDWARE.toml"
+    text = path.read_text()
+    name = line.split(" =")[0]
+    if f"\n{name} =" in text:
+        start = text.index(f"\n{name} =") + 1
+        text = text[:start] + line + text[text.index("\n", start):]
+    else:
+        text = text.replace("\n[cost]\n", f"\n[cost]\n{line}\n")
+    path.write_text(text)
+    with pytest.raises((ConfigError, ManyErrors)) as e:
+        load_hardware(kernels)
+    assert key in str(e.value) and "sm_90" in str(e.value), str(e.value)
+
+
+def test_every_class_declares_its_buckets_and_rates() -> None:
+    for c in load_hardware():
+        assert c.cost is not None and c.cost.buckets[0] == 1, c.name
+        assert c.cost.vector_tflops > 0 and c.cost.launch_us >= 0
+    assert load_hardware().get("sm_90").cost.bucket(3) == 4
+
+
+def test_the_plan_json_carries_costs_and_the_search() -> None:
+    doc = plan_for("tiny-qwen3", "bf16", "host", rows=3).to_json()
+    assert doc["predicted_us"] == pytest.approx(
+        sum(k["cost"]["us"] for k in doc["kernels"] if not k["view"]))
+    assert all(k["cost"]["source"] and k["cost"]["kind"] in ("model", "view")
+               for k in doc["kernels"])
+    s = doc["search"]
+    assert s["bucket"] == 4 and s["shape"] in s["shapes"] and s["sites"]
+    assert all(x["alternatives"] == 2 ** len(x["relations"]) for x in s["sites"])
+    json.dumps(doc, allow_nan=False)  # every number is finite JSON
+
+
+def test_met_plan_costs_snapshot(capsys) -> None:
+    from metrale.cli import main
+
+    assert main(["plan", "tiny-qwen3", "--hardware", "sm_90", "--costs"]) == 0
+    out = capsys.readouterr().out
+    snap = SNAPSHOTS / "plan_costs_tiny_qwen3_sm90.txt"
+    assert out == snap.read_text(encoding="utf-8")

@@ -1,0 +1,102 @@
+"""benchmarks/report.py: the docs' performance tables and chart are what the committed JSON makes,
+and a new run of any shape (peers, batch 8, more formats, a failed cell, a missing file) renders
+without an edit."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import report  # noqa: E402
+
+
+def test_the_docs_agree_with_the_committed_results():
+    """README.md, docs/performance.md and docs/decode.svg are exactly what the JSON makes:
+    after a new benchmark run, `python benchmarks/report.py` and commit."""
+    assert report.stale() == []
+
+
+def test_every_committed_result_is_cited_by_a_doc():
+    """benchmarks/results keeps a benchmark's current result only where a doc cites it."""
+    docs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "performance.md").read_text()
+    uncited = [p.name for p in sorted(report.RESULTS.glob("*.json")) if p.name not in docs]
+    assert not uncited, uncited
+
+
+def _row(model, batch, quant, policy, step, **kw):
+    row = {"model": model, "batch": batch, "quant": quant, "step_s": step,
+           "floor_s": 0.0003, "copy_floor_s": 0.00031, "bytes": 10**9, "launches": 199,
+           "graph": True, "finite": True, **kw}
+    if policy is not None:
+        row["policy"] = policy
+    return row
+
+
+def test_a_new_decode_run_of_another_shape_renders(tmp_path):
+    """Peers, batch 8, nvfp4, a third model, rows without a policy (older runs), a non-finite
+    cell and a cell measured twice (the median counts)."""
+    rows = [
+        _row("qwen3-0.6b", 1, "bf16", None, 0.0009, eager_s=0.02, compiled_s=0.0035,
+             peer_compiled_s=0.003),
+        _row("qwen3-0.6b", 1, "bf16", "bounded", 0.0010),
+        _row("qwen3-0.6b", 1, "nvfp4", "exact", 0.0008),
+        _row("qwen3-0.6b", 1, "nvfp4", "exact", 0.0010),
+        _row("qwen3-0.6b", 8, "bf16", "exact", 0.0030, compiled_s=0.004),
+        _row("qwen3-0.6b", 8, "fp8", "bounded", 0.0020),
+        _row("qwen3-30b-a3b", 1, "bf16", "exact", 0.0033, finite=False),
+    ]
+    (tmp_path / "gpu_decode.json").write_text(json.dumps(
+        {"benchmark": "gpu_decode", "context": 1024, "device": "NVIDIA H200", "rows": rows}))
+    blocks = report.blocks(tmp_path)
+    summary = blocks["decode-summary"]
+    assert "| qwen3-0.6b | 1 | 0.90 / 1.00 | — | 0.90 / — | 0.30 | 20.00 | 3.50 |" in summary
+    assert "| qwen3-0.6b | 8 | 3.00 / — | — / 2.00 | — | 0.30 | — | 4.00 |" in summary
+    assert "| qwen3-30b-a3b | 1 | not finite | — | — |" in summary
+    assert "on one NVIDIA H200" in summary
+    command = summary.split("reproduce with `")[1].split("`")[0]
+    assert command == ("python benchmarks/bench_gpu_decode.py qwen3-0.6b qwen3-30b-a3b "
+                       "--batches 1,8 --quants bf16,fp8,nvfp4 --policies exact,bounded "
+                       "--quant-batches 1,8")
+    peers = blocks["decode-peers"]
+    assert "| qwen3-0.6b | 1 | 0.900 | 20.000 (22.22×) | 3.500 (3.89×) | 3.000 (3.33×) |" in peers
+    detail = blocks["decode-detail"]
+    assert "| qwen3-0.6b | 1 | nvfp4 | 0.900 | — | 0.300 | 3.00× | 199 |" in detail
+    svg = report.decode_chart(json.loads((tmp_path / "gpu_decode.json").read_text()))
+    root = ET.fromstring(svg)
+    labels = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "qwen3-0.6b" in labels and "nvfp4" in labels and "3.500" in labels
+    assert "qwen3-30b-a3b" not in labels  # nothing finite to draw
+
+
+def test_missing_results_say_so(tmp_path):
+    blocks = report.blocks(tmp_path)
+    assert "No decode result is committed" in blocks["decode-summary"]
+    assert "no whole step" in blocks["prefill-steps"]
+    assert "No prefill attention result" in blocks["prefill-attention"]
+    assert blocks["host"].count("| — | — |") == len(report.HOST)  # no figure, no goal
+    ET.fromstring(report.decode_chart(None))
+
+
+def test_prefill_steps_render_with_their_peer(tmp_path):
+    steps = [{"model": "qwen3-0.6b", "quant": "bf16", "policy": p, "rows": n,
+              "step_s": n * 1e-5 * (1 if p == "exact" else 0.8), "hf_eager_s": n * 2e-5}
+             for p in ("exact", "bounded") for n in (512, 2048)]
+    (tmp_path / "gpu_prefill.json").write_text(json.dumps({"steps": steps, "cases": []}))
+    blocks = report.blocks(tmp_path)
+    assert "| qwen3-0.6b | bf16 | bounded | 4.10 (HF 10.24) | 16.38 (HF 40.96) |" in \
+        blocks["prefill-steps"]
+    assert "--steps 512,2048 --step-quants bf16 --policies exact,bounded" in \
+        blocks["prefill-steps"]
+
+
+def test_a_marker_naming_no_block_is_an_error():
+    with pytest.raises(KeyError, match="no-such"):
+        report.render("<!-- report:no-such -->\n<!-- /report:no-such -->\n", {}, "x.md")
+    assert report.render("<!-- report:a -->\nold\n<!-- /report:a -->", {"a": "new"}) == \
+        "<!-- report:a -->\nnew\n<!-- /report:a -->"
