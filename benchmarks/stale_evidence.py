@@ -32,12 +32,28 @@ STEPS = (("decode", 1, "all"), ("decode", 8, "all"), ("prefill", 512, "all"),
          ("prefill", 512, "last"))
 
 
+def awaiting_device(hw: str = "sm_90") -> dict[str, str]:
+    """``{source: reason}``: the sources ``kernels/<hw>/AWAITING_DEVICE.toml`` lists as changed
+    since their records, awaiting the next device run on the class."""
+    import tomllib
+
+    from metrale.realize.hardware import default_kernels_dir
+
+    path = default_kernels_dir() / hw / "AWAITING_DEVICE.toml"
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        return {s["path"]: s["reason"] for s in tomllib.load(f).get("source", [])}
+
+
 def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
-               quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES
-               ) -> dict[str, list[str]]:
+               quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES,
+               awaiting: Iterable[str] = ()) -> dict[str, list[str]]:
     """``{plan: [point, ...]}``: every kernel of the plans whose evidence on ``hw`` is not a
     record of its current source, under the first plan (``"MODEL POLICY QUANT MODE ROWS
-    LOGITS"``) that launches it; plans with none left out."""
+    LOGITS"``) that launches it; plans with none left out, and kernels whose source is one of
+    ``awaiting`` (sources listed as awaiting a device run) too."""
+    awaiting = frozenset(awaiting)
     from metrale.plan.plan import plan_for
 
     seen: set[str] = set()
@@ -50,7 +66,8 @@ def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
                                     logits=logits)
                     for k in plan.kernels:
                         point = str(k.point)
-                        if k.kernel is None or point in seen or k.evidence == f"measured on {hw}":
+                        if (k.kernel is None or point in seen or k.evidence == f"measured on {hw}"
+                                or k.kernel.source in awaiting):
                             continue
                         seen.add(point)
                         out.setdefault(f"{model} {policy} {quant} {mode} {rows} {logits}",

@@ -514,11 +514,11 @@ def run(args: argparse.Namespace) -> int:
     if wants_text(args):
         return run_text(args)
     source, weights = _run_source(args)
-    try:
+    flag = "--prompt-ids" if args.prompt_ids else "--prompt"
+    try:  # without a tokenizer the prompt is token ids: a bad one is a usage error (exit 2)
         prompt = token_ids(args.prompt_ids or args.prompt)
     except argparse.ArgumentTypeError as e:
-        raise ConfigError("prompt must be comma-separated token ids", key="--prompt",
-                          found=str(e)) from None
+        argparse.ArgumentParser(prog="met run").error(f"argument {flag}: {e}")
     hardware = names.hardware_class(args.hardware)
     config = ModelConfig.load(source)
     context = (args.context if args.context is not None

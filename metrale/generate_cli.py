@@ -14,6 +14,7 @@ from pathlib import Path
 
 from metrale.cli import command
 from metrale.lkb.errors import ConfigError
+from metrale.terminal import int_at_least
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
@@ -91,18 +92,19 @@ def run_text(args: argparse.Namespace) -> int:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a checkpoint directory (or a built-in name: ids only)")
     p.add_argument("--hardware", default="host", help="the hardware class to run on")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind: loopback keeps the server on this machine")
+    p.add_argument("--port", type=int_at_least(0, 65535), default=8000, help="TCP port to bind")
     p.add_argument("--name", default=None, help="the model id clients ask for "
                                                 "(default: the directory's name)")
-    p.add_argument("--slots", type=int, default=8,
+    p.add_argument("--slots", type=int_at_least(1), default=8,
                    help="KV slots: requests served at once (more get 429)")
-    p.add_argument("--context", type=int, default=1024, help="positions per slot")
-    p.add_argument("--act", choices=("bf16", "f32"), default="bf16")
+    p.add_argument("--context", type=int_at_least(1), default=1024, help="positions per slot")
+    p.add_argument("--act", choices=("bf16", "f32"), default="bf16", help="activation dtype")
     p.add_argument("--quant", default=None, help="weight format (default: the checkpoint's)")
     p.add_argument("--policy", choices=("exact", "bounded"), default="exact",
                    help="numerics: exact plans give a request the same tokens alone or batched")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="uvicorn's log level")
 
 
 @command("serve", "serve a model over an OpenAI-compatible HTTP API (completions, chat, "

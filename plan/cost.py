@@ -139,17 +139,27 @@ def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_re
 
 
 def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
-    """How many times a launch reads its weights: the blocks its grid tiles the rows into
-    (the grid at these rows over the grid at one row; a GEMV's blocks of 8 rows, a GEMM's row
-    tiles), 1 for a host callable or where the grid does not depend on the rows."""
+    """How many times a kernel reads its weights: the blocks into which the launch doing its
+    work tiles the rows (a GEMV's blocks of rows, a GEMM's row tiles), over that launch's grid at
+    the fewest rows it runs for. The launch doing the work is the kernel's own, or, where its
+    grid is empty at these rows, the first of its chain that runs (a multi-row GEMV entry, which
+    runs from 2 or 9 rows on). 1 for a host callable or where no grid depends on the rows."""
     if kernel is None or kernel.launch is None or "rows" not in numbers:
         return 1.0
+    rows = int(numbers["rows"])
+
+    def grids(r: int) -> list[int]:
+        return [math.prod(shape[0]) for shape in kernel.chain_shapes({**numbers, "rows": r})]
+
     try:
-        here = kernel.launch_for(numbers)[0]
-        one = kernel.launch_for({**numbers, "rows": 1})[0]
+        here = grids(rows)
+        i = next((i for i, g in enumerate(here) if g), None)
+        if i is None:
+            return 1.0
+        base = next(b for r in range(1, rows + 1) if (b := grids(r)[i]) > 0)
     except Exception:  # noqa: BLE001 - a kernel that cannot launch here is refused elsewhere
         return 1.0
-    return max(1.0, math.prod(here) / max(1, math.prod(one)))
+    return max(1.0, here[i] / base)
 
 
 def _flops(fam: Family, env: Mapping[str, int | float]) -> float:

@@ -235,9 +235,7 @@ class Kernel:
         >>> [(e, shape[0]) for e, _, shape in k.launches_for({"rows": 3, "h": 1024})]
         [('metrale_rmsnorm', (3, 1, 1))]
         """
-        env = self._launch_env(sizes)
-        shapes = (self.launch.bind(env, empty=bool(self.then)),
-                  *(t.launch.bind(env, empty=True) for t in self.then))
+        shapes = self.chain_shapes(sizes)
         made = tuple((entry, args, shape) for (entry, args), shape
                      in zip(self.calls, shapes, strict=True) if 0 not in shape[0])
         if not made:
@@ -247,6 +245,14 @@ class Kernel:
                               found=", ".join(f"{e}{s[0]}" for (e, _), s
                                               in zip(self.calls, shapes, strict=True)))
         return made
+
+    def chain_shapes(self, sizes: Mapping[str, int | float]
+                     ) -> tuple[tuple[tuple[int, int, int], tuple[int, int, int], int], ...]:
+        """``(grid, block, shared)`` of every launch of the chain at these sizes, in the order of
+        :attr:`calls`, those with an empty grid (not made there) included."""
+        env = self._launch_env(sizes)
+        return (self.launch.bind(env, empty=bool(self.then)),
+                *(t.launch.bind(env, empty=True) for t in self.then))
 
     def _launch_env(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
         """:meth:`sizes`, once the kernel's limits are found to hold there."""

@@ -25,7 +25,7 @@ from metrale.realize.evidence import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from stale_evidence import MODELS, POLICIES, unmeasured  # noqa: E402
+from stale_evidence import MODELS, POLICIES, awaiting_device, unmeasured  # noqa: E402
 
 H = hash_source("__global__ void rmsnorm() {}")
 
@@ -305,6 +305,16 @@ def test_the_shipped_evidence_measures_every_kernel_of_the_benchmarked_plans(mod
     the last row's) of the benchmarked models (a dense qwen3, a llama and the qwen3_moe)
     launch, in bf16, fp8, mxfp4 and nvfp4 under either policy, has a record whose source hash
     matches the kernel's source today: a kernel edited without a new record run shows here as
-    unmeasured, listed by benchmarks/stale_evidence.py under the first plan that launches it."""
-    left = unmeasured("sm_90", [model], policies=[policy])
+    unmeasured, listed by benchmarks/stale_evidence.py under the first plan that launches it,
+    unless kernels/sm_90/AWAITING_DEVICE.toml lists its source as awaiting a device run."""
+    left = unmeasured("sm_90", [model], policies=[policy], awaiting=awaiting_device("sm_90"))
     assert not left, left
+
+
+@pytest.mark.parametrize("source", sorted(awaiting_device("sm_90")))
+def test_a_source_awaiting_a_device_run_is_one_whose_records_are_stale(source):
+    """The sources listed as awaiting a device run are exactly ones whose records are stale:
+    with every other listed source excused, this one still leaves kernels unmeasured (once a
+    device run records it again, its entry must leave the list)."""
+    others = set(awaiting_device("sm_90")) - {source}
+    assert unmeasured("sm_90", ["qwen3-0.6b"], awaiting=others), source
