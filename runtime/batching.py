@@ -148,11 +148,12 @@ class Batcher:
                 or request.max_tokens < 1:
             raise ConfigError("bad token limit", key="max_tokens", expected="an integer >= 1",
                               found=repr(request.max_tokens))
-        if n + request.max_tokens > eng.max_ctx:
-            key = "prompt" if n >= eng.max_ctx else "max_tokens"
-            raise ConfigError("the prompt and the tokens asked for exceed the context",
-                              key=key, expected=f"prompt + max_tokens <= {eng.max_ctx}",
-                              found=f"{n} + {request.max_tokens}")
+        if n + request.max_tokens - 1 > eng.max_ctx:  # the last token is sampled, never fed
+            key = "prompt" if n > eng.max_ctx else "max_tokens"
+            raise ConfigError("prompt and steps do not fit the context", key=key,
+                              expected=f"prompt + max_tokens - 1 <= {eng.max_ctx} (at most "
+                                       f"{max(eng.max_ctx - n + 1, 0)} steps)",
+                              found=f"{n} + {request.max_tokens} - 1")
         eng._check_ids(request.prompt)
 
     def admit(self, request: Request) -> Running:

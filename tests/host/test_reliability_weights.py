@@ -262,7 +262,7 @@ def test_steps_beyond_the_context_fail_before_running(capsys):
             eng.generate([1, 2, 3, 4], 14)
         assert "at most 13 steps" in str(e.value)
         assert eng.lengths == [0]  # nothing ran
-        assert len(eng.generate([1, 2, 3, 4], 13)) == 13
+        assert len(eng.generate([1, 2, 3, 4], 13).ids) == 13  # returns a Generation
     status, out, err = _met(capsys, "run", "--context", "16", "--steps", "20")
     assert status == 3 and out == "" and "at most 9 steps" in err
 
