@@ -99,7 +99,7 @@ def _run(ckpt, ref):
         rows = [engine.prefill(PROMPT)]
         for i in range(STEPS):
             rows.append(engine.decode([ref.greedy_tokens[i]]))
-        tokens = engine.generate(PROMPT, STEPS + 1)
+        tokens = list(engine.generate(PROMPT, STEPS + 1).ids)  # a Generation since i50
     return rows, tokens
 
 
