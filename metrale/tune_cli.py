@@ -4,8 +4,9 @@
 time, and the step timed where it runs); then every alternative the search enumerated
 (``plan.search.alternatives``: each matmul point, each site's alternatives), each kernel of
 each timed alone at the plan's sizes (``runtime.bench.kernel_times``); the times are recorded
-as evidence of the class (``plan.cost.time_records``, ``record_times``: ``time@<shape>`` in
-microseconds, with the source hash of what ran); then the plan is made again, now priced by
+as evidence of the class in the evidence store (``plan.cost.time_records``, ``record_times``:
+``time@<shape>`` in microseconds, with the source hash of what ran; never into the installed
+kernels); then the plan is made again, now priced by
 what was measured, and its step timed. Timing is real wherever it runs: on the host, the
 reference semantics through NumPy.
 
@@ -24,7 +25,6 @@ import argparse
 import datetime
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -61,7 +61,6 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
     from metrale.plan.cost import record_times, shape_of, time_records
     from metrale.plan.plan import plan_for
     from metrale.plan.search import alternatives
-    from metrale.realize.evidence import EVIDENCE_FILE
     from metrale.realize.target import target
     from metrale.runtime.bench import kernel_times, time_decode, time_prefill
     from metrale.runtime.engine import Engine
@@ -101,7 +100,7 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             records = time_records(timed.values(), T.hw, device, _toolchain(T.hw),
                                    datetime.date.today().isoformat())
             if record and records:
-                record_times(Path(T.kernels_dir) / T.hw.name / EVIDENCE_FILE, records)
+                record_times(records)
             after = make()
             eng.use_plan(after)
             step_after = _step(eng, mode, r, steps, time_decode, time_prefill)

@@ -258,8 +258,12 @@ class CostModel:
     def _nearest(self, family: str, point: str, source_hash: str,
                  shape: Mapping[str, int | float]) -> tuple[Any, dict] | None:
         best = None
-        for r, at in _time_index(self.evidence).get((self.hw.name, family, point, source_hash),
-                                                    ()):
+        key = ("time", family, point, source_hash)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = _time_records(self.evidence, self.hw.name, family, point,
+                                                    source_hash)
+        for r, at in found:
             if set(at) != set(shape):
                 continue
             d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
@@ -270,24 +274,17 @@ class CostModel:
         return None if best is None else (best[1], best[2])
 
 
-_INDEX: dict[int, tuple[Any, dict]] = {}
-
-
-def _time_index(evidence: Any) -> dict[tuple[str, str, str, str], list[tuple[Any, dict]]]:
-    """The time records of ``evidence`` by (class, family, point, source hash), built once per
-    evidence value (a Target's evidence is read once while its file is unchanged)."""
-    hit = _INDEX.get(id(evidence))
-    if hit is not None and hit[0] is evidence:
-        return hit[1]
-    index: dict[tuple[str, str, str, str], list[tuple[Any, dict]]] = {}
-    for r in evidence:
+def _time_records(evidence: Any, hw: str, family: str, point: str,
+                  source_hash: str) -> list[tuple[Any, dict]]:
+    """The time records of one kernel on ``hw`` with their shapes: asked of ``evidence`` (an
+    :class:`~metrale.realize.evidence.Evidence`: the shipped export and the store) for this
+    point only."""
+    out = []
+    for r in evidence.records_of(hw, family, point):
         at = parse_shape_metric(r.metric) if r.unit == "us" else None
-        if at is not None:
-            index.setdefault((r.hw, r.family, r.point, r.source_hash), []).append((r, at))
-    if len(_INDEX) > 64:
-        _INDEX.clear()
-    _INDEX[id(evidence)] = (evidence, index)
-    return index
+        if at is not None and r.source_hash == source_hash:
+            out.append((r, at))
+    return out
 
 
 def _neg_date(date: str) -> tuple[int, ...]:
@@ -324,8 +321,10 @@ def time_records(rows: Iterable[tuple[Any, Mapping[str, int | float], float]], h
             for k, shape, us in rows]
 
 
-def record_times(path: Any, records: Iterable[Any]) -> None:
-    """Append time records to the class's evidence (the one place kernel times are written)."""
-    from metrale.realize.evidence import append_records
+def record_times(records: Iterable[Any], store: Any = None) -> int:
+    """Add time records to the evidence store (default: the user's, in the cache directory;
+    never the installed package): the one place kernel times are written. Returns how many
+    were new; plans of the class read them through its Target's evidence."""
+    from metrale.realize.evidence import record_evidence
 
-    append_records(path, records)
+    return record_evidence(records, store)

@@ -125,7 +125,7 @@ def alternatives(choice: Choice) -> tuple[Choice, ...]:
     return tuple(out)
 
 
-_CHOICES: dict[tuple, tuple[Any, Choice]] = {}
+_CHOICES: dict[tuple, tuple[Any, Choice, Any]] = {}
 
 
 def bucket_of(T: Any, mode: str, rows: int) -> int:
@@ -147,11 +147,13 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
     policy = policy or T.policy
     bucket = bucket_of(T, mode, rows)
     P = presentation if presentation is not None else T.presentation
-    # by the Target's identity: a Target is rebuilt when its files (its evidence among them)
-    # change, and a rebuilt one compares equal to the old
-    key = (id(T), config, quant, mode, bucket, act, context, logits, policy, P)
+    # by the identities of the Target and of its evidence: a Target is rebuilt when its files
+    # change (a rebuilt one compares equal to the old), its evidence is read again when the
+    # export or the store changes (a record made since can change the choice)
+    evidence = T.evidence
+    key = (id(T), id(evidence), config, quant, mode, bucket, act, context, logits, policy, P)
     hit = _CHOICES.get(key)
-    if hit is not None and hit[0] is T:
+    if hit is not None and hit[0] is T and hit[2] is evidence:
         return hit[1]
     F = F if F is not None else T.realization()
     allowed = MATMUL_SHAPES
@@ -167,7 +169,7 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
     out = _search(config, quant, mode, bucket, act, context, logits, T, F, P, policy, allowed)
     if len(_CHOICES) >= 256:
         _CHOICES.clear()
-    _CHOICES[key] = (T, out)
+    _CHOICES[key] = (T, out, evidence)
     return out
 
 

@@ -28,7 +28,7 @@ import attrs
 from metrale.lkb.errors import ConfigError
 from metrale.lkb.presentation import FAMILIES_FILE, FUSIONS_FILE, Presentation
 from metrale.lkb.target import KernelTarget
-from metrale.realize.evidence import EVIDENCE_FILE, EvidenceLoad, load_evidence
+from metrale.realize.evidence import EVIDENCE_FILE, Evidence, ExportFile
 from metrale.realize.functor import Realization, realization
 from metrale.realize.hardware import HardwareClass, default_kernels_dir
 
@@ -45,7 +45,7 @@ class Target:
     presentation: Presentation
     policy: str
     _leaves: dict[Any, tuple[tuple, Realization]] = attrs.field(factory=dict, repr=False)
-    _evidence: list[EvidenceLoad] = attrs.field(factory=list, repr=False)
+    _evidence: list[tuple[tuple, Evidence]] = attrs.field(factory=list, repr=False)
 
     def _key(self) -> tuple:
         return (self.hw.name, str(self.kernels_dir), self.presentation, self.policy)
@@ -72,13 +72,21 @@ class Target:
         return found[1]
 
     @property
-    def evidence(self) -> EvidenceLoad:
-        """The class's evidence (``<kernels>/<hw>/EVIDENCE.toml``), read on first use only:
-        a record counts only on the class that recorded it, so no other class's is read."""
-        if not self._evidence:
-            self._evidence.append(load_evidence(self.kernels_dir / self.hw.name / EVIDENCE_FILE,
-                                                hw=self.hw.name))
-        return self._evidence[0]
+    def evidence(self) -> Evidence:
+        """The class's evidence: its shipped export (``<kernels>/<hw>/EVIDENCE.toml``) and the
+        user's store (:mod:`metrale.realize.evidence_store`), read lazily by point. A record
+        counts only on the class that recorded it, so no other class's export is read. Read
+        again when the export or the store changes (a record made since shows), else kept."""
+        from metrale.realize.evidence_store import EvidenceStore
+
+        store = EvidenceStore.default()
+        export = self.kernels_dir / self.hw.name / EVIDENCE_FILE
+        side = (store.path.with_name(store.path.name + "-wal"),)
+        stamp = (str(store.path), _stamp((export, store.path, *side)))
+        if not self._evidence or self._evidence[0][0] != stamp:
+            exports = (ExportFile(export, self.hw.name),) if export.is_file() else ()
+            self._evidence[:] = [(stamp, Evidence(exports, store))]
+        return self._evidence[0][1]
 
     def files(self) -> tuple[Path, ...]:
         """The files this Target was read from (whose changes make :func:`target` rebuild)."""

@@ -490,14 +490,16 @@ class Engine:
         self.loader = loader or default_loader
         self.lengths = [0] * slots
         self.text: Any = None  # the checkpoint's Text (tokenizer, template), when it has one
-        self._programs: dict[tuple[str, int], Program] = {}
-        self._plans: dict[tuple[str, int], Plan] = {}
+        self._programs: dict[tuple[str, int, str, bool], Program] = {}
+        self._plans: dict[tuple[str, int, str, bool], Plan] = {}
         try:
             self._bind(weights)
             # the loader this engine chose compiles now, not inside the first step (a caller's
             # own loader is the caller's to prepare)
             if loader is None and hasattr(self.loader, "prepare"):
-                plans = [self.plan("decode", rows) for rows in sorted({1, slots})]
+                # the decode plans as generation runs them, ending in ``sample`` (their
+                # launches are the plain decode plan's and the sampler's)
+                plans = [self.plan("decode", rows, sample=True) for rows in sorted({1, slots})]
                 plans.append(self.plan("prefill", min(PREPARE_PREFILL_ROWS, max_ctx)))
                 self.loader.prepare(plans, progress=progress)
         except BaseException as e:
@@ -628,13 +630,15 @@ class Engine:
     def use_plan(self, plan: Plan) -> None:
         """Run ``plan`` for its step (mode, rows, logits) from now on, in place of the one the
         planner chose: a plan of this engine's model, quant and class (``met tune`` times the
-        alternatives so). The step's program is rebuilt on next use."""
+        alternatives so). The step's program is rebuilt on next use. A plan that ends with the
+        ``sample`` family is the sampling step's."""
         if (plan.target.model, plan.target.quant, plan.target.hw) != (
                 self.config.name, self.quant, self.hardware):
             raise ConfigError("a plan of another target", key="plan",
                               expected=f"{self.config.name} {self.quant} on {self.hardware}",
                               found=str(plan.target))
-        key = (plan.mode, plan.rows, plan.logits)
+        sample = any(k.family == "sample" for k in plan.kernels)
+        key = (plan.mode, plan.rows, plan.logits, sample)  # the keys of plan() and program()
         old = self._programs.pop(key, None)
         if old is not None:
             old.close()

@@ -18,12 +18,21 @@ from metrale.plan.cost import CostModel, record_times, shape_of, time_records
 from metrale.plan.lower import lowering
 from metrale.plan.plan import plan_for
 from metrale.plan.search import ALTERNATIVE, _Evaluator, _search_shape, alternatives
-from metrale.realize.evidence import EVIDENCE_FILE
+from metrale.realize.evidence_store import EvidenceStore
 from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.target import target
 from metrale.runtime.engine import random_weights
 from metrale.runtime.executor import Program, bind_externals
 from metrale.runtime.host_backend import HostBackend
+
+
+@pytest.fixture(autouse=True)
+def _store(tmp_path: Path, monkeypatch) -> EvidenceStore:
+    """Each test records in a store of its own: time records go to the evidence store (never
+    the installed kernels), and one test's records must not price another's plans."""
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
+    return store
 
 
 @pytest.fixture
@@ -40,9 +49,8 @@ def _record(root: Path, plan, family: str, us: float) -> None:
             shape = shape_of(plan.hw_target.presentation.family(family), k.box, dict(plan.sizes))
             rows[(str(k.point), tuple(sorted(shape.items())))] = (k.kernel, shape, us)
     assert rows, family
-    record_times(root / "host" / EVIDENCE_FILE,
-                 time_records(rows.values(), plan.hw_target.hw, "test CPU", "numpy",
-                              "2026-12-01"))
+    assert record_times(time_records(rows.values(), plan.hw_target.hw, "test CPU", "numpy",
+                                     "2026-12-01")) == len(rows)
 
 
 # -- exact against exhaustive enumeration ---------------------------------------------------
@@ -178,9 +186,9 @@ def test_decode_buckets_choose_apart_and_keep_row_invariance(kernels: Path) -> N
 
 # -- met tune on the host -------------------------------------------------------------------
 
-def test_met_tune_times_records_and_replans(kernels: Path, capsys) -> None:
+def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore,
+                                            capsys) -> None:
     from metrale.cli import main
-    from metrale.realize.evidence import load_evidence
 
     assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context", "32",
                  "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
@@ -190,9 +198,10 @@ def test_met_tune_times_records_and_replans(kernels: Path, capsys) -> None:
     [row] = json.loads(capsys.readouterr().out)
     assert row["recorded"] == row["kernels_timed"] > 0 and row["alternatives"] >= 2
     assert row["measured_before_us"] > 0 and row["measured_after_us"] > 0
-    records = load_evidence(kernels / "host" / EVIDENCE_FILE, hw="host")
-    assert records.ok and len(records.records) == row["recorded"]
-    assert all(r.metric.startswith("time@") and r.unit == "us" for r in records.records)
+    records = _store.records("host")  # in the store; the kernels folder is left as it was
+    assert len(records) == row["recorded"]
+    assert all(r.metric.startswith("time@") and r.unit == "us" for r in records)
+    assert not (kernels / "host" / "EVIDENCE.toml").exists()
     after = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels, context=33)
     assert all(k.cost.kind == "measured" for k in after.launches), [
         k.cost.source for k in after.launches if k.cost.kind != "measured"]
@@ -210,7 +219,7 @@ def test_the_engine_runs_the_bucket_program_and_a_row_keeps_its_bytes() -> None:
     for slots in (4, 3):
         with Engine.load("tiny-llama", max_ctx=16, slots=slots, graphs=False) as eng:
             steps = [eng.decode([5, 17, 3]), eng.decode([8, 1, 250])]
-            assert ("decode", min(4, slots), "all") in eng._programs
+            assert ("decode", min(4, slots), "all", False) in eng._programs  # False: no sample
             caches = {n: eng.backend.copy_d2h(p, p.nbytes)[:3 * eng._slot_bytes[n]]
                       for n, p in eng.caches.items()}
             out[slots] = (steps, caches)

@@ -18,10 +18,19 @@ from metrale.plan.cost import (
     time_records,
 )
 from metrale.plan.plan import plan_for
-from metrale.realize.evidence import EVIDENCE_FILE
+from metrale.realize.evidence_store import EvidenceStore
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
+
+
+@pytest.fixture(autouse=True)
+def _store(tmp_path: Path, monkeypatch) -> EvidenceStore:
+    """Each test records in a store of its own: time records go to the evidence store (never
+    the installed kernels), and one test's records must not price another's plans."""
+    store = EvidenceStore(tmp_path / "evidence.sqlite")
+    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
+    return store
 
 
 @pytest.fixture
@@ -46,7 +55,7 @@ def _record(root: Path, plan, family: str, us: float, *, hw: str = "host",
         import attrs
 
         records = [attrs.evolve(r, source_hash=source_hash) for r in records]
-    record_times(root / hw / EVIDENCE_FILE, records)
+    assert record_times(records) == len(records)
 
 
 def test_every_kernel_is_costed_by_the_model_with_its_source() -> None:
