@@ -157,7 +157,7 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
     from metrale.runtime.cuda_loader import CudaPlanLoader
     from metrale.runtime.engine import PREPARE_PREFILL_ROWS
 
-    plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode="decode", rows=1),
+    plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode="decode", rows=1, sample=True),
              plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=PREPARE_PREFILL_ROWS)]
     units = {(k.kernel.source, k.kernel.defines) for p in plans for k in p.launches}
     cache = BuildCache(tmp_path / "cache")
