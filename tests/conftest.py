@@ -23,10 +23,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _own_evidence_store(tmp_path_factory):
-    """Tests read and record evidence in a store of their own, never the user's
-    (``$METRALE_EVIDENCE``; subprocesses inherit it)."""
+    """Each test reads and records evidence in a store of its own, never the user's nor
+    another test's (plans read the store: one test's records would price another's plans;
+    ``$METRALE_EVIDENCE``; subprocesses inherit it)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("METRALE_EVIDENCE",
                   str(tmp_path_factory.mktemp("evidence-store") / "evidence.sqlite"))
