@@ -60,6 +60,28 @@ PRAGMA user_version = {SCHEMA_VERSION};
 """
 
 
+def _set_up(conn: Any, version: int) -> None:
+    """WAL, and the schema where the file is new. Two writers opening a new store at once race
+    for the journal-mode switch, which SQLite answers "locked" at once rather than through the
+    busy handler: the loser waits and tries again, within the busy timeout."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # in WAL: a crash loses no commit
+            if version == 0:
+                conn.executescript(_SCHEMA)  # idempotent: IF NOT EXISTS, then the version
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def default_store_path() -> Path:
     """``$METRALE_EVIDENCE``, else ``evidence.sqlite`` in the cache root."""
     if os.environ.get("METRALE_EVIDENCE"):
@@ -107,11 +129,7 @@ class EvidenceStore:
                 raise EvidenceError("evidence store of another schema version", file=self.path,
                                     expected=SCHEMA_VERSION, found=version)
             if write:
-                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")  # in WAL: a crash loses no commit
-                if version == 0:
-                    conn.executescript(_SCHEMA)
+                _set_up(conn, version)
             yield conn
         except sqlite3.DatabaseError as e:
             raise _unreadable(self.path, e) from None
