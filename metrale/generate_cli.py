@@ -104,21 +104,24 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default=None, help="weight format (default: the checkpoint's)")
     p.add_argument("--policy", choices=("exact", "bounded"), default="exact",
                    help="numerics: exact plans give a request the same tokens alone or batched")
-    p.add_argument("--log-level", default="info", help="uvicorn's log level")
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="uvicorn's log level")
 
 
 @command("serve", "serve a model over an OpenAI-compatible HTTP API (completions, chat, "
                   "streaming), batching concurrent requests")(_serve_args)
 def serve_command(args: argparse.Namespace) -> int:
     from metrale.runtime.engine import Engine
-    from metrale.serve import serve
+    from metrale.serve import listen, serve
 
     if not 0 < args.port < 65536:
         raise ConfigError("bad port", key="--port", expected="1..65535", found=args.port)
-    eng = Engine.load(args.model, hardware=args.hardware, quant=args.quant, act=args.act,
-                      max_ctx=args.context, slots=args.slots, policy=args.policy)
-    name = args.name or Path(str(args.model)).name
-    print(f"met serve: {name} ({eng.quant}, act {eng.act}, {eng.slots} slots × {eng.max_ctx} "
-          f"positions) on http://{args.host}:{args.port}", file=sys.stderr)
-    serve(eng, name, host=args.host, port=args.port, log_level=args.log_level)
+    with listen(args.host, args.port) as sock:  # a bad address fails before the model loads
+        eng = Engine.load(args.model, hardware=args.hardware, quant=args.quant, act=args.act,
+                          max_ctx=args.context, slots=args.slots, policy=args.policy)
+        name = args.name or Path(str(args.model)).name
+        print(f"met serve: {name} ({eng.quant}, act {eng.act}, {eng.slots} slots × "
+              f"{eng.max_ctx} positions) on http://{args.host}:{args.port}", file=sys.stderr)
+        serve(eng, name, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -42,7 +43,7 @@ from metrale.openai_api import (
 from metrale.runtime.batching import Batcher, Busy, Event, Request, Running
 from metrale.runtime.generate import prompt_ids
 
-__all__ = ["Server", "make_app", "serve"]
+__all__ = ["Server", "listen", "make_app", "serve"]
 
 MAX_BODY = 4 << 20
 """Largest request body read (bytes); a larger one is a 413."""
@@ -256,12 +257,45 @@ async def _stream(server: Server, run: Running, queue: asyncio.Queue, kind: str,
         server.release(run)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening, or a ``ConfigError`` naming the flag:
+    ``met serve`` binds before it loads the model, so a bad address fails at once.
+
+    >>> listen("../..", 8000)
+    Traceback (most recent call last):
+    ...
+    metrale.lkb.errors.ConfigError: --host: cannot resolve the address (expected an IP address or a host name this machine resolves, found '../..')
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        raise ConfigError("cannot resolve the address", key="--host",
+                          expected="an IP address or a host name this machine resolves",
+                          found=repr(host)) from e
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError("cannot listen on the address", key="--port",
+                          expected="a free port on an address of this machine",
+                          found=f"{host}:{port} ({e.strerror or e})") from e
+    return sock
+
+
 def serve(engine: Any, name: str, *, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info", graceful_s: float = 10.0) -> None:
+          log_level: str = "info", graceful_s: float = 10.0,
+          sock: socket.socket | None = None) -> None:
     """Serve ``engine`` until interrupted (uvicorn handles SIGINT/SIGTERM: it stops taking
-    connections, waits up to ``graceful_s`` for open ones, then the lifespan cancels the rest)."""
+    connections, waits up to ``graceful_s`` for open ones, then the lifespan cancels the rest),
+    on ``sock`` (from :func:`listen`) or on a socket bound to ``host:port`` now."""
     import uvicorn
 
+    sock = sock if sock is not None else listen(host, port)
     config = uvicorn.Config(make_app(Server(engine, name)), host=host, port=port,
                             log_level=log_level, timeout_graceful_shutdown=graceful_s)
-    uvicorn.Server(config).run()
+    with sock:
+        uvicorn.Server(config).run(sockets=[sock])

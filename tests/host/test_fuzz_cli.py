@@ -144,6 +144,15 @@ def _sandbox(monkeypatch):
     monkeypatch.setenv("METRALE_CACHE", str(SCRATCH / "cache"))
     monkeypatch.setenv("METRALE_REGISTRY", str(SCRATCH / "registry"))
     monkeypatch.setenv("COLUMNS", "100")
+    # a valid ``met serve`` line binds its address and loads its model, then would serve until
+    # interrupted: here it builds the app on the bound socket and returns instead of serving
+    from metrale import serve
+
+    def serve_once(engine, name, *, sock=None, **kwargs):
+        serve.make_app(serve.Server(engine, name))
+        assert sock is not None and sock.getsockname()  # bound before the model loaded
+
+    monkeypatch.setattr(serve, "serve", serve_once)
 
 
 def test_the_statuses_include_the_cli_ones():

@@ -305,3 +305,24 @@ def test_quantize_names_its_formats_the_same_in_help_and_error(capsys):
     assert err == f"met: --to: unknown weight format (expected {quant_names()}, found 'fp9'); did you mean 'fp8'?\n"
     status, _, err = _met(capsys, "quantize", "src", "dst", "--to", "bf16")
     assert status == 3 and "found 'bf16')\n" in err
+
+
+@pytest.mark.parametrize("host", ["../..", "", "☃", "x" * 300])
+def test_serve_refuses_an_address_that_does_not_resolve_before_loading(capsys, host):
+    status, out, err = _met(capsys, "serve", "/nonexistent/model", "--host", host)
+    assert status == 3 and out == ""  # the model (which does not exist) was never loaded
+    assert err == ("met: --host: cannot resolve the address (expected an IP address or a host "
+                   f"name this machine resolves, found {host!r})\n")
+
+
+def test_serve_refuses_a_port_in_use_before_loading(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        status, out, err = _met(capsys, "serve", "/nonexistent/model", "--port", str(port))
+    assert status == 3 and out == ""
+    assert err.startswith(f"met: --port: cannot listen on the address (expected a free port on an "
+                          f"address of this machine, found 127.0.0.1:{port} (")
