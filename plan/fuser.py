@@ -528,6 +528,9 @@ def _judge(rel: Relation, lhs: Diagram, rhs: Diagram, m: _Match, d: Diagram, ix:
                     name = rel.lhs.calls[ci].outs[p]  # the relation's name for the wire
                     return (f"intermediate value {name} is used outside the pattern", None,
                             "")
+    for (ci, p), src in sorted(names.items()):
+        if ci < 0 and src[0] in inside:  # e.g. add(y, y) matched as linear_add's r = y
+            return (f"input {p} of the pattern is computed inside it", None, "")
     if not _convex(d, ix, inside):
         return ("fusing would create a cycle (a path leaves the pattern and comes back)",
                 None, "")

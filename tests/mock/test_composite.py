@@ -143,3 +143,20 @@ def test_an_ill_typed_relation_is_no_diagram():
                    parse_side("z = linear(x, w)", "F", "rhs"), "bit_identical")
     with pytest.raises(AxiomError, match="relation bad"):
         equation(bad, P)
+
+
+def test_a_pattern_input_computed_inside_the_match_is_declined():
+    """add(y, y) after y = linear(x, w) looks like linear_add(x, w, r) with r = y, but r is the
+    pattern's own output: fusing it would read a wire nothing produces any more."""
+    from metrale.lkb.diagram import Diagram
+    from metrale.lkb.ty import Ty
+
+    c = circuit_for("tiny-qwen3", "bf16")
+    F = target("sm_90").realization(KernelTarget("sm_90", "tiny-qwen3", "bf16"))
+    down = next(b for b in c.diagram.boxes if dict(b.params).get("role") == "down_proj")
+    add = next(b for b in c.diagram.boxes if b.name == "add")
+    d = Diagram.flat(down.dom, Ty(), (down, add), (((-1, 0), (-1, 1)), ((0, 0), (0, 0))), ())
+    R = rewriting(F, "exact", sizes={**c.sizes(1024), "context": 1024})
+    out = (lowering(c).functor >> R)(d)
+    assert [b.name for b in out.boxes] == ["linear", "add"]
+    assert out.wiring[1] == ((0, 0), (0, 0))
