@@ -290,7 +290,8 @@ def serve(engine: Any, name: str, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", graceful_s: float = 10.0,
           sock: socket.socket | None = None) -> None:
     """Serve ``engine`` until interrupted (uvicorn handles SIGINT/SIGTERM: it stops taking
-    connections, waits up to ``graceful_s`` for open ones, then the lifespan cancels the rest),
+    connections, waits up to ``graceful_s`` for open ones, then the lifespan cancels the rest;
+    the return is then normal, so ``met serve`` stopped that way exits 0),
     on ``sock`` (from :func:`listen`) or on a socket bound to ``host:port`` now."""
     import uvicorn
 
@@ -298,4 +299,9 @@ def serve(engine: Any, name: str, *, host: str = "127.0.0.1", port: int = 8000,
     config = uvicorn.Config(make_app(Server(engine, name)), host=host, port=port,
                             log_level=log_level, timeout_graceful_shutdown=graceful_s)
     with sock:
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:
+            # uvicorn raises the signal it stopped on again once its shutdown is done: a server
+            # stopped by Ctrl-C or SIGTERM after draining has done its job (status 0)
+            pass

@@ -14,6 +14,9 @@ The README is read generically, fence by fence; this is the convention its autho
 * ``python`` fences run in README order in one namespace (a snippet may use an earlier one's
   names); a fence whose first line is ``# needs: REASON`` is skipped.
 * ``<!-- readme-test: skip -->`` on the line before a fence skips that fence.
+* A command that serves until interrupted (``met serve``) runs as a user runs it: in its own
+  process on a free port, until ``GET /health`` answers 200; then Ctrl-C must stop it with
+  status 0.
 
 Commands run in a scratch folder, with ``METRALE_CACHE`` and ``METRALE_REGISTRY`` there too.
 """
@@ -25,13 +28,18 @@ import io
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from metrale import cli
-from tests.host.test_reliability_weights import tiny_checkpoint
+from tests.text_checkpoint import make_text_checkpoint
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SHELL_FENCES = {"bash", "sh", "shell", "console", "text"}
@@ -39,8 +47,11 @@ PLACEHOLDERS = {
     "MODEL": "tiny-qwen3", "Q": "bf16", "QUANT": "bf16", "H": "host", "HW": "host",
     "HARDWARE": "host", "N": "2", "P": "exact", "POLICY": "exact", "HW_OR_QUANT": "fp8",
     "DIR": "{ckpt}", "CHECKPOINT": "{ckpt}", "SRC": "{ckpt}", "DST": "{dst}",
+    "T": "0.7", "TOP_P": "0.9", "S": "1",
 }
 _NEEDS = re.compile(r"#\s*needs:\s*(\S.*)$")
+SERVERS = {"serve"}
+"""Subcommands that serve until interrupted (run by :func:`_serve`, not in-process)."""
 
 
 def fences(text: str) -> list[tuple[str, str, int, bool]]:
@@ -131,7 +142,7 @@ def test_the_readme_has_a_cli_section_to_check():
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     d = tmp_path_factory.mktemp("readme")
-    tiny_checkpoint(d / "ckpt")
+    make_text_checkpoint(d / "ckpt")
     return d
 
 
@@ -143,6 +154,40 @@ def _met(argv: list[str]) -> tuple[int, str]:
         except SystemExit as e:
             status = e.code
     return status, out.getvalue() + err.getvalue()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(argv: list[str], ready_s: float = 120.0) -> tuple[int, str]:
+    """Start the server ``met *argv`` on a free port, wait for ``GET /health`` to answer 200,
+    then interrupt it as Ctrl-C does: its exit status and output (-1 if it never answered)."""
+    port = _free_port()
+    if "--port" in argv:
+        argv = argv[:argv.index("--port")] + argv[argv.index("--port") + 2:]
+    proc = subprocess.Popen([sys.executable, "-m", "metrale", *argv, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    answered, deadline = False, time.monotonic() + ready_s
+    try:
+        while not answered and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    answered = r.status == 200
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            return -1, out + "\n(did not stop within 60 s of Ctrl-C)"
+    return (proc.returncode if answered else -1), out
 
 
 @pytest.mark.slow
@@ -161,7 +206,7 @@ def test_each_readme_command_parses_and_runs(k, scratch, monkeypatch):
     why = f"needs {needs}" if needs else _runnable(minimal)
     if why:
         pytest.skip(f"README.md:{line}: {why}")
-    status, text = _met(minimal)
+    status, text = _serve(minimal) if minimal[0] in SERVERS else _met(minimal)
     assert status == 0, f"README.md (fence at line {line}): `met {' '.join(minimal)}` exited {status}:\n{text}"
 
 
