@@ -32,3 +32,34 @@ def _own_evidence_store(tmp_path_factory):
         mp.setenv("METRALE_EVIDENCE",
                   str(tmp_path_factory.mktemp("evidence-store") / "evidence.sqlite"))
         yield
+
+
+FULL_ENV = "METRALE_FULL_TESTS"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", default=bool(os.environ.get(FULL_ENV)),
+        help="also run the full tier (tests marked `full`: every NVIDIA class's every compile "
+             f"unit, the emulation at every shape); also ${FULL_ENV}=1")
+
+
+def full_tier(config: pytest.Config) -> bool:
+    """Whether this run includes the full tier (``--full``)."""
+    return bool(config.getoption("--full"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ``--full``, the tests marked ``full`` are deselected (the run's summary counts
+    them): the default run is the one CI runs, the full tier the one to run before a kernel or
+    class change is merged."""
+    if full_tier(config):
+        return
+    dropped = [item for item in items if item.get_closest_marker("full")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("full")]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return "tier: full" if full_tier(config) else "tier: default (the full tier: --full)"

@@ -39,52 +39,108 @@ def compile_jobs() -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
+def run_temp(tmp_path_factory) -> Path:
+    """The run's own temporary folder, which its xdist workers share (each worker's base
+    temporary folder is inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def build_dir(tmp_path_factory):
-    """One folder of emulation builds (tests/host/simt) for the whole run: a kernel source built
-    with one define set serves every test module that runs it, the kernels' own tests and the
-    whole-model ones alike."""
-    return tmp_path_factory.mktemp("simt")
+def build_dir(tmp_path_factory) -> Path:
+    """The folder of emulation builds (tests/host/simt), shared by the run's workers and kept
+    across runs (``simt/`` in :func:`run_build_cache`): a kernel source built with one define set
+    serves every test that runs it, on any worker, and is built again only when its inputs
+    change (each library is keyed by them and built under a lock by the first worker that needs
+    it)."""
+    return run_build_cache(run_temp(tmp_path_factory) / "cache") / "simt"
+
+
+MEASURED_CLASS = "sm_90"
+"""The NVIDIA class whose kernels the shipped evidence measures: the default tier builds its every
+compile unit."""
 
 
 class NvidiaBuilds:
-    """Every NVIDIA class's realized points built to PTX once for the whole run, through the
+    """NVIDIA classes' realized points built to PTX once for the whole run, through the
     production build (``realize.build``), with the machine's nvcc: the build tests check each
     class's report, the source tests read the PTX of each (source, define set). Sharing it keeps
     each (source, defines, arch) to one compile per run (and, through :func:`run_build_cache`,
-    to one compile until its inputs change): nvcc takes 1.5–2.5 s a unit here, and a class has
-    about 80."""
+    to one compile until its inputs change): nvcc takes 1–2.5 s a unit here, and a class has
+    about 100.
 
-    def __init__(self, root) -> None:
+    Which units (:meth:`kernels`): every one of :data:`MEASURED_CLASS`, and of every class in the
+    full tier (``--full``: some 700 compiles); in the default tier every other class compiles
+    each of its sources once, with one of the source's define sets, rotating over the classes so
+    that together they compile several of each source's sets (a compile error guarded by an
+    arch shows with any define set; one guarded by a define, on sm_90). :meth:`ptx_of` builds
+    one more unit on demand."""
+
+    def __init__(self, root: Path, full: bool) -> None:
         from metrale.realize.cache import BuildCache
         from metrale.realize.registry import Registry
 
         self.cache = BuildCache(run_build_cache(root / "cache"))
         self.registry = Registry(root / "registry")
+        self.full = full
         self._reports: dict = {}
         self._ptx: dict = {}
 
-    def report(self, hw: str):
-        """The build report of class ``hw``: every point its realization has a kernel for."""
-        if hw not in self._reports:
-            from metrale.lkb.target import KernelTarget
-            from metrale.realize.build import build
-            from metrale.realize.compute import NvidiaTarget
-            from metrale.realize.functor import realization
+    def kernels(self, hw: str) -> list:
+        """The realized kernels the run builds for class ``hw``: one per compile unit (source,
+        defines), the first point's by point order."""
+        from metrale.realize.functor import realization
+        from metrale.realize.hardware import load_hardware
 
-            self._reports[hw] = build(
-                [k.point for k in realization(hw).kernels()], hw,
-                target=KernelTarget(hw, "all", "all"), cache=self.cache,
-                registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
-                jobs=compile_jobs())
+        units: dict = {}
+        for k in sorted(realization(hw).kernels(), key=lambda k: str(k.point)):
+            units.setdefault((k.source, k.defines), k)
+        if self.full or hw == MEASURED_CLASS:
+            return list(units.values())
+        others = sorted(c.name for c in load_hardware() if c.vendor.value == "nvidia"
+                        and c.arch is not None and c.name != MEASURED_CLASS)
+        turn = others.index(hw) if hw in others else 0
+        by_source: dict = {}
+        for (source, _), k in sorted(units.items()):
+            by_source.setdefault(source, []).append(k)
+        return [ks[turn % len(ks)] for _, ks in sorted(by_source.items())]
+
+    def report(self, hw: str):
+        """The build report of class ``hw``'s units (:meth:`kernels`)."""
+        if hw not in self._reports:
+            self._reports[hw] = self._build(hw, [k.point for k in self.kernels(hw)])
         return self._reports[hw]
+
+    def _build(self, hw: str, points: list):
+        from metrale.lkb.target import KernelTarget
+        from metrale.realize.build import build
+        from metrale.realize.compute import NvidiaTarget
+
+        return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
+                     registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
+                     jobs=compile_jobs())
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
         """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built (read
         from the registry once)."""
-        if hw in self._ptx:
-            return self._ptx[hw]
-        report = self.report(hw)
+        if hw not in self._ptx:
+            self._ptx[hw] = self._load(self.report(hw))
+        return self._ptx[hw]
+
+    def ptx_of(self, hw: str, source: str, defines) -> str:
+        """The PTX of one unit of class ``hw`` (``source`` and ``defines`` as :meth:`key`
+        takes them), built now if the class's units (:meth:`kernels`) left it out."""
+        from metrale.realize.functor import realization
+
+        built, key = self.ptx(hw), self.key(source, defines)
+        if key not in built:
+            points = [k.point for k in realization(hw).kernels()
+                      if self.key(k.source, k.defines) == key]
+            assert points, f"class {hw} realizes no point with {key}"
+            built.update(self._load(self._build(hw, points)))
+        return built[key]
+
+    def _load(self, report) -> dict[tuple[str, tuple[str, ...]], str]:
         assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
         summand = self.registry.inject(report.target)
         out: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -92,7 +148,6 @@ class NvidiaBuilds:
             key = self.key(item.kernel.source, item.kernel.defines)
             if key not in out:
                 out[key] = summand.load(str(item.point)).data.decode()
-        self._ptx[hw] = out
         return out
 
     @staticmethod
@@ -103,6 +158,8 @@ class NvidiaBuilds:
 
 
 @pytest.fixture(scope="session")
-def nvidia_builds(tmp_path_factory) -> NvidiaBuilds:
-    """The run's one PTX build of every NVIDIA class (:class:`NvidiaBuilds`)."""
-    return NvidiaBuilds(tmp_path_factory.mktemp("nvidia"))
+def nvidia_builds(tmp_path_factory, request) -> NvidiaBuilds:
+    """The run's one PTX build of the NVIDIA classes (:class:`NvidiaBuilds`)."""
+    from tests.conftest import full_tier
+
+    return NvidiaBuilds(tmp_path_factory.mktemp("nvidia"), full_tier(request.config))

@@ -13,8 +13,7 @@ from metrale.runtime.host_backend import HostBackend
 from tests.host import simt
 
 ok, why = simt.available()
-pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
-              pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
 
 PROMPTS = {"gemv": [5, 17, 3, 99, 42, 7, 1, 250],
            "gemm": [(37 * i + 11) % 251 for i in range(40)]}

@@ -13,8 +13,7 @@ from tests.host.test_kernels_emulated import P, run
 from tests.kernel_cases import compare, inputs, kwargs, sizes_for
 
 ok, why = simt.available()
-pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
-              pytest.mark.xdist_group("emulation")]
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
 
 
 def _point(family: str, **params):

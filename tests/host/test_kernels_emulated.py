@@ -51,10 +51,10 @@ from tests.kernel_cases import (
     skip_where_the_prefill_kernel_refuses,
     split_linear_cases,
 )
+from tests.tiers import sampled
 
 ok, why = simt.available()
-pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
-              pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
 
 P = Presentation.load()
 F = realization("sm_90", presentation=P)
@@ -459,7 +459,7 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
 
 
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
-@pytest.mark.parametrize("hq,hkv,d,window", PREFILL_SHAPES)
+@pytest.mark.parametrize("hq,hkv,d,window", sampled(PREFILL_SHAPES, keep=range(1, len(PREFILL_SHAPES))))
 def test_prefill_attention_over_tiles_blocks_and_slots(build_dir, family, hq, hkv, d, window):
     skip_where_the_prefill_kernel_refuses(P.family(family), F, hq, hkv, d)
     check_prefill_attention(P.family(family), hq, hkv, d, window, _runner(build_dir), F)
@@ -483,13 +483,13 @@ def test_online_prefill_attention_without_tensor_cores_matches_reference(build_d
                                                                   F_=F_CUDA), F_CUDA)
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (16, 8, 128)])
+@pytest.mark.parametrize("hq,hkv,d", sampled([(8, 2, 64), (16, 8, 128)], keep=[0]))
 def test_online_prefill_attention_holds_its_declared_bound(build_dir, hq, hkv, d):
     check_online_attention_bound(hq, hkv, d, P, F, _runner(build_dir))
 
 
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
-@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 8), (32, 8), (12, 4)])
+@pytest.mark.parametrize("hq,hkv", sampled([(8, 8), (16, 8), (32, 8), (12, 4)], keep=[0, 3]))
 def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_dir, family, hq,
                                                                          hkv):
     """The prefill attention with blocks of 1 to 4 tiles of 16 rows (as many as 8 warps take),
@@ -616,7 +616,7 @@ def test_multi_row_tree_is_the_one_row_tree(build_dir, n):
     assert (multi.astype(np.float32) == want[:, None]).all(), (multi[:, 0], want)
 
 
-@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("rows", sampled([8, 16], keep=[0]))
 @pytest.mark.parametrize("params", [
     {"act": "bf16", "weight": "bf16", "across": "pairwise"},
     {"act": "bf16", "weight": "f32", "across": "sequential"},

@@ -163,7 +163,6 @@ def _adversarial(n: int, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return logits, params, keys
 
 
-@pytest.mark.xdist_group("emulation")  # one worker: conftest.build_dir
 @pytest.mark.parametrize("n", [40, 256, 1000])
 def test_cuda_kernel_on_the_emulation_gives_the_reference_ids(build_dir, n):
     from tests.host import simt
@@ -220,7 +219,6 @@ def test_tokens_are_the_same_alone_or_batched_however_requests_arrive(engine, pl
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("emulation")
 def test_sm90_engine_draws_on_the_emulation_what_the_reference_draws(build_dir):
     """The sm_90 plans ending in ``sample`` (the kernel, its params and keys bound through the
     CUDA plan loader) on the emulation: each drawn id is the reference's draw from the logits the

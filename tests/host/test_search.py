@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from metrale.plan.circuit import circuit_for
 from metrale.plan.config import ModelConfig
-from metrale.plan.cost import CostModel, record_times, shape_of, time_records
+from metrale.plan.cost import CostModel
 from metrale.plan.lower import lowering
 from metrale.plan.plan import plan_for
 from metrale.plan.search import ALTERNATIVE, _Evaluator, _search_shape, alternatives
@@ -24,6 +24,7 @@ from metrale.realize.target import target
 from metrale.runtime.engine import random_weights
 from metrale.runtime.executor import Program, bind_externals
 from metrale.runtime.host_backend import HostBackend
+from tests.mock.test_cost import record_family_times
 
 
 @pytest.fixture(autouse=True)
@@ -40,17 +41,6 @@ def kernels(tmp_path: Path) -> Path:
     root = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), root)
     return root
-
-
-def _record(root: Path, plan, family: str, us: float) -> None:
-    rows = {}
-    for k in plan.launches:
-        if k.family == family:
-            shape = shape_of(plan.hw_target.presentation.family(family), k.box, dict(plan.sizes))
-            rows[(str(k.point), tuple(sorted(shape.items())))] = (k.kernel, shape, us)
-    assert rows, family
-    assert record_times(time_records(rows.values(), plan.hw_target.hw, "test CPU", "numpy",
-                                     "2026-12-01")) == len(rows)
 
 
 # -- exact against exhaustive enumeration ---------------------------------------------------
@@ -127,7 +117,7 @@ def test_synthetic_evidence_makes_the_plan_switch_and_the_bytes_stay(kernels: Pa
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     assert any(k.family == "add_rmsnorm" for k in base.launches)
     assert not any(k.family == "linear_add" for k in base.launches)
-    _record(kernels, base, "add_rmsnorm", 1e6)  # the priority order's choice made dear
+    record_family_times(kernels, base, "add_rmsnorm", 1e6)  # the priority order's choice made dear
     switched = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     fams = [k.family for k in switched.launches]
     assert "add_rmsnorm" not in fams and "linear_add" in fams, fams
@@ -146,7 +136,7 @@ def test_evidence_makes_the_matmul_point_switch(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     assert base.choice.shape == "gemv"
     for fam in ("qkv", "gate_up_swiglu", "linear", "lm_head"):
-        _record(kernels, base, fam, 1e5)
+        record_family_times(kernels, base, fam, 1e5)
     switched = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     assert switched.choice.shape == "gemm"
     assert {dict(k.point.params).get("shape") for k in switched.launches} >= {"gemm"}
@@ -165,10 +155,10 @@ def test_decode_buckets_choose_apart_and_keep_row_invariance(kernels: Path) -> N
     plans = {(rows, alt): plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels,
                                    rows=rows, choice=other if alt else None)
              for rows in (1, 4) for alt in (False, True)}
-    _record(kernels, plans[1, False], "add_rmsnorm", 1e6)
-    _record(kernels, plans[1, True], "linear_add", 1.0)
-    _record(kernels, plans[4, False], "add_rmsnorm", 1.0)
-    _record(kernels, plans[4, True], "linear_add", 1e6)
+    record_family_times(kernels, plans[1, False], "add_rmsnorm", 1e6)
+    record_family_times(kernels, plans[1, True], "linear_add", 1.0)
+    record_family_times(kernels, plans[4, False], "add_rmsnorm", 1.0)
+    record_family_times(kernels, plans[4, True], "linear_add", 1e6)
     p1 = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels, rows=1)
     p3 = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels, rows=3)
     assert (p1.bucket, p3.bucket) == (1, 4)

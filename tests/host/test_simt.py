@@ -12,8 +12,7 @@ import pytest
 from tests.host import simt
 
 ok, why = simt.available()
-pytestmark = [pytest.mark.skipif(not ok, reason=f"no host emulation: {why}"),
-              pytest.mark.xdist_group("emulation")]  # one worker: conftest.build_dir
+pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
 
 SOURCE = r"""
 #include "grid.cuh"

@@ -40,17 +40,18 @@ def kernels(tmp_path: Path) -> Path:
     return root
 
 
-def _record(root: Path, plan, family: str, us: float, *, hw: str = "host",
-            source_hash: str | None = None) -> None:
-    """A time record for every distinct kernel of ``family`` in ``plan``, at its shape."""
+def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | None = None,
+                        source_hash: str | None = None) -> None:
+    """Record ``us`` as the time of every distinct kernel of ``family`` in ``plan``, at its
+    shape, measured on class ``hw`` of the hardware tree ``root`` (default: the plan's class)."""
     rows = {}
     for k in plan.launches:
         if k.family == family:
             shape = shape_of(plan.hw_target.presentation.family(family), k.box, dict(plan.sizes))
             rows[(str(k.point), tuple(sorted(shape.items())))] = (k.kernel, shape, us)
     assert rows, family
-    records = time_records(rows.values(), load_hardware(root).get(hw), "test CPU", "numpy",
-                           "2026-12-01")
+    hardware = plan.hw_target.hw if hw is None else load_hardware(root).get(hw)
+    records = time_records(rows.values(), hardware, "test CPU", "numpy", "2026-12-01")
     if source_hash is not None:
         import attrs
 
@@ -89,7 +90,7 @@ def test_the_model_reads_bytes_flops_and_the_engine_of_the_declared_order() -> N
 
 def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
-    _record(kernels, base, "rmsnorm", 123.0)
+    record_family_times(kernels, base, "rmsnorm", 123.0)
     p = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     norms = [k for k in p.launches if k.family == "rmsnorm"]
     assert norms and all(k.cost.us == 123.0 for k in norms)
@@ -99,7 +100,7 @@ def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
 
 def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
-    _record(kernels, base, "rmsnorm", 123.0)
+    record_family_times(kernels, base, "rmsnorm", 123.0)
     p = plan_for("tiny-llama", "bf16", "host", rows=8, kernels_dir=kernels)
     k = next(k for k in p.launches if k.family == "rmsnorm")
     assert "rows=1, scaled by the model to" in k.cost.source and "rows=8" in k.cost.source
@@ -113,7 +114,7 @@ def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None
 
 def test_a_record_of_another_source_does_not_count(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
-    _record(kernels, base, "rmsnorm", 123.0, source_hash="0" * 64)
+    record_family_times(kernels, base, "rmsnorm", 123.0, source_hash="0" * 64)
     p = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     assert all(k.cost.kind == "model" for k in p.launches if k.family == "rmsnorm")
 

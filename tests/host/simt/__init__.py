@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import re
@@ -70,6 +71,7 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+@functools.cache
 def cuda_includes() -> list[Path]:
     """Where the CUDA headers are: nvcc's include path (its ``--dryrun`` names it), else the
     NVRTC distribution's; the first that holds cuda_bf16.h."""
@@ -285,11 +287,50 @@ class Library:
                                  int(resident))
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Hold ``lock`` (a file) exclusively: a build folder is shared by the run's xdist workers,
+    and the first to need a library builds it while the others wait for it."""
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(cmd: list[str], out: Path) -> None:
+    """Run the host compiler ``cmd`` (which writes ``out.partial``), then rename its output into
+    place whole."""
+    partial = out.with_name(out.name + ".partial")
+    r = subprocess.run([*cmd, "-o", str(partial)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    partial.replace(out)
+
+
+def _runtime(build_dir: Path, defines: tuple[str, ...]) -> Path:
+    """simt.cpp compiled once per build folder and ``METRALE_SIMT_*`` define set (the only
+    defines it reads), linked into every library."""
+    defines = tuple(sorted(d for d in defines if d.startswith("METRALE_SIMT_")))
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in (HERE / "simt.hpp", HERE / "simt.cpp"))
+                         + repr(defines).encode()).hexdigest()[:20]
+    out = build_dir / f"simt_{key}.o"
+    if not out.is_file():
+        with _exclusive(build_dir / f".simt_{key}.lock"):
+            if not out.is_file():
+                _compile([CXX, "-std=c++20", "-O1", "-c", "-fPIC", "-w",
+                          f"-I{cuda_includes()[0]}", f"-I{HERE}",
+                          *(f"-D{d}" for d in defines), str(HERE / "simt.cpp")], out)
+    return out
+
+
 def build(build_dir: Path, source: str, defines: tuple[str, ...],
           entries: Mapping[str, tuple[str, ...]]) -> Library:
     """``kernels/<source>`` (and every header of its folder, then of the common NVIDIA layer,
     which a class's own sources include) transformed, with the trampolines of ``entries``
-    (entry -> argument types), compiled for the host with ``defines``."""
+    (entry -> argument types), compiled for the host with ``defines``: once per content (the
+    sources, the emulator, this module, the defines and entries) in ``build_dir``, which the
+    run's workers, and later runs, share."""
     files: dict[str, Path] = {}
     for folder in (KERNELS / Path(source).parent, KERNELS / "cuda" / "common"):
         for p in sorted(folder.iterdir()):
@@ -303,20 +344,21 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     out = build_dir / f"{Path(source).stem}_{key}.so"
     if out.is_file():
         return Library(out, entries)
-    work = build_dir / f"src_{key}"
-    work.mkdir(parents=True, exist_ok=True)
-    for name, p in files.items():
-        (work / name).write_text(transform(p.read_text()))
-    main = work / "simt_main.cpp"
-    main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
-                    + _trampolines(entries) + "\n")
-    partial = out.with_suffix(".partial")  # renamed into place once whole
-    cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-I{cuda_includes()[0]}",
-           f"-I{HERE}", f"-I{work}", *(f"-D{d}" for d in defines), str(main),
-           str(HERE / "simt.cpp"), "-o", str(partial)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    partial.replace(out)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(build_dir / f".{key}.lock"):
+        if not out.is_file():
+            work = build_dir / f"src_{key}"
+            work.mkdir(exist_ok=True)
+            for name, p in files.items():
+                (work / name).write_text(transform(p.read_text()))
+            main = work / "simt_main.cpp"
+            main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
+                            + _trampolines(entries) + "\n")
+            _compile([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-w",
+                      f"-I{cuda_includes()[0]}", f"-I{HERE}", f"-I{work}",
+                      *(f"-D{d}" for d in defines), str(main),
+                      str(_runtime(build_dir, defines))], out)
+            shutil.rmtree(work, ignore_errors=True)
     return Library(out, entries)
 
 
