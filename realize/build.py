@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -271,14 +271,20 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
         with _progress(progress, len(misses), f"compiling {what} ({workers} jobs)") as advance:
             futures = {pool.submit(one, k, text, defs, headers, ckey): (key, k)
                        for key, k, text, defs, headers, ckey in misses}
-            for fut in as_completed(futures):
-                key, k = futures[fut]
-                try:
-                    binary, seconds = fut.result()
-                    out[key] = (binary, BUILT, seconds)
-                except CompileError as e:
-                    out[key] = (e, FAILED, 0.0)
-                advance(Path(k.source).name)
+            pending = set(futures)
+            while pending:
+                # a short wait, not one until a compile ends: the main thread then runs Python's
+                # SIGINT handler within a quarter second, even when the signal reached a
+                # compile thread and left the main thread's wait asleep
+                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    key, k = futures[fut]
+                    try:
+                        binary, seconds = fut.result()
+                        out[key] = (binary, BUILT, seconds)
+                    except CompileError as e:
+                        out[key] = (e, FAILED, 0.0)
+                    advance(Path(k.source).name)
     except BaseException:
         # Ctrl-C (or any failure of the loop itself): stop the compilers now, not after the
         # queue has drained, and leave no scratch folder behind.

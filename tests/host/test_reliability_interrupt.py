@@ -269,7 +269,13 @@ def test_ctrl_c_stops_met_build_and_its_compilers_within_a_second(slow_nvcc):
     assert [p for p in tmp.iterdir() if p.name.startswith("metrale-build-")]
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _wait_for(lambda: all(_gone(p) for p in started), "the compilers to stop", timeout=30)
+    try:
+        _wait_for(lambda: all(_gone(p) for p in started), "the compilers to stop", timeout=30)
+    except AssertionError as e:  # say what met was doing: its state, signal masks, threads
+        status = Path(f"/proc/{proc.pid}/status")
+        state = status.read_text() if status.exists() else f"exited {proc.poll()}"
+        raise AssertionError(f"{e}; met: {state}; compilers: "
+                             f"{[(p, _gone(p)) for p in started]}") from None
     stopped = time.monotonic() - t0
     _, err = proc.communicate(timeout=30)
     exited = time.monotonic() - t0
