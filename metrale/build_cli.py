@@ -31,6 +31,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "$METRALE_REGISTRY, else registry/ in the cache folder)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="compiles run at once (default: one per CPU core)")
+    p.add_argument("--output", choices=("ptx", "cubin"), default="ptx",
+                   help="what an NVIDIA class compiles to: ptx, what `met run` and `met serve` "
+                        "load, so a build warms them; cubin, machine code, whose report gives "
+                        "each entry's code size")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true",
                    help="list every point, and every compiled binary with its time")
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                    kernels_dir=args.kernels, cache=BuildCache(args.cache),
                    registry=Registry(registry_root(args.cache, args.registry)),
                    progress=not args.no_progress and args.format == "table",
-                   jobs=args.jobs).with_planning(planning)
+                   jobs=args.jobs, output=args.output).with_planning(planning)
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2))
         return 0 if report.ok else 1

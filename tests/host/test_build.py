@@ -3,6 +3,8 @@ while the others build, and every binary exporting its entry (skipped without nv
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -159,9 +161,8 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
     """Issue 48's cold start: the kernels an Engine on a GPU launches are compiled before its
     first step (``CudaPlanLoader.prepare``, the build's parallel compile, to the PTX the loader
     loads), after which binding every launch only reads the cache; and they are the very units
-    the build compiles (one cache key), so a build to the same format finds them all."""
+    `met build` compiles, to the same format (one cache key), so a build warms `met run`."""
     from metrale.plan.plan import plan_for
-    from metrale.plan.points import plan_points
     from metrale.runtime.cuda_loader import CudaPlanLoader
     from metrale.runtime.engine import PREPARE_PREFILL_ROWS
 
@@ -180,7 +181,12 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
     assert cache.misses == len(units)  # binding compiled nothing
     assert len(backend.modules) == len(units)  # one module per unit, loaded once
     assert all(b".entry " in data for _, data in backend.modules)  # PTX, as the loader loads
-    report = build(plan_points("tiny-qwen3", "bf16", "sm_90"), "sm_90",
-                   target=KernelTarget("sm_90", "tiny-qwen3", "bf16"),
-                   cache=BuildCache(tmp_path / "cache"), progress=False, output="ptx")
-    assert report.ok and report.count("built") == 0 and report.count("cached") == len(units)
+    # and `met build` with its defaults compiles to that format: it finds every unit cached
+    from metrale.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["build", "tiny-qwen3", "--quant", "bf16", "--hardware", "sm_90", "--cache",
+                     str(tmp_path / "cache"), "--format", "json"]) == 0
+    counts = json.loads(out.getvalue())["counts"]
+    assert counts["built"] == 0 and counts["cached"] == len(units), counts
