@@ -747,15 +747,20 @@ class Engine:
             prog.capture()
         return prog
 
-    def decode(self, token_ids: Sequence[int]) -> np.ndarray:
-        """One token for each of the first ``len(token_ids)`` slots, at each slot's next
-        position: f32[rows, vocab]."""
-        self.latch.check()
+    def _step_ids(self, token_ids: Sequence[int]) -> tuple[np.ndarray, int]:
+        """A decode step's ids, checked, and its row count (at most the slots)."""
         ids = self._check_ids(token_ids)
         rows = int(ids.size)
         if rows > self.slots:
             raise ConfigError("more rows than cache slots", key="token_ids",
                               expected=f"at most {self.slots}", found=rows)
+        return ids, rows
+
+    def decode(self, token_ids: Sequence[int]) -> np.ndarray:
+        """One token for each of the first ``len(token_ids)`` slots, at each slot's next
+        position: f32[rows, vocab]."""
+        self.latch.check()
+        ids, rows = self._step_ids(token_ids)
         positions = np.array(self.lengths[:rows], np.int32)
         full = np.flatnonzero(positions >= self.max_ctx)
         if full.size:
@@ -807,11 +812,7 @@ class Engine:
         the device: i32[rows]. Rows not ``live`` (free slots under a busy one) run at position 0
         and do not advance; under the exact policy they change no other row's bytes."""
         self.latch.check()
-        ids = self._check_ids(token_ids)
-        rows = int(ids.size)
-        if rows > self.slots:
-            raise ConfigError("more rows than cache slots", key="token_ids",
-                              expected=f"at most {self.slots}", found=rows)
+        ids, rows = self._step_ids(token_ids)
         alive = np.ones(rows, bool) if live is None else np.asarray(live, bool)
         positions = np.where(alive, np.array(self.lengths[:rows], np.int32), 0).astype(np.int32)
         full = np.flatnonzero(positions >= self.max_ctx)

@@ -163,3 +163,20 @@ def nvidia_builds(tmp_path_factory, request) -> NvidiaBuilds:
     from tests.conftest import full_tier
 
     return NvidiaBuilds(tmp_path_factory.mktemp("nvidia"), full_tier(request.config))
+
+
+def run_met(argv: list[str]) -> tuple[int, str]:
+    """``met *argv`` in this process: its exit status (a ``SystemExit`` that carries no int,
+    such as a message, counts as 2, argparse's) and its stdout and stderr together."""
+    import contextlib
+    import io
+
+    from metrale import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(argv)
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    return status, out.getvalue() + err.getvalue()

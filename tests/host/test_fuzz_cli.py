@@ -14,8 +14,6 @@ randomized search; CI runs a fixed, short one (derandomized, ``ci`` profile).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import re
 import tempfile
@@ -27,6 +25,7 @@ from hypothesis import strategies as st
 
 from metrale import cli
 from metrale.lkb.errors import EXIT_INTERRUPTED
+from tests.host.conftest import run_met
 
 DEEP = int(os.environ.get("METRALE_FUZZ_EXAMPLES", "0"))
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
@@ -124,16 +123,6 @@ def command_lines(draw, name: str) -> list[str]:
     return [name] + [w.format(**paths) if "{" in w else w for i in order for w in argv[i]]
 
 
-def _met(argv: list[str]) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = cli.main(argv)
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else 2
-    return status, out.getvalue() + err.getvalue()
-
-
 def _commands() -> list[str]:
     cli.parser()
     return sorted(cli._COMMANDS)
@@ -167,7 +156,7 @@ def test_any_command_line_exits_documented_without_a_traceback(name):
     @settings(max_examples=examples, deadline=None, database=None)
     @given(argv=command_lines(name))
     def check(argv):
-        status, text = _met(argv)
+        status, text = run_met(argv)
         assert "Traceback" not in text, (argv, text[-2000:])
         assert status in allowed, (argv, status, text[-2000:])
         if status == 1:  # a bug prints a traceback; the one documented 1 is met check failing

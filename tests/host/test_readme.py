@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from metrale import cli
+from tests.host.conftest import run_met
 from tests.text_checkpoint import make_text_checkpoint
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -146,16 +147,6 @@ def scratch(tmp_path_factory):
     return d
 
 
-def _met(argv: list[str]) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = cli.main(argv)
-        except SystemExit as e:
-            status = e.code
-    return status, out.getvalue() + err.getvalue()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -206,7 +197,7 @@ def test_each_readme_command_parses_and_runs(k, scratch, monkeypatch):
     why = f"needs {needs}" if needs else _runnable(minimal)
     if why:
         pytest.skip(f"README.md:{line}: {why}")
-    status, text = _serve(minimal) if minimal[0] in SERVERS else _met(minimal)
+    status, text = _serve(minimal) if minimal[0] in SERVERS else run_met(minimal)
     assert status == 0, f"README.md (fence at line {line}): `met {' '.join(minimal)}` exited {status}:\n{text}"
 
 
