@@ -101,6 +101,24 @@ def test_weight_bytes_equals_stored_bytes(fmt, n, blocks, seed):
 # ------------------------------------------------------------------ nibble packing
 
 
+def test_the_e2m1_maximum_is_ml_dtypes_own():
+    from metrale.lkb import quant
+
+    assert quant._E2M1_MAX == float(ml_dtypes.finfo(ml_dtypes.float4_e2m1fn).max)
+
+
+def test_planning_imports_no_ml_dtypes():
+    """ml_dtypes takes about half a second to import: `met plan` and `met build`, which touch no
+    array of its types, do not import it (lkb.dtype imports it on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from metrale.plan.points import plan_points; "
+            "plan_points('tiny-qwen3', 'bf16', 'sm_90'); print('ml_dtypes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_nibble_trap_0x17_is_6_then_half():
     values = unpack_e2m1(np.array([0x17], np.uint8), 2).astype(np.float32)
     assert values.tolist() == [6.0, 0.5]
