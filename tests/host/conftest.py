@@ -80,7 +80,8 @@ class NvidiaBuilds:
         from metrale.realize.cache import BuildCache
         from metrale.realize.registry import Registry
 
-        self.cache = BuildCache(run_build_cache(root / "cache"))
+        self.cache_root = run_build_cache(root / "cache")
+        self.cache = BuildCache(self.cache_root)
         self.registry = Registry(root / "registry")
         self.full = full
         self._reports: dict = {}
@@ -112,13 +113,22 @@ class NvidiaBuilds:
         return self._reports[hw]
 
     def _build(self, hw: str, points: list):
+        """Build ``points`` of class ``hw``, one worker at a time per class: the ``xdist_group``
+        of :func:`nvidia_group` keeps a class's tests on one worker, and where it does not (a
+        pytest that xdist's grouping misses), the second worker waits for the first and finds
+        its compiles in the shared cache instead of compiling them again."""
+        import fcntl
+
         from metrale.lkb.target import KernelTarget
         from metrale.realize.build import build
         from metrale.realize.compute import NvidiaTarget
 
-        return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
-                     registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
-                     jobs=compile_jobs())
+        self.cache_root.mkdir(parents=True, exist_ok=True)
+        with open(self.cache_root / f".nvidia-{hw}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
+                         registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
+                         jobs=compile_jobs())
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
         """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built (read
