@@ -14,12 +14,13 @@ or deeply nested files before parsing and report syntax errors as ``file:line:co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,24 @@ MAX_REGISTRY_BYTES = 16 * 1024 * 1024
 """TOML and JSON files larger than this are refused before parsing."""
 MAX_NESTING = 64
 """Brackets nested deeper than this are refused before parsing."""
+
+
+@contextlib.contextmanager
+def exclusive(lock: os.PathLike | str) -> Iterator[None]:
+    """Hold the file ``lock`` (made if missing) exclusively: writers of one thing take turns
+    across processes. Where ``fcntl`` is missing (not POSIX) it holds
+    nothing: one writer at a time is then the user's care."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def atomic_write(path: os.PathLike | str, data: bytes | str) -> None:

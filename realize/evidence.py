@@ -22,7 +22,6 @@ kernels the damage may concern read "evidence unreadable", and the errors say wh
 from __future__ import annotations
 
 import datetime
-import fcntl
 import hashlib
 import math
 import os
@@ -35,7 +34,7 @@ from typing import Any
 import attrs
 
 from metrale.lkb.errors import ConfigError, EvidenceError, MetraleError
-from metrale.lkb.files import Fields, atomic_write, read_toml
+from metrale.lkb.files import Fields, atomic_write, exclusive, read_toml
 
 EVIDENCE_FILE = "EVIDENCE.toml"
 STALE = "stale"
@@ -519,12 +518,8 @@ def append_records(path: os.PathLike | str, records: Iterable[EvidenceRecord]) -
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            _append_locked(path, records)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive(path.with_name(path.name + ".lock")):
+        _append_locked(path, records)
 
 
 def _append_locked(path: Path, records: Iterable[EvidenceRecord]) -> None:

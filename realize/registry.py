@@ -31,7 +31,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import attrs
 
 from metrale.lkb.category import Coproduct, Discrete
 from metrale.lkb.errors import CacheError, ConfigError, nearest
-from metrale.lkb.files import atomic_write, read_json
+from metrale.lkb.files import atomic_write, exclusive, read_json
 from metrale.lkb.target import KernelTarget
 from metrale.realize.cache import default_cache_root
 from metrale.realize.compute import FORMATS, Binary
@@ -75,21 +75,10 @@ def _collect(folder: Path, keep: set[str]) -> None:
             p.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _writer_lock(dest: Path) -> Iterator[None]:
+def _writer_lock(dest: Path) -> contextlib.AbstractContextManager[None]:
     """Writers of one summand take turns: an exclusive lock on ``.<quant>.lock`` beside it
-    (where ``fcntl`` exists; readers never lock)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: one writer at a time is the user's care
-        yield
-        return
-    with open(dest.parent / f".{dest.name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    (readers never lock)."""
+    return exclusive(dest.parent / f".{dest.name}.lock")
 
 
 def _check_target(target: KernelTarget) -> None:

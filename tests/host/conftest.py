@@ -117,15 +117,13 @@ class NvidiaBuilds:
         of :func:`nvidia_group` keeps a class's tests on one worker, and where it does not (a
         pytest that xdist's grouping misses), the second worker waits for the first and finds
         its compiles in the shared cache instead of compiling them again."""
-        import fcntl
-
+        from metrale.lkb.files import exclusive
         from metrale.lkb.target import KernelTarget
         from metrale.realize.build import build
         from metrale.realize.compute import NvidiaTarget
 
         self.cache_root.mkdir(parents=True, exist_ok=True)
-        with open(self.cache_root / f".nvidia-{hw}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive(self.cache_root / f".nvidia-{hw}.lock"):
             return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
                          registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
                          jobs=compile_jobs())

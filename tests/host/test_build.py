@@ -120,8 +120,9 @@ def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
     assert report.count("built") + report.count("cached") == \
         len({(k.source, k.defines) for k in kernels}) == len(report.units)
     ptx = nvidia_builds.ptx(name)
+    built = {(u.source, u.defines) for u in kernels}
     for k in F.kernels():  # every point served by a unit built
-        if (k.source, k.defines) not in {(u.source, u.defines) for u in kernels}:
+        if (k.source, k.defines) not in built:
             continue
         exported = ptx_entries(ptx[nvidia_builds.key(k.source, k.defines)])
         assert set(k.entries) <= set(exported), (k.point, k.entries)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import re
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from metrale.lkb.files import exclusive
 
 HERE = Path(__file__).resolve().parent
 KERNELS = Path(__file__).resolve().parents[3] / "kernels"
@@ -287,18 +288,6 @@ class Library:
                                  int(resident))
 
 
-@contextlib.contextmanager
-def _exclusive(lock: Path) -> Iterator[None]:
-    """Hold ``lock`` (a file) exclusively: a build folder is shared by the run's xdist workers,
-    and the first to need a library builds it while the others wait for it."""
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _compile(cmd: list[str], out: Path) -> None:
     """Run the host compiler ``cmd`` (which writes ``out.partial``), then rename its output into
     place whole."""
@@ -316,7 +305,7 @@ def _runtime(build_dir: Path, defines: tuple[str, ...]) -> Path:
                          + repr(defines).encode()).hexdigest()[:20]
     out = build_dir / f"simt_{key}.o"
     if not out.is_file():
-        with _exclusive(build_dir / f".simt_{key}.lock"):
+        with exclusive(build_dir / f".simt_{key}.lock"):
             if not out.is_file():
                 _compile([CXX, "-std=c++20", "-O1", "-c", "-fPIC", "-w",
                           f"-I{cuda_includes()[0]}", f"-I{HERE}",
@@ -345,7 +334,7 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
     if out.is_file():
         return Library(out, entries)
     build_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive(build_dir / f".{key}.lock"):
+    with exclusive(build_dir / f".{key}.lock"):
         if not out.is_file():
             work = build_dir / f"src_{key}"
             work.mkdir(exist_ok=True)
