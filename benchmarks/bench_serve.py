@@ -13,12 +13,16 @@ the timed round. The model is the tiny text checkpoint of ``tests/text_checkpoin
 float32 on CPU torch: its tokens/s is the whole batch's new tokens over the ``generate`` time,
 its time to first token that of ``max_new_tokens=1``.
 
-An H200 run (Qwen3-0.6B, Llama-3.1-8B) is the same script with ``--hardware sm_90`` and a
-checkpoint; the result here is the host's only.
+On a GPU class (``--hardware sm_90 --model qwen3-0.6b``) the server runs bf16 activations, and
+``--model`` names a built-in config: the script saves it with seeded random bf16 weights
+(transformers' initialisation) and the fixture's tokenizer, whose vocabulary is smaller than
+the model's (ids past it decode to nothing; the benchmark counts token ids, not text).
+Transformers then runs the same prompts in bf16 on the same GPU.
 
     python benchmarks/bench_serve.py [--tokens 32] [--concurrency 1 8 32] [--checkpoint DIR]
+    python benchmarks/bench_serve.py --hardware sm_90 --model qwen3-0.6b --name serve_sm_90
 
-Writes ``benchmarks/results/serve_host.json``.
+Writes ``benchmarks/results/serve_host.json`` (``--name`` another stem).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class Served:
     """``met serve`` in its own process on 127.0.0.1 (so the load generator's Python does not
     share the server's interpreter lock), stopped with SIGINT."""
 
-    def __init__(self, ckpt: Path, hardware: str, slots: int, context: int) -> None:
+    def __init__(self, ckpt: Path, hardware: str, slots: int, context: int, act: str) -> None:
         import socket
         import subprocess
 
@@ -68,8 +72,8 @@ class Served:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "metrale", "serve", str(ckpt), "--hardware", hardware,
              "--port", str(port), "--slots", str(slots), "--context", str(context),
-             "--act", "f32", "--name", "bench", "--log-level", "warning"])
-        deadline = time.monotonic() + 300
+             "--act", act, "--name", "bench", "--log-level", "warning"])
+        deadline = time.monotonic() + 600
         while True:
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
@@ -126,31 +130,62 @@ async def load(url: str, model: str, ps: list[str], tokens: int) -> dict:
             "itl_p50_s": pct(itl, 50), "itl_p99_s": pct(itl, 99)}
 
 
-def transformers_batch(ckpt: Path, ps: list[str], tokens: int) -> dict:
+def transformers_batch(ckpt: Path, ps: list[str], tokens: int, device: str) -> dict:
     import torch
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     tok.padding_side = "left"
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    batch = tok(ps, return_tensors="pt", padding=True)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).to(device)
+    model.eval()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    batch = tok(ps, return_tensors="pt", padding=True).to(device)
     kw = dict(do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None)
     with torch.inference_mode():
         model.generate(**batch, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
+        sync()
         t0 = time.perf_counter()
         model.generate(**batch, max_new_tokens=1, min_new_tokens=1, **kw)
+        sync()
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
         out = model.generate(**batch, max_new_tokens=tokens, min_new_tokens=tokens, **kw)
+        sync()
         wall = time.perf_counter() - t0
     new = int(out.shape[1] - batch["input_ids"].shape[1]) * len(ps)
+    del model
+    if device != "cpu":
+        torch.cuda.empty_cache()
     return {"requests": len(ps), "tokens": new, "wall_s": wall, "tokens_per_s": new / wall,
-            "first_token_s": first, "threads": torch.get_num_threads()}
+            "first_token_s": first, "dtype": str(dtype).removeprefix("torch."),
+            "device": device, "threads": torch.get_num_threads()}
+
+
+def random_checkpoint(model: str, dst: Path) -> Path:
+    """The built-in config ``model`` saved by transformers with seeded random bf16 weights (made
+    on the GPU), and the fixture's tokenizer files beside it."""
+    import torch
+    import transformers
+
+    from metrale.plan.config import ModelConfig
+    from tests.text_checkpoint import write_text_files
+
+    cfg = transformers.AutoConfig.for_model(**ModelConfig.load(model).to_hf_dict())
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    m.save_pretrained(dst)
+    del m
+    torch.cuda.empty_cache()
+    return write_text_files(dst)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="a checkpoint with tokenizer.json")
+    ap.add_argument("--model", default=None,
+                    help="a built-in config, saved with random weights (GPU classes only)")
     ap.add_argument("--hardware", default="host")
     ap.add_argument("--tokens", type=int, default=32, help="tokens each request makes")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -161,16 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    host = args.hardware == "host"
+    if args.model and host:
+        ap.error("--model saves a GPU checkpoint: use it with a GPU class (--hardware sm_90)")
     tmp = None
     if args.checkpoint is None:
         from tests.text_checkpoint import make_text_checkpoint
 
         tmp = tempfile.TemporaryDirectory()
-        ckpt = make_text_checkpoint(Path(tmp.name) / "tiny-text")
+        ckpt = (make_text_checkpoint(Path(tmp.name) / "tiny-text") if args.model is None
+                else random_checkpoint(args.model, Path(tmp.name) / args.model))
     else:
         ckpt = Path(args.checkpoint)
     slots = max(args.concurrency)
-    served = Served(ckpt, args.hardware, slots, args.context)
+    act = "f32" if host else "bf16"
+    served = Served(ckpt, args.hardware, slots, args.context, act)
     rows = []
     try:
         for c in args.concurrency:
@@ -178,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             cold = asyncio.run(load(served.url, "bench", ps, 2))  # builds the prompts' prefills
             ours = asyncio.run(load(served.url, "bench", ps, args.tokens))
             ours["cold_ttft_p50_s"] = cold["ttft_p50_s"]
-            theirs = transformers_batch(ckpt, ps, args.tokens)
+            theirs = transformers_batch(ckpt, ps, args.tokens, "cpu" if host else "cuda")
             rows.append({"concurrency": c, "metrale_serve": ours, "transformers_generate": theirs})
             print(f"c={c:3d}: met serve {ours['tokens_per_s']:8.1f} tok/s, TTFT p50 "
                   f"{ours['ttft_p50_s'] * 1e3:7.1f} ms p99 {ours['ttft_p99_s'] * 1e3:7.1f} ms, "
@@ -189,15 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         served.stop()
         if tmp is not None:
             tmp.cleanup()
-    payload = {"hardware": args.hardware, "checkpoint": "tests/text_checkpoint.py (qwen3, "
-               "2 layers, vocab 384)" if args.checkpoint is None else str(args.checkpoint),
-               "act": "f32", "policy": "exact", "tokens_each": args.tokens,
+    checkpoint = (str(args.checkpoint) if args.checkpoint else
+                  f"{args.model}, random bf16 weights, the fixture's tokenizer" if args.model
+                  else "tests/text_checkpoint.py (qwen3, 2 layers, vocab 384)")
+    payload = {"hardware": args.hardware, "checkpoint": checkpoint,
+               "act": act, "policy": "exact", "tokens_each": args.tokens,
                "context": args.context, "slots": slots, "rows": rows,
                "torch": torch.__version__, "transformers": transformers.__version__,
                "median_speedup_vs_transformers": statistics.median(
                    r["metrale_serve"]["tokens_per_s"] / r["transformers_generate"]["tokens_per_s"]
-                   for r in rows),
-               "h200": "not measured: no GPU was available to this run"}
+                   for r in rows)}
     path = write_result(args.name, payload)
     print(f"-> {path}")
     return 0

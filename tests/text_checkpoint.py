@@ -59,6 +59,14 @@ def make_text_checkpoint(dst: str | Path, *, seed: int = 5, jinja_file: bool = F
     tok = train_tokenizer()
     assert tok.get_vocab_size() <= VOCAB
     make_hf_checkpoint(arch, d, seed=seed, vocab_size=VOCAB, **overrides)
+    return write_text_files(d, jinja_file=jinja_file, tok=tok)
+
+
+def write_text_files(d: Path, *, jinja_file: bool = False, tok=None) -> Path:
+    """Beside a checkpoint in ``d``: the fixture's tokenizer, chat template and generation
+    config (the model's vocabulary may be wider than the tokenizer's: ids past it decode to
+    nothing)."""
+    tok = tok or train_tokenizer()
     tok.save(str(d / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "bos_token": None, "model_max_length": 4096}

@@ -30,7 +30,7 @@ PROMPTS = {"gemv": [5, 17, 3, 99, 42, 7, 1, 250],
 
 
 @pytest.mark.parametrize("shape", sorted(PROMPTS))
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 @pytest.mark.parametrize("quant", ["bf16", "mxfp4"])
 def test_gpu_engine_matches_host(model, quant, shape):
     with Engine.load(model, hardware="sm_90", quant=quant, max_ctx=64) as gpu, \
@@ -61,21 +61,23 @@ def test_gpu_engine_under_the_bounded_policy_matches_host(model, quant):
         _prefill_and_decode(gpu, host, PROMPTS["gemv"], f"{model} {quant} bounded")
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-gpt-oss"])
 @pytest.mark.parametrize("policy", ["exact", "bounded"])
-def test_gpu_decode_rows_are_row_invariant(policy):
-    """Decode of 8 sequences: row 0's logits are byte-identical to decoding it alone."""
-    with Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=8,
-                     policy=policy) as batch, \
-            Engine.load("tiny-qwen3", hardware="sm_90", max_ctx=64, slots=1,
-                        policy=policy) as alone:
-        batch.prefill([1, 2, 3], slot=0)
-        for s in range(1, 8):
-            batch.prefill([4 + s, 9, s], slot=s)
-        alone.prefill([1, 2, 3], slot=0)
-        tokens = [7, 8, 9, 10, 11, 12, 13, 14]
+def test_gpu_decode_rows_are_row_invariant(policy, model, rows):
+    """Decode of 8 or 16 sequences (the multi-row kernels' tiles): every row's logits are
+    byte-identical to decoding that row alone."""
+    prompts = [[1 + s, 9, 2 * s + 3] for s in range(rows)]
+    tokens = [7 + s for s in range(rows)]
+    with Engine.load(model, hardware="sm_90", max_ctx=64, slots=rows, policy=policy) as batch, \
+            Engine.load(model, hardware="sm_90", max_ctx=64, slots=1, policy=policy) as alone:
+        for s, prompt in enumerate(prompts):
+            batch.prefill(prompt, slot=s)
         many = batch.decode(tokens)
-        one = alone.decode(tokens[:1])
-        assert many[0].tobytes() == one[0].tobytes()
+        for s in (0, rows // 2 + 1, rows - 1):
+            alone.prefill(prompts[s], slot=0)
+            one = alone.decode(tokens[s:s + 1])
+            assert many[s].tobytes() == one[0].tobytes(), f"{model} {policy} row {s} of {rows}"
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
