@@ -196,7 +196,7 @@ def semantics(
     rows, act)`` returns ``(args, params)`` for a small random call.
 
     >>> sorted(SEMANTICS)[:3]
-    ['add', 'add_rmsnorm', 'argmax']
+    ['add', 'add_rmsnorm', 'all_gather']
     """
 
     def register(fn: Family) -> Family:
@@ -700,6 +700,7 @@ def argmax(logits: np.ndarray) -> tuple[np.ndarray]:
 # The attention and MoE families live in their own modules and register themselves here.
 from . import (  # noqa: E402, F401
     semantics_attention,
+    semantics_collective,
     semantics_layout,
     semantics_moe,
     semantics_moe_clamp,

@@ -65,7 +65,7 @@ ACTS = {"bf16": BF16, "f32": F32}
 """Activation dtypes a circuit may carry."""
 
 OPS = ("embed", "rmsnorm", "linear", "bias", "view", "qk_norm", "rope", "attention", "add",
-       "swiglu", "moe", "last_row", "lm_head", "sample")
+       "swiglu", "moe", "last_row", "lm_head", "sample", "all_reduce", "all_gather")
 """The Circ generators, by name."""
 
 LOGITS = ("all", "last")
@@ -310,9 +310,25 @@ class _Ops:
         return self.box("sample", (_t((lead, "vocab"), F32), _t((lead, "four"), F32),
                                    _t((lead, "four"), I32)), (_t((lead,), I32),))
 
-    def lm_head(self, lead: str = "rows") -> Box:
-        return self.box("lm_head", (self.x("hidden", lead=lead), _t(("vocab", "hidden"), BF16)),
-                        (_t((lead, "vocab"), F32),), weight="bf16")
+    def lm_head(self, lead: str = "rows", vocab: str = "vocab") -> Box:
+        return self.box("lm_head", (self.x("hidden", lead=lead), _t((vocab, "hidden"), BF16)),
+                        (_t((lead, vocab), F32),), weight="bf16")
+
+    def all_reduce(self) -> Box:
+        """The sum over the ranks of each one's partial [rows, hidden] (tensor parallelism)."""
+        return self.box("all_reduce", (self.x("hidden"),), (self.x("hidden"),),
+                        ranks=self.config.ranks)
+
+    def gather_logits(self, lead: str) -> tuple[Box, Box]:
+        """Every rank's logits of its part of the vocabulary, side by side, then read as one
+        row of the whole vocabulary (a view: the parts are in rank order)."""
+        part = _t((lead, "vocab_part"), F32)
+        gathered = _t((lead, "ranks", "vocab_part"), F32)
+        gather = Box("all_gather", Ty(part), Ty(gathered), {"act": "f32",
+                                                            "ranks": self.config.ranks})
+        view = Box("view", Ty(gathered), Ty(_t((lead, "vocab"), F32)),
+                   {"act": "f32", "src": (lead, "ranks", "vocab_part"), "dst": (lead, "vocab")})
+        return gather, view
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -379,7 +395,9 @@ def _inputs(ops: _Ops, sample: str = "") -> list[tuple[str, TensorType]]:
     for i in range(c.num_hidden_layers):
         out += _layer_weights(ops, i)
     out.append(("model.norm.weight", _t(("hidden",), BF16)))
-    if not c.tie_word_embeddings:
+    if c.ranks > 1:  # each rank reads its rows of the head (of the embedding, when tied)
+        out.append(("lm_head.weight", _t(("vocab_part", "hidden"), BF16)))
+    elif not c.tie_word_embeddings:
         out.append(("lm_head.weight", _t(("vocab", "hidden"), BF16)))
     return out
 
@@ -453,8 +471,17 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     bias = {n: ops.bias(n) for n in ("q_dim", "kv_dim", "hidden")} if config.attention_bias \
         else {}
 
+    sharded = config.ranks > 1
+    all_reduce = ops.all_reduce() if sharded else None
+
+    def reduce(x: Wire) -> Wire:
+        """The ranks' partial sums added (tensor parallelism); ``x`` itself on one rank."""
+        return b.add(all_reduce, x)[0] if all_reduce is not None else x
+
     def project(box: Box, x: Wire, name: str) -> Wire:
         (y,) = b.add(box, x, w[name + ".weight"])
+        if box.param("role") == "o_proj":
+            y = reduce(y)  # o_proj's columns are split by rank: the partial sums meet here
         if bias:
             (y,) = b.add(bias[box.cod.types[0].shape[1]], y, w[name + ".bias"])
         return y
@@ -495,14 +522,20 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
             (u,) = b.add(linear(p + "mlp.up_proj"), n, w[p + "mlp.up_proj.weight"])
             (s,) = b.add(swiglu, g, u)
             (d,) = b.add(linear(p + "mlp.down_proj"), s, w[p + "mlp.down_proj.weight"])
-        (h,) = b.add(add, h, d)
+        # down_proj's rows (each expert's, in a MoE) are split by rank: partial sums meet here
+        (h,) = b.add(add, h, reduce(d))
     lead = "rows"
     if logits == "last":
         (h,) = b.add(ops.last_row(), h)
         lead = "last"
     (n,) = b.add(ops.rmsnorm(lead), h, w["model.norm.weight"])
-    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    (out,) = b.add(ops.lm_head(lead), n, w[head])
+    if sharded:
+        (part,) = b.add(ops.lm_head(lead, "vocab_part"), n, w["lm_head.weight"])
+        gather, view = ops.gather_logits(lead)
+        (out,) = b.add(view, *b.add(gather, part))
+    else:
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        (out,) = b.add(ops.lm_head(lead), n, w[head])
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)
                            for kv in ("k", "v")))

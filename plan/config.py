@@ -165,6 +165,9 @@ class ModelConfig:
     expert_bias: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float | None = None
+    ranks: int = 1
+    """Tensor-parallel ranks this config is one of (``plan.shard.Sharding``): its head and
+    intermediate counts are one rank's, and its circuit joins the ranks by collectives."""
     # A raw dict is unhashable: it takes part in == but not in hash (equal values still hash
     # equal, the one law hash must keep).
     quantization_config: dict[str, Any] | None = attrs.field(default=None, hash=False)
@@ -293,6 +296,8 @@ class ModelConfig:
                        moe_inter=self.moe_intermediate_size)
         if self.expert_bias:  # gate and up in one interleaved matrix (gpt-oss)
             out["moe_gate_up"] = 2 * self.moe_intermediate_size
+        if self.ranks > 1:  # one rank's rows of the lm_head, gathered into the vocabulary
+            out.update(ranks=self.ranks, vocab_part=self.vocab_size // self.ranks)
         return out
 
     def with_layers(self, n: int) -> ModelConfig:

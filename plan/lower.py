@@ -129,6 +129,14 @@ class Lowering:
             outs = b.add(self._box("last_row", dom, cod, {"act": act}), *ins)
         elif name == "sample":
             outs = b.add(self._box("sample", dom, cod, {}), *ins)
+        elif name == "all_reduce":
+            # the transport gathers; the sum is a kernel whose order (rank order, f32) is fixed
+            (x,) = ins
+            parts_t = TensorType((x.type.shape[0], "ranks", *x.type.shape[1:]), x.type.dtype)
+            (parts,) = b.add(self._box("all_gather", (x.type,), (parts_t,), {"act": act}), x)
+            outs = b.add(self._box("rank_sum", (parts_t,), cod, {"act": act}), parts)
+        elif name == "all_gather":
+            outs = b.add(self._box("all_gather", dom, cod, {"act": act}), *ins)
         elif name == "lm_head":
             outs = b.add(self._box("lm_head", dom, cod, self._matmul_point(act, p["weight"])
                                    | {"out": "f32"}), *ins)

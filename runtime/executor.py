@@ -230,6 +230,11 @@ class HostLoader:
     dtype('int32')
     """
 
+    def __init__(self, comm: Any = None) -> None:
+        self.comm = comm
+        """The rank group's communicator, for the collectives of a sharded plan (``None``: one
+        rank; see ``runtime.parallel``)."""
+
     def spec(self, buffer: Buffer) -> ArgSpec:
         return host_spec(buffer)
 
@@ -237,14 +242,21 @@ class HostLoader:
              specs: Mapping[str, ArgSpec]) -> tuple[Launch, ...]:
         entries: dict[str, HostKernel] = {}
         pending = []
+        ranks = dict(plan.sizes).get("ranks", 1)
+        if ranks > 1 and (self.comm is None or self.comm.size != ranks):
+            raise PlanError("a plan of several ranks needs its rank group's communicator",
+                            key="loader.comm", expected=f"a group of {ranks} ranks",
+                            found="none" if self.comm is None else f"{self.comm.size} ranks")
         for k in plan.launches:
             entry = k.kernel.entry
             if entry not in SEMANTICS:
                 raise PlanError(f"the host has no semantics for entry {entry!r}",
                                 key=f"kernels[{k.index}]", found=repr(entry))
             names = (*k.inputs, *k.outputs)
-            fn = _host_fn(entry, len(k.inputs), tuple(specs[n] for n in names),
-                          _keywords(SEMANTICS[entry], dict(k.box.params)))
+            kwargs = _keywords(SEMANTICS[entry], dict(k.box.params))
+            if "comm" in inspect.signature(SEMANTICS[entry]).parameters:
+                kwargs["comm"] = self.comm
+            fn = _host_fn(entry, len(k.inputs), tuple(specs[n] for n in names), kwargs)
             label = kernel_label(k)
             entries[label] = HostKernel(fn, len(names))
             pending.append((k, label, names))
