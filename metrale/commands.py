@@ -297,8 +297,26 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diff", metavar="HW_OR_QUANT", default=None,
                    help="compare with the plan for another class (sm_80) or quant (fp8)")
     p.add_argument("--why", action="store_true", help="list every declined fusion and why")
+    tp_arg(p)
     _kernels_arg(p)
     _format_arg(p, ("table", "json", "dot"))
+
+
+def tp_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tp", type=int_at_least(1), default=1, metavar="N",
+                   help="tensor-parallel ranks: the plan of one rank of N (heads, MLP and "
+                        "vocabulary split; all-reduce after attention and MLP); run on the "
+                        "host, N ranks are simulated in this process")
+
+
+def _sharded(model: Any, tp: int) -> Any:
+    """``model`` (a name, config file or checkpoint) as one rank of ``tp`` (itself for one)."""
+    from metrale.plan.config import ModelConfig
+    from metrale.plan.shard import Sharding
+
+    return Sharding(tp).config(ModelConfig.load(model)) if tp > 1 else model
+
+
 
 
 def _diff_target(text: str, kernels: str | None) -> tuple[str, str]:
@@ -338,7 +356,8 @@ def plan(args: argparse.Namespace) -> int:
     from metrale.plan.printers import plan_text
 
     def make(hardware: str, quant: str):
-        return plan_for(args.model, quant, hardware, mode=args.mode, rows=args.rows,
+        return plan_for(_sharded(args.model, args.tp), quant, hardware, mode=args.mode,
+                        rows=args.rows,
                         policy=args.policy, act=args.act, context=args.context,
                         kernels_dir=args.kernels, logits=args.logits)
 
@@ -468,6 +487,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="synchronize after every launch, so a fault names its kernel")
     _no_progress_arg(p)
     _policy_arg(p)
+    tp_arg(p)
     from metrale.generate_cli import sampling_args
 
     sampling_args(p)
@@ -512,7 +532,7 @@ def run(args: argparse.Namespace) -> int:
     from metrale.lkb.errors import ConfigError
     from metrale.plan.config import ModelConfig
     from metrale.plan.printers import summary_lines
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.parallel import load_engine
 
     if wants_text(args):
         return run_text(args)
@@ -535,7 +555,7 @@ def run(args: argparse.Namespace) -> int:
     console = _console()
     t0 = time.perf_counter()
     with _progress(args, f"loading {config.name} ({weights})"):
-        eng = Engine.load(source, hardware=hardware, quant=args.quant, act=args.act,
+        eng = load_engine(source, args.tp, hardware=hardware, quant=args.quant, act=args.act,
                           max_ctx=context, seed=args.seed, blocking=args.blocking,
                           policy=args.policy, progress=not args.no_progress)
     with eng:
@@ -561,7 +581,8 @@ def run(args: argparse.Namespace) -> int:
         mem = eng.memory()
         backend = eng.backend.name
     steps = args.steps - 1
-    console.print(f"model {eng.config.name} ({eng.quant}, act {eng.act}) on {backend}, "
+    ranks = f" x {args.tp} ranks (tensor parallel)" if args.tp > 1 else ""
+    console.print(f"model {eng.config.name} ({eng.quant}, act {eng.act}) on {backend}{ranks}, "
                   f"{weights}; loaded in {load_s:.2f} s", markup=False)
     console.print(f"prefill: {len(prompt)} tokens in {prefill_s * 1e3:.1f} ms "
                   f"({len(prompt) / prefill_s:.1f} tokens/s)", markup=False)
@@ -596,6 +617,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="record evidence (kernel bandwidth) for the class in the evidence store "
                         "(`met evidence`)")
     _policy_arg(p)
+    tp_arg(p)
     _kernels_arg(p)
     _format_arg(p)
 
@@ -609,7 +631,7 @@ def bench(args: argparse.Namespace) -> int:
     from metrale.realize.evidence import record_evidence
     from metrale.realize.hardware import load_hardware
     from metrale.runtime.bench import evidence, kernel_times, time_decode
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.parallel import load_engine
 
     if args.mode == "prefill":
         return _bench_prefill(args)
@@ -619,13 +641,17 @@ def bench(args: argparse.Namespace) -> int:
 
         limit = ModelConfig.load(args.model).max_position_embeddings
         args.context = max(1, min(1024, limit - 1))
+    if args.tp > 1 and args.record:
+        raise ConfigError("evidence is each kernel timed alone, on one device", key="--record",
+                          expected="--tp 1", found=f"--tp {args.tp}")
     with _progress(args, f"loading {args.model}"):
-        eng = Engine.load(args.model, hardware=hw.name, quant=args.quant,
+        eng = load_engine(args.model, args.tp, hardware=hw.name, quant=args.quant,
                           max_ctx=args.context + 1, slots=args.rows, policy=args.policy)
     with eng:
         with _progress(args, f"timing {args.steps} decode steps, then each kernel"):
             step = time_decode(eng, args.rows, steps=args.steps)
-            kernels = kernel_times(eng, args.rows)
+            # with ranks, the step is timed whole (its collectives wait for every rank)
+            kernels = kernel_times(eng, args.rows) if args.tp == 1 else ()
         device = eng.backend.limits.name
         records = []
         if args.record:
@@ -642,7 +668,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
-            "device": device, "rows": step.rows, "context": step.context,
+            "device": device, "rows": step.rows, "context": step.context, "tp": args.tp,
             "policy": args.policy, "step_s": step.step_s, "floor_s": step.floor_s,
             "bytes_moved": step.bytes_moved,
             "launches": step.launches, "graph": step.graph,
@@ -651,7 +677,8 @@ def bench(args: argparse.Namespace) -> int:
                          "bytes_per_s": k.bytes_per_s} for k in kernels],
             "recorded": len(records)}, indent=2))
         return 0
-    t = _table(f"{step.model} {step.quant} on {step.hardware} ({device}): decode, "
+    ranks = f", {args.tp} ranks" if args.tp > 1 else ""
+    t = _table(f"{step.model} {step.quant} on {step.hardware} ({device}{ranks}): decode, "
                f"{step.rows} row(s), context {step.context}, policy {args.policy}",
                ("kernel", "per step", "µs each", "GB/s", "share of step"),
                right=("per step", "µs each", "GB/s", "share of step"))
@@ -659,7 +686,8 @@ def bench(args: argparse.Namespace) -> int:
     for k in sorted(kernels, key=lambda k: -k.seconds * k.count):
         _add(t, k.label, f"×{k.count}", f"{k.seconds * 1e6:.1f}",
              f"{k.bytes_per_s / 1e9:.1f}", _share(k.seconds * k.count / total))
-    _print_table(t)
+    if kernels:
+        _print_table(t)
     from metrale.lkb.vendor import Vendor
 
     if hw.vendor == Vendor.HOST:  # NumPy's reference semantics are no kernels to hold to a floor
@@ -667,6 +695,9 @@ def bench(args: argparse.Namespace) -> int:
     else:
         floor = (f"floor {step.floor_s * 1e3:.3f} ms: {_share(step.fraction_of_floor)} of "
                  f"the floor")
+    if not kernels:
+        _console().print(f"{step.model} {step.quant} on {step.hardware} ({device}{ranks}): "
+                         f"decode, {step.rows} row(s), context {step.context}", markup=False)
     _console().print(f"step {step.step_s * 1e3:.3f} ms (median of {args.steps}, "
                      f"{'graph replay' if step.graph else 'launches'}), {floor}; "
                      f"{step.launches} launches" + (f"; {len(records)} evidence records in the store"
@@ -690,13 +721,14 @@ def _bench_prefill(args: argparse.Namespace) -> int:
     whole (the plan's memory floor beside it; a prefill is bound by arithmetic, not bytes)."""
     from metrale.lkb.errors import ConfigError
     from metrale.runtime.bench import time_prefill
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.parallel import load_engine
 
     if args.record:
         raise ConfigError("evidence comes from the decode step's kernels, timed one by one",
                           key="--record", expected="--mode decode", found="--mode prefill")
     with _progress(args, f"loading {args.model}"):
-        eng = Engine.load(args.model, hardware=names.hardware_class(args.hardware, args.kernels),
+        eng = load_engine(args.model, args.tp,
+                          hardware=names.hardware_class(args.hardware, args.kernels),
                           quant=args.quant, max_ctx=args.rows, policy=args.policy)
     with eng, _progress(args, f"timing {args.steps} prefill steps"):
         step = time_prefill(eng, args.rows, steps=args.steps)
@@ -705,11 +737,13 @@ def _bench_prefill(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": step.model, "quant": step.quant, "hardware": step.hardware,
             "device": device, "mode": "prefill", "rows": step.rows, "policy": args.policy,
+            "tp": args.tp,
             "step_s": step.step_s,
             "floor_s": step.floor_s, "bytes_moved": step.bytes_moved,
             "launches": step.launches}, indent=2))
         return 0
-    _console().print(f"{step.model} {step.quant} on {step.hardware} ({device}): prefill of "
+    ranks = f", {args.tp} ranks" if args.tp > 1 else ""
+    _console().print(f"{step.model} {step.quant} on {step.hardware} ({device}{ranks}): prefill of "
                      f"{step.rows} tokens {step.step_s * 1e3:.3f} ms (median of {args.steps}), "
                      f"{step.launches} launches; memory floor {step.floor_s * 1e3:.3f} ms",
                      markup=False)

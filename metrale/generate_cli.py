@@ -48,14 +48,14 @@ def wants_text(args: argparse.Namespace) -> bool:
 
 def run_text(args: argparse.Namespace) -> int:
     """``met run`` with a text prompt: stream the text, then one line of figures."""
-    from metrale.runtime.engine import Engine
     from metrale.runtime.generate import resolve_sampling
+    from metrale.runtime.parallel import load_engine
     from metrale.runtime.sampling import Sampling
 
     source = args.checkpoint or args.model
     max_tokens = args.max_tokens if args.max_tokens is not None else args.steps
     t0 = time.perf_counter()
-    with Engine.load(source, hardware=args.hardware, quant=args.quant, act=args.act,
+    with load_engine(source, args.tp, hardware=args.hardware, quant=args.quant, act=args.act,
                      max_ctx=args.context, seed=args.seed, blocking=args.blocking,
                      policy=args.policy) as eng:
         if eng.text is None:
@@ -107,19 +107,23 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug", "trace"),
                    help="uvicorn's log level")
+    from metrale.commands import tp_arg
+
+    tp_arg(p)
 
 
 @command("serve", "serve a model over an OpenAI-compatible HTTP API (completions, chat, "
                   "streaming), batching concurrent requests")(_serve_args)
 def serve_command(args: argparse.Namespace) -> int:
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.parallel import load_engine
     from metrale.serve import listen, serve
 
     if not 0 < args.port < 65536:
         raise ConfigError("bad port", key="--port", expected="1..65535", found=args.port)
     with listen(args.host, args.port) as sock:  # a bad address fails before the model loads
-        eng = Engine.load(args.model, hardware=args.hardware, quant=args.quant, act=args.act,
-                          max_ctx=args.context, slots=args.slots, policy=args.policy)
+        eng = load_engine(args.model, args.tp, hardware=args.hardware, quant=args.quant,
+                          act=args.act, max_ctx=args.context, slots=args.slots,
+                          policy=args.policy)
         name = args.name or Path(str(args.model)).name
         print(f"met serve: {name} ({eng.quant}, act {eng.act}, {eng.slots} slots × "
               f"{eng.max_ctx} positions) on http://{args.host}:{args.port}", file=sys.stderr)

@@ -39,6 +39,11 @@ def summary_lines(p: Plan) -> list[str]:
              " (per-kernel bound: not stated; a bit-identical relation applied where its sides "
              "declare different orders)" if math.isinf(p.bound[0]) else
              f" (per-kernel bound: rel {p.bound[0]:.3g}, abs {p.bound[1]:.3g} × magnitude)")
+    ranks = dict(p.sizes).get("ranks", 1)
+    sharded = [] if ranks == 1 else [
+        f"tensor parallel: one rank of {ranks} (heads, MLP and vocabulary split); "
+        f"{sum(k.family == 'rank_sum' for k in p.kernels)} all-reduces (gathered, summed in "
+        "rank order): the unsharded step within a reordered sum"]
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
         f"policy={p.policy}" + (f" logits={p.logits}" if p.logits != "all" else ""),
@@ -48,6 +53,7 @@ def summary_lines(p: Plan) -> list[str]:
         f"{_fmt_bytes(p.bandwidth)}/s: {p.floor_s * 1e3:.3f} ms",
         f"numerics: {'exact' if p.exact else 'bounded'}{bound}; "
         f"row-invariant: {'yes' if p.row_invariant else 'no'}",
+        *sharded,
     ]
 
 

@@ -35,11 +35,19 @@ from metrale.plan.shard import Sharding
 
 from .engine import Engine, checkpoint_dir, checkpoint_quant, checkpoint_weights, random_weights
 
-__all__ = ["HostComm", "HostGroup", "ParallelEngine"]
+__all__ = ["HostComm", "HostGroup", "ParallelEngine", "load_engine"]
 
 COLLECTIVE_TIMEOUT_S = 120.0
 """How long a rank waits for the others at a collective before the group is called broken
 (a rank that never arrives is a fault, not a hang)."""
+
+
+def load_engine(model: Any, tp: int = 1, **kw: Any) -> Any:
+    """An :class:`Engine` (``tp`` 1) or the ranks' :class:`ParallelEngine`, loaded alike (the
+    keywords of :meth:`Engine.load`)."""
+    if tp > 1:
+        return ParallelEngine.load(model, tp=tp, **kw)
+    return Engine.load(model, **kw)
 
 
 class HostGroup:
@@ -117,6 +125,7 @@ class ParallelEngine:
     def load(cls, model: str | os.PathLike | ModelConfig, *, tp: int, hardware: str = "host",
              quant: str | None = None, act: str = "bf16", max_ctx: int | None = None,
              seed: int = 0, slots: int = 1, policy: str = "exact", graphs: bool = True,
+             blocking: bool = False, progress: bool = True,
              timeout: float = COLLECTIVE_TIMEOUT_S) -> ParallelEngine:
         """Load ``model`` as :meth:`Engine.load` does (a checkpoint directory, a built-in name
         or a config, with seeded random weights) and split it over ``tp`` ranks."""
@@ -157,8 +166,8 @@ class ParallelEngine:
                 eng = Engine(rank_config, quant, sharding.weights(weights, config, r),
                              hardware=hardware, backend=HostBackend(),
                              loader=HostLoader(comm=group.comm(r)), act=act, max_ctx=max_ctx,
-                             slots=slots, blocking=False, debug=False, graphs=graphs,
-                             fuse=True, policy=policy)
+                             slots=slots, blocking=blocking, debug=False, graphs=graphs,
+                             fuse=True, policy=policy, progress=progress)
                 eng.text = text
                 engines.append(eng)
         except BaseException:
@@ -170,13 +179,19 @@ class ParallelEngine:
     # -- the ranks together -----------------------------------------------------------------
 
     def _all(self, call: Callable[[Engine], Any]) -> Any:
-        """``call`` on every rank at once; rank 0's result. The first rank to fail aborts the
-        group and its error is the one raised (as a DeviceFault naming the rank)."""
+        """``call`` on every rank's engine at once; rank 0's result. The first rank to fail
+        aborts the group and its error is the one raised (as a DeviceFault naming the rank)."""
+        return self._ranks(lambda r: call(self.engines[r]))
+
+    def _ranks(self, call: Callable[[int], Any]) -> Any:
+        """``call(rank)`` for every rank at once, as :meth:`_all`."""
         self.group.check()
 
         def run(rank: int) -> Any:
             try:
-                return call(self.engines[rank])
+                return call(rank)
+            except ConfigError:
+                raise  # a bad request, refused alike on every rank before any collective
             except BaseException as e:
                 self.group.abort(rank, e)
                 raise
@@ -189,9 +204,6 @@ class ParallelEngine:
             except BaseException as e:  # noqa: PERF203 - every rank is waited for
                 errors.append(e)
         if errors:
-            failure = self.group.failure
-            if failure is not None and isinstance(failure[1], ConfigError):
-                raise failure[1]  # a bad request: the same refusal on every rank
             self.group.check()
             raise errors[0]
         return results[0]
@@ -211,6 +223,17 @@ class ParallelEngine:
                    live: Sequence[bool] | None = None) -> np.ndarray:
         return self._all(lambda e: e.decode_ids(token_ids, params, keys, live=live))
 
+    def program(self, mode: str, rows: int, logits: str = "all", sample: bool = False
+                ) -> ParallelProgram:
+        """Every rank's program of one step, run together (``runtime.bench`` times it)."""
+        return ParallelProgram(self, tuple(e.program(mode, rows, logits, sample)
+                                           for e in self.engines))
+
+    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all",
+                        sample: bool = False) -> ParallelProgram:
+        return ParallelProgram(self, tuple(e.prefill_program(rows, slot, logits, sample)
+                                           for e in self.engines))
+
     def generate(self, prompt: Any, max_tokens: int = 16, **kw: Any) -> Any:
         from .generate import generate
 
@@ -225,13 +248,13 @@ class ParallelEngine:
 
     def __getattr__(self, name: str) -> Any:
         if name in ("config", "quant", "act", "text", "slots", "max_ctx", "lengths", "hardware",
-                    "policy", "_check_ids"):
+                    "policy", "backend", "_check_ids"):
             return getattr(self.engines[0], name)
         raise AttributeError(name)
 
-    def plan(self, mode: str, rows: int, **kw: Any) -> Any:
+    def plan(self, mode: str, rows: int, logits: str = "all", sample: bool = False) -> Any:
         """Rank 0's plan of a step (every rank runs the same one)."""
-        return self.engines[0].plan(mode, rows, **kw)
+        return self.engines[0].plan(mode, rows, logits, sample)
 
     def memory(self) -> dict[str, int]:
         """Bytes held, summed over the ranks."""
@@ -257,3 +280,32 @@ class ParallelEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ParallelProgram:
+    """The ranks' programs of one step: inputs written to each, run together, rank 0's read."""
+
+    def __init__(self, engine: ParallelEngine, programs: Sequence[Any]) -> None:
+        self.engine, self.programs = engine, tuple(programs)
+
+    def write(self, name: str, values: Any) -> None:
+        for p in self.programs:
+            p.write(name, values)
+
+    def run(self, *, blocking: bool = False, replay: bool = True) -> None:
+        self.engine._ranks(lambda r: self.programs[r].run(blocking=blocking, replay=replay))
+
+    def read(self, name: str) -> np.ndarray:
+        return self.programs[0].read(name)
+
+    @property
+    def launches(self) -> Any:
+        return self.programs[0].launches
+
+    @property
+    def captured(self) -> bool:
+        return self.programs[0].captured
+
+    @property
+    def _graph(self) -> Any:
+        return self.programs[0]._graph

@@ -1,0 +1,221 @@
+"""Tensor parallelism on the host: n simulated ranks (threads) against one device.
+
+A rank's plan splits reductions (o_proj's and down_proj's columns, each expert's), so a sharded
+step agrees with the unsharded one within the bound of a reordered sum, not byte for byte:
+with f32 activations the logits differ by a few f32 units (a reordered k-term sum errs by at
+most about k·u·Σ|terms|); with bf16 activations each rank's partial sum is rounded to bf16
+before the all-reduce adds them, which the bf16 tolerance covers. The all-reduce itself is
+exact where the reference says: its sum is in rank order, so one rank is byte-identical.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import attrs
+import numpy as np
+import pytest
+
+from metrale.lkb.errors import ConfigError, DeviceFault
+from metrale.lkb.semantics_collective import rank_sum
+from metrale.plan.config import ModelConfig
+from metrale.runtime.engine import Engine
+from metrale.runtime.parallel import HostGroup, ParallelEngine
+
+WIDE = {name: attrs.evolve(ModelConfig.load(name), num_attention_heads=8,
+                           num_key_value_heads=4)
+        for name in ("tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss")}
+PROMPT = [5, 17, 3, 99, 42, 7, 1, 25, 64, 2, 11, 200]  # longer than none of the windows
+
+
+def _compare(model: str, tp: int, act: str, rtol: float) -> None:
+    config = WIDE[model]
+    with ParallelEngine.load(config, tp=tp, max_ctx=32, act=act) as many, \
+            Engine.load(config, max_ctx=32, act=act) as one:
+        got, want = many.prefill(PROMPT), one.prefill(PROMPT)
+        for step in range(4):
+            scale = float(np.abs(want).max())
+            assert np.isfinite(got).all() and scale > 0.1
+            err = float(np.abs(got - want).max())
+            assert err <= rtol * scale, (model, tp, act, step, err / scale)
+            token = int(want[-1].argmax())
+            got, want = many.decode([token]), one.decode([token])
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("model", sorted(WIDE))
+def test_sharded_f32_steps_are_the_unsharded_within_a_reordered_sum(model, tp):
+    # 2 layers, k <= 128 terms per split sum, u = 2^-24: a few 1e-6 of the logit scale
+    _compare(model, tp, "f32", 2e-5)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("model", ["tiny-llama"])
+def test_sharded_bf16_steps_are_the_unsharded_within_the_bf16_tolerance(model, tp):
+    """Dense only: in a MoE a bf16 difference in the router's input can pick another expert
+    where two logits nearly tie, and the step then differs by more than any rounding (the
+    MoE models are held to the f32 bound above, where no choice flips)."""
+    _compare(model, tp, "bf16", 1.6e-2)
+
+
+def test_one_rank_is_the_engine_byte_for_byte():
+    with ParallelEngine.load("tiny-qwen3", tp=1, max_ctx=16) as many, \
+            Engine.load("tiny-qwen3", max_ctx=16) as one:
+        assert many.prefill([3, 1, 4]).tobytes() == one.prefill([3, 1, 4]).tobytes()
+        assert many.decode([9]).tobytes() == one.decode([9]).tobytes()
+
+
+def test_every_rank_holds_the_same_logits_and_rows_stay_apart():
+    """The gathered logits are the same bytes on every rank; a row decoded with 3 others has
+    the bytes it has alone (the collectives keep rows apart, as every kernel does)."""
+    config = WIDE["tiny-llama"]
+    with ParallelEngine.load(config, tp=2, max_ctx=16, slots=4) as batch, \
+            ParallelEngine.load(config, tp=2, max_ctx=16) as alone:
+        prompts = [[1 + s, 9, 2 * s + 3] for s in range(4)]
+        for s, p in enumerate(prompts):
+            batch.prefill(p, slot=s)
+        many = batch.decode([7, 8, 9, 10])
+        alone.prefill(prompts[2])
+        one = alone.decode([9])
+        assert many[2].tobytes() == one[0].tobytes()
+        both = [np.array(e.program("decode", 4).read("logits")) for e in batch.engines]
+        assert both[0].tobytes() == both[1].tobytes()
+
+
+def test_generate_runs_on_the_ranks():
+    with ParallelEngine.load("tiny-llama", tp=2, max_ctx=32) as many, \
+            Engine.load("tiny-llama", max_ctx=32, act="bf16") as one:
+        got = many.generate([3, 1, 4, 1, 5], max_tokens=6)
+        want = one.generate([3, 1, 4, 1, 5], max_tokens=6)
+        assert len(got.ids) == 6 and all(0 <= i < 256 for i in got.ids)
+        # greedy ids agree while no two logits sit within the sharding's bf16 error
+        assert got.ids[0] == want.ids[0]
+
+
+def test_a_bad_request_is_refused_and_the_ranks_keep_serving():
+    with ParallelEngine.load("tiny-llama", tp=2, max_ctx=16) as many:
+        with pytest.raises(ConfigError, match="token id out of range"):
+            many.prefill([1, 999])
+        assert np.isfinite(many.prefill([1, 2])).all()
+
+
+def test_a_failing_rank_stops_every_rank_with_its_fault_named():
+    """Rank 1 faults inside a step: rank 0, waiting at the step's first collective, is
+    released at once (not after the timeout), the step raises a DeviceFault naming rank 1
+    and its error, and so does every later step."""
+    with ParallelEngine.load("tiny-llama", tp=2, max_ctx=16, timeout=60) as many:
+        many.prefill([1, 2])
+        broken = many.engines[1]
+        original = broken.decode
+
+        def fault(token_ids):
+            raise RuntimeError("illegal memory access (injected)")
+
+        broken.decode = fault
+        t0 = time.monotonic()
+        with pytest.raises(DeviceFault, match="rank 1 failed: RuntimeError: illegal memory"):
+            many.decode([3])
+        assert time.monotonic() - t0 < 10
+        broken.decode = original
+        with pytest.raises(DeviceFault, match="rank 1 failed"):
+            many.decode([3])
+
+
+def test_a_rank_that_never_arrives_is_a_fault_not_a_hang():
+    g = HostGroup(2, timeout=0.5)
+    with pytest.raises(DeviceFault, match="rank 0 failed: TimeoutError"):
+        g.comm(0).all_gather(np.ones(3, np.float32))
+
+
+def test_the_group_gathers_in_rank_order_under_concurrency():
+    """Four ranks gather twenty times in a row, each from its own thread, each time its own
+    values: every rank sees every rank's values of that round, in rank order."""
+    n, rounds = 4, 20
+    g = HostGroup(n, timeout=30)
+    seen: dict[int, list] = {}
+
+    def rank(r: int) -> None:
+        comm = g.comm(r)
+        seen[r] = [comm.all_gather(np.full(2, 10 * i + r, np.float32)) for i in range(rounds)]
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in range(n):
+        for i, parts in enumerate(seen[r]):
+            assert [float(p[0]) for p in parts] == [10 * i + q for q in range(n)]
+
+
+# -- the all-reduce's sum: its declared order, on the inputs that tell orders apart ---------
+
+
+def _parts(*columns: list[float]) -> np.ndarray:
+    """parts [rows=1, ranks, n] from per-rank lists."""
+    return np.array(columns, np.float32)[None]
+
+
+def test_rank_sum_adds_in_rank_order_in_f32():
+    big = np.float32(2**25)
+    # (2^25 + 1) + (-2^25) = 0 in f32 (the 1 is lost), but 2^25 + (1 + -2^25) = ... = 0 too;
+    # 1 + (2^25 + -2^25) would be 1: only the declared order gives the column its bytes
+    got = rank_sum(_parts([big, 1.0], [1.0, big], [-big, -big]), act="f32")[0]
+    assert got.tolist() == [[0.0, 0.0]]
+    got = rank_sum(_parts([1.0], [big], [-big]), act="f32")[0]
+    assert got.tolist() == [[0.0]]
+
+
+def test_rank_sum_keeps_signed_zeros_denormals_inf_and_nan():
+    tiny = np.float32(1e-45)  # the smallest f32 denormal: no flush to zero
+    got = rank_sum(_parts([-0.0, tiny, np.inf, np.inf, np.nan],
+                          [-0.0, tiny, 1.0, -np.inf, 0.0]), act="f32")[0][0]
+    assert np.signbit(got[0]) and got[0] == 0
+    assert got[1] == tiny + tiny and got[1] > tiny
+    assert got[2] == np.inf and np.isnan(got[3]) and np.isnan(got[4])
+
+
+def test_rank_sum_rounds_once_to_bf16():
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    # 1 + 2^-8 + 2^-8: rounding to bf16 after each add gives 1 (1 + 2^-8 ties to even, twice);
+    # the f32 sum rounded once is 1 + 2^-7, a bf16 value
+    parts = np.array([[[1.0], [2**-8], [2**-8]]], bf16)
+    assert float(rank_sum(parts, act="bf16")[0][0, 0]) == 1 + 2**-7
+
+
+@pytest.mark.parametrize("act", ["bf16", "f32"])
+def test_the_cuda_rank_sum_gives_the_references_bytes_on_adversarial_parts(build_dir, act):
+    """sm_90's rank_sum (collective.cu) on the emulation: cancellation that only the declared
+    order resolves, signed zeros, denormals, inf - inf and NaN: the reference's bytes, NaN
+    where it has NaN."""
+    from tests.host import simt
+    from tests.host.test_kernels_emulated import P, run
+
+    ok, why = simt.available()
+    if not ok:
+        pytest.skip(f"no host emulation: {why}")
+    import ml_dtypes
+
+    dt = np.float32 if act == "f32" else ml_dtypes.bfloat16
+    big = 2.0**25 if act == "f32" else 2.0**10
+    rng = np.random.default_rng(3)
+    columns = [[big, 1.0, -big], [1.0, big, -big], [-0.0, -0.0, -0.0], [1e-45, 1e-45, 0.0],
+               [np.inf, -np.inf, 1.0], [np.nan, 1.0, 2.0], [1.0, 2**-8, 2**-8]]
+    parts = np.array(columns, np.float64).T[None]  # rows=1, ranks=3, n=7
+    noise = rng.standard_normal((5, 3, 300)) * 10.0 ** rng.integers(-3, 4, (5, 3, 300))
+    for p in (parts, noise):
+        p = p.astype(dt)
+        fam = P.family("rank_sum")
+        point = fam.point(act=act)
+        rows, ranks, n = p.shape
+        got = run(build_dir, fam, point, {"rows": rows, "ranks": ranks, "n": n},
+                  {"parts": (p,)})[0]
+        want = rank_sum(p.copy(), act=act)[0]
+        # NaN where the reference has NaN (the device's canonical payload, the host's own);
+        # every other value byte for byte
+        nan = np.isnan(want.astype(np.float32))
+        assert (np.isnan(got.astype(np.float32)) == nan).all()
+        assert got[~nan].tobytes() == want[~nan].tobytes()
