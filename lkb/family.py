@@ -132,6 +132,8 @@ class Family:
     """A reinterpretation: the output aliases the input and no kernel runs."""
     traffic: tuple[tuple[str, str], ...] = ()
     """Port → elements one call really moves (a formula of dims and ``context``)."""
+    collective: bool = False
+    """Carried by the rank group's transport (all ranks at once), not by a kernel of one."""
     file: str = field(default="", eq=False)
     """Where it was read from (not part of its identity)."""
 
@@ -228,6 +230,7 @@ class Family:
         raw_ranges = f.take("ranges", dict, default={})
         view = f.take("view", bool, default=False)
         raw_traffic = f.take("traffic", dict, default={})
+        collective = f.take("collective", bool, default=False)
         f.close()
         # Values kept inside the frozen Family must be hashable scalars, or hash(P) fails later.
         raw_example = _scalar_table(raw_example, (int,), "a dim size is an integer", file,
@@ -269,7 +272,8 @@ class Family:
                      tuple((raw_example or {}).items()),
                      tuple((str(k), str(v)) for k, v in (raw_ranges or {}).items()),
                      tuple((raw_attrs or {}).items()), bool(view),
-                     tuple((str(k), str(v)) for k, v in (raw_traffic or {}).items()), str(file))
+                     tuple((str(k), str(v)) for k, v in (raw_traffic or {}).items()),
+                     bool(collective), str(file))
         points: list[Point] = []
         for i, raw in enumerate(raw_points or []):
             pkey = f"{key}.points[{i}]"
@@ -316,6 +320,8 @@ class Family:
             table["view"] = True
         if self.traffic:
             table["traffic"] = dict(self.traffic)
+        if self.collective:
+            table["collective"] = True
         table["params"] = {k: list(v) for k, v in self.params}
         table["points"] = [p.as_dict() for p in self.points]
         return table

@@ -124,3 +124,24 @@ def test_sizes_that_do_not_split_are_refused_by_name():
         Sharding(2).config(Sharding(2).config(WIDE["tiny-llama"]))
     with pytest.raises(ConfigError, match="rank"):
         Sharding(2).weights({}, "tiny-llama", 2)
+
+
+def test_the_docs_example_says_what_it_computes():
+    """docs/parallel.md's Python block runs, and each ``expression  # value: words`` line
+    evaluates to the value it states."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "parallel.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+    env: dict = {}
+    checked = 0
+    for line in block.splitlines():
+        code, _, comment = line.partition("  # ")
+        if "=" in code.replace("==", "") or not comment:
+            exec(code, env)
+            continue
+        stated = comment.split(":", 1)[0]
+        assert repr(eval(code, env)) == stated, line
+        checked += 1
+    assert checked == 2
