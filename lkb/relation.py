@@ -38,6 +38,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError
+from .ty import parse_expression
 
 NUMERICS = ("bit_identical", "bounded")
 
@@ -201,7 +202,7 @@ def eval_bound(formula: str, env: Mapping[str, float], file: object = None,
     0.007812976837158203
     """
     try:
-        tree = ast.parse(str(formula), mode="eval").body
+        tree = parse_expression(str(formula))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
         raise ConfigError("bad bound formula", file=file, key=key,

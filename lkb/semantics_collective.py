@@ -29,7 +29,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .semantics import F32, Reduction, _fail, _rand, _shape, act_dtype, round_to, semantics
+from .semantics import (
+    F32,
+    Reduction,
+    _bf16,
+    _fail,
+    _rand,
+    _shape,
+    act_dtype,
+    round_to,
+    semantics,
+)
 
 
 class Communicator(Protocol):
@@ -92,3 +102,34 @@ def rank_sum(parts: np.ndarray, *, act: str) -> tuple[np.ndarray]:
     for r in range(1, parts.shape[1]):
         acc = acc + parts[:, r].astype(F32)
     return (round_to(acc, dt).astype(dt),)
+
+
+def _ex_embedding_part(rng, rows, act):
+    part, hidden = 50, 64
+    ids = rng.integers(0, 3 * part, rows).astype(np.int32)
+    return (ids, _rand(rng, (part, hidden), act), np.array([part], np.int32)), {"act": act}
+
+
+@semantics("embedding_part", rows=(0,), example=_ex_embedding_part)
+def embedding_part(ids: np.ndarray, table: np.ndarray, first: np.ndarray, *, act: str
+                   ) -> tuple[np.ndarray]:
+    """One rank's rows of a vocabulary-split embedding: ``table[id - first]`` for the ids its
+    part holds (``first <= id < first + part``), ``-0.0`` for the others. ``-0.0`` is the
+    identity of IEEE addition (``-0.0 + x`` is ``x``, bit for bit, ``±0`` and NaN included),
+    so the ranks' rows added by ``rank_sum`` are each id's row of the whole table exactly.
+
+    >>> t = np.array([[1.0, -0.0]], np.float32)   # the part of rows [1, 2)
+    >>> embedding_part(np.array([1, 0], np.int32), t, np.array([1], np.int32), act="f32")[0]
+    array([[ 1., -0.],
+           [-0., -0.]], dtype=float32)
+    """
+    fam, sizes = "embedding_part", {}
+    dt = act_dtype(fam, act)
+    _shape(fam, "ids", ids, ("rows",), sizes, "int")
+    _shape(fam, "table", table, ("part", "hidden"), sizes, (_bf16(), F32))
+    _shape(fam, "first", first, ("one",), sizes, "int")
+    local = ids.astype(np.int64) - int(first[0])
+    inside = (local >= 0) & (local < sizes["part"])
+    out = np.full((ids.shape[0], sizes["hidden"]), -0.0, dt)
+    out[inside] = table[local[inside]].astype(dt)
+    return (out,)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import threading
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
@@ -36,10 +37,21 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv}
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_expression(text: str) -> ast.expr:
+    """``ast.parse(text, mode="eval").body``, one thread at a time: CPython's AST constructor
+    keeps its recursion depth in shared state, and two threads parsing at once (ranks stepping
+    in threads) can fail with ``SystemError: AST constructor recursion depth mismatch``."""
+    with _PARSE_LOCK:
+        return ast.parse(text, mode="eval").body
+
+
 @lru_cache(maxsize=4096)
 def _parse_dim(text: str) -> ast.expr:
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_expression(text)
     except SyntaxError:
         raise AxiomError("bad dimension expression", found=repr(text)) from None
     for node in ast.walk(tree):

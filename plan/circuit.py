@@ -229,6 +229,9 @@ class _Ops:
         return Box(name, Ty(*dom), Ty(*cod), {"act": self.act, **params})
 
     def embed(self) -> Box:
+        if self.config.ranks > 1:  # this rank's rows of the table, and where they start
+            return self.box("embed", (_t(("rows",), I32), _t(("vocab_part", "hidden"), BF16),
+                                      _t((1,), I32)), (self.x("hidden"),))
         return self.box("embed", (_t(("rows",), I32), _t(("vocab", "hidden"), BF16)),
                         (self.x("hidden"),))
 
@@ -391,15 +394,21 @@ def _inputs(ops: _Ops, sample: str = "") -> list[tuple[str, TensorType]]:
     if sample:  # per row: (temperature, top_k, top_p, min_p) and (seed lo, hi, request, position)
         out += [("sample.params", _t((sample, "four"), F32)),
                 ("sample.keys", _t((sample, "four"), I32))]
-    out.append(("model.embed_tokens.weight", _t(("vocab", "hidden"), BF16)))
+    vocab = "vocab_part" if c.ranks > 1 else "vocab"  # a rank holds its rows of the vocabulary
+    out.append(("model.embed_tokens.weight", _t((vocab, "hidden"), BF16)))
+    if c.ranks > 1:
+        out.append((VOCAB_FIRST, _t((1,), I32)))
     for i in range(c.num_hidden_layers):
         out += _layer_weights(ops, i)
     out.append(("model.norm.weight", _t(("hidden",), BF16)))
-    if c.ranks > 1:  # each rank reads its rows of the head (of the embedding, when tied)
-        out.append(("lm_head.weight", _t(("vocab_part", "hidden"), BF16)))
-    elif not c.tie_word_embeddings:
-        out.append(("lm_head.weight", _t(("vocab", "hidden"), BF16)))
+    if not c.tie_word_embeddings:
+        out.append(("lm_head.weight", _t((vocab, "hidden"), BF16)))
     return out
+
+
+VOCAB_FIRST = "tp.vocab_first"
+"""The input holding the first token id of a rank's part of the vocabulary (tensor
+parallelism: bound with the rank's weights)."""
 
 
 # -- the circuit ----------------------------------------------------------------------------
@@ -487,7 +496,11 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
         return y
 
 
-    (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
+    if sharded:  # each rank's rows of the vocabulary, -0.0 elsewhere: the sum is exact
+        (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"], w[VOCAB_FIRST])
+        h = reduce(h)
+    else:
+        (h,) = b.add(embed, w["tokens"], w["model.embed_tokens.weight"])
     caches: list[Wire] = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -529,12 +542,12 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
         (h,) = b.add(ops.last_row(), h)
         lead = "last"
     (n,) = b.add(ops.rmsnorm(lead), h, w["model.norm.weight"])
-    if sharded:
-        (part,) = b.add(ops.lm_head(lead, "vocab_part"), n, w["lm_head.weight"])
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    if sharded:  # each rank's logits of its rows of the vocabulary, gathered
+        (part,) = b.add(ops.lm_head(lead, "vocab_part"), n, w[head])
         gather, view = ops.gather_logits(lead)
         (out,) = b.add(view, *b.add(gather, part))
     else:
-        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         (out,) = b.add(ops.lm_head(lead), n, w[head])
 
     outputs = ("logits", *(f"kv.{i}.{kv}" for i in range(config.num_hidden_layers)

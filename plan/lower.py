@@ -81,7 +81,8 @@ class Lowering:
         ins = b.inputs
         name = box.name
         if name == "embed":
-            outs = b.add(self._box("embedding", dom, cod, {"act": act}), *ins)
+            family = "embedding_part" if len(ins) == 3 else "embedding"  # a rank's rows
+            outs = b.add(self._box(family, dom, cod, {"act": act}), *ins)
         elif name == "rmsnorm":
             outs = b.add(self._box("rmsnorm", dom, cod, {"act": act, "h_block": H_BLOCK},
                                    {"eps": p["eps"]}), *ins)

@@ -6,10 +6,13 @@ lm_head's rows split by vocabulary (``ModelConfig.ranks``). On a circuit it give
 circuit, the same step in those sizes with the ranks joined where a split meets: after the
 attention's output projection and after the MLP (or MoE) an ``all_reduce`` adds the ranks'
 partial sums, and the logits of each rank's part of the vocabulary are gathered into the
-whole. Every rank runs that one circuit (SPMD); they differ only in their weights, which
-:meth:`Sharding.weights` cuts from the checkpoint's. Embeddings, norms and routers are
-replicated; a bias added after a split's partial sums (o_proj's) is added once, after the
-``all_reduce``; the experts' down-projection bias, added inside the MoE, is rank 0's alone.
+whole. The embedding is split by vocabulary too: a rank gives the rows of the ids its part
+holds and ``-0.0`` for the others (the identity of addition), and an ``all_reduce`` adds them,
+which gives each id's row bit for bit. Every rank runs that one circuit (SPMD); they differ
+only in their weights, which :meth:`Sharding.weights` cuts from the checkpoint's (and the
+first id of the rank's part of the vocabulary). Norms and routers are replicated; a bias
+added after a split's partial sums (o_proj's) is added once, after the ``all_reduce``; the
+experts' down-projection bias, added inside the MoE, is rank 0's alone.
 
 The plan of a rank is then the composite as ever, ``(L_H ≫ F_H)(S_n(circuit))``: lowering
 sends ``all_reduce`` to ``all_gather ≫ rank_sum`` (the transport moves bytes; the sum, in rank
@@ -26,7 +29,7 @@ Laws (checked here and with Hypothesis in ``tests/mock/test_shard.py``):
 True
 >>> s = Sharding(2)(c)
 >>> s.op_counts()["all_reduce"], s.sizes(16)["heads"], s.sizes(16)["vocab_part"]
-(4, 2, 128)
+(5, 2, 128)
 >>> import numpy as np
 >>> from metrale.runtime.engine import random_weights
 >>> w = random_weights("tiny-llama")
@@ -46,13 +49,14 @@ import numpy as np
 
 from metrale.lkb.errors import ConfigError
 
-from .circuit import Circuit, circuit_for
+from .circuit import VOCAB_FIRST, Circuit, circuit_for
 from .config import ModelConfig
 
 _ROWS, _COLS = -2, -1
 """A weight ``[..., n, k]`` splits by its output rows (``n``) or by its input columns (``k``)."""
 
 SPLITS: tuple[tuple[str, int], ...] = (
+    ("model.embed_tokens.weight", _ROWS), ("lm_head.weight", _ROWS),
     ("self_attn.q_proj.weight", _ROWS), ("self_attn.k_proj.weight", _ROWS),
     ("self_attn.v_proj.weight", _ROWS), ("self_attn.q_proj.bias", _COLS),
     ("self_attn.k_proj.bias", _COLS), ("self_attn.v_proj.bias", _COLS),
@@ -125,8 +129,8 @@ class Sharding:
     def weights(self, weights: Mapping[str, Any], model: str | ModelConfig, rank: int
                 ) -> dict[str, Any]:
         """Rank ``rank``'s weights, cut from the whole model's (arrays in the circuit's layout,
-        or :class:`~metrale.lkb.quant.QuantTensor`); ``lm_head.weight`` is its rows of the
-        head, or of the embedding when the two are tied."""
+        or :class:`~metrale.lkb.quant.QuantTensor`), and ``tp.vocab_first``, the first id of
+        its rows of the vocabulary (of the embedding, and of the head)."""
         n = self.ranks
         if not isinstance(rank, int) or not 0 <= rank < n:
             raise ConfigError("no such rank", key="rank", expected=f"0 <= rank < {n}",
@@ -143,10 +147,7 @@ class Sharding:
                 out[name] = np.zeros_like(w)
             else:
                 out[name] = w
-        head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        if head not in weights:
-            raise ConfigError("the checkpoint has no head to split", file=c.name, key=head)
-        out["lm_head.weight"] = _slice(weights[head], _ROWS, rank, n, head)
+        out[VOCAB_FIRST] = np.array([rank * (c.vocab_size // n)], np.int32)
         return out
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from metrale.lkb.errors import ConfigError, LaunchError, nearest
+from metrale.lkb.ty import parse_expression
 
 __all__ = ["eval_formula", "formula_names", "limit_holds", "limit_names", "parse_formula"]
 
@@ -44,7 +45,7 @@ def _checked_tree(text: str) -> ast.expr | None:
     hundred formulas at every layer, and parsing them again was most of the planning time.
     The trees are only read, never changed."""
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_expression(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         # ValueError: a NUL byte; RecursionError/MemoryError: nesting past the parser's limit
         return None
@@ -136,7 +137,7 @@ def _split_limit(text: str) -> tuple[str, Any, str] | None:
     """A limit's two sides and comparison, or None when it is not one comparison (cached as
     the formulas are)."""
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_expression(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1

@@ -93,8 +93,9 @@ class ArgSpec:
 
 
 def host_spec(b: Buffer) -> ArgSpec:
-    """The host class's view of a plan buffer: weights are f32 (dequantized or upcast once at
-    load, see ``lkb/semantics.py``), everything else keeps the plan's dtype.
+    """The host class's view of a plan buffer: float weights are f32 (dequantized or upcast
+    once at load, see ``lkb/semantics.py``), everything else (an integer one such as a rank's
+    ``tp.vocab_first`` too) keeps the plan's dtype.
 
     >>> from metrale.plan.plan import plan_for
     >>> p = plan_for("tiny-llama", "bf16", "host", context=16)
@@ -102,7 +103,9 @@ def host_spec(b: Buffer) -> ArgSpec:
     dtype('float32')
     """
     shape = tuple(int(d) for d in b.type.shape)
-    dtype = np.dtype(np.float32) if b.kind == "weight" else np.dtype(b.type.dtype.numpy)
+    dtype = np.dtype(b.type.dtype.numpy)
+    if b.kind == "weight" and dtype.kind != "i":
+        dtype = np.dtype(np.float32)
     return ArgSpec(b.name, dtype, shape)
 
 

@@ -78,7 +78,7 @@ class HostGroup:
         if self.failure is not None:
             rank, error = self.failure
             raise DeviceFault(f"rank {rank} failed: {type(error).__name__}: {error}",
-                              key=f"rank {rank}")
+                              key="ranks")
 
     def _meet(self, rank: int) -> None:
         try:

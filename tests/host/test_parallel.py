@@ -219,3 +219,65 @@ def test_the_cuda_rank_sum_gives_the_references_bytes_on_adversarial_parts(build
         nan = np.isnan(want.astype(np.float32))
         assert (np.isnan(got.astype(np.float32)) == nan).all()
         assert got[~nan].tobytes() == want[~nan].tobytes()
+
+
+def _adversarial_table(vocab: int, hidden: int, dt) -> np.ndarray:
+    """A table of ±0, denormals, ±inf, NaN and ordinary values (bf16 or f32)."""
+    rng = np.random.default_rng(7)
+    specials = np.array([0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan, 3.5], np.float32)
+    t = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    mask = rng.random((vocab, hidden)) < 0.4
+    t[mask] = rng.choice(specials, mask.sum())
+    return t.astype(dt)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("act", ["bf16", "f32"])
+def test_the_split_embedding_summed_is_the_embedding_bit_for_bit(act, n):
+    """Each rank's rows (-0.0 outside its part) added by rank_sum give every id's row of the
+    whole table, ±0, denormals, infinities and NaN payloads included."""
+    import ml_dtypes
+
+    from metrale.lkb.semantics import SEMANTICS
+
+    dt = np.float32 if act == "f32" else ml_dtypes.bfloat16
+    vocab, hidden = 64, 24
+    table = _adversarial_table(vocab, hidden, dt)
+    part = vocab // n
+    ids = np.array([0, part - 1, part, vocab - 1, 5, 2 * part - 1, 33], np.int32)
+    rows = [SEMANTICS["embedding_part"](ids, table[r * part:(r + 1) * part],
+                                        np.array([r * part], np.int32), act=act)[0]
+            for r in range(n)]
+    (summed,) = rank_sum(np.stack(rows, axis=1), act=act)
+    (whole,) = SEMANTICS["embedding"](ids, table, act=act)
+    assert summed.tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("act", ["bf16", "f32"])
+def test_the_cuda_embedding_part_gives_the_references_bytes(build_dir, act):
+    """sm_90's embedding_part on the emulation: the rows of the ids inside the part (at both
+    edges), -0.0 for ids below and above it, over an adversarial table (NaN where the
+    reference has NaN)."""
+    from tests.host import simt
+    from tests.host.test_kernels_emulated import P, run
+
+    ok, why = simt.available()
+    if not ok:
+        pytest.skip(f"no host emulation: {why}")
+    import ml_dtypes
+
+    from metrale.lkb.semantics import SEMANTICS
+
+    part, hidden = 16, 300
+    table = _adversarial_table(part, hidden, ml_dtypes.bfloat16)
+    first = np.array([16], np.int32)
+    ids = np.array([15, 16, 31, 32, 20, 0, 2**31 - 1], np.int32)
+    fam = P.family("embedding_part")
+    got = run(build_dir, fam, fam.point(act=act),
+              {"rows": ids.size, "part": part, "h": hidden, "vocab": 64},
+              {"ids": (ids,), "table": (table,), "first": (first,)})[0]
+    (want,) = SEMANTICS["embedding_part"](ids, table.astype(np.float32), first, act=act)
+    nan = np.isnan(want.astype(np.float32))
+    assert (np.isnan(got.astype(np.float32)) == nan).all()
+    assert got[~nan].tobytes() == want[~nan].tobytes()
+    assert np.signbit(got[0]).all() and not got[0].any()  # below the part: -0.0

@@ -1,4 +1,6 @@
-// Metrale CUDA: rank_sum, the reduction of an all-reduce (tensor parallelism). The transport
+// Metrale CUDA: the kernels of tensor parallelism's collectives.
+//
+// rank_sum, the reduction of an all-reduce. The transport
 // only gathers the ranks' partial sums, parts [rows, ranks, n]; this kernel adds them in rank
 // order, y = round(((p0 + p1) + p2) + ...), in f32 and rounded once, as the reference does,
 // so every class and every run give the same bytes however the gather was carried.
@@ -16,4 +18,19 @@ metrale_rank_sum(const act_t* __restrict__ parts, act_t* __restrict__ y, int row
     float acc = act_load(p[0]);
     for (int r = 1; r < ranks; ++r) acc = __fadd_rn(acc, act_load(p[(long)r * n]));
     y[(long)row * n + c] = act_store(acc);
+}
+
+// embedding_part: one rank's rows of a vocabulary-split embedding, table[id - first] for the
+// ids in its part and -0.0 for the others (-0.0 + x is x, bit for bit: the ranks' rows summed
+// by rank_sum are each id's row of the whole table). grid (ceil(h / 256), rows), block 256.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_embedding_part(const int* __restrict__ ids, const __nv_bfloat16* __restrict__ table,
+                       const int* __restrict__ first, act_t* __restrict__ x, int rows, int part,
+                       int h) {
+    grid_dependency_sync();
+    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows || c >= h) return;
+    const long local = (long)ids[row] - first[0];
+    const float v = (local >= 0 && local < part) ? __bfloat162float(table[local * h + c]) : -0.0f;
+    x[(long)row * h + c] = act_store(v);
 }
