@@ -154,10 +154,6 @@ class Realization:
             return self._host_kernel(fam, point), ""
         if getattr(fam, "view", False):
             return None, f"{fam.name} is a view: it relabels a buffer and launches no kernel"
-        if fam.collective:
-            return None, (f"{fam.name} is a collective, carried by the ranks' transport: "
-                          f"{self.name} has none yet (GPU ranks over NCCL are not built; the "
-                          "host's simulated ranks run it)")
         passed_over = []
         for i, folder in enumerate(self.folders):
             for table in folder.claiming(point):

@@ -40,6 +40,11 @@ from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabil
 
 KERNELS_FILE = "KERNELS.toml"
 ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch")
+
+TRANSPORTS = ("all_gather",)
+"""The rank group's operations a collective's kernel table may name (``transport``):
+``all_gather`` puts every rank's input ``x`` [rows, n], in rank order, into the kernel's
+first argument as ``[ranks, rows, n]``, before the kernel runs."""
 NO_REASON = "no reason given"
 
 def box_numbers(box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
@@ -183,6 +188,10 @@ class Kernel:
     result is written when the last of them ends. Where a kernel has them, any launch of the
     chain, its own included, may have an empty grid at some sizes and is then not made (gemv.cu's
     linear: the one-warp-a-column launch or the split one, by n); at least one is made."""
+    transport: str = ""
+    """A collective's operation of the rank group (``all_gather``): it runs before the kernel's
+    own launch, every rank's input gathered, in rank order, into the kernel's first argument
+    (a scratch); the kernel then lays the result out (see ``TRANSPORTS``)."""
 
     @property
     def key(self) -> str:
@@ -323,6 +332,7 @@ class KernelTable:
     dependent_launch: bool = False
     limits: tuple[str, ...] = ()
     then: tuple[ThenLaunch, ...] = ()
+    transport: str = ""
 
     @property
     def source_path(self) -> str:
@@ -389,7 +399,8 @@ class KernelTable:
                       self.reduction_at(point), self.row_invariant, shadow,
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
-                      self.name, headers, self.dependent_launch, self.limits, self.then)
+                      self.name, headers, self.dependent_launch, self.limits, self.then,
+                      self.transport)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -525,8 +536,18 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     dependent = f.take("dependent_launch", bool, default=dependent)
     limits = _str_list(f, "limits", default=[])
     then_raw = f.take("then", list, default=[])
+    transport = f.take("transport", str, default="")
     f.close()
     domains = family.domains
+    if transport and transport not in TRANSPORTS:
+        f.fail("transport", "unknown transport", "one of " + ", ".join(TRANSPORTS),
+               repr(transport), nearest(transport, TRANSPORTS))
+    if bool(transport) != family.collective:
+        f.fail("transport", "a collective family's kernel names its transport, and only it",
+               "a transport" if family.collective else "none", repr(transport) or "none")
+    if transport and not (args and args[0].endswith(":scratch")):
+        f.fail("args", "a transport writes the gathered inputs into the first argument",
+               "a scratch argument first", repr(args[0]) if args else "none")
     when: list[tuple[str, tuple[Any, ...]]] = []
     for pname, allowed in (when_raw or {}).items():
         if pname not in domains:
@@ -582,7 +603,8 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     table = KernelTable(name, family.name, tuple(when), source, entry,
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
-                        folder, str(file), bool(dependent), tuple(limits or ()), tuple(then))
+                        folder, str(file), bool(dependent), tuple(limits or ()), tuple(then),
+                        transport or "")
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)

@@ -176,8 +176,11 @@ class CudaPlanLoader:
     """
 
     def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None,
-                 dependent_launch: bool = False, output: str = "ptx"):
+                 dependent_launch: bool = False, output: str = "ptx", comm: Any = None):
         self.arch = arch
+        self.comm = comm
+        """The rank group of a sharded plan's collectives (``runtime.nccl.NcclTransport`` on
+        GPUs; on a host backend, ``runtime.parallel.HostComm``); ``None``: one rank."""
         self.dependent_launch = dependent_launch  # the class's capability
         self.kernels_dir = kernels_dir
         self.cache = cache
@@ -262,6 +265,13 @@ class CudaPlanLoader:
 
         P = plan.hw_target.presentation  # the plan's own: an extended one is read as made
         sizes = dict(plan.sizes)
+        ranks = sizes.get("ranks", 1)
+        if ranks > 1 and (self.comm is None or self.comm.size != ranks):
+            from metrale.lkb.errors import PlanError
+
+            raise PlanError("a plan of several ranks needs its rank group's transport",
+                            key="loader.comm", expected=f"a group of {ranks} ranks",
+                            found="none" if self.comm is None else f"{self.comm.size} ranks")
         out = []
         for k in plan.launches:
             fam = P.family(k.family)
@@ -269,6 +279,8 @@ class CudaPlanLoader:
             env = k.kernel.sizes(numbers)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))
+            if k.kernel.transport:  # the rank group's part first, into the kernel's scratch
+                out.append(self._transport(backend, k, port_buffer, specs, env))
             for entry, _, (grid, block, shared) in k.kernel.launches_for(numbers):
                 handle, args = self.bind(backend, k, grid, block, shared, entry)
                 names: list[Any] = []
@@ -286,6 +298,38 @@ class CudaPlanLoader:
                 out.append(Launch(k, handle, grid, block, shared, tuple(names),
                                   self.dependent_launch and k.kernel.dependent_launch))
         return tuple(out)
+
+    def _transport(self, backend: Any, k: Any, port_buffer: Mapping[str, str],
+                   specs: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
+        """The launch of ``k``'s transport: every rank's input gathered, in rank order, into
+        the scratch its kernel reads first (``TRANSPORTS`` in ``realize.kernel``). On a GPU
+        the group's ``gather_into`` enqueues it on the program's stream (NCCL, recorded by
+        graph capture); on a host backend (the emulation) it is a host kernel over the bytes,
+        through the group's ``all_gather``, recorded and replayed like any launch."""
+        from metrale.runtime.backend import HostKernel
+        from metrale.runtime.executor import Launch
+
+        if k.kernel.transport != "all_gather":
+            raise LaunchError("no such transport", key=str(k.point), expected="all_gather",
+                              found=k.kernel.transport)
+        src = port_buffer["x"]
+        nbytes = specs[src].nbytes
+        scratch = ("scratch", int(env[k.kernel.args[0].partition(":")[0]]))
+        comm = self.comm
+        if backend.binary_format == "host":
+            def gather(x: np.ndarray, gathered: np.ndarray) -> None:
+                parts = comm.all_gather(np.array(x[:nbytes], copy=True))
+                gathered[:nbytes * comm.size] = np.concatenate(parts)
+
+            label = f"#{k.index} all_gather transport"
+            module = backend.module({label: HostKernel(gather, 2)}, label)
+            return Launch(k, backend.kernel(module, label), (1, 1, 1), (1, 1, 1), 0,
+                          (src, scratch))
+
+        def all_gather(backend: Any, args: tuple[Any, ...], stream: Any) -> None:
+            comm.gather_into(backend, args[0], args[1], nbytes, stream)
+
+        return Launch(k, None, (0, 0, 0), (0, 0, 0), 0, (src, scratch), transport=all_gather)
 
     def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
              block: tuple[int, int, int], shared: int, entry: str | None = None

@@ -190,6 +190,10 @@ class Launch:
     dependent: bool = False
     """Launched as a dependent launch (backend equation 12): the kernel declares that it waits,
     and the class can start it before the previous launch ends."""
+    transport: Callable[..., None] | None = None
+    """A collective's transport (``handle`` is then ``None``): called as ``transport(backend,
+    args, stream)`` in the launch's place, it enqueues the rank group's operation on the
+    program's stream (see ``runtime.nccl``)."""
 
 
 class Loader(Protocol):
@@ -473,8 +477,11 @@ class Program:
         if self.debug and self._arena is not None:
             be.memset(self._arena, POISON_BYTE, None, stream)
         for ln, args in zip(self.launches, self._args):
-            be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, args, stream,
-                      dependent=ln.dependent)
+            if ln.transport is not None:
+                ln.transport(be, args, stream)
+            else:
+                be.launch(ln.handle, ln.grid, ln.block, ln.shared_mem, args, stream,
+                          dependent=ln.dependent)
             if blocking:
                 be.synchronize(stream)
 

@@ -107,6 +107,7 @@ class HostComm:
         return self.group.all_gather(self.rank, x)
 
 
+
 class ParallelEngine:
     """``tp`` rank engines of one model stepping together (the host's threads, for now).
 

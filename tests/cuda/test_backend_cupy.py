@@ -169,3 +169,20 @@ def test_a_device_fault_is_sticky_and_teardown_stays_quiet():
                           timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "STICKY-OK" in done.stdout and "synchronize: device fault in kernel 'crash'" in done.stdout
+
+
+def test_the_nccl_transport_of_one_rank_gathers_its_own_bytes(be):
+    """NCCL through CuPy, one rank on this GPU: gather_into copies the rank's bytes into the
+    gathered buffer, on a stream, as a collective's transport launch does."""
+    from metrale.runtime.nccl import NcclTransport, unique_id
+
+    t = NcclTransport(1, 0, unique_id())
+    src, dst = be.alloc(96, "x"), be.alloc(96, "gathered")
+    stream = be.stream()
+    be.copy_h2d(src, np.arange(96, dtype=np.uint8))
+    be.memset(dst, 0xFF)
+    t.gather_into(be, src, dst, 96, stream)
+    be.synchronize(stream)
+    assert be.copy_d2h(dst).tolist() == list(range(96))
+    be.free(src)
+    be.free(dst)

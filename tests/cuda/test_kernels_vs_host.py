@@ -120,6 +120,11 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
         ptrs[name] = backend.alloc(nbytes, label=name)
         owned.append(ptrs[name])
         backend.memset(ptrs[name], 0, nbytes)
+    kernel = F.realize(point)
+    if kernel.transport:  # a collective of one rank: its transport gathers its own x alone
+        assert kernel.transport == "all_gather" and numbers["ranks"] == 1, kernel
+        x = np.ascontiguousarray(device["x"][0])
+        backend.copy_h2d(ptrs[kernel.args[0].partition(":")[0]], x.view(np.uint8).reshape(-1))
     for i in range(launches):
         if i:
             for port, ptr in outs:

@@ -34,7 +34,8 @@ DEPENDENT = KERNELS_TOML.get("dependent_launch", False)
 OWN = {name: (toml.parent, doc) for toml in sorted(KERNELS.glob("sm_*/common/KERNELS.toml"))
        for doc in [read_toml(toml)] for name in doc.get("kernel", {})}
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
-          "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then"}
+          "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then",
+          "transport"}
 
 
 def table(name: str) -> tuple[dict, Path, bool]:
@@ -124,10 +125,12 @@ def test_every_family_has_a_kernel_and_every_point_exactly_one():
     """... without requirements (what a class with none of the optional capabilities runs), and
     at most one more per set of requirements (a class that has them runs that one instead)."""
     for family in FAMILIES:
-        if FAMILIES[family].get("view") or FAMILIES[family].get("collective"):
-            # a reinterpretation aliases its buffer; a collective is the ranks' transport's
+        if FAMILIES[family].get("view"):  # a reinterpretation aliases its buffer: no kernel
             assert not [n for n in TABLES if family_of(n) == family], family
             continue
+        # a collective's kernel, and only its, names the rank group's transport
+        assert all(bool(TABLES[n].get("transport")) == bool(FAMILIES[family].get("collective"))
+                   for n in TABLES if family_of(n) == family), family
         for p in points(family):
             owners = [n for n in TABLES if family_of(n) == family and claims(n, p)]
             plain = [n for n in owners if "requires" not in TABLES[n]]
@@ -174,7 +177,9 @@ def test_kernel_fields_are_valid(name):
             assert arg in t.get("values", {}), a
         arg_names.append(arg)
     assert len(set(arg_names)) == len(arg_names)
-    assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {})))
+    # every port is an argument, but a collective's input, which its transport reads
+    transported = {"x"} if t.get("transport") else set()
+    assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {}))) | transported
     for then in t.get("then", []):  # a launch after the kernel's own: its names are the table's
         assert set(then) == {"entry", "launch", "args"}, then
         then_args = [a.partition(":") for a in then["args"]]

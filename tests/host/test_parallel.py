@@ -281,3 +281,44 @@ def test_the_cuda_embedding_part_gives_the_references_bytes(build_dir, act):
     assert (np.isnan(got.astype(np.float32)) == nan).all()
     assert got[~nan].tobytes() == want[~nan].tobytes()
     assert np.signbit(got[0]).all() and not got[0].any()  # below the part: -0.0
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sharded_sm90_plans_on_the_emulation_with_their_transport(build_dir, tp):
+    """Each rank runs its sm_90 plan (the kernels' own CUDA sources on the emulation), the
+    all_gather transport (the loader's launch before the layout kernel) meeting in a host
+    group, decode steps captured and replayed as graphs: within the bf16 tolerance of the
+    unsharded sm_90 plan on the emulation, every rank with the same logits."""
+    from tests.host import simt
+
+    ok, why = simt.available()
+    if not ok:
+        pytest.skip(f"no host emulation: {why}")
+    from metrale.plan.shard import Sharding
+    from metrale.runtime.engine import random_weights
+    from metrale.runtime.host_backend import HostBackend
+
+    config = WIDE["tiny-llama"]
+    weights = random_weights(config, "bf16")
+    group = HostGroup(tp, timeout=60)
+    ranks = [Engine(Sharding(tp).config(config), "bf16", Sharding(tp).weights(weights, config, r),
+                    hardware="sm_90", backend=HostBackend(),
+                    loader=simt.plan_loader(build_dir, comm=group.comm(r)), act="bf16",
+                    max_ctx=32, slots=1, blocking=False, debug=True, graphs=True, fuse=True,
+                    policy="exact") for r in range(tp)]
+    kinds = {ln.kernel.family for ln in ranks[0].program("decode", 1).launches}
+    assert {"all_gather", "rank_sum", "embedding_part"} <= kinds
+    with ParallelEngine(ranks, group) as many, \
+            Engine(config, "bf16", weights, hardware="sm_90", backend=HostBackend(),
+                   loader=simt.plan_loader(build_dir), act="bf16", max_ctx=32, slots=1,
+                   blocking=False, debug=True, graphs=True, fuse=True, policy="exact") as one:
+        got, want = many.prefill(PROMPT), one.prefill(PROMPT)
+        for step in range(3):
+            scale = float(np.abs(want).max())
+            assert np.isfinite(got).all() and scale > 0.1
+            assert float(np.abs(got - want).max()) <= 1.6e-2 * scale, step
+            logits = [np.array(e.program("decode", 1).read("logits")) for e in ranks]
+            if step:
+                assert all(x.tobytes() == logits[0].tobytes() for x in logits), step
+            token = int(want[-1].argmax())
+            got, want = many.decode([token]), one.decode([token])

@@ -34,3 +34,19 @@ metrale_embedding_part(const int* __restrict__ ids, const __nv_bfloat16* __restr
     const float v = (local >= 0 && local < part) ? __bfloat162float(table[local * h + c]) : -0.0f;
     x[(long)row * h + c] = act_store(v);
 }
+
+// all_gather's layout: the transport (NCCL's all-gather on NVIDIA classes) gathers every
+// rank's x [rows, n], rank-major, into `gathered` [ranks, rows, n], a scratch of the program's
+// workspace; this kernel lays it out rows-leading, y[row, r, c] = gathered[r, row, c], and
+// leaves the scratch zero again (the workspace's contract with the kernels after it).
+// grid (ceil(n / 256), rows, ranks), block 256.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_ranks_to_rows(act_t* __restrict__ gathered, act_t* __restrict__ y, int rows, int ranks,
+                      int n) {
+    grid_dependency_sync();
+    const int row = blockIdx.y, r = blockIdx.z, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows || r >= ranks || c >= n) return;
+    const long from = ((long)r * rows + row) * n + c;
+    y[((long)row * ranks + r) * n + c] = gathered[from];
+    gathered[from] = act_store(0.0f);
+}

@@ -41,6 +41,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -283,9 +284,15 @@ class Library:
         n = len(_GUARD)
         starts = (ctypes.c_void_p * max(n, 1))(*[a for a, _ in _GUARD])
         lengths = (ctypes.c_size_t * max(n, 1))(*[b for _, b in _GUARD])
-        self.dll.simt_guard(starts, lengths, n)
-        return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block, shared,
-                                 int(resident))
+        with _ONE_LAUNCH:  # the emulator's state is global: one launch at a time
+            self.dll.simt_guard(starts, lengths, n)
+            return self.dll.simt_run(ctypes.cast(fn, ctypes.c_void_p), argv, *grid, *block,
+                                     shared, int(resident))
+
+
+_ONE_LAUNCH = threading.Lock()
+"""Held across a launch: ctypes lets other threads run meanwhile (tensor-parallel ranks
+stepping in threads), and the emulator keeps its guard and thread state in globals."""
 
 
 def _compile(cmd: list[str], out: Path) -> None:
@@ -372,7 +379,7 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
     return out
 
 
-def plan_loader(build_dir: Path, *, dependent_launch: bool = False) -> Any:
+def plan_loader(build_dir: Path, *, dependent_launch: bool = False, comm: Any = None) -> Any:
     """The executor's loader for an NVIDIA class's plans on a ``HostBackend``: every launch runs
     its kernel's own source on the emulation, with the launch shape the plan gives it (the CUDA
     loader's buffers, weights in their storage format, arguments bound the same way).
@@ -380,14 +387,15 @@ def plan_loader(build_dir: Path, *, dependent_launch: bool = False) -> Any:
     Usage: ``Engine.load(model, hardware="sm_90", backend=HostBackend(),
     loader=plan_loader(build_dir))``. With ``dependent_launch`` the launches are marked as the
     device's loader marks them on a class that has dependent launches (``Launch.dependent``);
-    the emulation runs them in order either way.
+    the emulation runs them in order either way. ``comm`` is the rank group's transport of a
+    sharded plan (``runtime.parallel.HostComm``: the ranks' collectives meet on the host).
     """
     from metrale.runtime.backend import HostKernel
     from metrale.runtime.cuda_loader import CudaPlanLoader, parse_args
 
     class PlanLoader(CudaPlanLoader):
         def __init__(self) -> None:
-            super().__init__("emulated", dependent_launch=dependent_launch)
+            super().__init__("emulated", dependent_launch=dependent_launch, comm=comm)
 
         def bind(self, backend: Any, k: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], shared: int, entry: str | None = None
