@@ -649,8 +649,9 @@ def bench(args: argparse.Namespace) -> int:
                           max_ctx=args.context + 1, slots=args.rows, policy=args.policy)
     with eng:
         with _progress(args, f"timing {args.steps} decode steps, then each kernel"):
-            step = time_decode(eng, args.rows, steps=args.steps)
             # with ranks, the step is timed whole (its collectives wait for every rank)
+            step = (time_decode(eng, args.rows, steps=args.steps) if args.tp == 1
+                    else eng.time_step("decode", args.rows, args.steps))
             kernels = kernel_times(eng, args.rows) if args.tp == 1 else ()
         device = eng.backend.limits.name
         records = []
@@ -731,7 +732,8 @@ def _bench_prefill(args: argparse.Namespace) -> int:
                           hardware=names.hardware_class(args.hardware, args.kernels),
                           quant=args.quant, max_ctx=args.rows, policy=args.policy)
     with eng, _progress(args, f"timing {args.steps} prefill steps"):
-        step = time_prefill(eng, args.rows, steps=args.steps)
+        step = (time_prefill(eng, args.rows, steps=args.steps) if args.tp == 1
+                else eng.time_step("prefill", args.rows, args.steps))
         device = eng.backend.limits.name
     if args.format == "json":
         print(json.dumps({

@@ -43,11 +43,19 @@ COLLECTIVE_TIMEOUT_S = 120.0
 
 
 def load_engine(model: Any, tp: int = 1, **kw: Any) -> Any:
-    """An :class:`Engine` (``tp`` 1) or the ranks' :class:`ParallelEngine`, loaded alike (the
-    keywords of :meth:`Engine.load`)."""
-    if tp > 1:
+    """An :class:`Engine` (``tp`` 1), or ``tp`` ranks loaded alike (the keywords of
+    :meth:`Engine.load`): on the host a :class:`ParallelEngine` (threads), on a GPU class a
+    :class:`~metrale.runtime.ranks.ProcessEngine` (one process per GPU, NCCL)."""
+    if tp == 1:
+        return Engine.load(model, **kw)
+    from metrale.lkb.vendor import Vendor
+    from metrale.realize.hardware import load_hardware
+
+    if load_hardware().get(kw.get("hardware", "host")).vendor == Vendor.HOST:
         return ParallelEngine.load(model, tp=tp, **kw)
-    return Engine.load(model, **kw)
+    from .ranks import ProcessEngine
+
+    return ProcessEngine.load(model, tp=tp, **kw)
 
 
 class HostGroup:
@@ -109,7 +117,8 @@ class HostComm:
 
 
 class ParallelEngine:
-    """``tp`` rank engines of one model stepping together (the host's threads, for now).
+    """``tp`` rank engines of one model stepping together in threads of this process (the
+    host's simulation; ``runtime.ranks.ProcessEngine`` runs a process per rank).
 
     It offers the engine's step methods (``prefill``, ``decode``, ``prefill_ids``,
     ``decode_ids``), ``generate`` and ``stream``, and rank 0's ``config``, ``text``, ``slots``,
@@ -138,9 +147,9 @@ class ParallelEngine:
 
         sharding = Sharding(tp)
         if load_hardware().get(hardware).vendor != Vendor.HOST:
-            raise ConfigError("tensor parallelism runs on the host's simulated ranks here",
-                              key="--hardware", expected="host (GPU ranks need one process "
-                              "per GPU through NCCL)", found=hardware)
+            raise ConfigError("threads simulate ranks on the host only", key="--hardware",
+                              expected="host (GPU ranks: runtime.ranks.ProcessEngine, one "
+                              "process per GPU)", found=hardware)
         path = checkpoint_dir(model)
         text = None
         if path is not None:
@@ -234,6 +243,13 @@ class ParallelEngine:
                         sample: bool = False) -> ParallelProgram:
         return ParallelProgram(self, tuple(e.prefill_program(rows, slot, logits, sample)
                                            for e in self.engines))
+
+    def time_step(self, mode: str, rows: int, steps: int) -> Any:
+        """``steps`` steps of every rank together, timed (``runtime.bench``)."""
+        from .bench import time_decode, time_prefill
+
+        return (time_decode(self, rows, steps=steps) if mode == "decode"
+                else time_prefill(self, rows, steps=steps))
 
     def generate(self, prompt: Any, max_tokens: int = 16, **kw: Any) -> Any:
         from .generate import generate

@@ -322,3 +322,40 @@ def test_sharded_sm90_plans_on_the_emulation_with_their_transport(build_dir, tp)
                 assert all(x.tobytes() == logits[0].tobytes() for x in logits), step
             token = int(want[-1].argmax())
             got, want = many.decode([token]), one.decode([token])
+
+
+# -- ranks as processes: the loopback simulation of one process per GPU ---------------------
+
+
+def test_process_ranks_give_the_thread_ranks_bytes_and_survive_bad_requests():
+    from metrale.runtime.ranks import ProcessEngine
+
+    config = WIDE["tiny-qwen3-moe"]
+    with ProcessEngine.load(config, tp=2, max_ctx=32, slots=2) as procs, \
+            ParallelEngine.load(config, tp=2, max_ctx=32, slots=2) as threads:
+        assert procs.prefill(PROMPT).tobytes() == threads.prefill(PROMPT).tobytes()
+        procs.prefill([4, 5], slot=1)
+        threads.prefill([4, 5], slot=1)
+        assert procs.decode([3, 9]).tobytes() == threads.decode([3, 9]).tobytes()
+        assert procs.lengths == threads.lengths == [len(PROMPT) + 1, 3]
+        with pytest.raises(ConfigError, match="token id out of range"):
+            procs.decode([3, 10**6])
+        assert procs.generate([1, 2, 3], max_tokens=3).ids == \
+            threads.generate([1, 2, 3], max_tokens=3).ids
+
+
+def test_a_lost_rank_process_stops_the_group_with_its_rank_named():
+    """Rank 1's process is killed: the next step, rank 0 waiting for it at a collective, is
+    released at once and raises a DeviceFault naming rank 1; so does every later step."""
+    from metrale.runtime.ranks import ProcessEngine
+
+    with ProcessEngine.load("tiny-llama", tp=2, max_ctx=16) as procs:
+        procs.prefill([1, 2])
+        procs.ranks._procs[1].kill()
+        procs.ranks._procs[1].join(10)
+        t0 = time.monotonic()
+        with pytest.raises(DeviceFault, match="rank 1 failed: its process ended"):
+            procs.decode([3])
+        assert time.monotonic() - t0 < 20
+        with pytest.raises(DeviceFault, match="rank 1 failed"):
+            procs.decode([3])
