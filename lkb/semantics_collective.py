@@ -133,3 +133,24 @@ def embedding_part(ids: np.ndarray, table: np.ndarray, first: np.ndarray, *, act
     out = np.full((ids.shape[0], sizes["hidden"]), -0.0, dt)
     out[inside] = table[local[inside]].astype(dt)
     return (out,)
+
+
+def _ex_all_reduce(rng, rows, act):
+    return (_rand(rng, (rows, 40), act),), {"act": act}
+
+
+@semantics("all_reduce", rows=(0,), orders=_rank_orders, example=_ex_all_reduce)
+def all_reduce(x: np.ndarray, *, act: str, comm: Communicator | None = None
+               ) -> tuple[np.ndarray]:
+    """Every rank's ``x`` added in rank order, in f32, rounded once: ``rank_sum`` of
+    ``all_gather`` (the relation ``all_reduce`` says so, bit for bit).
+
+    >>> class Two:
+    ...     rank, size = 1, 2
+    ...     def all_gather(self, x):
+    ...         return [x, 2 * x]
+    >>> all_reduce(np.ones((1, 2), np.float32), act="f32", comm=Two())[0].tolist()
+    [[3.0, 3.0]]
+    """
+    (parts,) = all_gather(x, act=act, comm=comm)
+    return rank_sum(parts, act=act)

@@ -134,10 +134,12 @@ class Lowering:
             # the transport gathers; the sum is a kernel whose order (rank order, f32) is fixed
             (x,) = ins
             parts_t = TensorType((x.type.shape[0], "ranks", *x.type.shape[1:]), x.type.dtype)
-            (parts,) = b.add(self._box("all_gather", (x.type,), (parts_t,), {"act": act}), x)
+            (parts,) = b.add(self._box("all_gather", (x.type,), (parts_t,), {"act": act},
+                                       {"ranks": p["ranks"]}), x)
             outs = b.add(self._box("rank_sum", (parts_t,), cod, {"act": act}), parts)
         elif name == "all_gather":
-            outs = b.add(self._box("all_gather", dom, cod, {"act": act}), *ins)
+            outs = b.add(self._box("all_gather", dom, cod, {"act": act},
+                                   {"ranks": p["ranks"]}), *ins)
         elif name == "lm_head":
             outs = b.add(self._box("lm_head", dom, cod, self._matmul_point(act, p["weight"])
                                    | {"out": "f32"}), *ins)

@@ -42,8 +42,8 @@ def summary_lines(p: Plan) -> list[str]:
     ranks = dict(p.sizes).get("ranks", 1)
     sharded = [] if ranks == 1 else [
         f"tensor parallel: one rank of {ranks} (heads, MLP and vocabulary split); "
-        f"{sum(k.family == 'rank_sum' for k in p.kernels)} all-reduces (gathered, summed in "
-        "rank order): the unsharded step within a reordered sum"]
+        f"{sum(k.family in ('rank_sum', 'all_reduce') for k in p.kernels)} all-reduces (summed in "
+        "rank order, f32): the unsharded step within a reordered sum"]
     return [
         f"plan {p.target} {p.mode} rows={p.rows} context={p.context} act={p.act} "
         f"policy={p.policy}" + (f" logits={p.logits}" if p.logits != "all" else ""),

@@ -50,3 +50,23 @@ metrale_ranks_to_rows(act_t* __restrict__ gathered, act_t* __restrict__ y, int r
     y[((long)row * ranks + r) * n + c] = gathered[from];
     gathered[from] = act_store(0.0f);
 }
+
+// all_reduce: the transport gathers every rank's x [rows, n], rank-major, into `gathered`
+// [ranks, rows, n] (the workspace); this kernel adds the ranks in rank order as rank_sum does,
+// y = round(((g0 + g1) + g2) + ...) in f32, and leaves the workspace zero again.
+// grid (ceil(n / 256), rows), block 256.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_rank_sum_gathered(act_t* __restrict__ gathered, act_t* __restrict__ y, int rows,
+                          int ranks, int n) {
+    grid_dependency_sync();
+    const int row = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows || c >= n) return;
+    const long stride = (long)rows * n, at = (long)row * n + c;
+    float acc = act_load(gathered[at]);
+    gathered[at] = act_store(0.0f);
+    for (int r = 1; r < ranks; ++r) {
+        acc = __fadd_rn(acc, act_load(gathered[r * stride + at]));
+        gathered[r * stride + at] = act_store(0.0f);
+    }
+    y[at] = act_store(acc);
+}
