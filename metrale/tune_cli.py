@@ -180,11 +180,12 @@ def _costs_arg(p: argparse.ArgumentParser) -> None:
 def _plan_costs(args: argparse.Namespace, run: Any) -> int:
     if not getattr(args, "costs", False):
         return run(args)
+    from metrale.commands import _sharded
     from metrale.plan.plan import plan_for
     from metrale.plan.printers import plan_costs_text
 
-    p = plan_for(args.model, args.quant, args.hardware, mode=args.mode, rows=args.rows,
-                 policy=args.policy, act=args.act, context=args.context,
+    p = plan_for(_sharded(args.model, args.tp), args.quant, args.hardware, mode=args.mode,
+                 rows=args.rows, policy=args.policy, act=args.act, context=args.context,
                  kernels_dir=args.kernels, logits=args.logits)
     if args.format == "json":
         doc = p.to_json()

@@ -253,7 +253,27 @@ class CostModel:
         src = (f"model: {_si(nbytes)}B{reads} / {_num(bw)} GB/s, {_si(flops)}FLOP / "
                f"{_num(rate)} TFLOP/s {'tensor' if tensor else 'vector'}, {launches} × "
                f"{_num(info.launch_us)} µs launch (cost figures of {whose}){nominal}")
+        if fam.collective:
+            link_us, link_src = self._link(fam, box, numbers)
+            us += link_us
+            src += link_src
         return us, src
+
+    def _link(self, fam: Family, box: Box, numbers: Mapping[str, int | float]
+              ) -> tuple[float, str]:
+        """A collective's time on the links: the latency plus what this rank sends (its
+        input, to each other rank), from the nearest ``[interconnect]`` of the chain."""
+        link = next((c.interconnect for c in (self.hw, *self.chain)
+                     if getattr(c, "interconnect", None) is not None), None)
+        ranks = int(numbers.get("ranks", 1))
+        if link is None or ranks == 1:
+            return 0.0, ""
+        sent = box.dom.types[0].numel(dict(self.sizes)) * box.dom.types[0].dtype.element_size_bits \
+            // 8 * (ranks - 1)
+        us = link.latency_us + sent / (link.bandwidth_gbs * 1e3)
+        nominal = " (nominal)" if link.nominal else ""
+        return us, (f"; links: {_num(link.latency_us)} µs + {_si(sent)}B / "
+                    f"{_num(link.bandwidth_gbs)} GB/s{nominal}")
 
     def _nearest(self, family: str, point: str, source_hash: str,
                  shape: Mapping[str, int | float]) -> tuple[Any, dict] | None:

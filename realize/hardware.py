@@ -162,6 +162,23 @@ class CostInfo:
 
 
 @attrs.frozen
+class InterconnectInfo:
+    """How the class's devices reach each other (optional ``[interconnect]`` table): what a
+    collective of tensor-parallel ranks costs besides its kernel.
+
+    >>> InterconnectInfo(8.0, 450.0, True).bandwidth_gbs
+    450.0
+    """
+
+    latency_us: float = attrs.field(converter=float)
+    """One collective's start-up across the ranks (a small message's time), microseconds."""
+    bandwidth_gbs: float = attrs.field(converter=float)
+    """What one device sends to the others per second, GB/s (10^9 bytes)."""
+    nominal: bool = False
+    """True when the figures are estimates rather than a measurement or a datasheet's."""
+
+
+@attrs.frozen
 class HardwareClass:
     """One object of Hw: a hardware class as read from its ``HARDWARE.toml``.
 
@@ -185,6 +202,9 @@ class HardwareClass:
     cost: CostInfo | None = None
     """The analytic cost model's figures (optional ``[cost]`` table); None: the nearest
     ancestor's are used (``plan.cost``)."""
+    interconnect: InterconnectInfo | None = None
+    """The links between the class's devices (optional ``[interconnect]``); None: the nearest
+    ancestor's, or none (a collective then costs its kernel alone)."""
 
     def __str__(self) -> str:
         return self.name
@@ -379,6 +399,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
     device = _read_device(f.take("device", dict), path, errors)
     caps = _read_capabilities(f.take("capabilities", dict), path, errors)
     cost = _read_cost(f.take("cost", dict, default=None), path, errors)
+    link = _read_interconnect(f.take("interconnect", dict, default=None), path, errors)
     f.close()
     if arch == "none":
         arch = None
@@ -386,7 +407,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
         caps = _check_arch(f, arch, caps)
     if len(errors) > before:
         return None
-    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost)
+    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost, link)
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
@@ -440,6 +461,22 @@ def _read_cost(data: Any, path: Path, errors: list[MetraleError]) -> CostInfo | 
     f.close()
     return CostInfo(launch, rates["tensor_tflops"], rates["vector_tflops"], buckets,
                     nominal) if f.ok else None
+
+
+def _read_interconnect(data: Any, path: Path, errors: list[MetraleError]
+                       ) -> InterconnectInfo | None:
+    if data is None:
+        return None
+    f = Fields(data, path, "interconnect", errors)
+    latency = f.take("latency_us", (int, float))
+    if latency is not None and not latency >= 0:
+        f.fail("latency_us", "must not be negative", ">= 0", repr(latency))
+    bw = f.take("bandwidth_gbs", (int, float))
+    if bw is not None and not bw > 0:
+        f.fail("bandwidth_gbs", "must be positive", "> 0", repr(bw))
+    nominal = f.take("nominal", bool, default=False)
+    f.close()
+    return InterconnectInfo(latency, bw, nominal) if f.ok else None
 
 
 def _read_capabilities(data: Any, path: Path, errors: list[MetraleError]) -> Capabilities | None:

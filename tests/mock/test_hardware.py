@@ -356,3 +356,15 @@ def test_the_repository_root_on_sys_path_leaves_the_name_kernels_to_its_distribu
     out = subprocess.run([sys.executable, "-c", code, str(root), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[:2] == ["the distribution", "True"], out
+
+
+def test_the_interconnect_table_is_read_and_checked(tmp_path: Path) -> None:
+    """sm_90 states its links (an estimate, marked nominal); a bad figure is refused by key."""
+    link = load_hardware().get("sm_90").interconnect
+    assert link is not None and link.latency_us > 0 and link.bandwidth_gbs > 0 and link.nominal
+    assert load_hardware().get("host").interconnect is None
+    text = class_toml("a") + "\n[interconnect]\nlatency_us = -1\nbandwidth_gbs = 0\nspeed = 3\n"
+    errs = {e.key: e for e in errors_of(tree(tmp_path, {"a": text}))}
+    assert "must not be negative" in str(errs["interconnect.latency_us"])
+    assert "must be positive" in str(errs["interconnect.bandwidth_gbs"])
+    assert "interconnect.speed" in errs

@@ -147,3 +147,18 @@ def test_the_docs_example_says_what_it_computes():
         assert repr(eval(code, env)) == stated, line
         checked += 1
     assert checked == 2
+
+
+def test_a_collective_costs_its_links_where_the_class_states_them():
+    """On sm_90 each all-reduce of a rank's plan costs the interconnect's latency and the bytes
+    the rank sends; on the host (no links) only its kernel; one rank has no collective."""
+    rank = Sharding(2).config("llama-3.1-8b")
+    gpu = plan_for(rank, "bf16", "sm_90")
+    [c] = {k.cost for k in gpu.kernels if k.family == "all_reduce"}
+    link = target("sm_90").hw.interconnect
+    sent = 4096 * 2  # one row of hidden, bf16, to the one other rank
+    assert "links:" in c.source and c.us >= link.latency_us + sent / (link.bandwidth_gbs * 1e3)
+    host = plan_for(Sharding(2).config("tiny-llama"), "bf16", "host")
+    assert all("links:" not in k.cost.source for k in host.kernels if k.family == "all_reduce")
+    whole = plan_for("llama-3.1-8b", "bf16", "sm_90")
+    assert gpu.predicted_us < whole.predicted_us  # half the weights each, plus the links
