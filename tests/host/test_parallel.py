@@ -359,3 +359,35 @@ def test_a_lost_rank_process_stops_the_group_with_its_rank_named():
         assert time.monotonic() - t0 < 20
         with pytest.raises(DeviceFault, match="rank 1 failed"):
             procs.decode([3])
+
+
+def test_the_server_serves_from_ranks_and_batched_streams_equal_each_alone(tmp_path):
+    """``met serve --tp 2``'s engine: two ranks behind the OpenAI API; greedy requests sent
+    together, sharing decode steps, get the tokens each gets alone (exact plans keep rows
+    apart on every rank, and the collectives do too)."""
+    import concurrent.futures
+
+    from starlette.testclient import TestClient
+
+    from metrale.serve import Server, make_app
+    from tests.text_checkpoint import make_text_checkpoint
+
+    ckpt = make_text_checkpoint(tmp_path / "ck")
+    prompts = ["The quick brown fox", "Hello, world!", "A category has objects", "Über"]
+    with ParallelEngine.load(ckpt, tp=2, act="f32", max_ctx=64, slots=4) as ranks, \
+            TestClient(make_app(server := Server(ranks, "ck"))) as client:
+        def ids(prompt: str) -> list[int]:
+            r = client.post("/v1/completions", json={"model": "ck", "prompt": prompt,
+                                                      "max_tokens": 6, "temperature": 0})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        alone = [ids(p) for p in prompts]
+        server.batcher.peak_rows = 0
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(ids, prompts))
+        assert server.batcher.peak_rows >= 2, "the requests never shared a decode step"
+        assert together == alone and len({tuple(a) for a in alone}) > 1
+        bad = client.post("/v1/completions", json={"model": "ck", "prompt": [1, 10**6]})
+        assert bad.status_code == 400 and "token_ids[1]" in bad.text
+        assert ids(prompts[0]) == alone[0]
