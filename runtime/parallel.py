@@ -33,7 +33,7 @@ from metrale.lkb.errors import ConfigError, DeviceFault
 from metrale.plan.config import ModelConfig
 from metrale.plan.shard import Sharding
 
-from .engine import Engine, checkpoint_dir, checkpoint_quant, checkpoint_weights, random_weights
+from .engine import Engine
 
 __all__ = ["HostComm", "HostGroup", "ParallelEngine", "load_engine"]
 
@@ -142,44 +142,21 @@ class ParallelEngine:
         from metrale.lkb.vendor import Vendor
         from metrale.realize.hardware import load_hardware
 
-        from .executor import HostLoader
-        from .host_backend import HostBackend
+        from .ranks import RankSpec
 
-        sharding = Sharding(tp)
         if load_hardware().get(hardware).vendor != Vendor.HOST:
             raise ConfigError("threads simulate ranks on the host only", key="--hardware",
                               expected="host (GPU ranks: runtime.ranks.ProcessEngine, one "
                               "process per GPU)", found=hardware)
-        path = checkpoint_dir(model)
-        text = None
-        if path is not None:
-            config = ModelConfig.load(path)
-            quant = quant or checkpoint_quant({"quantization_config":
-                                               config.quantization_config},
-                                              file=path / "config.json")
-            weights = checkpoint_weights(path, config, quant)
-            if (path / "tokenizer.json").is_file():
-                from .text import Text
-
-                text = Text.load(path)
-        else:
-            config = ModelConfig.load(model)
-            quant = quant or "bf16"
-            weights = random_weights(config, quant, seed=seed)
-        rank_config = sharding.config(config)  # sizes that do not split fail here, first
-        if max_ctx is None:
-            max_ctx = min(1024, config.max_position_embeddings)
+        spec = RankSpec(model, tp, hardware, quant, act, max_ctx, seed, slots, policy, graphs,
+                        blocking)
+        whole = spec.load()
+        Sharding(tp).config(whole[0])  # sizes that do not split fail here, first
         group = HostGroup(tp, timeout)
         engines: list[Engine] = []
         try:
             for r in range(tp):
-                eng = Engine(rank_config, quant, sharding.weights(weights, config, r),
-                             hardware=hardware, backend=HostBackend(),
-                             loader=HostLoader(comm=group.comm(r)), act=act, max_ctx=max_ctx,
-                             slots=slots, blocking=blocking, debug=False, graphs=graphs,
-                             fuse=True, policy=policy, progress=progress)
-                eng.text = text
-                engines.append(eng)
+                engines.append(spec.engine(r, group.comm(r), whole))
         except BaseException:
             for eng in engines:
                 eng.close()

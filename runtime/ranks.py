@@ -48,31 +48,38 @@ class RankSpec:
     graphs: bool = True
     blocking: bool = False
 
-    def engine(self, rank: int, comm: Any) -> Any:
-        """Rank ``rank``'s engine, its collectives through ``comm``."""
-        from metrale.lkb.vendor import Vendor
+    def load(self) -> tuple[Any, str, dict[str, Any], Any]:
+        """The whole model: ``(config, quant, weights, text)`` (``text`` when the checkpoint
+        has a tokenizer), as ``Engine.load`` reads it."""
         from metrale.plan.config import ModelConfig
+
+        from .engine import checkpoint_dir, checkpoint_quant, checkpoint_weights, random_weights
+
+        path = checkpoint_dir(self.model)
+        if path is None:
+            config = ModelConfig.load(self.model)
+            quant = self.quant or "bf16"
+            return config, quant, random_weights(config, quant, seed=self.seed), None
+        config = ModelConfig.load(path)
+        quant = self.quant or checkpoint_quant(
+            {"quantization_config": config.quantization_config}, file=path / "config.json")
+        text = None
+        if (path / "tokenizer.json").is_file():
+            from .text import Text
+
+            text = Text.load(path)
+        return config, quant, checkpoint_weights(path, config, quant), text
+
+    def engine(self, rank: int, comm: Any, whole: tuple | None = None) -> Any:
+        """Rank ``rank``'s engine, its collectives through ``comm``, cut from ``whole`` (what
+        :meth:`load` gives; loaded here when not given)."""
+        from metrale.lkb.vendor import Vendor
         from metrale.plan.shard import Sharding
         from metrale.realize.hardware import load_hardware
 
-        from .engine import (
-            Engine,
-            checkpoint_dir,
-            checkpoint_quant,
-            checkpoint_weights,
-            random_weights,
-        )
+        from .engine import Engine
 
-        path = checkpoint_dir(self.model)
-        if path is not None:
-            config = ModelConfig.load(path)
-            quant = self.quant or checkpoint_quant(
-                {"quantization_config": config.quantization_config}, file=path / "config.json")
-            weights = checkpoint_weights(path, config, quant)
-        else:
-            config = ModelConfig.load(self.model)
-            quant = self.quant or "bf16"
-            weights = random_weights(config, quant, seed=self.seed)
+        config, quant, weights, text = whole if whole is not None else self.load()
         sharding = Sharding(self.tp)
         hw = load_hardware().get(self.hardware)
         if hw.vendor == Vendor.HOST:
@@ -88,10 +95,12 @@ class RankSpec:
             loader = CudaPlanLoader(hw.arch, comm=comm, dependent_launch=bool(
                 hw.capabilities and hw.capabilities.dependent_launch))
         max_ctx = self.max_ctx or min(1024, config.max_position_embeddings)
-        return Engine(sharding.config(config), quant, sharding.weights(weights, config, rank),
-                      hardware=self.hardware, backend=backend, loader=loader, act=self.act,
-                      max_ctx=max_ctx, slots=self.slots, blocking=self.blocking, debug=False,
-                      graphs=self.graphs, fuse=True, policy=self.policy, progress=rank == 0)
+        eng = Engine(sharding.config(config), quant, sharding.weights(weights, config, rank),
+                     hardware=self.hardware, backend=backend, loader=loader, act=self.act,
+                     max_ctx=max_ctx, slots=self.slots, blocking=self.blocking, debug=False,
+                     graphs=self.graphs, fuse=True, policy=self.policy, progress=rank == 0)
+        eng.text = text
+        return eng
 
 
 class ProcessComm:
