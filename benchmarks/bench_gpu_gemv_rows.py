@@ -32,7 +32,7 @@ from bench_gpu_variants import (  # noqa: E402
     time_graph,
 )
 
-VARIANTS = ["", "MULTI_COLS=1", "MULTI_COLS=4 MULTI_AHEAD=2", "MULTI_AHEAD=2",
+VARIANTS = ["", "MULTI_AHEAD=4", "MULTI_COLS=1", "MULTI_COLS=4 MULTI_AHEAD=2", "MULTI_AHEAD=2",
             "MULTI_AHEAD=8 MULTI_COLS=1"]
 """The multi-row entries' defines: "" is the source's own choice."""
 

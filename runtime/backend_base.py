@@ -412,6 +412,13 @@ class BackendBase:
         self._launch(kernel, native, *shape, int(shared_mem), resolved, native_stream,
                      bool(dependent))
 
+    def resolve(self, ptr: DevicePtr, key: str, nbytes: int | None = None
+                ) -> tuple[Any, int, int]:
+        """``(storage, offset, nbytes)`` of a live pointer, for an access of ``nbytes``
+        (default: all of it): what a library call outside the kernels (NCCL's, through
+        ``runtime.nccl``) is given; the same errors as a launch's arguments."""
+        return self._mem.resolve(ptr, key, nbytes)
+
     def synchronize(self, stream: Stream | None = None) -> None:
         """Wait for ``stream`` (or, with ``None``, for all work on the device)."""
         self._enter("synchronize", (stream,))

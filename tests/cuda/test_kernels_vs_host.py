@@ -123,13 +123,15 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
     kernel = F.realize(point)
     if kernel.transport:  # a collective of one rank: its transport gathers its own x alone
         assert kernel.transport == "all_gather" and numbers["ranks"] == 1, kernel
-        x = np.ascontiguousarray(device["x"][0])
-        backend.copy_h2d(ptrs[kernel.args[0].partition(":")[0]], x.view(np.uint8).reshape(-1))
     for i in range(launches):
         if i:
             for port, ptr in outs:
                 if port.name not in inplace:
                     backend.memset(ptr, 0xFF)
+        if kernel.transport:  # before each launch, as the loader launches it
+            x = np.ascontiguousarray(device["x"][0])
+            backend.copy_h2d(ptrs[kernel.args[0].partition(":")[0]],
+                             x.view(np.uint8).reshape(-1))
         bound.launch(backend, ptrs, numbers)
         backend.synchronize()
     results = []

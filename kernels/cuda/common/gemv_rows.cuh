@@ -21,8 +21,14 @@
 // warp_dots_multi_part gives the k-block partials of the warp's blocks first, first + step, ...
 // to sink(j, block, partial) in block order, a lane holding row (lane >> (5 - log2 R))'s; rows
 // past nrows repeat row nrows - 1 (computed, never meant to be stored).
-#ifndef MULTI_AHEAD
-#define MULTI_AHEAD 4  // k-blocks of each weight row in flight per lane (a ring, as DOT_RING)
+// MULTI_AHEAD: k-blocks of each weight row in flight per lane (a ring, as DOT_RING). Unset, a
+// tile of 8 rows keeps 4 and a tile of 16 keeps 2: its lanes hold twice the rows' x chunks in
+// registers, and with 4 ahead Llama-3.1-8B's gate_up and down ran 1.4x and 2.8x slower at 16
+// rows (bench_gpu_gemv_rows.py), while 8-row tiles are 3-7 % faster with 4 than with 2.
+#ifdef MULTI_AHEAD
+#define MULTI_AHEAD_OF(R) MULTI_AHEAD
+#else
+#define MULTI_AHEAD_OF(R) ((R) >= 16 ? 2 : 4)
 #endif
 
 __device__ __forceinline__ bool warp_dots_multi_ok(int k) { return K_BLOCK == 256 && k % 8 == 0; }
@@ -81,7 +87,7 @@ template <int N, int R, class Sink>
 __device__ __forceinline__ void warp_dots_multi_part(const act_t* x, int nrows,
                                                      const WeightRef (&w)[N], int k, int first,
                                                      int step, Sink sink) {
-    constexpr int LR = __builtin_ctz(R), AHEAD = MULTI_AHEAD;
+    constexpr int LR = __builtin_ctz(R), AHEAD = MULTI_AHEAD_OF(R);
     const int lane = threadIdx.x & 31, m = multi_row_of_lane<R>(lane);
     const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
     const int ng = (nkb - first + step - 1) / step;  // this warp's k-blocks
