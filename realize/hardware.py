@@ -424,14 +424,21 @@ def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | Non
     return tuple(value)
 
 
+def _number(f: Fields, key: str, *, positive: bool = False) -> int | float | None:
+    """A number of a table: at least 0, or with ``positive`` more than 0 (else the error)."""
+    v = f.take(key, (int, float))
+    if v is not None and not (v > 0 if positive else v >= 0):
+        f.fail(key, *(("must be positive", "> 0") if positive else
+                      ("must not be negative", ">= 0")), repr(v))
+    return v
+
+
 def _read_device(data: Any, path: Path, errors: list[MetraleError]) -> DeviceInfo | None:
     if data is None:
         return None
     f = Fields(data, path, "device", errors)
     name = f.take("name", str)
-    bw = f.take("hbm_bandwidth_gbs", (int, float))
-    if bw is not None and not bw > 0:
-        f.fail("hbm_bandwidth_gbs", "must be positive", "> 0", repr(bw))
+    bw = _number(f, "hbm_bandwidth_gbs", positive=True)
     nominal = f.take("nominal", bool, default=False)
     f.close()
     return DeviceInfo(name, bw, nominal) if f.ok else None
@@ -441,15 +448,8 @@ def _read_cost(data: Any, path: Path, errors: list[MetraleError]) -> CostInfo | 
     if data is None:
         return None
     f = Fields(data, path, "cost", errors)
-    launch = f.take("launch_us", (int, float))
-    if launch is not None and not launch >= 0:
-        f.fail("launch_us", "must not be negative", ">= 0", repr(launch))
-    rates = {}
-    for k in ("tensor_tflops", "vector_tflops"):
-        v = f.take(k, (int, float))
-        if v is not None and not v >= 0:
-            f.fail(k, "must not be negative", ">= 0", repr(v))
-        rates[k] = v
+    launch = _number(f, "launch_us")
+    rates = {k: _number(f, k) for k in ("tensor_tflops", "vector_tflops")}
     if rates["vector_tflops"] is not None and not rates["vector_tflops"] > 0:
         f.fail("vector_tflops", "must be positive", "> 0", repr(rates["vector_tflops"]))
     buckets = f.take("decode_buckets", list)
@@ -468,12 +468,8 @@ def _read_interconnect(data: Any, path: Path, errors: list[MetraleError]
     if data is None:
         return None
     f = Fields(data, path, "interconnect", errors)
-    latency = f.take("latency_us", (int, float))
-    if latency is not None and not latency >= 0:
-        f.fail("latency_us", "must not be negative", ">= 0", repr(latency))
-    bw = f.take("bandwidth_gbs", (int, float))
-    if bw is not None and not bw > 0:
-        f.fail("bandwidth_gbs", "must be positive", "> 0", repr(bw))
+    latency = _number(f, "latency_us")
+    bw = _number(f, "bandwidth_gbs", positive=True)
     nominal = f.take("nominal", bool, default=False)
     f.close()
     return InterconnectInfo(latency, bw, nominal) if f.ok else None

@@ -149,7 +149,7 @@ class ParallelEngine:
                               expected="host (GPU ranks: runtime.ranks.ProcessEngine, one "
                               "process per GPU)", found=hardware)
         spec = RankSpec(model, tp, hardware, quant, act, max_ctx, seed, slots, policy, graphs,
-                        blocking)
+                        blocking, progress)
         whole = spec.load()
         Sharding(tp).config(whole[0])  # sizes that do not split fail here, first
         group = HostGroup(tp, timeout)

@@ -47,19 +47,18 @@ class RankSpec:
     policy: str = "exact"
     graphs: bool = True
     blocking: bool = False
+    progress: bool = True
 
-    def load(self) -> tuple[Any, str, dict[str, Any], Any]:
-        """The whole model: ``(config, quant, weights, text)`` (``text`` when the checkpoint
-        has a tokenizer), as ``Engine.load`` reads it."""
+    def describe(self) -> tuple[Any, str, Any]:
+        """The model without its weights: ``(config, quant, text)`` (``text`` when the
+        checkpoint has a tokenizer), as ``Engine.load`` reads them."""
         from metrale.plan.config import ModelConfig
 
-        from .engine import checkpoint_dir, checkpoint_quant, checkpoint_weights, random_weights
+        from .engine import checkpoint_dir, checkpoint_quant
 
         path = checkpoint_dir(self.model)
         if path is None:
-            config = ModelConfig.load(self.model)
-            quant = self.quant or "bf16"
-            return config, quant, random_weights(config, quant, seed=self.seed), None
+            return ModelConfig.load(self.model), self.quant or "bf16", None
         config = ModelConfig.load(path)
         quant = self.quant or checkpoint_quant(
             {"quantization_config": config.quantization_config}, file=path / "config.json")
@@ -68,7 +67,17 @@ class RankSpec:
             from .text import Text
 
             text = Text.load(path)
-        return config, quant, checkpoint_weights(path, config, quant), text
+        return config, quant, text
+
+    def load(self) -> tuple[Any, str, dict[str, Any], Any]:
+        """The whole model: ``(config, quant, weights, text)``."""
+        from .engine import checkpoint_dir, checkpoint_weights, random_weights
+
+        config, quant, text = self.describe()
+        path = checkpoint_dir(self.model)
+        weights = (random_weights(config, quant, seed=self.seed) if path is None
+                   else checkpoint_weights(path, config, quant))
+        return config, quant, weights, text
 
     def engine(self, rank: int, comm: Any, whole: tuple | None = None) -> Any:
         """Rank ``rank``'s engine, its collectives through ``comm``, cut from ``whole`` (what
@@ -98,7 +107,8 @@ class RankSpec:
         eng = Engine(sharding.config(config), quant, sharding.weights(weights, config, rank),
                      hardware=self.hardware, backend=backend, loader=loader, act=self.act,
                      max_ctx=max_ctx, slots=self.slots, blocking=self.blocking, debug=False,
-                     graphs=self.graphs, fuse=True, policy=self.policy, progress=rank == 0)
+                     graphs=self.graphs, fuse=True, policy=self.policy,
+                     progress=self.progress and rank == 0)
         eng.text = text
         return eng
 
@@ -141,19 +151,11 @@ class ProcessComm:
             s.close()
 
 
-def _group_bytes(spec: RankSpec) -> int:
-    """The largest collective of a rank's steps: a prefill's rows of logits (f32) or hidden
-    state, at the context's length."""
-    from metrale.plan.config import ModelConfig
-    from metrale.plan.shard import Sharding
-
-    from .engine import checkpoint_dir
-
-    path = checkpoint_dir(spec.model)
-    config = ModelConfig.load(path if path is not None else spec.model)
-    part = Sharding(spec.tp).config(config)
+def _group_bytes(spec: RankSpec, config: Any) -> int:
+    """The largest collective of a rank's steps: a prefill's rows of logits (f32, a rank's
+    part of the vocabulary) or of hidden state, at the context's length."""
     rows = max(spec.max_ctx or min(1024, config.max_position_embeddings), spec.slots)
-    return 4 * rows * max(config.hidden_size, part.vocab_size // spec.tp)
+    return 4 * rows * max(config.hidden_size, config.vocab_size // spec.tp)
 
 
 class GroupAborted(DeviceFault):
@@ -229,7 +231,8 @@ def _call(engine: Any, method: str, args: tuple, kw: dict) -> Any:
 class ProcessRanks:
     """The ``tp`` processes of one model's ranks (see the module docstring)."""
 
-    def __init__(self, spec: RankSpec, *, timeout: float = REPLY_TIMEOUT_S) -> None:
+    def __init__(self, spec: RankSpec, config: Any, *, timeout: float = REPLY_TIMEOUT_S
+                 ) -> None:
         from metrale.lkb.vendor import Vendor
         from metrale.realize.hardware import load_hardware
 
@@ -238,7 +241,7 @@ class ProcessRanks:
         ctx = mp.get_context("spawn")
         self._shm: list[shared_memory.SharedMemory] = []
         if load_hardware().get(spec.hardware).vendor == Vendor.HOST:
-            size = _group_bytes(spec)
+            size = _group_bytes(spec, config)
             self._shm = [shared_memory.SharedMemory(create=True, size=size)
                          for _ in range(spec.tp)]
             self._barrier = ctx.Barrier(spec.tp)
@@ -380,26 +383,16 @@ class ProcessEngine:
              act: str = "bf16", max_ctx: int | None = None, seed: int = 0, slots: int = 1,
              policy: str = "exact", graphs: bool = True, blocking: bool = False,
              progress: bool = True, timeout: float = REPLY_TIMEOUT_S) -> ProcessEngine:
-        from metrale.plan.config import ModelConfig
         from metrale.plan.shard import Sharding
 
-        from .engine import checkpoint_dir, checkpoint_quant
+        from .engine import checkpoint_dir
 
         path = checkpoint_dir(model)
-        config = ModelConfig.load(path if path is not None else model)
+        spec = RankSpec(str(path) if path is not None else model, tp, hardware, quant, act,
+                        max_ctx, seed, slots, policy, graphs, blocking, progress)
+        config, quant, text = spec.describe()
         Sharding(tp).config(config)  # sizes that do not split fail here, before any process
-        text = None
-        if path is not None:
-            quant = quant or checkpoint_quant(
-                {"quantization_config": config.quantization_config}, file=path / "config.json")
-            if (path / "tokenizer.json").is_file():
-                from .text import Text
-
-                text = Text.load(path)
-        source = str(path) if path is not None else model
-        spec = RankSpec(source, tp, hardware, quant, act, max_ctx, seed, slots, policy, graphs,
-                        blocking)
-        return cls(ProcessRanks(spec, timeout=timeout), config, quant or "bf16", text)
+        return cls(ProcessRanks(spec, config, timeout=timeout), config, quant, text)
 
     @property
     def lengths(self) -> list[int]:
