@@ -60,8 +60,13 @@ F = realization("sm_90", presentation=P)
 
 @pytest.fixture(scope="module")
 def gpu():
+    from metrale.realize.build import compile_kernels
+
     backend = CupyBackend()
     loader = CudaLoader(backend, F.hw.arch)
+    # every point's binary at once, one compile per core, before the first test binds one
+    compile_kernels([F.realize(p) for _, p in _points()], F.hw.arch, cache=loader.cache,
+                    kernels_dir=loader.root, compute=loader.target, progress=False)
     yield backend, loader
     backend.close()
 
