@@ -227,11 +227,14 @@ __device__ __forceinline__ void stage_rotated(const act_t* q_rows, const act_t* 
 // comes into shared memory st (st_bytes) by asynchronous copies, one round trip to L2; the
 // factors and each block's (x, y) of the rule depend on (q head, chunk) only, so one warp per q
 // head computes them once, into fx (fx_floats), and each output column is then a few fmas. A
-// ([Gb][d]) holds the outputs merged so far, ml ([Gb][2]) the running max and sum.
+// ([Gb][d]) holds the outputs merged so far, ml ([Gb][2]) the running max and sum. from_sink:
+// the merge starts from the state the caller put in ml (a sink: m = sink, l = 1, A = 0) and
+// the first block merges into it by the rule, as every later one does.
 template <int NTH>
 __device__ __forceinline__ void merge_chunks(const float* rec, int nch, int Gb, int d, int first,
                                              int last, float* st, int st_bytes, float* fx,
-                                             int fx_floats, float* A, float* ml, act_t* o) {
+                                             int fx_floats, float* A, float* ml, act_t* o,
+                                             bool from_sink = false) {
     constexpr int PER_BLOCK = KV_BLOCK / CHUNK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rl = d + 4;
     const int W = max(PER_BLOCK, min(min(st_bytes / (4 * Gb * rl), fx_floats / (3 * Gb)),
@@ -280,11 +283,12 @@ __device__ __forceinline__ void merge_chunks(const float* rec, int nch, int Gb, 
                 const float m_b = __shfl_sync(0xffffffffu, bm, b);
                 const float l_b = __shfl_sync(0xffffffffu, bl, b);
                 float x = 0.0f, y = 1.0f;  // the first block: A becomes its p·v exactly
-                if (w0 + b * PER_BLOCK == fb) {
+                if (w0 + b * PER_BLOCK == fb && !from_sink) {
                     M = m_b, L = l_b;
                 } else {
                     const float mn = fmaxf(M, m_b);
-                    x = expf(M - mn), y = expf(m_b - mn);
+                    // from a sink, exp(0) even where M = mn = -inf (a sink of -inf, no keys)
+                    x = from_sink && M == mn ? 1.0f : expf(M - mn), y = expf(m_b - mn);
                     L = L * x + l_b * y;
                     M = mn;
                 }
@@ -569,9 +573,11 @@ metrale_qk_norm_rope_kv_append_attention_decode(
 // reads anything that launch wrote, and releases o_proj only by ending.
 #define MERGE_NT 128
 #define MERGE_W (8 * (KV_BLOCK / CHUNK))  // chunks a window
-extern "C" __global__ void __launch_bounds__(MERGE_NT)
-metrale_attention_decode_merge(const int* __restrict__ positions, act_t* __restrict__ o,
-                               void* work, int rows, int hq, int d, int max_ctx, int window) {
+
+// The merge of one (q head, row); sinks, when not null, are the merge's first state.
+__device__ __forceinline__ void merge_head(const int* positions, const __nv_bfloat16* sinks,
+                                           act_t* o, void* work, int rows, int hq, int d,
+                                           int max_ctx, int window) {
     extern __shared__ __align__(16) char merge_smem[];
     const int st_bytes = MERGE_W * (d + 4) * 4;
     float* st = (float*)merge_smem;
@@ -588,6 +594,25 @@ metrale_attention_decode_merge(const int* __restrict__ positions, act_t* __restr
     if (pos < 0 || pos >= max_ctx) __trap();
     const int start = window > 0 ? max(0, pos - window + 1) : 0;
     const long head = (long)row * hq + h;
-    merge_chunks<MERGE_NT>((const float*)work + head * nch * (d + 4), nch, 1, d, start / CHUNK, pos / CHUNK,
-                           st, st_bytes, fx, 3 * MERGE_W, A, ml, o + head * d);
+    if (sinks && threadIdx.x == 0) ml[0] = __bfloat162float(sinks[h]), ml[1] = 1.0f;
+    merge_chunks<MERGE_NT>((const float*)work + head * nch * (d + 4), nch, 1, d, start / CHUNK,
+                           pos / CHUNK, st, st_bytes, fx, 3 * MERGE_W, A, ml, o + head * d,
+                           sinks != nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(MERGE_NT)
+metrale_attention_decode_merge(const int* __restrict__ positions, act_t* __restrict__ o,
+                               void* work, int rows, int hq, int d, int max_ctx, int window) {
+    merge_head(positions, nullptr, o, work, rows, hq, d, max_ctx, window);
+}
+
+// The merge of an attention_sink decode (gpt-oss): the chunk records are the plain decode
+// launch's, and the merge starts from the head's sink (m = sink, l = 1, acc = 0), as
+// metrale.lkb.semantics_sink's reference does.
+extern "C" __global__ void __launch_bounds__(MERGE_NT)
+metrale_attention_sink_decode_merge(const int* __restrict__ positions,
+                                    const __nv_bfloat16* __restrict__ sinks,
+                                    act_t* __restrict__ o, void* work, int rows, int hq, int d,
+                                    int max_ctx, int window) {
+    merge_head(positions, sinks, o, work, rows, hq, d, max_ctx, window);
 }
