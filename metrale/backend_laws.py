@@ -382,6 +382,12 @@ def backend_state_machine(
             for _ in range(replays):
                 self.both("graph_launch", graph, s)
             self.both("synchronize")
+            held = self.model.graph_count()
+            self.both("release_graph", graph)  # a released graph is refused; again, a no-op
+            assert self.model.graph_count() == held - 1
+            err = self.refused("graph_launch", graph, s)
+            assert isinstance(err, LaunchError)
+            self.both("release_graph", graph)
             expected = a
             for _ in range(replays):
                 expected = (np.full(n, value, np.uint8) if with_memset else expected) + b

@@ -16,7 +16,9 @@ Conventions, fixed once:
 - Box params hold everything lowering needs that is not already in the types, and never the
   layer index: the same op of two layers is the *same* box (a functor then maps it once).
 - ``mode`` changes sizes, not wiring: decode is ``rows`` sequences with one token each
-  (``slots = rows``), prefill is ``rows`` tokens of one sequence (``slots = 1``). Attention
+  (``slots = rows``), prefill is ``rows`` tokens of one sequence (``slots = 1``), unless the
+  circuit is given ``cache_slots``: the cache then holds that many (an engine's prefill reads
+  the slot from its ``slots`` input, so one plan and one graph serve every slot). Attention
   first writes each row's k, v into the cache at ``(slot, position)``, then attends causally
   up to the row's position, so both modes share one diagram.
 - Weights are inputs named as in the Hugging Face checkpoint; MoE experts come stacked per
@@ -107,6 +109,9 @@ class Circuit:
     """Weights whose plain (bf16/f32) checkpoint tensor is stored with its last two axes
     swapped, ``[..., k, n]`` (transformers' gpt-oss experts compute ``x @ W``); quantized
     layouts of them are stored ``[..., n, k]`` as the circuit types them."""
+    cache_slots: int | None = None
+    """Slots of the KV cache the step reads and writes (``None``: ``rows`` for decode, 1 for
+    prefill)."""
     _inputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
     _outputs: Mapping[str, int] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
@@ -157,7 +162,8 @@ class Circuit:
             raise PlanError("context length must be a positive integer", file=self.config.name,
                             key="max_ctx", expected="an integer > 0", found=repr(max_ctx))
         out = self.config.sizes()
-        out.update(rows=self.rows, slots=self.rows if self.mode == "decode" else 1,
+        slots = self.cache_slots or (self.rows if self.mode == "decode" else 1)
+        out.update(rows=self.rows, slots=slots,
                    max_ctx=max_ctx, max_pos=max_ctx, half=self.config.head_dim // 2, last=1,
                    four=4)
         return out
@@ -172,8 +178,9 @@ class Circuit:
     def __repr__(self) -> str:
         last = (", logits='last'" if self.logits == "last" else "") + (", sample=True" if
                                                                         self.sample else "")
+        cache = f", cache_slots={self.cache_slots}" if self.cache_slots else ""
         return (f"circuit_for({self.config.name!r}, {self.quant!r}, {self.mode!r}, {self.rows},"
-                f" act={self.act!r}{last})")
+                f" act={self.act!r}{last}{cache})")
 
     def _repr_svg_(self) -> str:
         return self.diagram._repr_svg_()
@@ -431,7 +438,7 @@ def _check(config: ModelConfig, quant: str, mode: str, rows: int, act: str, logi
 
 def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "decode",
                 rows: int = 1, *, act: str = "bf16", logits: str = "all",
-                sample: bool = False) -> Circuit:
+                sample: bool = False, cache_slots: int | None = None) -> Circuit:
     """The circuit of one forward step of ``config`` (a :class:`ModelConfig` or built-in name).
 
     ``quant`` types the linear and expert weights (``bf16``, ``fp8``, ``mxfp4``, ``nvfp4``),
@@ -452,6 +459,11 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     """
     config = ModelConfig.load(config)
     _check(config, quant, mode, rows, act, logits)
+    if cache_slots is not None and (not isinstance(cache_slots, int) or isinstance(
+            cache_slots, bool) or cache_slots < (rows if mode == "decode" else 1)):
+        raise ConfigError("bad cache slot count", file=f"{config.name} (circuit)",
+                          key="cache_slots", expected="an int, at least the step's sequences",
+                          found=repr(cache_slots))
     ops = _Ops(config, quant, act)
     inputs = _inputs(ops, ("last" if logits == "last" else "rows") if sample else "")
     names = tuple(n for n, _ in inputs)
@@ -560,4 +572,4 @@ def circuit_for(config: ModelConfig | str, quant: str = "bf16", mode: str = "dec
     transposed = frozenset(n for n in names if config.expert_bias and
                            n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")))
     return Circuit(b.build(*ends), names, outputs, config, quant, mode, rows, act, logits,
-                   sample, transposed)
+                   sample, transposed, cache_slots)

@@ -250,11 +250,14 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              mode: str = "decode", rows: int = 1, policy: str = "exact", act: str = "bf16",
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
-             logits: str = "all", sample: bool = False, choice: Any = None) -> Plan:
+             logits: str = "all", sample: bool = False, choice: Any = None,
+             cache_slots: int | None = None) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
     ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS);
     ``sample`` ends the step with the ``sample`` family (the ids it draws are output ``ids``).
+    ``cache_slots``: the KV cache's slots (``circuit_for``'s; an engine's prefill plans its
+    whole cache, the slot an input).
 
     ``fuse=False`` skips rewrite_H (the plan of the lowered circuit, every relation unused):
     under the exact policy its results must equal the fused plan's byte for byte.
@@ -285,7 +288,8 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     kernel_target = KernelTarget(hardware, config.name, quant)
     F = T.realization(kernel_target)
     step("config")
-    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits, sample=sample)
+    circuit = circuit_for(config, quant, mode, rows, act=act, logits=logits, sample=sample,
+                          cache_slots=cache_slots)
     sizes = dict(circuit.sizes(context))
     sizes["context"] = context
     step("circuit")

@@ -185,6 +185,7 @@ class BackendBase:
         self._modules: dict[int, tuple[ModuleHandle, Any, tuple[str, ...] | None, dict]] = {}
         self._kernels: dict[KernelHandle, Any] = {}
         self._graphs: dict[int, _Graph] = {}
+        self._graph_ids = 0  # ids are never reused: a released graph's handle stays unknown
         self._capture: _Capture | None = None
         self._closed = False
         self._last_kernel: str | None = None
@@ -498,9 +499,27 @@ class BackendBase:
             )
         capture, self._capture = self._capture, None
         native = self._end_capture(self._streams[stream.stream_id])
-        handle = GraphHandle(len(self._graphs) + 1, stream, capture.nodes)
+        self._graph_ids += 1
+        handle = GraphHandle(self._graph_ids, stream, capture.nodes)
         self._graphs[handle.graph_id] = _Graph(handle, native, frozenset(capture.alloc_ids))
         return handle
+
+    def release_graph(self, graph: GraphHandle) -> None:
+        """Free a captured graph (its native graph goes with it); launching it after is a
+        ``LaunchError``. Releasing a graph already released, or after the backend closed or
+        faulted (its graphs went with it), does nothing."""
+        self._record("release_graph", (graph,))
+        if self._closed or self._latch.latched:
+            return
+        if self._capture is not None:
+            self._refuse_in_capture("release_graph")
+        if not isinstance(graph, GraphHandle):
+            raise LaunchError("not a graph", key="release_graph.graph", found=repr(graph))
+        self._graphs.pop(graph.graph_id, None)
+
+    def graph_count(self) -> int:
+        """Captured graphs held (not yet released): a long-running server's must stay bounded."""
+        return len(self._graphs)
 
     def graph_launch(self, graph: GraphHandle, stream: Stream | None = None) -> None:
         """Replay a captured graph on ``stream``; every buffer it uses must still be live."""

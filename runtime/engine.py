@@ -134,8 +134,17 @@ def _as_f32(value: Any) -> np.ndarray:
     return np.asarray(value).astype(np.float32)
 
 
-MAX_PREFILL_PROGRAMS = 8
-"""Prefill programs an engine keeps (one per prompt length), least recently used dropped."""
+MAX_PREFILL_PROGRAMS = 32
+"""Prefill programs an engine keeps (one per prompt length), least recently used dropped. A
+server's prompts come in many lengths, and a cycle over more lengths than are kept would
+rebuild every program it asks for (each a plan, a build and a graph capture)."""
+
+PREFILL_ARENA_BYTES = 1 << 30
+"""The activation arenas the kept prefill programs may hold together; past it the least recently
+used are closed (the newest stays, whatever its size)."""
+
+MAX_PLANS = 256
+"""Plans an engine keeps (host objects; a program dropped keeps its plan for the next build)."""
 
 
 class UnusedTensorWarning(UserWarning):
@@ -494,6 +503,7 @@ class Engine:
         self._plans: dict[tuple[str, int, str, bool], Plan] = {}
         try:
             self._bind(weights)
+            self._teardown.callback(self._close_programs)  # before the weights they read
             # the loader this engine chose compiles now, not inside the first step (a caller's
             # own loader is the caller's to prepare)
             if loader is None and hasattr(self.loader, "prepare"):
@@ -608,11 +618,17 @@ class Engine:
         """The plan of one step (cached per ``(mode, rows, logits, sample)``); ``sample`` ends
         it with the ``sample`` family, which draws each row's next id on the device."""
         key = (mode, rows, logits, sample)
-        if key not in self._plans:
+        if key in self._plans:
+            self._plans[key] = self._plans.pop(key)  # most recently used last
+        else:
+            while len(self._plans) >= MAX_PLANS:
+                oldest = next(k for k in self._plans if k not in self._programs)
+                del self._plans[oldest]
             self._plans[key] = plan_for(self.config, self.quant, self.hardware, mode=mode,
                                         rows=rows, act=self.act, context=self.max_ctx,
                                         fuse=self.fuse, policy=self.policy, logits=logits,
-                                        presentation=self.presentation, sample=sample)
+                                        presentation=self.presentation, sample=sample,
+                                        cache_slots=self.slots if mode == "prefill" else None)
         return self._plans[key]
 
     def bucket_rows(self, rows: int) -> int:
@@ -659,28 +675,49 @@ class Engine:
         sample)``).
 
         Prefill programs (one per prompt length and logits choice) are kept for the
-        ``MAX_PREFILL_PROGRAMS`` used last; an older one is closed, freeing its activation arena.
+        ``MAX_PREFILL_PROGRAMS`` used last, their arenas within ``PREFILL_ARENA_BYTES``; an
+        older one is closed, freeing its activation arena and graphs (its plan stays).
         """
         key = (mode, rows, logits, sample)
         if key in self._programs:
             self._programs[key] = self._programs.pop(key)  # most recently used last
-        else:
-            if mode == "prefill":
-                prefills = [k for k in self._programs if k[0] == "prefill"]
-                for old in prefills[:max(0, len(prefills) - MAX_PREFILL_PROGRAMS + 1)]:
-                    self._programs.pop(old).close()
-                    self._plans.pop(old, None)
-            plan = self.plan(mode, rows, logits, sample)
-            bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
-            for name in self._slot_bytes:
-                bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else 1)
-            prog = Program(plan, self.backend, bindings=bindings, loader=self.loader,
-                           debug=self.debug)
-            self._teardown.callback(prog.close)
-            if mode == "decode" and self.graphs and not self.blocking:
-                prog.capture()
-            self._programs[key] = prog
-        return self._programs[key]
+            return self._programs[key]
+        if mode == "prefill":
+            self._drop_prefills(MAX_PREFILL_PROGRAMS - 1)
+        plan = self.plan(mode, rows, logits, sample)
+        bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
+        for name in self._slot_bytes:
+            bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else self.slots)
+        prog = Program(plan, self.backend, bindings=bindings, loader=self.loader,
+                       debug=self.debug)
+        self._programs[key] = prog
+        if mode == "decode" and self.graphs and not self.blocking:
+            prog.capture()
+        if mode == "prefill":
+            self._drop_prefills(MAX_PREFILL_PROGRAMS, PREFILL_ARENA_BYTES)
+        return prog
+
+    def _drop_prefills(self, keep: int, arena_bytes: int | None = None) -> None:
+        """Close the least recently used prefill programs until at most ``keep`` remain and,
+        with ``arena_bytes``, their arenas fit it (the newest always stays)."""
+        while True:
+            kept = [k for k in self._programs if k[0] == "prefill"]
+            held = sum(self._programs[k].peak_bytes for k in kept)
+            if len(kept) <= keep and (arena_bytes is None or held <= arena_bytes
+                                      or len(kept) <= 1):
+                return
+            self._programs.pop(kept[0]).close()
+
+    def _close_programs(self) -> None:
+        programs, self._programs = list(self._programs.values()), {}
+        first: BaseException | None = None
+        for prog in reversed(programs):
+            try:
+                prog.close()
+            except BaseException as e:  # every program is closed; the first error surfaces
+                first = first or e
+        if first is not None:
+            raise first
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -728,21 +765,19 @@ class Engine:
         if ids.size > self.max_ctx:
             raise ConfigError("prompt longer than the context", key="token_ids",
                               expected=f"at most {self.max_ctx} tokens", found=ids.size)
-        prog = self.prefill_program(int(ids.size), slot, "last" if last else "all")
+        prog = self.prefill_program(int(ids.size), "last" if last else "all")
         logits = self._run(prog, {"tokens": ids,
                                   "positions": np.arange(ids.size, dtype=np.int32),
-                                  "slots": np.zeros(ids.size, np.int32)})
+                                  "slots": np.full(ids.size, slot, np.int32)})
         self.lengths[slot] = int(ids.size)
         return logits
 
-    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all",
-                        sample: bool = False) -> Program:
-        """The prefill program of a ``rows``-token prompt, its cache bound to ``slot``'s, and
-        captured as a graph for that slot (unless ``graphs`` is off or runs are blocking): a
-        prefill is hundreds of launches, each a few tens of microseconds from the host."""
+    def prefill_program(self, rows: int, logits: str = "all", sample: bool = False) -> Program:
+        """The prefill program of a ``rows``-token prompt, captured as a graph (unless
+        ``graphs`` is off or runs are blocking): a prefill is hundreds of launches, each a few
+        tens of microseconds from the host. It holds every cache slot: the slot is its
+        ``slots`` input, so one graph serves a prompt of this length in any slot."""
         prog = self.program("prefill", rows, logits, sample)
-        for name in self._slot_bytes:
-            prog.bind(name, self._cache_ptr(name, slot, 1))  # drops the graph of another slot
         if self.graphs and not self.blocking and not prog.captured:
             prog.capture()
         return prog
@@ -798,9 +833,9 @@ class Engine:
         if ids.size > self.max_ctx:
             raise ConfigError("prompt longer than the context", key="token_ids",
                               expected=f"at most {self.max_ctx} tokens", found=ids.size)
-        prog = self.prefill_program(int(ids.size), slot, "last", sample=True)
+        prog = self.prefill_program(int(ids.size), "last", sample=True)
         out = self._run(prog, {"tokens": ids, "positions": np.arange(ids.size, dtype=np.int32),
-                               "slots": np.zeros(ids.size, np.int32),
+                               "slots": np.full(ids.size, slot, np.int32),
                                "sample.params": np.asarray(params, np.float32).reshape(1, 4),
                                "sample.keys": np.asarray(keys, np.int32).reshape(1, 4)}, "ids")
         self.lengths[slot] = int(ids.size)
@@ -863,7 +898,6 @@ class Engine:
     def close(self) -> None:
         """Free programs, caches, tables and weights, newest first (then the backend, if the
         engine made it); the first release error surfaces, never a second one over it."""
-        self._programs.clear()
         self._teardown.close()
 
     def __enter__(self) -> Engine:
@@ -872,6 +906,5 @@ class Engine:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is not None:
             self._close_after(exc)
-            self._programs.clear()
         else:
             self.close()

@@ -74,6 +74,10 @@ ALIGN = 64
 POISON_BYTE = 0xFF
 """Debug poison of the arena: ``0xFF…`` is NaN in f32 and bf16 and -1 as an integer index."""
 
+MAX_GRAPHS = 64
+"""Graphs a program keeps, one per binding of its rebindable buffers (a prefill program's per
+cache slot); the least recently used is released past it."""
+
 
 @attrs.frozen
 class ArgSpec:
@@ -336,6 +340,10 @@ class Program:
         self.debug = debug
         self._teardown = Teardown()
         self._graph: GraphHandle | None = None
+        self._graphs: dict[frozenset[tuple[str, Any]], GraphHandle] = {}
+        """The graphs captured under each binding of the rebindable buffers (a prefill program
+        serves every cache slot: each slot's graph is kept, at most ``MAX_GRAPHS``)."""
+        self._rebound: set[str] = set()  # the buffers bind() has pointed elsewhere
         self._stream: Stream | None = None
         by_name = {b.name: b for b in plan.buffers}
         self.specs = {b.name: self.loader.spec(b) for b in plan.buffers}
@@ -454,9 +462,18 @@ class Program:
                             expected=f"{self.specs[name].nbytes} bytes", found=f"{ptr.nbytes}")
         if self.ptrs[name] == ptr:
             return
+        if name not in self._rebound:  # the graphs so far were captured with its first pointer
+            self._graphs = {k | {(name, self.ptrs[name])}: g for k, g in self._graphs.items()}
+            self._rebound.add(name)
         self.ptrs[name] = ptr
         self._args = [self._resolve(ln) for ln in self.launches]
-        self._graph = None
+        key = self._binding()
+        self._graph = self._graphs.pop(key, None)
+        if self._graph is not None:
+            self._graphs[key] = self._graph  # most recently used last
+
+    def _binding(self) -> frozenset[tuple[str, Any]]:
+        return frozenset((n, self.ptrs[n]) for n in self._rebound)
 
     def write(self, name: str, values: Any) -> None:
         """Copy ``values`` (cast to the buffer's dtype and shape) into buffer ``name``."""
@@ -501,7 +518,13 @@ class Program:
             self._issue(False)
         finally:
             graph = self.backend.end_capture(self._stream)
-        self._graph = graph
+        key = self._binding()
+        old = self._graphs.pop(key, None)
+        if old is not None:
+            self.backend.release_graph(old)
+        while len(self._graphs) >= MAX_GRAPHS:
+            self.backend.release_graph(self._graphs.pop(next(iter(self._graphs))))
+        self._graph = self._graphs[key] = graph
         return True
 
     def run(self, *, blocking: bool = False, replay: bool = True) -> None:
@@ -518,9 +541,15 @@ class Program:
         self.backend.synchronize(self._stream)
 
     def close(self) -> None:
-        """Free what the program allocated, newest first (a no-op the second time)."""
+        """Free what the program allocated and its graphs, newest first (a no-op the second
+        time)."""
         self._graph = None
-        self._teardown.close()
+        graphs, self._graphs = list(self._graphs.values()), {}
+        try:
+            for g in graphs:
+                self.backend.release_graph(g)
+        finally:
+            self._teardown.close()
 
     def __enter__(self) -> Program:
         return self

@@ -216,9 +216,9 @@ class ParallelEngine:
         return ParallelProgram(self, tuple(e.program(mode, rows, logits, sample)
                                            for e in self.engines))
 
-    def prefill_program(self, rows: int, slot: int = 0, logits: str = "all",
-                        sample: bool = False) -> ParallelProgram:
-        return ParallelProgram(self, tuple(e.prefill_program(rows, slot, logits, sample)
+    def prefill_program(self, rows: int, logits: str = "all", sample: bool = False
+                        ) -> ParallelProgram:
+        return ParallelProgram(self, tuple(e.prefill_program(rows, logits, sample)
                                            for e in self.engines))
 
     def time_step(self, mode: str, rows: int, steps: int) -> Any:

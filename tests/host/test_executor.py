@@ -162,6 +162,36 @@ def test_prefill_programs_are_bounded_and_results_unchanged():
         assert again.tobytes() == first.tobytes()
 
 
+def test_prefill_programs_past_the_arena_budget_close_and_keep_their_plans(monkeypatch):
+    """Past PREFILL_ARENA_BYTES only the newest prefill program stays; a closed program's plan
+    is kept, so the rebuild plans nothing and gives the same bytes."""
+    from metrale.runtime import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFILL_ARENA_BYTES", 1)
+    with engine_module.Engine.load("tiny-llama", max_ctx=32) as eng:
+        first = eng.prefill([1, 2, 3])
+        eng.prefill([1, 2, 3, 4])
+        assert [k for k in eng._programs if k[0] == "prefill"] == [("prefill", 4, "all", False)]
+        plan = eng._plans[("prefill", 3, "all", False)]
+        assert eng.prefill([1, 2, 3]).tobytes() == first.tobytes()
+        assert eng.program("prefill", 3).plan is plan
+
+
+def test_a_prompt_in_a_slot_seen_before_replays_that_slot_graph():
+    """Prefills alternating between two slots capture one graph per slot, then replay them: the
+    backend's graph count stops growing (a server's prefills would otherwise leak a graph each),
+    and each slot's cache gets the bytes a prefill alone gives."""
+    with Engine.load("tiny-llama", max_ctx=32, slots=2) as eng:
+        alone = eng.prefill([5, 6, 7], slot=0)
+        counts = []
+        for slot in (1, 0, 1, 0):
+            assert eng.prefill([5, 6, 7], slot=slot).tobytes() == alone.tobytes()
+            counts.append(eng.backend.graph_count())
+        assert counts[1:] == [counts[0]] * 3
+        k = {s: eng.backend.copy_d2h(eng._cache_ptr("kv.0.k", s, 1)) for s in (0, 1)}
+        assert k[0].tobytes() == k[1].tobytes() and k[0].any()
+
+
 def test_a_config_variant_loads_as_its_name_does():
     """Engine.load takes a ModelConfig (a built-in's variant) as it takes the name: the same
     seeded weights, so the built-in's own config gives its bytes, and a variant with one layer
