@@ -53,7 +53,7 @@ class TuneRow:
 
 def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] = (1,),
          mode: str = "decode", context: int = 1024, policy: str = "exact",
-         kernels: str | None = None, steps: int = 20, repeats: int = 5,
+         kernels: str | None = None, steps: int = 20, repeats: int = 20,
          record: bool = True) -> list[TuneRow]:
     """Time every alternative's kernels at the plan's shapes for each ``rows``, record them
     (``record=False``: time only), re-plan and time the step before and after."""
@@ -133,7 +133,8 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024, help="cached positions per row")
     p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
-    p.add_argument("--repeats", type=int, default=5, help="timed launches of each kernel")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="timed launches of each kernel (graphs of this many and twice as many)")
     p.add_argument("--no-record", action="store_true", help="time only, record nothing")
     p.add_argument("--kernels", default=None, help="kernels folder (default: the shipped one)")
     p.add_argument("--format", choices=("table", "json"), default="table")
