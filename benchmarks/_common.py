@@ -56,10 +56,23 @@ def cache_keyword(forward: Any) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+def gpu_name() -> str | None:
+    """The GPU this process ran on (CUDA device 0, as CuPy names it), ``None`` on a machine
+    without one: results name the card, since an H100's figures are no H200's."""
+    try:
+        import cupy as cp
+
+        return cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: no GPU to name
+        return None
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (plus the machine) to ``benchmarks/results/<name>.json`` atomically."""
+    """Write ``payload`` (plus the machine and its GPU, where it has one) to
+    ``benchmarks/results/<name>.json`` atomically."""
+    gpu = {"gpu": g} if (g := gpu_name()) is not None else {}
     payload = {"benchmark": name, "machine": platform.platform(),
-               "python": platform.python_version(), **payload}
+               "python": platform.python_version(), **gpu, **payload}
     path = RESULTS / f"{name}.json"
     atomic_write(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
