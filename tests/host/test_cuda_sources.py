@@ -177,9 +177,12 @@ def test_kernel_fields_are_valid(name):
             assert arg in t.get("values", {}), a
         arg_names.append(arg)
     assert len(set(arg_names)) == len(arg_names)
-    # every port is an argument, but a collective's input, which its transport reads
+    # every port is an argument of the kernel's launch or of a launch after it (a sink read
+    # only by the merge), but a collective's input, which its transport reads
     transported = {"x"} if t.get("transport") else set()
-    assert port_names(family) <= set(arg_names) | set(dict(fam.get("inplace", {}))) | transported
+    chained = {a.partition(":")[0] for then in t.get("then", []) for a in then["args"]}
+    assert port_names(family) <= (set(arg_names) | chained | set(dict(fam.get("inplace", {})))
+                                  | transported)
     for then in t.get("then", []):  # a launch after the kernel's own: its names are the table's
         assert set(then) == {"entry", "launch", "args"}, then
         then_args = [a.partition(":") for a in then["args"]]
@@ -363,17 +366,18 @@ def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_decode_attention_machine_code_stays_small(tmp_path):
     """Each decode attention entry stays under 80 KB of machine code (the rope and qk_norm
-    prologues the larger), and the merge launched after them under 40 KB (32 KB); version 7's
-    per-group instantiations made 440 KB entries."""
+    prologues the larger), and the merges launched after them (plain, and from a sink) under
+    40 KB (32 KB); version 7's per-group instantiations made 440 KB entries."""
     from metrale.realize.compute import cubin_code_bytes
 
     cubin, _ = _sm90a_cubin(tmp_path, "attention_decode.cu", "ACT_BF16", "KV_BLOCK=256",
                             "CHUNK=64", "ROPE_NEOX", "H_BLOCK=256")
     sizes = cubin_code_bytes(cubin)
-    merge = sizes.pop("metrale_attention_decode_merge")
+    merges = [sizes.pop(e) for e in ("metrale_attention_decode_merge",
+                                     "metrale_attention_sink_decode_merge")]
     assert len(sizes) == 4, sizes  # attention, kv_append, rope and qk_norm_rope prologues
     assert all(0 < n <= 80 * 1024 for n in sizes.values()), sizes
-    assert 0 < merge <= 40 * 1024, merge
+    assert all(0 < n <= 40 * 1024 for n in merges), merges
 
 
 def _sm90a_cubin(tmp_path: Path, source: str, *defines: str) -> tuple[bytes, str]:
