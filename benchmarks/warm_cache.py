@@ -20,17 +20,6 @@ import sys
 import time
 
 
-def realized_kernels(hw: str) -> list:
-    """The kernel of every point of every (non-view) family that ``hw`` realizes."""
-    from metrale.lkb.presentation import Presentation
-    from metrale.realize.functor import realization
-
-    P = Presentation.load()
-    F = realization(hw, presentation=P)
-    found = (F.realize(point) for fam in P.generators if not fam.view for point in fam.points)
-    return [k for k in found if k is not None and k.source is not None]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="sm_90")
@@ -45,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     from metrale.realize.functor import realization
     from metrale.realize.hardware import default_kernels_dir
 
-    hw = realization(args.hardware).hw
+    F = realization(args.hardware)
     cache = BuildCache()
     t0 = time.perf_counter()
-    done = compile_kernels(realized_kernels(args.hardware), hw.arch, cache=cache,
+    done = compile_kernels(F.kernels(), F.hw.arch, cache=cache,
                            kernels_dir=default_kernels_dir(), compute=NvidiaTarget("ptx"),
                            jobs=args.jobs, what=f"{args.hardware} points")
     failed = [(key, got) for key, (got, _, _) in done.items() if isinstance(got, Exception)]

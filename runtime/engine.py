@@ -687,7 +687,7 @@ class Engine:
         plan = self.plan(mode, rows, logits, sample)
         bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
         for name in self._slot_bytes:
-            bindings[name] = self._cache_ptr(name, 0, rows if mode == "decode" else self.slots)
+            bindings[name] = self._cache_ptr(name, 0, dict(plan.sizes)["slots"])
         prog = Program(plan, self.backend, bindings=bindings, loader=self.loader,
                        debug=self.debug)
         self._programs[key] = prog

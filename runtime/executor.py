@@ -74,10 +74,6 @@ ALIGN = 64
 POISON_BYTE = 0xFF
 """Debug poison of the arena: ``0xFF…`` is NaN in f32 and bf16 and -1 as an integer index."""
 
-MAX_GRAPHS = 64
-"""Graphs a program keeps, one per binding of its rebindable buffers (a prefill program's per
-cache slot); the least recently used is released past it."""
-
 
 @attrs.frozen
 class ArgSpec:
@@ -340,10 +336,6 @@ class Program:
         self.debug = debug
         self._teardown = Teardown()
         self._graph: GraphHandle | None = None
-        self._graphs: dict[frozenset[tuple[str, Any]], GraphHandle] = {}
-        """The graphs captured under each binding of the rebindable buffers (a prefill program
-        serves every cache slot: each slot's graph is kept, at most ``MAX_GRAPHS``)."""
-        self._rebound: set[str] = set()  # the buffers bind() has pointed elsewhere
         self._stream: Stream | None = None
         by_name = {b.name: b for b in plan.buffers}
         self.specs = {b.name: self.loader.spec(b) for b in plan.buffers}
@@ -454,7 +446,7 @@ class Program:
     # -- I/O ----------------------------------------------------------------------------------
 
     def bind(self, name: str, ptr: DevicePtr) -> None:
-        """Point buffer ``name`` at other memory (a cache slot); a captured graph is dropped."""
+        """Point buffer ``name`` at other memory; a captured graph is released."""
         if name not in self.ptrs:
             raise PlanError("no such buffer in the plan", key=name)
         if ptr.nbytes < self.specs[name].nbytes:
@@ -462,18 +454,14 @@ class Program:
                             expected=f"{self.specs[name].nbytes} bytes", found=f"{ptr.nbytes}")
         if self.ptrs[name] == ptr:
             return
-        if name not in self._rebound:  # the graphs so far were captured with its first pointer
-            self._graphs = {k | {(name, self.ptrs[name])}: g for k, g in self._graphs.items()}
-            self._rebound.add(name)
         self.ptrs[name] = ptr
         self._args = [self._resolve(ln) for ln in self.launches]
-        key = self._binding()
-        self._graph = self._graphs.pop(key, None)
-        if self._graph is not None:
-            self._graphs[key] = self._graph  # most recently used last
+        self._release_graph()
 
-    def _binding(self) -> frozenset[tuple[str, Any]]:
-        return frozenset((n, self.ptrs[n]) for n in self._rebound)
+    def _release_graph(self) -> None:
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            self.backend.release_graph(graph)
 
     def write(self, name: str, values: Any) -> None:
         """Copy ``values`` (cast to the buffer's dtype and shape) into buffer ``name``."""
@@ -518,13 +506,8 @@ class Program:
             self._issue(False)
         finally:
             graph = self.backend.end_capture(self._stream)
-        key = self._binding()
-        old = self._graphs.pop(key, None)
-        if old is not None:
-            self.backend.release_graph(old)
-        while len(self._graphs) >= MAX_GRAPHS:
-            self.backend.release_graph(self._graphs.pop(next(iter(self._graphs))))
-        self._graph = self._graphs[key] = graph
+        self._release_graph()
+        self._graph = graph
         return True
 
     def run(self, *, blocking: bool = False, replay: bool = True) -> None:
@@ -541,13 +524,10 @@ class Program:
         self.backend.synchronize(self._stream)
 
     def close(self) -> None:
-        """Free what the program allocated and its graphs, newest first (a no-op the second
+        """Free what the program allocated and its graph, newest first (a no-op the second
         time)."""
-        self._graph = None
-        graphs, self._graphs = list(self._graphs.values()), {}
         try:
-            for g in graphs:
-                self.backend.release_graph(g)
+            self._release_graph()
         finally:
             self._teardown.close()
 

@@ -65,7 +65,7 @@ def gpu():
     backend = CupyBackend()
     loader = CudaLoader(backend, F.hw.arch)
     # every point's binary at once, one compile per core, before the first test binds one
-    compile_kernels([F.realize(p) for _, p in _points()], F.hw.arch, cache=loader.cache,
+    compile_kernels(F.kernels(), F.hw.arch, cache=loader.cache,
                     kernels_dir=loader.root, compute=loader.target, progress=False)
     yield backend, loader
     backend.close()

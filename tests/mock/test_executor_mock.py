@@ -188,10 +188,10 @@ def test_dependent_launches_reach_the_backend_and_compute_what_plain_ones_do(gra
     assert plain_dep == 0 and plain_n == n and dep == n == len(plan.launches)
 
 
-def test_a_program_keeps_one_graph_per_binding_and_releases_them():
-    """A prefill program serves every cache slot: rebinding to a slot captured before replays
-    that slot's graph (no new capture); each slot's graph writes its own slot; closing the
-    program releases every graph it holds, and a released graph cannot be launched."""
+def test_a_program_releases_the_graphs_it_drops():
+    """A program holds at most one graph: rebinding a buffer releases it (the graph would
+    replay the old pointer), capturing again replaces it, closing releases it; the new binding's
+    graph writes the new memory, and a released graph cannot be launched."""
     from metrale.lkb.errors import LaunchError
     from metrale.plan.plan import plan_for
     from metrale.runtime.engine import random_weights
@@ -208,42 +208,16 @@ def test_a_program_keeps_one_graph_per_binding_and_releases_them():
         prog.write(name, np.asarray(value))
     assert prog.capture() and be.graph_count() == 1
     first = prog._graph
+    prog.capture()
+    assert be.graph_count() == 1  # the new capture replaced the first
     prog.bind(cache, other)
-    assert not prog.captured  # no graph of this binding yet
+    assert not prog.captured and be.graph_count() == 0
     prog.capture()
     prog.run()
-    assert be.graph_count() == 2
-    written = be.copy_d2h(other, other.nbytes)
-    assert written.any()  # this slot's graph wrote this slot
-    prog.bind(cache, ext[cache])
-    assert prog.captured and prog._graph == first  # the first slot's graph, kept
-    prog.run()
-    assert be.graph_count() == 2
+    assert be.graph_count() == 1
+    assert be.copy_d2h(other, other.nbytes).any()  # this binding's graph wrote this memory
     prog.close()
     assert be.graph_count() == 0
     with pytest.raises(LaunchError, match="not a graph of this backend"):
         be.graph_launch(first)
     be.release_graph(first)  # a second release does nothing
-
-
-def test_a_program_holds_at_most_max_graphs(monkeypatch):
-    """Past MAX_GRAPHS bindings the least recently used graph is released."""
-    from metrale.plan.plan import plan_for
-    from metrale.runtime import executor
-    from metrale.runtime.engine import random_weights
-    from metrale.runtime.executor import Program, bind_externals
-
-    monkeypatch.setattr(executor, "MAX_GRAPHS", 2)
-    plan = plan_for(MODEL, "bf16", "host", mode="prefill", rows=2, context=16)
-    be = MockBackend()
-    ext = bind_externals(plan, be, random_weights(MODEL, seed=0))
-    cache = next(b.name for b in plan.buffers if b.kind == "cache")
-    slots = [ext[cache]] + [be.alloc(ext[cache].nbytes, f"slot {i}") for i in (1, 2)]
-    with Program(plan, be, bindings=ext) as prog:
-        for ptr in slots:
-            prog.bind(cache, ptr)
-            prog.capture()
-        assert be.graph_count() == 2
-        prog.bind(cache, slots[0])
-        assert not prog.captured  # the oldest was released
-    assert be.graph_count() == 0
