@@ -178,13 +178,15 @@ def _sizes(rel: Relation, P: Presentation) -> tuple[dict[tuple, int], _Unifier]:
 
 
 def _run_side(rel: Relation, which: str, P: Presentation, env: dict[str, np.ndarray],
-              params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+              params: Mapping[str, Any], attrs: Mapping[str, Any] | None = None
+              ) -> dict[str, np.ndarray]:
     side = rel.lhs if which == "lhs" else rel.rhs
     values = {k: v.copy() for k, v in env.items()}
     for c in side.calls:
         fam = P.family(c.family)
         call_params = {k: params[k] for k in fam.domains if k in params}
         call_params.update(dict(c.pins))
+        call_params.update(attrs or {})
         outs = SEMANTICS[fam.semantics](*(values[a] for a in c.args), **_kwargs(fam, call_params))
         for name, value in zip(c.outs, outs):
             values[name] = value
@@ -227,7 +229,8 @@ def check_relation(P: Presentation, rel: Relation, seed: int = 0,
             with np.errstate(all="ignore"):  # overflow and invalid are what some kinds test
                 lhs = _run_side(rel, "lhs", P, env, params)
                 rhs = _run_side(rel, "rhs", P, env, params)
-                mag = None if rel.exact else _run_side(rel, "lhs", P, _absolute(rel, env), params)
+                mag = None if rel.exact else _run_side(rel, "lhs", P, _absolute(rel, env), params,
+                                                       dict(rel.bound.at))
         except Exception as e:  # a side that cannot run is a finding, not a crash
             findings.append(Finding(rel.name, point, False, f"{type(e).__name__}: {e}"))
             continue

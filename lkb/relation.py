@@ -16,7 +16,9 @@ included) or ``bounded``, with ``bound = {rel = "...", abs = "...", over = [...]
 in the relation's dims (``k`` …), unit roundoffs (``eps_bf16``, ``eps_f32``, ``eps_act``) and
 ``gamma(n, u)`` such that ``|lhs - rhs| <= rel * |lhs| + abs * magnitude`` elementwise, the
 magnitude being the lhs at the absolute values of the inputs in ``over`` (default all): for a
-reordered k-term sum, Σ|terms|, so that the bound survives cancellation.
+reordered k-term sum, Σ|terms|, so that the bound survives cancellation. ``at = {attr = value}``
+evaluates the magnitude with those attributes instead (a clamp's ``limit = inf``: a clamp bounds
+the lhs, not the error of the sums it clamps).
 
 >>> side = parse_side("s = add(x, r); y = rmsnorm[h_block=256](s, w)", "F.toml", "lhs")
 >>> [c.family for c in side.calls], side.inputs, side.defined
@@ -237,11 +239,13 @@ class Bound:
     """``|lhs - rhs| <= rel * |lhs| + abs * magnitude`` elementwise, as formulas, where
     ``magnitude`` is the lhs evaluated at the absolute values of the inputs named in ``over``
     (all float inputs when empty): for a reordered sum, the sum of its terms' magnitudes.
-    It holds wherever the magnitude is finite."""
+    It holds wherever the magnitude is finite. ``at``: attributes (name, value) the magnitude's
+    lhs is evaluated with in place of the call's (a clamp's limit of inf)."""
 
     rel: str = "0"
     abs: str = "0"
     over: tuple[str, ...] = ()
+    at: tuple[tuple[str, float], ...] = ()
 
 
 @attrs.frozen
@@ -303,10 +307,18 @@ class Relation:
         bound = None
         if raw_bound is not None:
             bf = Fields(raw_bound, file, f"{key}.bound", errors)
-            bound = Bound(str(bf.take("rel", (str, int, float), default="0")),
-                          str(bf.take("abs", (str, int, float), default="0")),
-                          tuple(bf.take("over", list, default=[]) or ()))
+            rel_f = str(bf.take("rel", (str, int, float), default="0"))
+            abs_f = str(bf.take("abs", (str, int, float), default="0"))
+            over = tuple(bf.take("over", list, default=[]) or ())
+            at = bf.take("at", dict, default={}) or {}
             bf.close()
+            for attr, value in at.items():
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    errors.append(ConfigError("a magnitude attribute is a number", file=file,
+                                              key=f"{key}.bound.at.{attr}",
+                                              expected="e.g. inf", found=repr(value)))
+            bound = Bound(rel_f, abs_f, over, tuple(sorted((k, float(v)) for k, v in at.items()
+                                                           if isinstance(v, int | float))))
         if numerics == "bounded" and bound is None:
             errors.append(ConfigError("a bounded relation states its bound", file=file,
                                       key=f"{key}.bound", expected="{rel = ..., abs = ...}"))
@@ -329,6 +341,8 @@ class Relation:
             table["bound"] = {"rel": self.bound.rel, "abs": self.bound.abs}
             if self.bound.over:
                 table["bound"]["over"] = list(self.bound.over)
+            if self.bound.at:
+                table["bound"]["at"] = dict(self.bound.at)
         if self.priority:
             table["priority"] = self.priority
         return table

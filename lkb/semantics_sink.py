@@ -28,7 +28,20 @@ from typing import Any
 
 import numpy as np
 
-from .semantics import F32, Reduction, _rand, _shape, act_dtype, round_to, semantics
+from .semantics import (
+    F32,
+    Reduction,
+    _ex_linear,
+    _ex_qkv,
+    _matvec_orders,
+    _rand,
+    _shape,
+    act_dtype,
+    linear,
+    qkv,
+    round_to,
+    semantics,
+)
 from .semantics_attention import (
     _attention_params,
     _cache_args,
@@ -126,6 +139,48 @@ def bias_add(x: np.ndarray, b: np.ndarray, *, act: str) -> tuple[np.ndarray]:
     _shape(fam, "x", x, ("rows", "n"), sizes, (dt,))
     _shape(fam, "b", b, ("n",), sizes, (F32,))
     return (round_to(x.astype(F32) + b[None, :], dt).astype(dt),)
+
+
+def _ex_linear_bias(rng, rows, act):
+    (x, w), p = _ex_linear(rng, rows, act)
+    return (x, w, _rand(rng, (w.shape[0],), F32)), {k: v for k, v in p.items() if k != "out"}
+
+
+@semantics("linear_bias", rows=(0,), orders=_matvec_orders, example=_ex_linear_bias)
+def linear_bias(x: np.ndarray, w: np.ndarray, b: np.ndarray, *, k_block: int,
+                across: str = "sequential", act: str) -> tuple[np.ndarray]:
+    """``bias_add(linear(x, w), b)``: the product rounded to act, then the bias added and the
+    sum rounded (transformers' bf16 ``F.linear`` with a bias), byte for byte the two calls.
+
+    >>> x = np.ones((1, 2), np.float32)
+    >>> linear_bias(x, np.ones((2, 2), np.float32), np.array([0.5, -1.0], np.float32),
+    ...             k_block=2, act="f32")[0]
+    array([[2.5, 1. ]], dtype=float32)
+    """
+    (y,) = linear(x, w, k_block=k_block, across=across, act=act)
+    return bias_add(y, b, act=act)
+
+
+def _ex_qkv_bias(rng, rows, act):
+    (x, wq, wk, wv), p = _ex_qkv(rng, rows, act)
+    return (x, wq, wk, wv, *(_rand(rng, (w.shape[0],), F32) for w in (wq, wk, wv))), p
+
+
+@semantics("qkv_bias", orders=_matvec_orders, example=_ex_qkv_bias)
+def qkv_bias(x: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, bq: np.ndarray,
+             bk: np.ndarray, bv: np.ndarray, *, k_block: int, across: str = "sequential",
+             act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The q, k and v projections of ``x`` each with its bias (gpt-oss): :func:`qkv`, then
+    :func:`bias_add` on each, byte for byte.
+
+    >>> x = np.ones((1, 2), np.float32)
+    >>> ws = [np.full((1, 2), v, np.float32) for v in (1, 2, 3)]
+    >>> bs = [np.full(1, v, np.float32) for v in (0.5, 0.0, -6.0)]
+    >>> [a.tolist() for a in qkv_bias(x, *ws, *bs, k_block=2, act="f32")]
+    [[[2.5]], [[4.0]], [[0.0]]]
+    """
+    ys = qkv(x, wq, wk, wv, k_block=k_block, across=across, act=act)
+    return tuple(bias_add(y, b, act=act)[0] for y, b in zip(ys, (bq, bk, bv), strict=True))
 
 
 def _ex_kv_append_attention_sink(rng, rows, act):

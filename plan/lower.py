@@ -152,6 +152,13 @@ class Lowering:
         return {"act": act, "weight": weight, "shape": self.shape, "k_block": K_BLOCK,
                 "across": "sequential"}
 
+    @staticmethod
+    def _moe_point(act: str, weight: str) -> dict[str, Any]:
+        """The experts' point: GEMV-shaped whatever the rows (each (row, slot) reads its own
+        expert's rows); the bounded relations mma_gemv_moe_* move it onto tensor cores."""
+        return {"act": act, "weight": weight, "shape": "gemv", "k_block": K_BLOCK,
+                "across": "sequential"}
+
     def _linear(self, b: Builder, ins: tuple[Wire, ...], cod: tuple[TensorType, ...], act: str,
                 weight: str) -> tuple[Wire, ...]:
         x, w = ins
@@ -178,8 +185,7 @@ class Lowering:
         weights, ids = b.add(self._box("topk", (logits_t,), (w_t, ids_t),
                                        {"renormalize": bool(p["renormalize"])},
                                        {"top_k": p["top_k"]}), probs)
-        moe_point = {"act": act, "weight": p["weight"], "k_block": K_BLOCK,
-                     "across": "sequential"}
+        moe_point = self._moe_point(act, p["weight"])
         h_t = TensorType((rows, "top_k", "moe_inter"), x.type.dtype)
         (h,) = b.add(self._box("moe_gate_up_swiglu", (x.type, ids_t, wg.type, wu.type), (h_t,),
                                moe_point), x, ids, wg, wu)
@@ -202,8 +208,7 @@ class Lowering:
         weights, ids = b.add(self._box("topk_softmax", (logits_t, router_bias.type),
                                        (w_t, ids_t), {}, {"top_k": p["top_k"]}),
                              logits, router_bias)
-        moe_point = {"act": act, "weight": p["weight"], "k_block": K_BLOCK,
-                     "across": "sequential"}
+        moe_point = self._moe_point(act, p["weight"])
         h_t = TensorType((rows, "top_k", "moe_inter"), x.type.dtype)
         (h,) = b.add(self._box("moe_gate_up_clamp", (x.type, ids_t, wgu.type, bgu.type), (h_t,),
                                moe_point, {"limit": p["limit"], "alpha": p["alpha"]}),

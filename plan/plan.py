@@ -381,6 +381,9 @@ def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[i
     """Annotate the composite's image: box ``j`` of ``image`` is F_H of box ``j`` of ``d`` (the
     rewritten diagram), and its kernel is read from it (``F.kernel_of``), not resolved again."""
     from metrale.realize.evidence import evidence_status
+    # the lowered boxes each bounded rewrite consumed: a kernel made of them is bounded, even
+    # when a bit-identical relation fused it further (qkv[gemv_mma], then its biases)
+    bounded = [frozenset(a.boxes) for a in applied if a.numerics == "bounded"]
     relation_of: dict[tuple[int, ...], Applied] = {tuple(sorted(a.boxes)): a for a in applied}
     names: dict[Source, str] = {(-1, k): n for k, n in enumerate(circuit.input_names)}
     for k, src in enumerate(d.outputs):
@@ -422,7 +425,7 @@ def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[i
                 kinds.setdefault(names[src], "activation")
             outs.append(names[src])
         a = relation_of.get(tuple(sorted(origin[j])))
-        numerics = "bounded" if a is not None and a.numerics == "bounded" else "exact"
+        numerics = "bounded" if any(b <= set(origin[j]) for b in bounded) else "exact"
         layer = _layer_of(ins)
         if layer is None and not any(n.endswith(".weight") for n in ins):
             # no weight of its own: the layer of what it reads

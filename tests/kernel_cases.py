@@ -291,13 +291,15 @@ def magnitude(rel: Any, fam: Family, point: Point, host: list, attrs: dict | Non
               ) -> list:
     """The magnitude a bounded relation's bound scales with: the reference semantics of its
     (one-call) lhs at the absolute values of the inputs the bound ranges ``over`` (all float
-    inputs when it names none), e.g. Σ|x||w| for a matmul, Σ p |v| for an attention."""
+    inputs when it names none), e.g. Σ|x||w| for a matmul, Σ p |v| for an attention, with the
+    attributes its bound names ``at`` (then ``attrs``)."""
     over = set(rel.bound.over)
     args = []
     for arg, x in zip(rel.lhs.calls[0].args, host, strict=True):
         floating = x is not None and np.asarray(x).dtype.kind not in "iub"
         args.append(np.abs(x) if floating and (not over or arg in over) else x)
-    return SEMANTICS[fam.semantics](*args, **{**kwargs(fam, point), **(attrs or {})})
+    return SEMANTICS[fam.semantics](*args, **{**kwargs(fam, point), **dict(rel.bound.at),
+                                              **(attrs or {})})
 
 
 def assert_within_bound(rel: Any, lhs: np.ndarray, rhs: np.ndarray, dims: dict[str, int],
@@ -371,6 +373,12 @@ def matmul_point(fam: Family, shape: str, weight: str) -> Point:
                      **({"out": "f32"} if fam.name == "lm_head" else {}))
 
 
+def reduced_dim(fam: Family) -> str:
+    """The dim a matmul-like family reduces over: the last of its first weight's (w [n, k]: k;
+    an expert's down projection wd [e, k, n]: n)."""
+    return next(p for p in fam.inputs if p.name == fam.weights[0]).dims[-1]
+
+
 def skip_unless_k_fits(weight: str, k: int) -> None:
     """Skip the test where ``weight``'s block (mxfp4 32, nvfp4 16) does not divide ``k``; fp8
     and bf16 take any k."""
@@ -387,7 +395,7 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
     bf16 tolerance; a format whose block does not divide k is skipped (fp8 takes any k)."""
     fam = P.family(family)
     point = matmul_point(fam, shape, weight)
-    skip_unless_k_fits(weight, dims["k"])
+    skip_unless_k_fits(weight, dims[reduced_dim(fam)])
     assert F.realize(point).entry.endswith(("_mma", "_wgmma")), F.realize(point)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
@@ -405,12 +413,13 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
     lhs, rhs = matmul_point(fam, "gemv", weight), matmul_point(fam, "gemv_mma", weight)
     assert F.realize(rhs).entry.endswith("_gemv_mma"), F.realize(rhs)
     assert not F.realize(lhs).entry.endswith("mma"), F.realize(lhs)
+    skip_unless_k_fits(weight, dims[reduced_dim(fam)])
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
     mags = magnitude(rel, fam, lhs, host)
     for a, b, m in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device), mags,
                        strict=True):
-        assert_within_bound(rel, a, b, {"k": sizes["k"]}, f"at {weight}", m)
+        assert_within_bound(rel, a, b, sizes, f"at {weight}", m)
 
 
 def mxfp4_scaled_inputs(fam: Family, rows: int, k: int, n: int, seed: int,

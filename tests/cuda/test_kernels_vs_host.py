@@ -392,6 +392,14 @@ GEMV_MMA_SHAPES = [
     ("qkv", {"rows": 3, "k": 4096, "nq": 264, "nk": 72, "nv": 72}),
     ("gate_up_swiglu", {"rows": 8, "k": 4096, "n": 520}),
     ("lm_head", {"rows": 1, "k": 1024, "n": 2000}),
+    # gpt-oss-20b's k (2880: 11.25 k-blocks), its experts (32 there; fewer here) and biases, and
+    # Qwen3-30B-A3B's experts (hidden 2048, moe_inter 768, eight a token)
+    ("linear_bias", {"rows": 1, "k": 4096, "n": 2880}),
+    ("qkv_bias", {"rows": 2, "k": 2880, "nq": 4096, "nk": 512, "nv": 512}),
+    ("moe_gate_up_clamp", {"rows": 1, "top_k": 4, "e": 6, "k": 2880, "n2": 1440, "n": 720}),
+    ("moe_down_bias", {"rows": 3, "top_k": 4, "e": 6, "n": 2880, "k": 728}),
+    ("moe_gate_up_swiglu", {"rows": 2, "top_k": 8, "e": 10, "k": 2048, "n": 776}),
+    ("moe_down", {"rows": 1, "top_k": 8, "e": 10, "n": 768, "k": 2056}),
 ]
 
 
@@ -403,7 +411,8 @@ def test_gemv_mma_at_decode_shapes_matches_reference(gpu, family, dims, weight):
 
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("rows", [1, 8])
-@pytest.mark.parametrize("family,dims", [(f, d) for f, d in GEMV_MMA_SHAPES if f != "linear"] +
+@pytest.mark.parametrize("family,dims", [(f, d) for f, d in GEMV_MMA_SHAPES
+                                         if f not in ("linear", "linear_bias", "qkv_bias")] +
                          [("linear", {"k": 4096, "n": 1024})],
                          ids=lambda x: x if isinstance(x, str) else
                          "-".join(f"{k}{v}" for k, v in x.items() if k != "rows"))

@@ -15,6 +15,7 @@
 #if defined(WEIGHT_BF16) || defined(WEIGHT_F32) || defined(WEIGHT_FP8) || \
     defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
 #include "gemv.cuh"
+#include "moe_clamp.cuh"
 #define MOE_EXPERTS 1
 #else
 #include "metrale.cuh"
@@ -74,18 +75,6 @@ metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __re
 }
 
 #if defined(MOE_EXPERTS)
-// (clamp(up) + 1) · g · σ(alpha · g), g = min(gate, limit), each step rounded to act.
-__device__ __forceinline__ float clamped_swiglu(float gate, float up, float limit,
-                                                float alpha) {
-    const float g = fminf(gate, limit);
-    const float u = fmaxf(fminf(up, limit), -limit);
-    // NaN stays NaN, as the reference's clamps (fminf would drop it)
-    const float gn = gate != gate ? gate : g, un = up != up ? up : u;
-    const float sig = act_round(1.0f / (1.0f + expf(-act_round(__fmul_rn(gn, alpha)))));
-    const float glu = act_round(__fmul_rn(gn, sig));
-    return act_round(__fmul_rn(act_round(__fadd_rn(un, 1.0f)), glu));
-}
-
 // h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
 // grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
