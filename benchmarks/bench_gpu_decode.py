@@ -16,7 +16,9 @@ Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.
 (``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--policies exact,bounded`` plans
 under each policy, the bounded plans running the GEMV-shaped matmuls on tensor cores;
 ``--kernels`` times each kernel alone and prints the profile; ``--record`` writes those timings
-as evidence, at batch 1). After the steps it prints each quantized step against the bf16 step.
+as evidence, at batch 1; ``--kernels-dirs A,B`` also times the plans realized from variant
+kernel folders, an A/B of compile-time choices in one run). After the steps it prints each
+quantized step against the bf16 step.
 """
 
 from __future__ import annotations
@@ -86,11 +88,13 @@ def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
 
 def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
                   dependent: bool = True, graphs: bool = True,
-                  policy: str = "exact", presentation: Any = None) -> tuple[Any, Any]:
+                  policy: str = "exact", presentation: Any = None,
+                  kernels_dir: str | None = None) -> tuple[Any, Any]:
     """An sm_90 engine for ``batch`` decode rows at position ``CONTEXT`` with random weights and
     a full cache of random values (never time on zeros), planned under ``policy``; with it, the
     backend the caller owns (None: the engine's own, with dependent launches where the class
-    has them). ``presentation``: the LKB to plan over (None: the shipped one)."""
+    has them). ``presentation``: the LKB to plan over (None: the shipped one); ``kernels_dir``:
+    the kernels folder to realize it with (None: the shipped one)."""
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
@@ -103,11 +107,12 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
         from metrale.runtime.cupy_backend import CupyBackend
 
         arch = load_hardware().get("sm_90").arch
-        backend, loader = CupyBackend(), CudaPlanLoader(arch, dependent_launch=False)
+        backend, loader = CupyBackend(), CudaPlanLoader(arch, kernels_dir=kernels_dir,
+                                                         dependent_launch=False)
     eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
-                 fuse=True, policy=policy, presentation=presentation)
+                 fuse=True, policy=policy, presentation=presentation, kernels_dir=kernels_dir)
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
             vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
@@ -118,7 +123,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
 def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
                  kernels: bool = False, records: list | None = None,
                  dependent: bool = True, policy: str = "exact",
-                 presentation: Any = None) -> dict:
+                 presentation: Any = None, kernels_dir: str | None = None) -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
     listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
@@ -126,7 +131,7 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     from metrale.runtime.bench import kernel_times, time_decode
 
     eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy,
-                                 presentation=presentation)
+                                 presentation=presentation, kernels_dir=kernels_dir)
     t = time_decode(eng, batch, steps=200)
     logits = eng.program("decode", batch).read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
@@ -342,6 +347,9 @@ def main() -> None:
     ap.add_argument("--without", default="",
                     help="relations (comma-separated) whose effect to measure: each step is "
                          "also timed planned without them, in the same run")
+    ap.add_argument("--kernels-dirs", default="",
+                    help="kernels folders (comma-separated; variants of the shipped one) whose "
+                         "plans are also timed, each step and its kernels, in the same run")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
@@ -369,6 +377,14 @@ def main() -> None:
                         m["plain_step_s"] = metrale_step(model, quant, batch, rng,
                                                          dependent=False,
                                                          policy=policy)["step_s"]
+                    for folder in filter(None, args.kernels_dirs.split(",")):
+                        v = metrale_step(model, quant, batch, rng, args.kernels, policy=policy,
+                                         kernels_dir=folder)
+                        m.setdefault("variants", {})[folder] = v
+                        print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {folder}: "
+                              f"{v['step_s'] * 1e3:7.3f} ms", flush=True)
+                        if "kernels" in v:
+                            print_kernels(v["kernels"], v["step_s"])
                     if without is not None:
                         w = metrale_step(model, quant, batch, rng, policy=policy,
                                          presentation=without)

@@ -317,8 +317,9 @@ def _is_float(a: np.ndarray, DType: Any) -> bool:
         return False
 
 
-def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
-    """The backend and loader that run ``hardware``'s plans here.
+def best_backend(hardware: str = "host", kernels_dir: Any = None) -> tuple[GpuBackend, Loader]:
+    """The backend and loader that run ``hardware``'s plans here (their kernels compiled from
+    ``kernels_dir``, default the shipped folder).
 
     The host class runs on :class:`HostBackend` everywhere; an NVIDIA class with an arch runs
     on :class:`CupyBackend` with compiled kernels (``CupyBackend`` says why when no device is
@@ -340,7 +341,8 @@ def best_backend(hardware: str = "host") -> tuple[GpuBackend, Loader]:
         from metrale.runtime.cupy_backend import CupyBackend
 
         return CupyBackend(), CudaPlanLoader(
-            hw.arch, dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
+            hw.arch, kernels_dir=kernels_dir,
+            dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
     raise UnavailableError("no backend runs this hardware class's kernels here",
                            key="--hardware", expected="host or an NVIDIA class with an arch",
                            found=repr(hardware))
@@ -476,7 +478,7 @@ class Engine:
                  hardware: str, backend: GpuBackend | None, loader: Loader | None, act: str,
                  max_ctx: int, slots: int, blocking: bool, debug: bool, graphs: bool,
                  fuse: bool, policy: str, presentation: Presentation | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, kernels_dir: Any = None) -> None:
         if not isinstance(max_ctx, int) or max_ctx < 1:
             raise ConfigError("bad context length", key="max_ctx", expected="an int >= 1",
                               found=repr(max_ctx))
@@ -488,10 +490,11 @@ class Engine:
         self.blocking, self.debug, self.graphs = blocking, debug, graphs
         self.fuse, self.policy = fuse, policy
         self.presentation = presentation  # the LKB plans are made over (None: the shipped one)
+        self.kernels_dir = kernels_dir  # the kernels folder plans realize (None: the shipped one)
         self.latch = FaultLatch()
         self._teardown = Teardown()
         if backend is None:
-            backend, default_loader = best_backend(hardware)
+            backend, default_loader = best_backend(hardware, kernels_dir)
             self._teardown.callback(backend.close)
         else:
             default_loader = HostLoader()
@@ -628,7 +631,8 @@ class Engine:
                                         rows=rows, act=self.act, context=self.max_ctx,
                                         fuse=self.fuse, policy=self.policy, logits=logits,
                                         presentation=self.presentation, sample=sample,
-                                        cache_slots=self.slots if mode == "prefill" else None)
+                                        cache_slots=self.slots if mode == "prefill" else None,
+                                        kernels_dir=self.kernels_dir)
         return self._plans[key]
 
     def bucket_rows(self, rows: int) -> int:

@@ -425,8 +425,16 @@ __device__ __forceinline__ float gemv_mma_sum(float* part, int k, int j, int m, 
 // blocks take 1.7 waves rather than 2.3: 2-3 % faster alone (docs/gpu-notes.md, version 34).
 // ptxas spills nvfp4 at 64, bf16 ran 3-5 % slower, and fp8 (one round) is below 64 anyway.
 // (A second argument of 1 is not the same as none: ptxas then gave nvfp4's entry 144 registers.)
+// GEMV_MMA_GATE_UP_BLOCKS overrides it (0: no second argument).
+#ifndef GEMV_MMA_GATE_UP_BLOCKS
 #if defined(WEIGHT_MXFP4)
-#define GATE_UP_BOUNDS __launch_bounds__(THREADS, 4)
+#define GEMV_MMA_GATE_UP_BLOCKS 4
+#else
+#define GEMV_MMA_GATE_UP_BLOCKS 0
+#endif
+#endif
+#if GEMV_MMA_GATE_UP_BLOCKS
+#define GATE_UP_BOUNDS __launch_bounds__(THREADS, GEMV_MMA_GATE_UP_BLOCKS)
 #else
 #define GATE_UP_BOUNDS __launch_bounds__(THREADS)
 #endif

@@ -14,6 +14,21 @@
 // before its first weight load; an id outside [0, e) traps. Row-invariant: a (row, slot)'s
 // outputs are made of its own activation row and expert by the same instructions whatever the
 // other rows hold. Defines: ACT_BF16, WEIGHT_*, K_BLOCK.
+//
+// Four warps a block, not the dense entries' eight, and for mxfp4 gate/up entries registers for
+// six blocks a multiprocessor: an expert's GEMV has few k-blocks (gpt-oss-20b's 2880 columns are
+// 12), so a block is short and more of them in flight serve it better. A variant sweep on an
+// H100 (benchmarks/bench_gpu_decode.py --kernels-dirs, bounded mxfp4 plans, batch 1; eight warps
+// and four blocks first): gpt-oss-20b's moe_gate_up_clamp 21.4 -> 16.8 us and moe_down_bias 14.3
+// -> 11.0 us, the step 2.551 -> 2.384 ms; Qwen3-30B-A3B's moe_gate_up_swiglu 10.6 -> 9.2 us and
+// moe_down 10.0 -> 6.5 us, the step 2.996 -> 2.682 ms. Twelve warps (a warp a k-block) and two
+// rounds of loads ahead each measured slower.
+#ifndef WARPS
+#define WARPS 4
+#endif
+#if defined(WEIGHT_MXFP4) && !defined(GEMV_MMA_GATE_UP_BLOCKS)
+#define GEMV_MMA_GATE_UP_BLOCKS 6
+#endif
 #include "gemv_mma.cuh"
 #include "moe_clamp.cuh"
 
