@@ -403,11 +403,41 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
+def cancelling(fam: Family, host: list, device: dict, k: int, gain: float) -> None:
+    """Make every dot of a matmul-like call cancel, in place: the reduced activation's second
+    half the negated first (times ``gain``, exact in bf16 for a power of two), each weight row's
+    second half a copy of its first (bf16 values; mxfp4 data and scale bytes, whose blocks of 32
+    then line up for k a multiple of 64), biases zero. Each dot is then zero in exact arithmetic
+    and its computed value only rounding, which a bound in |lhs| alone cannot cover."""
+    assert k % 64 == 0, k
+    half = k // 2
+    floats = [(i, p) for i, p in enumerate(fam.inputs) if host[i] is not None
+              and np.asarray(host[i]).dtype.kind == "f"]
+    for i, port in floats:
+        if port.dims[-1] != reduced_dim(fam):
+            if port.name in fam.weights:  # a bias: zero, so the outputs are the rounding alone
+                host[i][...] = 0
+                device[port.name] = tuple(np.zeros_like(p) for p in device[port.name])
+            continue
+        if port.name in fam.weights:
+            host[i][..., half:] = host[i][..., :half]
+            for part in device[port.name]:  # bf16 values, or mxfp4 data and block scales
+                if part is not None and np.ndim(part) and part.shape[-1] in (k, k // 2, k // 32):
+                    h = part.shape[-1] // 2
+                    part[..., h:] = part[..., :h]
+        else:
+            x = host[i]
+            x[..., :half] = (x[..., :half].astype(np.float32) * np.float32(gain)).astype(x.dtype)
+            x[..., half:] = -x[..., :half]
+            device[port.name] = (x,)
+
+
 def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
-                         runner: Runner) -> None:
+                         runner: Runner, cancel: bool = False) -> None:
     """The relation mma_gemv_<family>'s two sides on one class, on the same inputs: the CUDA-core
     GEMV (``gemv``) and the tensor-core one (``gemv_mma``) agree within the relation's declared
-    bound (assert_within_bound), with k the launch's."""
+    bound (assert_within_bound), with k the launch's. ``cancel``: on inputs whose every dot
+    cancels (:func:`cancelling`, activations times 8: gates far past a clamp's limit too)."""
     fam = P.family(family)
     rel = P.relation(f"mma_gemv_{family}")
     lhs, rhs = matmul_point(fam, "gemv", weight), matmul_point(fam, "gemv_mma", weight)
@@ -416,6 +446,9 @@ def check_mma_gemv_bound(family: str, dims: dict[str, int], weight: str, P: Any,
     skip_unless_k_fits(weight, dims[reduced_dim(fam)])
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, lhs, sizes, seed=dims["rows"] * 31 + dims["k"])
+    if cancel:
+        assert weight in ("bf16", "mxfp4"), weight  # the formats cancelling() mirrors
+        cancelling(fam, host, device, sizes[reduced_dim(fam)], 8.0)
     mags = magnitude(rel, fam, lhs, host)
     for a, b, m in zip(runner(fam, lhs, sizes, device), runner(fam, rhs, sizes, device), mags,
                        strict=True):

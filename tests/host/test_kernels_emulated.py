@@ -402,6 +402,29 @@ def test_mma_gemv_relations_hold_their_declared_bound(build_dir, family, dims, w
     check_mma_gemv_bound(family, dims, weight, P, F, _runner(build_dir))
 
 
+# every family of GEMV_MMA_CASES with a reduced dim of whole 64s (cancelling() mirrors halves);
+# gpt-oss's experts at its k of 2880
+GEMV_MMA_CANCEL_CASES = [
+    ("linear", {"rows": 3, "k": 1024, "n": 40}),
+    ("lm_head", {"rows": 3, "k": 640, "n": 130}),
+    ("linear_add", {"rows": 5, "k": 512, "n": 48}),
+    ("qkv", {"rows": 2, "k": 576, "nq": 40, "nk": 16, "nv": 24}),
+    ("gate_up_swiglu", {"rows": 2, "k": 576, "n": 24}),
+    ("moe_gate_up_swiglu", {"rows": 3, "top_k": 2, "e": 5, "k": 1024, "n": 40}),
+    ("moe_gate_up_clamp", {"rows": 2, "top_k": 3, "e": 4, "k": 2880, "n2": 48, "n": 24}),
+    ("moe_down", {"rows": 1, "top_k": 4, "e": 5, "n": 768, "k": 40}),
+    ("moe_down_bias", {"rows": 2, "top_k": 2, "e": 3, "n": 2880, "k": 40}),
+]
+
+
+@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
+@pytest.mark.parametrize("family,dims", GEMV_MMA_CANCEL_CASES, ids=case_id)
+def test_mma_gemv_bounds_hold_where_every_sum_cancels(build_dir, family, dims, weight):
+    """The bounds are in the magnitude Σ|terms|, not |lhs|: on sums that cancel to rounding,
+    with activations large enough to push gpt-oss's gates past the clamp, they still hold."""
+    check_mma_gemv_bound(family, dims, weight, P, F, _runner(build_dir), cancel=True)
+
+
 @pytest.mark.parametrize("family", ["linear", "gate_up_swiglu"])
 def test_gemv_mma_mxfp4_scales_past_one_product_and_nan(build_dir, family):
     check_gemv_mma_mxfp4_scales(family, P, F, _runner(build_dir))
