@@ -462,7 +462,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
+    p.add_argument("model", nargs="?", default="tiny-qwen3",
                    help="a built-in name (met models; seeded random weights) or a checkpoint "
                         "directory (default: tiny-qwen3)")
     p.add_argument("--checkpoint", default=None,
@@ -513,7 +513,7 @@ def _run_source(args: argparse.Namespace) -> tuple[Any, str]:
                                   expected=f"a checkpoint directory holding {SINGLE} or {INDEX}",
                                   found=found)
         return folder, f"weights from {folder}"
-    source = args.model or "tiny-qwen3"
+    source = args.model
     folder = checkpoint_dir(source)
     if folder is not None:
         return folder, f"weights from {folder}"

@@ -580,7 +580,8 @@ def check_rows_alone(fam: Family, point: Point, runner: Runner, rows: int,
     return whole
 
 
-MULTI_ROW_FAMILIES = ("linear", "linear_add", "qkv", "gate_up_swiglu", "lm_head")
+MULTI_ROW_FAMILIES = ("linear", "linear_add", "qkv", "gate_up_swiglu", "lm_head", "linear_bias",
+                      "qkv_bias")
 """The GEMV-shaped families with gemv.cu's multi-row entries."""
 
 

@@ -367,6 +367,9 @@ GEMV_MMA_CASES = [
     ("linear_add", {"rows": 5, "k": 512, "n": 48}),
     ("qkv", {"rows": 2, "k": 288, "nq": 40, "nk": 16, "nv": 24}),
     ("gate_up_swiglu", {"rows": 9, "k": 544, "n": 40}),
+    # gpt-oss's biased projections
+    ("linear_bias", {"rows": 9, "k": 544, "n": 40}),
+    ("qkv_bias", {"rows": 2, "k": 3616, "nq": 40, "nk": 16, "nv": 24}),
     # the experts': a block per 16 outputs of one (row, slot), its expert's rows
     ("moe_gate_up_swiglu", {"rows": 3, "top_k": 2, "e": 5, "k": 544, "n": 40}),
     ("moe_gate_up_clamp", {"rows": 2, "top_k": 3, "e": 4, "k": 3616, "n2": 48, "n": 24}),
@@ -379,20 +382,6 @@ GEMV_MMA_CASES = [
 @pytest.mark.parametrize("family,dims", GEMV_MMA_CASES, ids=case_id)
 def test_gemv_mma_over_groups_matches_reference(build_dir, family, dims, weight):
     """The tensor-core GEMV over row groups, column groups and k-blocks with ragged ends."""
-    check_gemm(family, dims, weight, P, F, _runner(build_dir), shape="gemv_mma")
-
-
-# the bias epilogues: gemv_mma is their only point, reached from the tensor-core linear and qkv
-# by bit-identical relations (test_relation_holds_on_the_emulation)
-GEMV_MMA_BIAS_CASES = [
-    ("linear_bias", {"rows": 9, "k": 544, "n": 40}),
-    ("qkv_bias", {"rows": 2, "k": 3616, "nq": 40, "nk": 16, "nv": 24}),
-]
-
-
-@pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
-@pytest.mark.parametrize("family,dims", GEMV_MMA_BIAS_CASES, ids=case_id)
-def test_gemv_mma_bias_epilogues_match_reference(build_dir, family, dims, weight):
     check_gemm(family, dims, weight, P, F, _runner(build_dir), shape="gemv_mma")
 
 
@@ -410,6 +399,8 @@ GEMV_MMA_CANCEL_CASES = [
     ("linear_add", {"rows": 5, "k": 512, "n": 48}),
     ("qkv", {"rows": 2, "k": 576, "nq": 40, "nk": 16, "nv": 24}),
     ("gate_up_swiglu", {"rows": 2, "k": 576, "n": 24}),
+    ("linear_bias", {"rows": 2, "k": 640, "n": 40}),
+    ("qkv_bias", {"rows": 2, "k": 2880, "nq": 40, "nk": 16, "nv": 24}),
     ("moe_gate_up_swiglu", {"rows": 3, "top_k": 2, "e": 5, "k": 1024, "n": 40}),
     ("moe_gate_up_clamp", {"rows": 2, "top_k": 3, "e": 4, "k": 2880, "n2": 48, "n": 24}),
     ("moe_down", {"rows": 1, "top_k": 4, "e": 5, "n": 768, "k": 40}),

@@ -130,7 +130,7 @@ def test_met_run_exits_with_the_fault_status_naming_the_kernel(monkeypatch, caps
     import metrale.runtime.engine as engine_mod
     from metrale.runtime.executor import HostLoader
 
-    def backend(hardware="host"):
+    def backend(hardware="host", kernels_dir=None):
         """The host backend with a device fault injected at the 5th launch."""
         from metrale.runtime.host_backend import HostBackend
 

@@ -196,8 +196,40 @@ metrale_linear_add_split(const act_t* __restrict__ x, const void* __restrict__ w
 }
 #endif
 
-// q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v (a warp's columns
-// may fall in two of them).
+// Output col of the concatenated q | k_ | v columns (a warp's columns may fall in two of them):
+// round(d), and with BIAS (qkv_bias) its part's bias added and the sum rounded, as bias_add.
+template <bool BIAS>
+__device__ __forceinline__ void qkv_put(int row, int col, float d, act_t* q, act_t* k_,
+                                        act_t* v, const __nv_bfloat16* bq,
+                                        const __nv_bfloat16* bk, const __nv_bfloat16* bv,
+                                        int nq, int nk, int nv) {
+    const int p = col < nq ? 0 : col < nq + nk ? 1 : 2;
+    act_t* out = p == 0 ? q : p == 1 ? k_ : v;
+    const int n = p == 0 ? nq : p == 1 ? nk : nv, c = col - (p == 0 ? 0 : p == 1 ? nq : nq + nk);
+    if constexpr (BIAS) {
+        const __nv_bfloat16* b = p == 0 ? bq : p == 1 ? bk : bv;
+        out[(long)row * n + c] = act_store(__fadd_rn(act_round(d), __bfloat162float(b[c])));
+    } else {
+        out[(long)row * n + c] = act_store(d);
+    }
+}
+
+// q, k_, v in one launch: columns [0, nq) of q, then nk of k_, then nv of v; BIAS: qkv_bias.
+template <bool BIAS>
+__device__ __forceinline__ void qkv_warp(const act_t* x, const WeightRef (&w)[3], act_t* q,
+                                         act_t* k_, act_t* v, const __nv_bfloat16* bq,
+                                         const __nv_bfloat16* bk, const __nv_bfloat16* bv,
+                                         int rows, int k, int nq, int nk, int nv) {
+    auto part = [&](int col) { return col < nq ? 0 : col < nq + nk ? 1 : 2; };
+    auto first = [&](int p) { return p == 0 ? 0 : p == 1 ? nq : nq + nk; };
+    columns_warp(
+        x, rows, k, nq + nk + nv,
+        [&](int col) { return weight_rows(w[part(col)], col - first(part(col)), k); },
+        [&](int row, int col, float d) {
+            qkv_put<BIAS>(row, col, d, q, k_, v, bq, bk, bv, nq, nk, nv);
+        });
+}
+
 extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
 metrale_qkv(const act_t* __restrict__ x,
             const void* __restrict__ wq, const void* __restrict__ wq_scale,
@@ -211,17 +243,7 @@ metrale_qkv(const act_t* __restrict__ x,
     const WeightRef w[3] = {weight_ref(wq, wq_scale, wq_global),
                             weight_ref(wk, wk_scale, wk_global),
                             weight_ref(wv, wv_scale, wv_global)};
-    auto part = [&](int col) { return col < nq ? 0 : col < nq + nk ? 1 : 2; };
-    auto first = [&](int p) { return p == 0 ? 0 : p == 1 ? nq : nq + nk; };
-    columns_warp(
-        x, rows, k, nq + nk + nv,
-        [&](int col) { return weight_rows(w[part(col)], col - first(part(col)), k); },
-        [&](int row, int col, float d) {
-            const int p = part(col);
-            act_t* out = p == 0 ? q : p == 1 ? k_ : v;
-            const int n = p == 0 ? nq : p == 1 ? nk : nv;
-            out[(long)row * n + col - first(p)] = act_store(d);
-        });
+    qkv_warp<false>(x, w, q, k_, v, nullptr, nullptr, nullptr, rows, k, nq, nk, nv);
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ), rounded as swiglu rounds.
@@ -418,21 +440,20 @@ metrale_linear_add_split_rows16(LINEAR_ADD_PARAMS) {
 }
 #endif
 
-// qkv: grid (ceil((nq + nk + nv) / (WARPS MULTI_COLS)), ceil(rows / R)).
-template <int R>
+// qkv: grid (ceil((nq + nk + nv) / (WARPS MULTI_COLS)), ceil(rows / R)); BIAS: qkv_bias.
+template <int R, bool BIAS = false>
 __device__ __forceinline__ void qkv_multi(const act_t* x, const WeightRef (&w)[3], act_t* q,
                                           act_t* k_, act_t* v, int rows, int k, int nq, int nk,
-                                          int nv) {
+                                          int nv, const __nv_bfloat16* bq = nullptr,
+                                          const __nv_bfloat16* bk = nullptr,
+                                          const __nv_bfloat16* bv = nullptr) {
     auto part = [&](int col) { return col < nq ? 0 : col < nq + nk ? 1 : 2; };
     auto first = [&](int p) { return p == 0 ? 0 : p == 1 ? nq : nq + nk; };
     columns_warp_multi<R>(
         x, rows, k, nq + nk + nv,
         [&](int col) { return weight_rows(w[part(col)], col - first(part(col)), k); },
         [&](int row, int col, float d) {
-            const int p = part(col);
-            act_t* out = p == 0 ? q : p == 1 ? k_ : v;
-            const int n = p == 0 ? nq : p == 1 ? nk : nv;
-            out[(long)row * n + col - first(p)] = act_store(d);
+            qkv_put<BIAS>(row, col, d, q, k_, v, bq, bk, bv, nq, nk, nv);
         });
 }
 
@@ -456,6 +477,71 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
 metrale_qkv_rows16(QKV_PARAMS) {
     const WeightRef w[3] = QKV_WEIGHTS;
     qkv_multi<16>(x, w, q, k_, v, rows, k, nq, nk, nv);
+}
+
+// ------------------------------------------------------------------ the projections' biases
+// linear_bias and qkv_bias (gpt-oss): the entries above with the bias as the epilogue, the sum
+// rounded then the bias added and rounded again, as linear (qkv) then bias_add; each row's
+// bytes those of the two launches. The same grids and tables as linear's and qkv's.
+#define LINEAR_BIAS_PARAMS                                                                       \
+    const act_t *__restrict__ x, const void *__restrict__ w, const void *__restrict__ w_scale,  \
+        const float *__restrict__ w_global, const __nv_bfloat16 *__restrict__ b,                \
+        act_t *__restrict__ y, int rows, int k, int n
+#define BIAS_PUT [&](long i, float d) {                                                         \
+    y[i] = act_store(__fadd_rn(act_round(d), __bfloat162float(b[i % n])));                      \
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
+metrale_linear_bias(LINEAR_BIAS_PARAMS) {
+    linear_warp<false>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_bias_rows8(LINEAR_BIAS_PARAMS) {
+    linear_multi<8, false>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_bias_rows16(LINEAR_BIAS_PARAMS) {
+    linear_multi<16, false>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+#if !defined(WEIGHT_MXFP4) && !defined(WEIGHT_NVFP4)
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_MIN_BLOCKS)
+metrale_linear_bias_split(LINEAR_BIAS_PARAMS) {
+    linear_warp<true>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_linear_bias_split_rows8(LINEAR_BIAS_PARAMS) {
+    linear_multi<8, true>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_linear_bias_split_rows16(LINEAR_BIAS_PARAMS) {
+    linear_multi<16, true>(x, w, w_scale, w_global, rows, k, n, BIAS_PUT);
+}
+#endif
+
+#define QKV_BIAS_PARAMS                                                                          \
+    const act_t *__restrict__ x, const void *__restrict__ wq, const void *__restrict__ wq_scale, \
+        const float *__restrict__ wq_global, const void *__restrict__ wk,                        \
+        const void *__restrict__ wk_scale, const float *__restrict__ wk_global,                  \
+        const void *__restrict__ wv, const void *__restrict__ wv_scale,                          \
+        const float *__restrict__ wv_global, const __nv_bfloat16 *__restrict__ bq,               \
+        const __nv_bfloat16 *__restrict__ bk, const __nv_bfloat16 *__restrict__ bv,              \
+        act_t *__restrict__ q, act_t *__restrict__ k_, act_t *__restrict__ v, int rows, int k,   \
+        int nq, int nk, int nv
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS, GEMV_COLS_MIN_BLOCKS)
+metrale_qkv_bias(QKV_BIAS_PARAMS) {
+    const WeightRef w[3] = QKV_WEIGHTS;
+    qkv_warp<true>(x, w, q, k_, v, bq, bk, bv, rows, k, nq, nk, nv);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_8)
+metrale_qkv_bias_rows8(QKV_BIAS_PARAMS) {
+    const WeightRef w[3] = QKV_WEIGHTS;
+    qkv_multi<8, true>(x, w, q, k_, v, rows, k, nq, nk, nv, bq, bk, bv);
+}
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MULTI_MIN_BLOCKS_16)
+metrale_qkv_bias_rows16(QKV_BIAS_PARAMS) {
+    const WeightRef w[3] = QKV_WEIGHTS;
+    qkv_multi<16, true>(x, w, q, k_, v, rows, k, nq, nk, nv, bq, bk, bv);
 }
 
 // gate_up_swiglu: a warp a column (its gate and up rows), grid (ceil(n / WARPS), ceil(rows / R)).
