@@ -82,6 +82,22 @@ def test_the_bounded_plan_runs_gemv_shaped_matmuls_on_tensor_cores_where_the_cla
         assert qkv and all(k.kernel.entry == entry for k in qkv), (hw, qkv[0].kernel.entry)
 
 
+def test_a_kernel_any_bounded_relation_made_is_bounded_whatever_fused_it_after():
+    """gpt-oss's qkv_bias: the bit-identical qkv_bias fuses qkv and its biases, then the
+    bounded mma_gemv_qkv_bias moves it onto tensor cores; the experts take mma_gemv_moe_*. Under
+    the exact policy the same fusions leave every kernel exact."""
+    bounded = plan_for("gpt-oss-20b", "mxfp4", "sm_90", policy="bounded")
+    by_family = {k.family: k for k in bounded.kernels if k.layer == 0}
+    for fam in ("qkv_bias", "linear_bias", "moe_gate_up_clamp", "moe_down_bias"):
+        assert by_family[fam].numerics == "bounded", fam
+        assert by_family[fam].point.param("shape") == "gemv_mma", fam
+    assert "bias_add" not in by_family
+    exact = plan_for("gpt-oss-20b", "mxfp4", "sm_90")
+    fams = {k.family: k for k in exact.kernels if k.layer == 0}
+    assert {"qkv_bias", "linear_bias"} <= set(fams) and "bias_add" not in fams
+    assert all(k.numerics == "exact" for k in exact.kernels)
+
+
 def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():
     """fp8's prefill GEMM applies the row scale to the finished sum, an order of its own, so
     dequant_linear holds on sm_90 only up to a bound it never declared: the plan says so rather

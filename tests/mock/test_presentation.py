@@ -1,5 +1,6 @@
 """The LKB presentation: loading, structure, round trip, and every malformed-TOML report."""
 
+import math
 import shutil
 import time
 from pathlib import Path
@@ -147,6 +148,19 @@ MALFORMED.append((FAM, "[family.rmsnorm]\n", "[family.rmsnorm]\nsemantics = \"rm
                   [FAM, "family.rmsnorm.semantics", "no reference semantics", "did you mean 'rmsnorm'"]))
 MALFORMED.append((FUS, 'rhs = "s, y = add_rmsnorm(x, r, w)"', 'rhs = "s, y = add_rmsnorm(x, w, r)"',
                   [FUS, "relation.add_rmsnorm", "ill-typed side"]))
+MALFORMED.append((FUS, 'at = { limit = inf }', 'at = { limit = "inf" }',
+                  [FUS, "relation.mma_gemv_moe_gate_up_clamp.bound.at.limit",
+                   "a magnitude attribute is a number", "'inf'"]))
+
+
+def test_a_bound_names_the_attributes_its_magnitude_is_taken_at():
+    """The clamped SwiGLU's bound scales with the sums before the clamp: its magnitude is the
+    lhs at limit = inf, which the table round-trips."""
+    P = Presentation.load()
+    rel = P.relation("mma_gemv_moe_gate_up_clamp")
+    assert rel.bound.at == (("limit", math.inf),)
+    assert rel.to_table()["bound"]["at"] == {"limit": math.inf}
+    assert P.relation("mma_gemv_moe_down_bias").bound.at == ()
 
 
 @pytest.mark.parametrize("case", MALFORMED, ids=[f"{m[0]}:{m[2][:30]}" for m in MALFORMED])
