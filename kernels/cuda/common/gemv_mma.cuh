@@ -56,6 +56,7 @@
 #define XROWS 8   // activation rows a block serves: one MMA's n
 constexpr int C = DOT_CHUNKS, ROUND = 32 * C, ROUNDS = K_BLOCK / ROUND;
 static_assert(K_BLOCK % ROUND == 0, "a k-block is whole rounds of the four lanes' loads");
+static_assert(THREADS >= GROUP * XROWS, "a thread per (output, row) sums a block's partials");
 
 // ------------------------------------------------------------------ weights as bf16
 

@@ -21,8 +21,8 @@
 // H100 (benchmarks/bench_gpu_decode.py --kernels-dirs, bounded mxfp4 plans, batch 1; eight warps
 // and four blocks first): gpt-oss-20b's moe_gate_up_clamp 21.4 -> 16.8 us and moe_down_bias 14.3
 // -> 11.0 us, the step 2.551 -> 2.384 ms; Qwen3-30B-A3B's moe_gate_up_swiglu 10.6 -> 9.2 us and
-// moe_down 10.0 -> 6.5 us, the step 2.996 -> 2.682 ms. Twelve warps (a warp a k-block) and two
-// rounds of loads ahead each measured slower.
+// moe_down 10.0 -> 6.5 us, the step 2.996 -> 2.682 ms. Twelve warps (a warp a k-block) measured
+// slower, and two rounds of loads ahead no faster.
 #ifndef WARPS
 #define WARPS 4
 #endif
