@@ -37,6 +37,7 @@ from .semantics import (
     _shape,
     act_dtype,
     blocked_matvec,
+    linear,
     round_to,
     semantics,
 )
@@ -79,6 +80,33 @@ def topk_softmax(logits: np.ndarray, bias: np.ndarray, *,
     for j in range(1, top_k):
         total = total + e[:, j]
     return np.ascontiguousarray(e / total[:, None]), ids.astype(np.int32)
+
+
+def _ex_router_topk_softmax(rng, rows, act):
+    return (_rand(rng, (rows, 64), act), _rand(rng, (8, 64), F32, 0.3), _rand(rng, (8,), F32)), {
+        "k_block": 16, "across": "sequential", "act": act, "top_k": 2}
+
+
+def _router_matvec_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
+    return _matvec_orders(p) + _router_orders(p)
+
+
+@semantics("router_topk_softmax", orders=_router_matvec_orders, example=_ex_router_topk_softmax)
+def router_topk_softmax(x: np.ndarray, w: np.ndarray, bias: np.ndarray, *, k_block: int,
+                        across: str = "sequential", act: str,
+                        top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The gpt-oss router in one call: the f32 logits ``x · wᵀ`` (:func:`~metrale.lkb.semantics.
+    linear` with ``out="f32"``, the ``lm_head`` it replaces) then :func:`topk_softmax` of them
+    and ``bias``, byte for byte the two calls.
+
+    >>> w, ids = router_topk_softmax(np.ones((1, 2), np.float32),
+    ...                              np.array([[0.5, 0.5], [1.0, 1.0]], np.float32),
+    ...                              np.zeros(2, np.float32), k_block=2, act="f32", top_k=1)
+    >>> w.tolist(), ids.tolist()
+    ([[1.0]], [[1]])
+    """
+    (logits,) = linear(x, w, k_block=k_block, across=across, out="f32", act=act)
+    return topk_softmax(logits, bias, top_k=top_k)
 
 
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, limit: float, alpha: float,

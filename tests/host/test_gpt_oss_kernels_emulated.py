@@ -114,6 +114,28 @@ def test_router_ties_and_every_expert_chosen(build_dir):
     assert got[1].tobytes() == ref[1].tobytes()
 
 
+def test_the_fused_router_gives_the_two_launches_bytes_past_one_expert_a_warp(build_dir):
+    """router_topk_softmax with 72 experts (warps take two or three each) and gpt-oss's k of
+    2880 against lm_head then topk_softmax, each from its own kernel: the same ids and weights,
+    byte for byte, ties and all (rows 1 and 2 repeat row 0's x, so their logits tie)."""
+    fam, point = _point("router_topk_softmax")
+    head, head_point = _point("lm_head", weight="bf16", shape="gemv", out="f32")
+    topk, topk_point = _point("topk_softmax")
+    sizes = {"rows": 3, "k": 2880, "e": 72, "top_k": 4}
+    host, device = inputs(fam, point, sizes, seed=3)
+    host[0][1:] = host[0][0]
+    device["x"] = (host[0],)
+    fused = run(build_dir, fam, point, sizes, device, {"top_k": 4})
+    (logits,) = run(build_dir, head, head_point, {"rows": 3, "k": 2880, "n": 72},
+                    {"x": device["x"], "w": device["w"]})
+    two = run(build_dir, topk, topk_point, {"rows": 3, "e": 72, "top_k": 4},
+              {"logits": (logits,), "bias": device["bias"]}, {"top_k": 4})
+    assert [a.tobytes() for a in fused] == [b.tobytes() for b in two]
+    assert fused[1][1].tolist() == fused[1][0].tolist()
+    ref = SEMANTICS[fam.semantics](*host, **{**kwargs(fam, point), "top_k": 4})
+    compare(point, fam, ref, fused)
+
+
 @pytest.mark.parametrize("quant", ["bf16", "mxfp4"])
 def test_gpt_oss_sm90_plan_on_the_emulation_matches_the_host(build_dir, quant):
     """tiny-gpt-oss (seeded random weights) with its sm_90 plan, every kernel from its CUDA
@@ -125,7 +147,7 @@ def test_gpt_oss_sm90_plan_on_the_emulation_matches_the_host(build_dir, quant):
 
     families = {k.family for k in plan_for("tiny-gpt-oss", quant, "sm_90").kernels}
     assert families >= {"qkv_bias", "linear_bias", "rope_kv_append_attention_sink",
-                        "topk_softmax", "moe_gate_up_clamp", "moe_down_bias"}, families
+                        "router_topk_softmax", "moe_gate_up_clamp", "moe_down_bias"}, families
     prompt = [(37 * i + 11) % 251 for i in range(24)]
     with Engine.load("tiny-gpt-oss", hardware="sm_90", quant=quant, max_ctx=64,
                      backend=HostBackend(), loader=simt.plan_loader(build_dir)) as emu, \

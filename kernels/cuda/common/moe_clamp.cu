@@ -1,14 +1,15 @@
-// Metrale CUDA: gpt-oss's mixture of experts (topk_softmax, moe_gate_up_clamp, moe_down_bias).
+// Metrale CUDA: gpt-oss's mixture of experts (topk_softmax, router_topk_softmax,
+// moe_gate_up_clamp, moe_down_bias).
 //
 // topk_softmax: one warp per row; the biased logits l = logits + bias go to dynamic shared
 // memory (e floats), top_k rounds of a warp argmax pick them (descending, ties to the lower
 // id), and the softmax runs over the chosen: e_j = exp(v_j - v_0), their sum left to right,
-// w_j = e_j / sum. The expert kernels reduce through warp_dots (gemv.cuh), one warp per
-// (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
+// w_j = e_j / sum; router_topk_softmax makes the logits too, a warp an expert. The expert
+// kernels reduce through warp_dots (gemv.cuh), one warp per (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
 // 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
 // metrale.lkb.semantics_moe_clamp; moe_down_bias adds the expert's bias to its down projection.
 // Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap.
-// Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (expert kernels).
+// Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (the router's and expert kernels).
 #if !defined(ACT_BF16) && !defined(ACT_F32)
 #define ACT_F32 1  // the router has no activation; f32 lets the header compile
 #endif
@@ -28,19 +29,13 @@
 #define MAX_TOP_K 32
 #endif
 
-// grid (rows), block 32; the biased logits live in dynamic shared memory (e floats).
-extern "C" __global__ void __launch_bounds__(32)
-metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __restrict__ bias,
-                     float* __restrict__ weights, int* __restrict__ ids, int rows, int e,
-                     int top_k) {
-    grid_dependency_sync();
-    extern __shared__ float biased[];
-    const int row = blockIdx.x, lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    if (top_k > MAX_TOP_K || top_k > e) __trap();  // a selection the kernel cannot serve
-    for (int i = lane; i < e; i += 32)
-        biased[i] = __fadd_rn(logits[(long)row * e + i], __bfloat162float(bias[i]));
-    __syncwarp();
+// One warp's top_k of the biased logits l (e floats in shared memory) and the softmax over just
+// those, into w_row and ids_row: top_k rounds of a warp argmax (descending, ties to the lower
+// id), then e_j = exp(v_j - v_0), their sum left to right, w_j = e_j / sum.
+__device__ __forceinline__ void topk_softmax_warp(const float* biased, int e, int top_k,
+                                                  float* __restrict__ w_row,
+                                                  int* __restrict__ ids_row) {
+    const int lane = threadIdx.x & 31;
     float chosen[MAX_TOP_K];
     int last_id = -1;
     float last_v = INFINITY;
@@ -62,7 +57,7 @@ metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __re
         chosen[j] = bv;
         last_v = bv;
         last_id = bi;
-        if (lane == 0) ids[(long)row * top_k + j] = bi;
+        if (lane == 0) ids_row[j] = bi;
     }
     const float top = chosen[0];
     float total = 0.0f;
@@ -71,10 +66,50 @@ metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __re
         total = j ? __fadd_rn(total, chosen[j]) : chosen[j];
     }
     if (lane == 0)
-        for (int j = 0; j < top_k; ++j) weights[(long)row * top_k + j] = chosen[j] / total;
+        for (int j = 0; j < top_k; ++j) w_row[j] = chosen[j] / total;
+}
+
+// grid (rows), block 32; the biased logits live in dynamic shared memory (e floats).
+extern "C" __global__ void __launch_bounds__(32)
+metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __restrict__ bias,
+                     float* __restrict__ weights, int* __restrict__ ids, int rows, int e,
+                     int top_k) {
+    grid_dependency_sync();
+    extern __shared__ float biased[];
+    const int row = blockIdx.x, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    if (top_k > MAX_TOP_K || top_k > e) __trap();  // a selection the kernel cannot serve
+    for (int i = lane; i < e; i += 32)
+        biased[i] = __fadd_rn(logits[(long)row * e + i], __bfloat162float(bias[i]));
+    __syncwarp();
+    topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
 }
 
 #if defined(MOE_EXPERTS)
+// router_topk_softmax: the router's logits and topk_softmax in one launch. Warp w makes the
+// logits of experts w, w + 32, ... by warp_dot, lm_head's dot bit for bit (gemv.cu's columns
+// are warp_dot's whatever their grouping), adds the bias into shared memory (e floats), and after
+// a barrier warp 0 selects as topk_softmax does. grid (rows), block 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+metrale_router_topk_softmax(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                            const __nv_bfloat16* __restrict__ bias, float* __restrict__ weights,
+                            int* __restrict__ ids, int rows, int k, int e, int top_k) {
+    extern __shared__ float biased[];
+    const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    if (top_k > MAX_TOP_K || top_k > e) __trap();  // a selection the kernel cannot serve
+    if (dynamic_smem_bytes() < (unsigned)(4 * e)) __trap();
+    const WeightRef ref = weight_ref(w, nullptr, nullptr);
+    grid_dependency_sync();
+    for (int j = warp; j < e; j += blockDim.x >> 5) {
+        const float d = warp_dot(x + (long)row * k, weight_rows(ref, j, k), k);
+        if (lane == 0) biased[j] = __fadd_rn(d, __bfloat162float(bias[j]));
+    }
+    __syncthreads();
+    if (warp == 0)
+        topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
+}
+
 // h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
 // grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
