@@ -40,10 +40,9 @@ def wants_text(args: argparse.Namespace) -> bool:
     ``--prompt-ids``, or ``--chat``."""
     if args.chat:
         return True
-    source = args.checkpoint or args.model
-    if args.prompt_ids is not None or source is None:
+    if args.prompt_ids is not None:
         return False
-    return (Path(source) / "tokenizer.json").is_file()
+    return (Path(args.checkpoint or args.model) / "tokenizer.json").is_file()
 
 
 def run_text(args: argparse.Namespace) -> int:
