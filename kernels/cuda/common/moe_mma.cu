@@ -76,21 +76,43 @@ metrale_moe_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x, const int* __re
 }
 
 // y[r, s] = h[r, s] · wd[e]ᵀ, e = ids[r, s]; h [rows, top_k, n], wd [e, k, n]: the reduction
-// runs over n.
+// runs over n. With BIAS (moe_down_bias) the rounded dot plus bd[e] [e, k], rounded again.
+template <bool BIAS>
+__device__ __forceinline__ void moe_down_mma(const act_t* h, const int* ids, WeightRef w,
+                                             const __nv_bfloat16* bd, act_t* y, int rows,
+                                             int top_k, int e, int n, int k) {
+    const int rs = blockIdx.y, c0 = blockIdx.x * GROUP;
+    if (rs >= rows * top_k) return;
+    const long base = moe_expert(ids, rs, e) * k;
+    gemv_mma_partials<1, GEMV_MMA_AHEAD>(
+        h + (long)rs * n, 1, n,
+        [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part);
+    const int m = moe_column(c0, k);
+    if (m < 0) return;
+    const long row = base + c0 + m;
+    const float d = moe_dot<1>(n, 0, m, w, row);
+    if constexpr (BIAS)
+        y[(long)rs * k + c0 + m] = act_store(__fadd_rn(act_round(d), __bfloat162float(bd[row])));
+    else
+        y[(long)rs * k + c0 + m] = act_store(d);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 metrale_moe_down_gemv_mma(const act_t* __restrict__ h, const int* __restrict__ ids,
                           const void* __restrict__ wd, const void* __restrict__ wd_scale,
                           const float* __restrict__ wd_global, act_t* __restrict__ y, int rows,
                           int top_k, int e, int n, int k) {
-    const int rs = blockIdx.y, c0 = blockIdx.x * GROUP;
-    if (rs >= rows * top_k) return;
-    const long base = moe_expert(ids, rs, e) * k;
-    const WeightRef w = weight_ref(wd, wd_scale, wd_global);
-    gemv_mma_partials<1, GEMV_MMA_AHEAD>(
-        h + (long)rs * n, 1, n,
-        [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part);
-    const int m = moe_column(c0, k);
-    if (m >= 0) y[(long)rs * k + c0 + m] = act_store(moe_dot<1>(n, 0, m, w, base + c0 + m));
+    moe_down_mma<false>(h, ids, weight_ref(wd, wd_scale, wd_global), nullptr, y, rows, top_k, e,
+                        n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+metrale_moe_down_bias_gemv_mma(const act_t* __restrict__ h, const int* __restrict__ ids,
+                               const void* __restrict__ wd, const void* __restrict__ wd_scale,
+                               const float* __restrict__ wd_global,
+                               const __nv_bfloat16* __restrict__ bd, act_t* __restrict__ y,
+                               int rows, int top_k, int e, int n, int k) {
+    moe_down_mma<true>(h, ids, weight_ref(wd, wd_scale, wd_global), bd, y, rows, top_k, e, n, k);
 }
 
 // h[r, s, j] = clamped_swiglu(round(round(gate) + bgu), round(round(up) + bgu)) with gate and up
@@ -118,25 +140,4 @@ metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __res
     const float u = act_round(__fadd_rn(act_round(moe_dot<2>(k, 1, m, w, row + 1)),
                                         __bfloat162float(bgu[row + 1])));
     h[(long)rs * n + n0 + m] = act_store(clamped_swiglu(g, u, limit, alpha));
-}
-
-// y[r, s] = round(round(h[r, s] · wd[e]ᵀ) + bd[e]), e = ids[r, s]; wd [e, k, n], bd [e, k].
-extern "C" __global__ void __launch_bounds__(THREADS)
-metrale_moe_down_bias_gemv_mma(const act_t* __restrict__ h, const int* __restrict__ ids,
-                               const void* __restrict__ wd, const void* __restrict__ wd_scale,
-                               const float* __restrict__ wd_global,
-                               const __nv_bfloat16* __restrict__ bd, act_t* __restrict__ y,
-                               int rows, int top_k, int e, int n, int k) {
-    const int rs = blockIdx.y, c0 = blockIdx.x * GROUP;
-    if (rs >= rows * top_k) return;
-    const long base = moe_expert(ids, rs, e) * k;
-    const WeightRef w = weight_ref(wd, wd_scale, wd_global);
-    gemv_mma_partials<1, GEMV_MMA_AHEAD>(
-        h + (long)rs * n, 1, n,
-        [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part);
-    const int m = moe_column(c0, k);
-    if (m < 0) return;
-    const long row = base + c0 + m;
-    y[(long)rs * k + c0 + m] = act_store(__fadd_rn(act_round(moe_dot<1>(n, 0, m, w, row)),
-                                                   __bfloat162float(bd[row])));
 }
