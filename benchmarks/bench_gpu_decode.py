@@ -40,52 +40,6 @@ from metrale.runtime.bench import median_wall  # noqa: E402
 CONTEXT = 1024
 
 
-def fast_weights(model: str, quant: str, rng: np.random.Generator) -> dict:
-    """Random weights in their storage format, tiled from a pool (generating 8B normal values
-    and quantizing them would take minutes; the bytes moved are what the step time is about).
-    Values: bf16 N(0, 1/hidden); fp8 e4m3 codes (no NaN) with a per-row scale; mxfp4 random
-    nibbles with e8m0 scales near 2^-5."""
-    import ml_dtypes
-
-    from metrale.lkb.quant import QuantFormat, QuantTensor
-    from metrale.plan.config import ModelConfig
-    from metrale.runtime.engine import _weight_shapes
-
-    config = ModelConfig.load(model)
-    std = config.hidden_size ** -0.5
-    pool = (rng.standard_normal(1 << 22) * std).astype(ml_dtypes.bfloat16)
-    norm_pool = (1 + 0.1 * rng.standard_normal(1 << 16)).astype(ml_dtypes.bfloat16)
-    byte_pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
-    fp8_pool = np.where((byte_pool & 0x7F) == 0x7F, byte_pool ^ 1, byte_pool).astype(np.uint8)
-    out: dict = {}
-    # one array per (shape, format, role), shared by every layer that has it: the host copy of a
-    # 30B model stays small (the device still gets one buffer per tensor)
-    made: dict = {}
-    for name, (shape, fmt) in _weight_shapes(config, quant).items():
-        key = (tuple(shape), fmt, name.endswith("norm.weight"))
-        if key in made:
-            out[name] = made[key]
-            continue
-        if not fmt:
-            out[name] = made[key] = np.resize(norm_pool if key[2] else pool, shape)
-            continue
-        f = QuantFormat.parse(fmt)
-        specs = f.array_specs(shape)
-        dshape, _ = specs["data"]
-        if fmt == "fp8":
-            data = np.resize(fp8_pool, dshape).view(ml_dtypes.float8_e4m3fn)
-            scale = np.full(specs["scale"][0], std / 110, np.float32)  # dequantized std ~ std
-            out[name] = made[key] = QuantTensor(f, shape, data, scale)
-        else:
-            data = np.resize(byte_pool, dshape)
-            sshape, sdt = specs["scale"]
-            scale = np.resize(rng.integers(120, 125, 4096, dtype=np.uint8), sshape)
-            scale = scale.view(sdt.numpy) if sdt.numpy.itemsize == 1 else scale
-            glob = (np.float32(1.0) if "global_scale" in specs else None)
-            out[name] = made[key] = QuantTensor(f, shape, data, scale, glob)
-    return out
-
-
 def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
                   dependent: bool = True, graphs: bool = True,
                   policy: str = "exact", presentation: Any = None,
@@ -98,7 +52,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
     import ml_dtypes
 
     from metrale.plan.config import ModelConfig
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.engine import Engine, pooled_weights
 
     backend = loader = None
     if not dependent:
@@ -109,7 +63,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
         arch = load_hardware().get("sm_90").arch
         backend, loader = CupyBackend(), CudaPlanLoader(arch, kernels_dir=kernels_dir,
                                                          dependent_launch=False)
-    eng = Engine(ModelConfig.load(model), quant, fast_weights(model, quant, rng),
+    eng = Engine(ModelConfig.load(model), quant, pooled_weights(model, quant),
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
                  fuse=True, policy=policy, presentation=presentation, kernels_dir=kernels_dir)

@@ -578,13 +578,10 @@ def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
     """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
     under ``policy``; its prefills replay a captured graph, as the engine's do (``graphs``
     False: launched one by one from the host)."""
-    from bench_gpu_decode import fast_weights
-
     from metrale.plan.config import ModelConfig
-    from metrale.runtime.engine import Engine
+    from metrale.runtime.engine import Engine, pooled_weights
 
-    return Engine(ModelConfig.load(model), quant,
-                  fast_weights(model, quant, np.random.default_rng(0)), hardware="sm_90",
+    return Engine(ModelConfig.load(model), quant, pooled_weights(model, quant), hardware="sm_90",
                   backend=None, loader=None, act="bf16", max_ctx=max_ctx, slots=1,
                   blocking=False, debug=False, graphs=graphs, fuse=True, policy=policy)
 

@@ -37,6 +37,15 @@ def _policy_arg(p: argparse.ArgumentParser) -> None:
                         "relations with a declared error bound, e.g. tensor-core GEMVs)")
 
 
+def random_arg(p: argparse.ArgumentParser) -> None:
+    """``--random``: how a model without a checkpoint draws its weights, for the commands that
+    time it (``runtime.engine.RANDOM_WEIGHTS``)."""
+    p.add_argument("--random", choices=("pooled", "normal"), default="pooled",
+                   help="a model without a checkpoint: pooled random weights (tiled from small "
+                        "pools, seconds for an 8B model; the default for timing) or normal "
+                        "(every value drawn)")
+
+
 def _format_arg(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
     p.add_argument("--format", choices=choices, default="table", help="output format")
 
@@ -619,6 +628,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     _policy_arg(p)
     tp_arg(p)
     _kernels_arg(p)
+    random_arg(p)
     _format_arg(p)
 
 
@@ -646,7 +656,8 @@ def bench(args: argparse.Namespace) -> int:
                           expected="--tp 1", found=f"--tp {args.tp}")
     with _progress(args, f"loading {args.model}"):
         eng = load_engine(args.model, args.tp, hardware=hw.name, quant=args.quant,
-                          max_ctx=args.context + 1, slots=args.rows, policy=args.policy)
+                          max_ctx=args.context + 1, slots=args.rows, policy=args.policy,
+                          random=args.random)
     with eng:
         with _progress(args, f"timing {args.steps} decode steps, then each kernel"):
             # with ranks, the step is timed whole (its collectives wait for every rank)
@@ -730,7 +741,8 @@ def _bench_prefill(args: argparse.Namespace) -> int:
     with _progress(args, f"loading {args.model}"):
         eng = load_engine(args.model, args.tp,
                           hardware=names.hardware_class(args.hardware, args.kernels),
-                          quant=args.quant, max_ctx=args.rows, policy=args.policy)
+                          quant=args.quant, max_ctx=args.rows, policy=args.policy,
+                          random=args.random)
     with eng, _progress(args, f"timing {args.steps} prefill steps"):
         step = (time_prefill(eng, args.rows, steps=args.steps) if args.tp == 1
                 else eng.time_step("prefill", args.rows, args.steps))

@@ -29,8 +29,8 @@ from typing import Any
 
 import attrs
 
-from metrale import commands  # noqa: F401 - met plan, which --costs extends
 from metrale.cli import command, extend_command
+from metrale.commands import random_arg  # and met plan, which --costs extends
 
 
 @attrs.frozen
@@ -54,9 +54,10 @@ class TuneRow:
 def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] = (1,),
          mode: str = "decode", context: int = 1024, policy: str = "exact",
          kernels: str | None = None, steps: int = 20, repeats: int = 20,
-         record: bool = True) -> list[TuneRow]:
+         record: bool = True, random: str = "pooled") -> list[TuneRow]:
     """Time every alternative's kernels at the plan's shapes for each ``rows``, record them
-    (``record=False``: time only), re-plan and time the step before and after."""
+    (``record=False``: time only), re-plan and time the step before and after. ``random``: how
+    a built-in model's weights are drawn (``runtime.engine.RANDOM_WEIGHTS``)."""
     from metrale.plan.config import ModelConfig
     from metrale.plan.cost import record_times, shape_of, time_records
     from metrale.plan.plan import plan_for
@@ -79,7 +80,7 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
         before = make()
         with Engine.load(config, hardware=hardware, quant=quant, policy=policy,
                          max_ctx=ctx + (1 if mode == "decode" else 0),
-                         slots=r if mode == "decode" else 1) as eng:
+                         slots=r if mode == "decode" else 1, random=random) as eng:
             eng.use_plan(before)
             step_before = _step(eng, mode, r, steps, time_decode, time_prefill)
             timed: dict[tuple, tuple[Any, dict, float]] = {}
@@ -137,6 +138,7 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="timed launches of each kernel (graphs of this many and twice as many)")
     p.add_argument("--no-record", action="store_true", help="time only, record nothing")
     p.add_argument("--kernels", default=None, help="kernels folder (default: the shipped one)")
+    random_arg(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
 
@@ -150,7 +152,8 @@ def tune_command(args: argparse.Namespace) -> int:
                           found=repr(args.rows))
     rows = tune(args.model, args.hardware, quant=args.quant, rows=args.rows, mode=args.mode,
                 context=args.context, policy=args.policy, kernels=args.kernels,
-                steps=args.steps, repeats=args.repeats, record=not args.no_record)
+                steps=args.steps, repeats=args.repeats, record=not args.no_record,
+                random=args.random)
     if args.format == "json":
         print(json.dumps([attrs.asdict(r) for r in rows], indent=2))
         return 0

@@ -50,7 +50,8 @@ from metrale.runtime.executor import HostLoader, Loader, Program
 from metrale.runtime.fault import FaultLatch, Teardown
 
 __all__ = ["Engine", "LongContextWarning", "best_backend", "check_sizes", "checkpoint_dir",
-           "checkpoint_quant", "checkpoint_weights", "random_weights"]
+           "checkpoint_quant", "checkpoint_weights", "pooled_weights", "random_weights",
+           "seeded_weights"]
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\w+)\.weight$")
 
@@ -105,8 +106,7 @@ def random_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
 
     from metrale.lkb.quant import QuantFormat
 
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError("bad seed", key="seed", expected="an int >= 0", found=repr(seed))
+    _check_seed(seed)
     config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
     rng = np.random.default_rng(seed)
     std = np.float32(config.hidden_size ** -0.5)
@@ -124,6 +124,93 @@ def random_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
             w = fmt.quantize(flat, name=name).dequantize().astype(np.float32).reshape(shape)
         out[name] = w
     return out
+
+
+RANDOM_WEIGHTS = ("normal", "pooled")
+"""How a model without a checkpoint gets its seeded random weights: ``normal`` draws every value
+(:func:`random_weights`: exact f32 arrays, what the oracle tests compare); ``pooled`` tiles each
+tensor from small pools in its storage format (:func:`pooled_weights`: seconds for an 8B model,
+for timing)."""
+
+
+def pooled_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int = 0
+                   ) -> dict[str, Any]:
+    """Seeded random weights in their storage formats, every tensor tiled from small pools: what
+    timing needs (the bytes a step moves) without drawing billions of values.
+
+    bf16 matrices repeat a pool of ``N(0, 1) * hidden ** -0.5`` values, norms one of
+    ``1 + 0.1 * N(0, 1)``; fp8 weights are e4m3 codes (never NaN) with a per-row scale that keeps
+    their spread near the bf16 one; mxfp4 and nvfp4 random nibbles with block scales near 2^-5.
+    One array per (shape, format, role), shared by every layer that has it, so the host copy of a
+    30B model stays small (a device still gets a buffer per tensor). Rows repeat: a test that
+    must tell rows apart uses :func:`random_weights`.
+
+    >>> w = pooled_weights("tiny-qwen3-moe", "mxfp4")
+    >>> w["model.layers.0.mlp.experts.gate_proj.weight"].shape
+    (8, 32, 64)
+    >>> w["model.layers.0.mlp.experts.gate_proj.weight"] is w[
+    ...     "model.layers.1.mlp.experts.gate_proj.weight"]
+    True
+    """
+    import ml_dtypes
+
+    _check_seed(seed)
+    config = ModelConfig.load(model) if not isinstance(model, ModelConfig) else model
+    rng = np.random.default_rng(seed)
+    std = config.hidden_size ** -0.5
+    pool = (rng.standard_normal(1 << 22) * std).astype(ml_dtypes.bfloat16)
+    norm_pool = (1 + 0.1 * rng.standard_normal(1 << 16)).astype(ml_dtypes.bfloat16)
+    byte_pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
+    fp8_pool = np.where((byte_pool & 0x7F) == 0x7F, byte_pool ^ 1, byte_pool).astype(np.uint8)
+    scale_pool = rng.integers(120, 125, 4096, dtype=np.uint8)  # e8m0 / e4m3 codes near 2^-5
+    out: dict[str, Any] = {}
+    made: dict[tuple, Any] = {}
+    for name, (shape, fmt) in _weight_shapes(config, quant).items():
+        key = (tuple(shape), fmt, name.endswith("norm.weight"))
+        if key not in made:
+            made[key] = _pooled(key, pool, norm_pool, byte_pool, fp8_pool, scale_pool, std)
+        out[name] = made[key]
+    return out
+
+
+def _pooled(key: tuple, pool: np.ndarray, norm_pool: np.ndarray, byte_pool: np.ndarray,
+            fp8_pool: np.ndarray, scale_pool: np.ndarray, std: float) -> Any:
+    import ml_dtypes
+
+    from metrale.lkb.quant import QuantFormat, QuantTensor
+
+    shape, fmt, norm = key
+    if not fmt:
+        return np.resize(norm_pool if norm else pool, shape)
+    f = QuantFormat.parse(fmt)
+    specs = f.array_specs(shape)
+    dshape, _ = specs["data"]
+    if fmt == "fp8":
+        data = np.resize(fp8_pool, dshape).view(ml_dtypes.float8_e4m3fn)
+        scale = np.full(specs["scale"][0], std / 110, np.float32)  # dequantized spread ~ std
+        return QuantTensor(f, shape, data, scale)
+    sshape, sdt = specs["scale"]
+    scale = np.resize(scale_pool, sshape)
+    scale = scale.view(sdt.numpy) if sdt.numpy.itemsize == 1 else scale
+    glob = np.float32(1.0) if "global_scale" in specs else None
+    return QuantTensor(f, shape, np.resize(byte_pool, dshape), scale, glob)
+
+
+def seeded_weights(config: ModelConfig, quant: str, *, seed: int = 0, random: str = "normal"
+                   ) -> dict[str, Any]:
+    """The seeded random weights of a model without a checkpoint, drawn as ``random`` says
+    (:data:`RANDOM_WEIGHTS`)."""
+    if random == "normal":
+        return random_weights(config, quant, seed=seed)
+    if random == "pooled":
+        return pooled_weights(config, quant, seed=seed)
+    raise ConfigError("unknown random weights", key="random", expected=" or ".join(RANDOM_WEIGHTS),
+                      found=repr(random))
+
+
+def _check_seed(seed: Any) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError("bad seed", key="seed", expected="an int >= 0", found=repr(seed))
 
 
 def _as_f32(value: Any) -> np.ndarray:
@@ -527,7 +614,8 @@ class Engine:
              max_ctx: int | None = None, seed: int = 0, slots: int = 1, blocking: bool = False,
              debug: bool = False,
              graphs: bool = True, fuse: bool = True, policy: str = "exact",
-             loader: Loader | None = None, progress: bool = True) -> Engine:
+             loader: Loader | None = None, progress: bool = True, random: str = "normal"
+             ) -> Engine:
         """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
         weights.
@@ -535,6 +623,7 @@ class Engine:
         ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16); ``max_ctx``
         (the KV cache's positions) to 1024, or the model's ``max_position_embeddings`` if
         smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
+        ``random``: how a model without a checkpoint draws them (:data:`RANDOM_WEIGHTS`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
@@ -561,7 +650,7 @@ class Engine:
         if path is not None:
             weights = checkpoint_weights(path, config, quant)
         else:
-            weights = random_weights(config, quant, seed=seed)
+            weights = seeded_weights(config, quant, seed=seed, random=random)
         eng = cls(config, quant, weights, hardware=hardware, backend=backend, loader=loader,
                   act=act, max_ctx=max_ctx, slots=slots, blocking=blocking, debug=debug,
                   graphs=graphs, fuse=fuse, policy=policy, progress=progress)
@@ -605,6 +694,8 @@ class Engine:
                         self.weight_bytes += values.nbytes
                         self.externals[part] = part_ptr
                     continue
+                if hasattr(data, "dequantize"):  # a stored format the loader takes as values
+                    data = _as_f32(data)
                 arr = np.ascontiguousarray(data, spec.dtype)
                 if arr.shape != spec.shape:
                     raise CheckpointError("weight has the wrong shape", file=self.config.name,

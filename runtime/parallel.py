@@ -136,7 +136,7 @@ class ParallelEngine:
              quant: str | None = None, act: str = "bf16", max_ctx: int | None = None,
              seed: int = 0, slots: int = 1, policy: str = "exact", graphs: bool = True,
              blocking: bool = False, progress: bool = True,
-             timeout: float = COLLECTIVE_TIMEOUT_S) -> ParallelEngine:
+             timeout: float = COLLECTIVE_TIMEOUT_S, random: str = "normal") -> ParallelEngine:
         """Load ``model`` as :meth:`Engine.load` does (a checkpoint directory, a built-in name
         or a config, with seeded random weights) and split it over ``tp`` ranks."""
         from metrale.lkb.vendor import Vendor
@@ -149,7 +149,7 @@ class ParallelEngine:
                               expected="host (GPU ranks: runtime.ranks.ProcessEngine, one "
                               "process per GPU)", found=hardware)
         spec = RankSpec(model, tp, hardware, quant, act, max_ctx, seed, slots, policy, graphs,
-                        blocking, progress)
+                        blocking, progress, random)
         whole = spec.load()
         Sharding(tp).config(whole[0])  # sizes that do not split fail here, first
         group = HostGroup(tp, timeout)

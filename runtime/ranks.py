@@ -48,6 +48,7 @@ class RankSpec:
     graphs: bool = True
     blocking: bool = False
     progress: bool = True
+    random: str = "normal"
 
     def describe(self) -> tuple[Any, str, Any]:
         """The model without its weights: ``(config, quant, text)`` (``text`` when the
@@ -71,12 +72,12 @@ class RankSpec:
 
     def load(self) -> tuple[Any, str, dict[str, Any], Any]:
         """The whole model: ``(config, quant, weights, text)``."""
-        from .engine import checkpoint_dir, checkpoint_weights, random_weights
+        from .engine import checkpoint_dir, checkpoint_weights, seeded_weights
 
         config, quant, text = self.describe()
         path = checkpoint_dir(self.model)
-        weights = (random_weights(config, quant, seed=self.seed) if path is None
-                   else checkpoint_weights(path, config, quant))
+        weights = (seeded_weights(config, quant, seed=self.seed, random=self.random)
+                   if path is None else checkpoint_weights(path, config, quant))
         return config, quant, weights, text
 
     def engine(self, rank: int, comm: Any, whole: tuple | None = None) -> Any:
@@ -382,14 +383,15 @@ class ProcessEngine:
     def load(cls, model: Any, *, tp: int, hardware: str = "host", quant: str | None = None,
              act: str = "bf16", max_ctx: int | None = None, seed: int = 0, slots: int = 1,
              policy: str = "exact", graphs: bool = True, blocking: bool = False,
-             progress: bool = True, timeout: float = REPLY_TIMEOUT_S) -> ProcessEngine:
+             progress: bool = True, timeout: float = REPLY_TIMEOUT_S, random: str = "normal"
+             ) -> ProcessEngine:
         from metrale.plan.shard import Sharding
 
         from .engine import checkpoint_dir
 
         path = checkpoint_dir(model)
         spec = RankSpec(str(path) if path is not None else model, tp, hardware, quant, act,
-                        max_ctx, seed, slots, policy, graphs, blocking, progress)
+                        max_ctx, seed, slots, policy, graphs, blocking, progress, random)
         config, quant, text = spec.describe()
         Sharding(tp).config(config)  # sizes that do not split fail here, before any process
         return cls(ProcessRanks(spec, config, timeout=timeout), config, quant, text)
