@@ -120,18 +120,33 @@ def _matrices(fam: Family) -> frozenset[str]:
                      and p.dims[-1] in activation_dims)
 
 
-def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_reads: float = 1
-                ) -> float:
+def declared_traffic(fam: Family, kernel: Any, port: str, env: Mapping[str, int | float]
+                     ) -> float | None:
+    """The elements one launch moves through ``port`` where that is declared: by the kernel
+    (its table's ``traffic``, a launch formula over its sizes: how its tiling reads the port),
+    else by the family (``traffic``, over its dims and ``context``); None where neither says,
+    and the port moves all its elements."""
+    own = dict(kernel.traffic) if kernel is not None else {}
+    if port in own:
+        from metrale.realize.formula import eval_formula
+
+        return float(eval_formula(own[port], kernel.sizes(env),
+                                  key=f"kernel.{kernel.table}.traffic.{port}"))
+    traffic = dict(fam.traffic)
+    if port in traffic:
+        return eval_bound(traffic[port], dict(env), fam.file, f"family.{fam.name}.traffic.{port}")
+    return None
+
+
+def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_reads: float = 1,
+                kernel: Any = None) -> float:
     from .plan import FORMAT_BITS
 
-    traffic = dict(fam.traffic)
     weights = _matrices(fam)
     total = 0.0
     for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
-        if port.name in traffic:
-            elements = eval_bound(traffic[port.name], dict(env), fam.file,
-                                  f"family.{fam.name}.traffic.{port.name}")
-        else:
+        elements = declared_traffic(fam, kernel, port.name, env)
+        if elements is None:
             elements = math.prod(env[d] if isinstance(d, str) else d for d in port.dims)
         bits = FORMAT_BITS.get(t.fmt) or t.dtype.element_size_bits
         total += elements * bits / 8 * (weight_reads if port.name in weights else 1)
@@ -233,7 +248,7 @@ class CostModel:
 
         numbers = {**box_numbers(box, fam, dict(self.sizes)), **env}
         tiles = _row_tiles(kernel, numbers) if _matrices(fam) else 1.0
-        nbytes = _port_bytes(fam, box, env, tiles)
+        nbytes = _port_bytes(fam, box, {**numbers, **env}, tiles, kernel)
         flops = _flops(fam, env)
         tensor = kernel is not None and info.tensor_tflops > 0 and any(
             "tensor-core" in r for r in kernel.reduction)

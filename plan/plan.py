@@ -440,7 +440,7 @@ def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[i
             evidence = ("reference semantics" if kernel.source is None else
                         evidence_status(records, F.hw.name, fam.name, str(point),
                                         kernel.source_hash))
-        moved = 0 if fam.view else _traffic(fam, box, sizes)
+        moved = 0 if fam.view else _traffic(fam, box, sizes, kernel)
         kernels.append(PlannedKernel(
             j, fam.name, point, box, layer, ins, tuple(outs), kernel, provenance, shadow,
             residual, evidence, a.relation if a else None, numerics,
@@ -450,24 +450,19 @@ def _realize(circuit: Circuit, d: Diagram, image: Diagram, origin: tuple[tuple[i
     return tuple(kernels), buffers
 
 
-def _traffic(fam: Family, box: Box, sizes: Mapping[str, int]) -> int:
-    """Bytes one launch moves: every port's elements (or its declared traffic) at its dtype."""
-    traffic = dict(fam.traffic)
+def _traffic(fam: Family, box: Box, sizes: Mapping[str, int], kernel: Any = None) -> int:
+    """Bytes one launch moves: every port's elements (or its declared traffic, the kernel's
+    before the family's: ``plan.cost.declared_traffic``) at its dtype."""
+    from metrale.realize.kernel import box_numbers
+
+    from .cost import declared_traffic
+
     total = 0
     # the family's dims take the circuit's sizes through the box's types
-    env = dict(sizes)
+    env = box_numbers(box, fam, {k: v for k, v in sizes.items()})
     for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
-        for fd, cd in zip(port.dims, t.shape):
-            if isinstance(fd, str):
-                env.setdefault(fd, cd if isinstance(cd, int) else sizes.get(cd, 0))
-                env[fd] = cd if isinstance(cd, int) else sizes.get(cd, env[fd])
-    for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
-        if port.name in traffic:
-            elements = int(eval_bound(traffic[port.name], env, fam.file,
-                                      f"family.{fam.name}.traffic.{port.name}"))
-        else:
-            elements = t.numel(sizes)
-        total += _nbytes(t, elements)
+        elements = declared_traffic(fam, kernel, port.name, env)
+        total += _nbytes(t, t.numel(sizes) if elements is None else int(elements))
     return total
 
 

@@ -192,6 +192,10 @@ class Kernel:
     """A collective's operation of the rank group (``all_gather``): it runs before the kernel's
     own launch, every rank's input gathered, in rank order, into the kernel's first argument
     (a scratch); the kernel then lays the result out (see ``TRANSPORTS``)."""
+    traffic: tuple[tuple[str, str], ...] = ()
+    """Port -> elements this kernel really moves, as a launch formula: where its tiling reads a
+    port other than its family's ``traffic`` says (a prefill attention reads each cached row
+    once per tile of query rows, not once per row). Unlisted ports keep the family's."""
 
     @property
     def key(self) -> str:
@@ -333,6 +337,7 @@ class KernelTable:
     limits: tuple[str, ...] = ()
     then: tuple[ThenLaunch, ...] = ()
     transport: str = ""
+    traffic: tuple[tuple[str, str], ...] = ()
 
     @property
     def source_path(self) -> str:
@@ -400,7 +405,7 @@ class KernelTable:
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
                       self.name, headers, self.dependent_launch, self.limits, self.then,
-                      self.transport)
+                      self.transport, self.traffic)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -537,6 +542,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     limits = _str_list(f, "limits", default=[])
     then_raw = f.take("then", list, default=[])
     transport = f.take("transport", str, default="")
+    traffic = _str_table(f, "traffic", default={})
     f.close()
     domains = family.domains
     if transport and transport not in TRANSPORTS:
@@ -590,6 +596,13 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     for i, limit in enumerate(limits or ()):
         _check_formula(f, f"limits[{i}]", limit, names, what="limit")
     _check_args(f, args or (), family, values or {})
+    ports = [p.name for p in family.inputs + family.outputs]
+    for port, formula in (traffic or {}).items():
+        if port not in ports:
+            f._fail(f.key(f"traffic.{port}"), f"{family.name} has no such port",
+                    "one of " + ", ".join(ports), repr(port), nearest(port, ports))
+        else:
+            _check_formula(f, f"traffic.{port}", formula, names | {"context"})
     then: list[ThenLaunch] = []
     for i, raw_t in enumerate(then_raw or []):
         taken = {entry, *(t.entry for t in then)}
@@ -604,7 +617,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
                         folder, str(file), bool(dependent), tuple(limits or ()), tuple(then),
-                        transport or "")
+                        transport or "", tuple((traffic or {}).items()))
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)

@@ -589,6 +589,17 @@ def test_bad_limits_are_named(tree: Path, limit: str, words: str) -> None:
         realization("sm_90", kernels_dir=tree)
 
 
+@pytest.mark.parametrize("traffic,words", [
+    ('{ weights = "h" }', "rmsnorm has no such port"),
+    ('{ w = "h * heads" }', "unknown size 'heads' in formula"),
+    ('{ w = "h.real" }', "not a launch formula"),
+])
+def test_bad_traffic_is_named(tree: Path, traffic: str, words: str) -> None:
+    add_folder(tree, "sm_90/common", table_text("rmsnorm", traffic=traffic), {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=rf"kernel.rmsnorm.traffic.\w+: {words}"):
+        realization("sm_90", kernels_dir=tree)
+
+
 def test_a_limit_on_a_table_reaches_its_kernels(tree: Path) -> None:
     add_folder(tree, "sm_90/common", table_text("rmsnorm", limits='["h <= 4096"]'),
                {"norm.cu": NORM})
