@@ -14,8 +14,10 @@ and what it gives a point depends only on the data, never on the class's name.
 >>> F.realize(p).entry, F.realize(p).provenance
 ('metrale_linear', 'cuda')
 >>> image = F.functor(lin.box(p))
->>> image.boxes[0].name, image.boxes[0].param("kernel")
-('metrale_linear', 'cuda:cuda/common/gemv.cu:metrale_linear -DACROSS_PAIRWISE -DACT_BF16 -DK_BLOCK=256 -DWEIGHT_BF16')
+>>> image.boxes[0].name, image.boxes[0].param("kernel").split()[1:]
+('metrale_linear', ['-DACROSS_PAIRWISE', '-DACT_BF16', '-DK_BLOCK=256', '-DWEIGHT_BF16'])
+>>> image.boxes[0].param("kernel").split()[0].split("+")[:2]  # the source's entry, then its chain
+['cuda:cuda/common/gemv.cu:metrale_linear', 'metrale_linear_split']
 >>> realization("host").realize(p).entry, realization("host").realize(p).source is None
 ('linear', True)
 """

@@ -199,14 +199,16 @@ class Kernel:
 
     @property
     def key(self) -> str:
-        """The kernel's identity in Impl_H: ``provenance:source:entry`` and its defines.
+        """The kernel's identity in Impl_H: ``provenance:source:entry``, the entries of its
+        ``then`` launches (``+entry`` each: one source's decode launch ends in the plain merge
+        for one family and in the sink's merge for another), and its defines.
 
         >>> from metrale.realize.functor import realization
         >>> realization("sm_80").realize(Point("argmax", ())).key
         'cuda:cuda/common/misc.cu:metrale_argmax'
         """
         return f"{self.provenance}:{self.source or ''}:{self.entry}" + "".join(
-            f" {d}" for d in self.defines)
+            f"+{t.entry}" for t in self.then) + "".join(f" {d}" for d in self.defines)
 
     def define_map(self) -> dict[str, str | int]:
         """The defines as a compiler mapping (``-DX`` is ``X=1``, as the compiler reads it).

@@ -627,3 +627,29 @@ def test_every_kernel_that_traps_on_a_shape_states_the_limit_and_the_models_fit(
         for hw in ("cuda", "sm_80", "sm_89", "sm_90", "sm_120"):
             for mode in ("decode", "prefill"):
                 assert plan_for(model, "bf16", hw, mode=mode, rows=64).kernel_count > 0
+
+
+@pytest.mark.parametrize("hw", ["sm_80", "sm_90", "sm_100", "sm_120"])
+def test_a_kernel_key_names_one_launch_recipe(hw: str) -> None:
+    """The key is a kernel's identity (the loaders cache bound launches by it, the functor's
+    image names it): two points that share it must launch the same entries with the same rules
+    and arguments. gpt-oss's decode attention runs attention_decode.cu's entry with the sink's
+    merge after it, so the key names the `then` chain; keyed by its first entry alone, a loader
+    that had bound the plain decode attention gave the sink points the plain merge, which drops
+    the sink (found on an H100: every sink decode point 5 % off its reference)."""
+    F = realization(hw)
+    P = Presentation.load()
+    recipes: dict[str, set] = {}
+    for fam in P.generators:
+        for p in fam.points:
+            k = F.realize(p)
+            if k is None or k.source is None:
+                continue
+            recipes.setdefault(k.key, set()).add(
+                (k.launch, k.args, tuple((t.entry, t.launch, t.args) for t in k.then)))
+    assert recipes
+    shared = {key: len(v) for key, v in recipes.items() if len(v) > 1}
+    assert not shared, shared
+    sink = F.realize(P.family("attention_sink").point(act="bf16", mode="decode", kv_block=256))
+    plain = F.realize(P.family("attention").point(act="bf16", mode="decode", kv_block=256))
+    assert sink.entry == plain.entry and sink.key != plain.key
