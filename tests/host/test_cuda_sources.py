@@ -35,7 +35,7 @@ OWN = {name: (toml.parent, doc) for toml in sorted(KERNELS.glob("sm_*/common/KER
        for doc in [read_toml(toml)] for name in doc.get("kernel", {})}
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
           "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then",
-          "transport"}
+          "transport", "traffic"}
 
 
 def table(name: str) -> tuple[dict, Path, bool]:
