@@ -31,6 +31,7 @@ import attrs
 
 from metrale.cli import command, extend_command
 from metrale.commands import random_arg  # and met plan, which --costs extends
+from metrale.terminal import int_at_least
 
 
 @attrs.frozen
@@ -49,6 +50,12 @@ class TuneRow:
     recorded: int
     changed: bool
     """Whether the plan after differs from the plan before (other kernels)."""
+
+    @property
+    def error_after(self) -> float:
+        """The tuned plan's predicted step against its measured one: (predicted - measured) /
+        measured."""
+        return (self.predicted_after_us - self.measured_after_us) / self.measured_after_us
 
 
 def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] = (1,),
@@ -131,7 +138,9 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1],
                    help="decode: rows (sequences) per step; prefill: the prompt's tokens")
     p.add_argument("--mode", choices=("decode", "prefill"), default="decode")
-    p.add_argument("--context", type=int, default=1024, help="cached positions per row")
+    p.add_argument("--context", type=int_at_least(1), default=None,
+                   help="cached positions per row (default: 1024, or one less than the model's "
+                        "max_position_embeddings if smaller)")
     p.add_argument("--policy", choices=("exact", "bounded"), default="exact")
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
     p.add_argument("--repeats", type=int, default=20,
@@ -150,28 +159,37 @@ def tune_command(args: argparse.Namespace) -> int:
     if any(r < 1 for r in args.rows):
         raise ConfigError("rows must be positive", key="--rows", expected="integers >= 1",
                           found=repr(args.rows))
+    if args.context is None:
+        from metrale.plan.config import ModelConfig
+
+        limit = ModelConfig.load(args.model).max_position_embeddings
+        args.context = max(1, min(1024, limit - 1))
     rows = tune(args.model, args.hardware, quant=args.quant, rows=args.rows, mode=args.mode,
                 context=args.context, policy=args.policy, kernels=args.kernels,
                 steps=args.steps, repeats=args.repeats, record=not args.no_record,
                 random=args.random)
     if args.format == "json":
-        print(json.dumps([attrs.asdict(r) for r in rows], indent=2))
+        print(json.dumps([attrs.asdict(r) | {"error_after": r.error_after} for r in rows],
+                         indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from metrale.terminal import add, console, print_table, table
 
-    t = Table(title=f"met tune {args.model} {args.quant} on {args.hardware}, {args.mode}, "
-                    f"policy {args.policy}")
-    for col in ("rows", "bucket", "predicted before µs", "measured before µs",
-                "predicted after µs", "measured after µs", "alternatives", "kernels timed",
-                "recorded", "plan changed"):
-        t.add_column(col)
+    t = table(f"met tune {args.model} {args.quant} on {args.hardware}, {args.mode}, policy "
+              f"{args.policy}: steps before→after tuning",
+              ("rows", "bucket", "predicted µs", "measured µs", "error", "timed", "plan"),
+              right=("rows", "bucket", "predicted µs", "measured µs", "error", "timed"))
     for r in rows:
-        t.add_row(str(r.rows), str(r.bucket), f"{r.predicted_before_us:.1f}",
-                  f"{r.measured_before_us:.1f}", f"{r.predicted_after_us:.1f}",
-                  f"{r.measured_after_us:.1f}", str(r.alternatives), str(r.kernels_timed),
-                  str(r.recorded), "yes" if r.changed else "no")
-    Console(soft_wrap=True).print(t)
+        add(t, str(r.rows), str(r.bucket),
+            f"{r.predicted_before_us:.1f}→{r.predicted_after_us:.1f}",
+            f"{r.measured_before_us:.1f}→{r.measured_after_us:.1f}",
+            f"{r.error_after:+.1%}", f"{r.kernels_timed}/{r.alternatives}",
+            "changed" if r.changed else "kept")
+    print_table(t)
+    recorded = sum(r.recorded for r in rows)
+    console().print(f"error: the tuned plan's predicted step against its measured one; timed: "
+                    f"kernels timed / alternatives; {recorded} evidence records written"
+                    + (" to the store" if recorded else " (--no-record)" if args.no_record
+                       else ""), markup=False)
     return 0
 
 

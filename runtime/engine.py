@@ -140,7 +140,8 @@ def pooled_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
 
     bf16 matrices repeat a pool of ``N(0, 1) * hidden ** -0.5`` values, norms one of
     ``1 + 0.1 * N(0, 1)``; fp8 weights are e4m3 codes (never NaN) with a per-row scale that keeps
-    their spread near the bf16 one; mxfp4 and nvfp4 random nibbles with block scales near 2^-5.
+    their spread near the bf16 one; mxfp4 and nvfp4 random nibbles with block scales of 2^-7 to
+    2^-3 (e8m0 codes 120-124) and of 2^-5 to 1.5 · 2^-5 (e4m3 codes 16-20).
     One array per (shape, format, role), shared by every layer that has it, so the host copy of a
     30B model stays small (a device still gets a buffer per tensor). Rows repeat: a test that
     must tell rows apart uses :func:`random_weights`.
@@ -162,7 +163,7 @@ def pooled_weights(model: str | ModelConfig, quant: str = "bf16", *, seed: int =
     norm_pool = (1 + 0.1 * rng.standard_normal(1 << 16)).astype(ml_dtypes.bfloat16)
     byte_pool = rng.integers(0, 256, 1 << 22, dtype=np.uint8)
     fp8_pool = np.where((byte_pool & 0x7F) == 0x7F, byte_pool ^ 1, byte_pool).astype(np.uint8)
-    scale_pool = rng.integers(120, 125, 4096, dtype=np.uint8)  # e8m0 / e4m3 codes near 2^-5
+    scale_pool = rng.integers(0, 5, 4096, dtype=np.uint8)  # the block scale codes' offsets
     out: dict[str, Any] = {}
     made: dict[tuple, Any] = {}
     for name, (shape, fmt) in _weight_shapes(config, quant).items():
@@ -190,7 +191,7 @@ def _pooled(key: tuple, pool: np.ndarray, norm_pool: np.ndarray, byte_pool: np.n
         scale = np.full(specs["scale"][0], std / 110, np.float32)  # dequantized spread ~ std
         return QuantTensor(f, shape, data, scale)
     sshape, sdt = specs["scale"]
-    scale = np.resize(scale_pool, sshape)
+    scale = np.resize(scale_pool, sshape) + np.uint8(120 if fmt == "mxfp4" else 16)
     scale = scale.view(sdt.numpy) if sdt.numpy.itemsize == 1 else scale
     glob = np.float32(1.0) if "global_scale" in specs else None
     return QuantTensor(f, shape, np.resize(byte_pool, dshape), scale, glob)
@@ -618,12 +619,11 @@ class Engine:
              ) -> Engine:
         """Load a checkpoint directory, or a built-in config name or a ``ModelConfig`` (a
         variant of one: ``attrs.evolve(config, num_hidden_layers=1)``) with seeded random
-        weights.
+        weights, drawn as ``random`` says (:data:`RANDOM_WEIGHTS`).
 
         ``quant`` defaults to the checkpoint's ``quantization_config`` (else bf16); ``max_ctx``
         (the KV cache's positions) to 1024, or the model's ``max_position_embeddings`` if
         smaller; sizes are checked before anything is allocated (:func:`check_sizes`);
-        ``random``: how a model without a checkpoint draws them (:data:`RANDOM_WEIGHTS`);
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
