@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install Metrale on the lent GPU machine (offline), then run the CUDA tests.
 # Usage (from the repo root, on the device): bash benchmarks/device_checks.sh [pytest args]
+# WORKERS=N runs the tests in N processes sharing the GPU (pytest-xdist): the whole tier's
+# references and compiles are CPU work, and one process did not finish it in six minutes.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -17,4 +19,7 @@ mkdir -p "$METRALE_CACHE"
 if [ -f .devcache.tar.xz ]; then tar -xJf .devcache.tar.xz -C "$METRALE_CACHE"; fi
 if [ -d .devcache ]; then cp -r .devcache/. "$METRALE_CACHE"/; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -m pytest tests/cuda -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/cuda_tests.log"
+workers=()
+if [ "${WORKERS:-1}" -gt 1 ]; then workers=(-n "$WORKERS"); fi
+python3 -m pytest tests/cuda -q -p no:cacheprovider "${workers[@]}" "$@" 2>&1 \
+  | tee "$OUT/cuda_tests.log"
