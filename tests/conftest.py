@@ -23,6 +23,17 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_evidence_store(tmp_path_factory):
+    """Fixtures wider than a test (a module's plan) are made before a test's own store is set:
+    they read one of the session's, never the user's (a `met tune` run on this machine
+    changed which plan a display test drew)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("METRALE_EVIDENCE",
+                  str(tmp_path_factory.mktemp("session-evidence-store") / "evidence.sqlite"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _own_evidence_store(tmp_path_factory):
     """Each test reads and records evidence in a store of its own, never the user's nor
