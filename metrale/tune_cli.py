@@ -79,15 +79,19 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
         T = target(hardware, kernels_dir=kernels, policy=policy)
         ctx = context if mode == "decode" else max(context, r)
 
-        def make(choice: Any = None, r: int = r, ctx: int = ctx) -> Any:
-            return plan_for(config, quant, hardware, mode=mode, rows=r, policy=policy,
-                            context=ctx + (1 if mode == "decode" else 0), kernels_dir=kernels,
-                            choice=choice)
-
-        before = make()
         with Engine.load(config, hardware=hardware, quant=quant, policy=policy,
                          max_ctx=ctx + (1 if mode == "decode" else 0),
                          slots=r if mode == "decode" else 1, random=random) as eng:
+            device = eng.backend.limits.name
+
+            def make(choice: Any = None, r: int = r, ctx: int = ctx, device: str = device
+                     ) -> Any:
+                # costed for the device the steps run on: its records count first
+                return plan_for(config, quant, hardware, mode=mode, rows=r, policy=policy,
+                                context=ctx + (1 if mode == "decode" else 0),
+                                kernels_dir=kernels, choice=choice, device=device)
+
+            before = make()
             eng.use_plan(before)
             step_before = _step(eng, mode, r, steps, time_decode, time_prefill)
             timed: dict[tuple, tuple[Any, dict, float]] = {}
@@ -104,7 +108,6 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
                                      dict(p.sizes))
                     key = (str(k.point), k.kernel.source_hash, tuple(sorted(shape.items())))
                     timed.setdefault(key, (k.kernel, shape, t.seconds * 1e6))
-            device = eng.backend.limits.name
             records = time_records(timed.values(), T.hw, device, _toolchain(T.hw),
                                    datetime.date.today().isoformat())
             if record and records:
@@ -178,12 +181,14 @@ def tune_command(args: argparse.Namespace) -> int:
               f"{args.policy}: steps before→after tuning",
               ("rows", "bucket", "predicted µs", "measured µs", "error", "timed", "plan"),
               right=("rows", "bucket", "predicted µs", "measured µs", "error", "timed"))
+    for col, width in zip(t.columns[2:6], (15, 15, 6, 5), strict=True):
+        col.min_width = width  # the header stays put whatever the times' digits
     for r in rows:
         add(t, str(r.rows), str(r.bucket),
             f"{r.predicted_before_us:.1f}→{r.predicted_after_us:.1f}",
             f"{r.measured_before_us:.1f}→{r.measured_after_us:.1f}",
             f"{r.error_after:+.1%}", f"{r.kernels_timed}/{r.alternatives}",
-            "changed" if r.changed else "kept")
+            "new" if r.changed else "same")
     print_table(t)
     recorded = sum(r.recorded for r in rows)
     console().print(f"error: the tuned plan's predicted step against its measured one; timed: "
@@ -211,8 +216,8 @@ def _plan_costs(args: argparse.Namespace, run: Any) -> int:
                  kernels_dir=args.kernels, logits=args.logits)
     if args.format == "json":
         doc = p.to_json()
-        print(json.dumps({k: doc[k] for k in ("target", "mode", "rows", "predicted_us",
-                                              "cost_sources", "search")}
+        keys = ("target", "mode", "rows", "predicted_us", "cost_device", "cost_sources", "search")
+        print(json.dumps({k: doc[k] for k in keys}
                          | {"kernels": [{"index": k["index"], "family": k["family"],
                                          "cost": k["cost"]} for k in doc["kernels"]]},
                          indent=2, sort_keys=True))

@@ -5,8 +5,10 @@ A kernel's cost is, in order of preference:
 1. **measured**: a ``time@<shape>`` evidence record of its point on the plan's class, with
    the kernel's current source hash (evidence counts only on the class that recorded it and
    the source it measured), at the recorded shape nearest to the kernel's (the distance is
-   the sum of ``|log2(a / b)|`` over the shape's numbers); at another shape than the
-   kernel's, the measured time is scaled by the analytic model's ratio between the two;
+   the sum of ``|log2(a / b)|`` over the shape's numbers), a record made on the device the plan
+   is costed for before any other device's of the class (an engine's plans are costed for its
+   device, others for the class's representative one); at another shape than the kernel's, the
+   measured time is scaled by the analytic model's ratio between the two;
 2. **model**: ``max(bytes / bandwidth, FLOPs / rate) + launches × launch latency``, from the
    class's ``HARDWARE.toml`` (``[device]`` bandwidth, ``[cost]`` rates and latency; a class
    without ``[cost]`` uses its nearest ancestor's). A weight is read once per block of rows
@@ -204,12 +206,17 @@ class CostModel:
     chain: tuple[Any, ...]
     evidence: Any
     sizes: tuple[tuple[str, int], ...]
+    device: str = ""
+    """The device the plan is costed for: its records count before other devices' of the class
+    (an H100's and an H200's are both sm_90's, at different speeds)."""
     _memo: dict = attrs.field(factory=dict, repr=False)
 
     @classmethod
-    def of(cls, T: Any, sizes: Mapping[str, int]) -> CostModel:
-        """The cost model of Target ``T``'s class at ``sizes``."""
-        return cls(T.hw, T.chain, T.evidence, tuple(sorted(sizes.items())))
+    def of(cls, T: Any, sizes: Mapping[str, int], device: str | None = None) -> CostModel:
+        """The cost model of Target ``T``'s class at ``sizes``, for ``device`` (default: the
+        class's representative device, HARDWARE.toml's ``[device] name``)."""
+        return cls(T.hw, T.chain, T.evidence, tuple(sorted(sizes.items())),
+                   device or T.hw.device.name)
 
     def kernel(self, box: Box, fam: Family, kernel: Any) -> Cost:
         key = (box, None if kernel is None else kernel.key)
@@ -303,7 +310,7 @@ class CostModel:
                 continue
             d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
                     or at[k] > 0 else 0.0 for k in shape)
-            rank = (d, _neg_date(r.date))
+            rank = (r.device != self.device, d, _neg_date(r.date))
             if best is None or rank < best[0]:
                 best = (rank, r, at)
         return None if best is None else (best[1], best[2])

@@ -114,6 +114,9 @@ class Plan:
     hw_target: Any = attrs.field(default=None, eq=False, repr=False)
     """The :class:`~metrale.realize.target.Target` the plan was made against (presentation,
     F_H, evidence, policy): what loaders read the plan's families and kernels from."""
+    cost_device: str = attrs.field(default="", eq=False)
+    """The device the kernels' costs are for (``plan.cost.CostModel``): an engine's, else the
+    class's representative one (``device``)."""
 
     def _key(self) -> tuple:
         return (self.target, self.mode, self.rows, self.policy, self.act, self.context,
@@ -251,7 +254,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
              context: int = 1024, kernels_dir: Any = None,
              presentation: Presentation | None = None, fuse: bool = True,
              logits: str = "all", sample: bool = False, choice: Any = None,
-             cache_slots: int | None = None) -> Plan:
+             cache_slots: int | None = None, device: str | None = None) -> Plan:
     """Plan one forward step of ``model`` for ``hardware``; pure and deterministic.
 
     ``logits="last"`` (prefill) gives logits for the last row only (plan.circuit.LOGITS);
@@ -264,7 +267,8 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
 
     The alternatives (matmul point, which matches apply) are the cheapest by cost at the rows'
     bucket (``plan.search.choose``); ``choice`` (a ``plan.search.Choice``) imposes others
-    instead, as ``met tune`` does to time them.
+    instead, as ``met tune`` does to time them. ``device``: the device the costs are for (an
+    engine's; default the class's representative one): its evidence counts first.
     """
     from metrale.realize.target import target as target_of
 
@@ -298,7 +302,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
 
     if choice is None:
         choice = choose(config, quant, mode, rows, T=T, F=F, policy=policy, act=act,
-                        context=context, logits=logits, presentation=P)
+                        context=context, logits=logits, presentation=P, device=device)
     step("search")
     # L_H = lower_H >> rewrite_H; the plan is (L_H >> F_H)(circuit), then annotated
     L_H = fuser(circuit, F, policy, context=context, presentation=P if fuse else _no_relations(P),
@@ -312,7 +316,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
     kernels = _check_launches(kernels, P, sizes, F.hw)
     from .cost import CostModel
 
-    model = CostModel.of(T, sizes)
+    model = CostModel.of(T, sizes, device)
     kernels = tuple(attrs.evolve(k, cost=model.kernel(k.box, P.family(k.family), k.kernel))
                     for k in kernels)
     step("annotate")
@@ -322,7 +326,7 @@ def plan_for(model: str | ModelConfig, quant: str = "bf16", hardware: str = "hos
                 buffers, fused.applied, fused.declined, circuit.input_names,
                 circuit.output_names, hw.device.hbm_bytes_per_s, hw.device.name, fused.diagram,
                 tuple(sorted(sizes.items())), bound, logits, hw_target=T,
-                choice=choice if fuse else None)
+                choice=choice if fuse else None, cost_device=model.device)
     step("totals")
     return attrs.evolve(plan, steps=tuple(steps))
 

@@ -141,9 +141,11 @@ def bucket_of(T: Any, mode: str, rows: int) -> int:
 
 def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = None,
            policy: str | None = None, act: str = "bf16", context: int = 1024,
-           logits: str = "all", presentation: Presentation | None = None) -> Choice:
-    """The cheapest alternative for a plan of ``rows`` (chosen at its bucket), memoized per
-    Target (whose evidence it reads), model, quant, mode, bucket, policy and context."""
+           logits: str = "all", presentation: Presentation | None = None,
+           device: str | None = None) -> Choice:
+    """The cheapest alternative for a plan of ``rows`` (chosen at its bucket) on ``device``
+    (``plan.cost.CostModel``), memoized per Target (whose evidence it reads), model, quant,
+    mode, bucket, policy, context and device."""
     policy = policy or T.policy
     bucket = bucket_of(T, mode, rows)
     P = presentation if presentation is not None else T.presentation
@@ -151,7 +153,8 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
     # change (a rebuilt one compares equal to the old), its evidence is read again when the
     # export or the store changes (a record made since can change the choice)
     evidence = T.evidence
-    key = (id(T), id(evidence), config, quant, mode, bucket, act, context, logits, policy, P)
+    key = (id(T), id(evidence), config, quant, mode, bucket, act, context, logits, policy, P,
+           device)
     hit = _CHOICES.get(key)
     if hit is not None and hit[0] is T and hit[2] is evidence:
         return hit[1]
@@ -161,12 +164,13 @@ def choose(config: Any, quant: str, mode: str, rows: int, *, T: Any, F: Any = No
         first = bucket_of(T, mode, 1)
         if bucket != first:
             ref = choose(config, quant, mode, first, T=T, F=F, policy=policy, act=act,
-                         context=context, logits=logits, presentation=P)
+                         context=context, logits=logits, presentation=P, device=device)
             allowed = tuple(s for s in MATMUL_SHAPES
                             if s == ref.shape or _same_orders(config, quant, mode, bucket, act,
                                                               logits, context, F, P, s,
                                                               ref.shape))
-    out = _search(config, quant, mode, bucket, act, context, logits, T, F, P, policy, allowed)
+    out = _search(config, quant, mode, bucket, act, context, logits, T, F, P, policy, allowed,
+                  device=device)
     if len(_CHOICES) >= 256:
         _CHOICES.clear()
     _CHOICES[key] = (T, out, evidence)
@@ -399,13 +403,14 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
 
 def _search(config: Any, quant: str, mode: str, rows: int, act: str, context: int,
             logits: str, T: Any, F: Any, P: Presentation, policy: str,
-            allowed: tuple[str, ...], margin: float = MARGIN) -> Choice:
+            allowed: tuple[str, ...], margin: float = MARGIN, device: str | None = None
+            ) -> Choice:
     from .cost import CostModel
 
     t0 = time.perf_counter()
     circuit = _cut(config, quant, mode, rows, act, logits)
     sizes = {**circuit.sizes(context), "context": context}
-    model = CostModel.of(T, sizes)
+    model = CostModel.of(T, sizes, device)
     best = None
     tried = []
     per_shape = []

@@ -723,7 +723,8 @@ class Engine:
                                         fuse=self.fuse, policy=self.policy, logits=logits,
                                         presentation=self.presentation, sample=sample,
                                         cache_slots=self.slots if mode == "prefill" else None,
-                                        kernels_dir=self.kernels_dir)
+                                        kernels_dir=self.kernels_dir,
+                                        device=self.backend.limits.name)
         return self._plans[key]
 
     def bucket_rows(self, rows: int) -> int:

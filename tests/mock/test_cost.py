@@ -41,7 +41,8 @@ def kernels(tmp_path: Path) -> Path:
 
 
 def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | None = None,
-                        source_hash: str | None = None) -> None:
+                        source_hash: str | None = None, device: str = "test CPU",
+                        date: str = "2026-12-01") -> None:
     """Record ``us`` as the time of every distinct kernel of ``family`` in ``plan``, at its
     shape, measured on class ``hw`` of the hardware tree ``root`` (default: the plan's class)."""
     rows = {}
@@ -51,7 +52,7 @@ def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | N
             rows[(str(k.point), tuple(sorted(shape.items())))] = (k.kernel, shape, us)
     assert rows, family
     hardware = plan.hw_target.hw if hw is None else load_hardware(root).get(hw)
-    records = time_records(rows.values(), hardware, "test CPU", "numpy", "2026-12-01")
+    records = time_records(rows.values(), hardware, device, "numpy", date)
     if source_hash is not None:
         import attrs
 
@@ -118,6 +119,32 @@ def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
     assert norms and all(k.cost.us == 123.0 for k in norms)
     assert norms[0].cost.source.startswith("measured: on host (test CPU, 2026-12-01) at h=")
     assert "measured" in json.dumps(p.to_json()["cost_sources"])
+
+
+def test_the_device_a_plan_is_costed_for_counts_first(kernels: Path) -> None:
+    """An H100's and an H200's records are both sm_90's: a plan costed for one device takes its
+    records before the other's, whatever their dates, and the newest of the others' where it has
+    none; a plan made without a device is costed for the class's representative one."""
+    base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
+    record_family_times(kernels, base, "rmsnorm", 100.0, device="card A", date="2026-12-01")
+    record_family_times(kernels, base, "rmsnorm", 300.0, device="card B", date="2026-12-03")
+
+    def norm_cost(device):
+        p = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels, device=device)
+        costs = {k.cost.us for k in p.launches if k.family == "rmsnorm"}
+        assert len(costs) == 1, costs
+        return p, costs.pop()
+
+    a, us = norm_cost("card A")
+    assert us == 100.0 and a.cost_device == "card A"
+    assert a.to_json()["cost_device"] == "card A"
+    assert next(k for k in a.launches if k.family == "rmsnorm").cost.source.startswith(
+        "measured: on host (card A, 2026-12-01)")
+    assert norm_cost("card B")[1] == 300.0
+    assert norm_cost("card C")[1] == 300.0  # none of its own: the newest
+    default, us = norm_cost(None)
+    assert default.cost_device == default.device and us == 300.0
+    assert a.predicted_us < default.predicted_us
 
 
 def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None:
