@@ -37,6 +37,15 @@ def _policy_arg(p: argparse.ArgumentParser) -> None:
                         "relations with a declared error bound, e.g. tensor-core GEMVs)")
 
 
+def default_context(model: str) -> int:
+    """The cached positions a timed decode step reads by default: 1024, or one less than the
+    model's ``max_position_embeddings`` where that is smaller (the step's own position is one
+    more)."""
+    from metrale.plan.config import ModelConfig
+
+    return max(1, min(1024, ModelConfig.load(model).max_position_embeddings - 1))
+
+
 def random_arg(p: argparse.ArgumentParser) -> None:
     """``--random``: how a model without a checkpoint draws its weights, for the commands that
     time it (``runtime.engine.RANDOM_WEIGHTS``)."""
@@ -647,10 +656,7 @@ def bench(args: argparse.Namespace) -> int:
         return _bench_prefill(args)
     hw = load_hardware(args.kernels).get(names.hardware_class(args.hardware, args.kernels))
     if args.context is None:
-        from metrale.plan.config import ModelConfig
-
-        limit = ModelConfig.load(args.model).max_position_embeddings
-        args.context = max(1, min(1024, limit - 1))
+        args.context = default_context(args.model)
     if args.tp > 1 and args.record:
         raise ConfigError("evidence is each kernel timed alone, on one device", key="--record",
                           expected="--tp 1", found=f"--tp {args.tp}")

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from metrale.cli import command, extend_command
-from metrale.commands import random_arg  # and met plan, which --costs extends
+from metrale.commands import default_context, random_arg  # and met plan, which --costs extends
 from metrale.terminal import int_at_least
 
 
@@ -163,10 +163,7 @@ def tune_command(args: argparse.Namespace) -> int:
         raise ConfigError("rows must be positive", key="--rows", expected="integers >= 1",
                           found=repr(args.rows))
     if args.context is None:
-        from metrale.plan.config import ModelConfig
-
-        limit = ModelConfig.load(args.model).max_position_embeddings
-        args.context = max(1, min(1024, limit - 1))
+        args.context = default_context(args.model)
     rows = tune(args.model, args.hardware, quant=args.quant, rows=args.rows, mode=args.mode,
                 context=args.context, policy=args.policy, kernels=args.kernels,
                 steps=args.steps, repeats=args.repeats, record=not args.no_record,
