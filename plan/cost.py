@@ -255,7 +255,7 @@ class CostModel:
 
         numbers = {**box_numbers(box, fam, dict(self.sizes)), **env}
         tiles = _row_tiles(kernel, numbers) if _matrices(fam) else 1.0
-        nbytes = _port_bytes(fam, box, {**numbers, **env}, tiles, kernel)
+        nbytes = _port_bytes(fam, box, numbers, tiles, kernel)
         flops = _flops(fam, env)
         tensor = kernel is not None and info.tensor_tflops > 0 and any(
             "tensor-core" in r for r in kernel.reduction)
