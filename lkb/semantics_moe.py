@@ -33,10 +33,12 @@ from .semantics import (
     _fail,
     _index,
     _matvec_orders,
+    _norm_orders,
     _param,
     _rand,
     _shape,
     act_dtype,
+    add_rmsnorm,
     blocked_matvec,
     round_to,
     semantics,
@@ -240,3 +242,31 @@ def moe_combine(y: np.ndarray, weights: np.ndarray, *, act: str) -> tuple[np.nda
     for s in range(1, sizes["top_k"]):
         acc = acc + weights[:, s, None] * yf[:, s]
     return (acc.astype(dt),)
+
+
+def _combine_norm_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
+    return _combine_orders(p) + _norm_orders(p)
+
+
+def _ex_moe_combine_add_rmsnorm(rng, rows, act):
+    (y, weights), _ = _ex_moe_combine(rng, rows, act)
+    return (_rand(rng, (rows, 64), act), y, weights, _rand(rng, (64,), F32)), {
+        "eps": 1e-6, "h_block": 16, "act": act}
+
+
+@semantics("moe_combine_add_rmsnorm", rows=(0, 1, 2), orders=_combine_norm_orders,
+           example=_ex_moe_combine_add_rmsnorm)
+def moe_combine_add_rmsnorm(x: np.ndarray, y: np.ndarray, weights: np.ndarray, w: np.ndarray, *,
+                            eps: float, h_block: int, act: str) -> tuple[np.ndarray, np.ndarray]:
+    """The experts' weighted combine as the residual add's second term, then the norm:
+    ``s, n = add_rmsnorm(x, moe_combine(y, weights), w)``, byte for byte the two calls.
+
+    >>> y = np.array([[[1.0, 1.0], [3.0, 3.0]]], np.float32)
+    >>> s, n = moe_combine_add_rmsnorm(np.ones((1, 2), np.float32), y,
+    ...                                np.array([[0.75, 0.25]], np.float32),
+    ...                                np.ones(2, np.float32), eps=0.0, h_block=2, act="f32")
+    >>> s.tolist(), n.tolist()
+    ([[2.5, 2.5]], [[1.0, 1.0]])
+    """
+    (m,) = moe_combine(y, weights, act=act)
+    return add_rmsnorm(x, m, w, eps=eps, h_block=h_block, act=act)

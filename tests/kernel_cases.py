@@ -227,6 +227,54 @@ PREFILL_FAMILIES = ["attention", "kv_append_attention", "kv_append_attention_onl
 policy's online softmax (kv_append only, head dim up to 128)."""
 
 
+def check_combine_norm_hard_values(act: str, h: int, top_k: int, P: Any, runner: Runner) -> None:
+    """moe_combine_add_rmsnorm against moe_combine then add_rmsnorm, each its own kernel, byte
+    for byte, on values that test each rounding: experts whose weighted outputs cancel exactly
+    (the sign of the zero), a residual that cancels the combine, ±0, subnormal values, an inf, a
+    NaN, and an inf minus an inf. At h = 2880 (gpt-oss) the kernels take their vector path, at a
+    width not a multiple of 8 the scalar one. f32 activations keep the products' low bits, so a
+    fused multiply-add in place of the rounded product shows there. Row 2's NaN and inf make its
+    norm NaN; rows 0 and 1 stay finite, so the check does not pass on NaN alone."""
+
+    def stored(a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, np.float32)
+        return a.astype(ml_dtypes.bfloat16) if act == "bf16" else a
+
+    fam = P.family("moe_combine_add_rmsnorm")
+    rng = np.random.default_rng(11)
+    rows = 3
+    y = rng.standard_normal((rows, top_k, h)).astype(np.float32)
+    weights = rng.dirichlet(np.ones(top_k), rows).astype(np.float32)
+    weights[0] = 0.0
+    weights[0, :2] = 0.5
+    y[0, 1, :40] = -y[0, 0, :40]                       # w·y0 + w·y1 = +0 exactly
+    y[1, :, :8] = np.float32(1e-39)                    # subnormal (in bf16's range too)
+    y[1, 0, 8:16] = -0.0
+    y[2, 0, 5], y[2, 1, 6], y[2, 0, 7], y[2, 1, 7] = np.nan, np.inf, np.inf, np.inf
+    y[2, 2, 7] = -np.inf                               # inf - inf: NaN
+    y = stored(y)
+    combined = np.zeros((rows, h), np.float32)
+    for s in range(top_k):
+        combined = combined + weights[:, s, None] * y[:, s].astype(np.float32)
+    x = stored(rng.standard_normal((rows, h)))
+    x[1, 20:60] = stored(-combined[1, 20:60])          # the residual add cancels the combine
+    x[0, 60:64] = -0.0
+    w = (rng.standard_normal(h) * 0.5 + 1.0).astype(ml_dtypes.bfloat16)
+    sizes = {"rows": rows, "top_k": top_k, "h": h}
+    fused = runner(fam, fam.point(act=act, h_block=256), sizes,
+                   {"x": (x,), "y": (y,), "weights": (weights,), "w": (w,)})
+    comb, norm = P.family("moe_combine"), P.family("add_rmsnorm")
+    (m,) = runner(comb, comb.point(act=act), sizes, {"y": (y,), "weights": (weights,)})
+    two = runner(norm, norm.point(act=act, h_block=256), {"rows": rows, "h": h},
+                 {"x": (x,), "r": (m,), "w": (w,)})
+    assert [a.tobytes() for a in fused] == [b.tobytes() for b in two]
+    s, n = (np.asarray(a, np.float32) for a in fused)
+    assert np.isfinite(n[:2]).all() and np.isnan(n[2]).all()
+    m0 = np.asarray(m, np.float32)[0, :40]
+    assert (m0 == 0).all() and not np.signbit(m0).any()  # x + (-x) rounds to +0
+    assert (s[1, 20:60] == 0).all()
+
+
 def prefill_point(fam: Family) -> Point:
     """``fam``'s bf16 prefill point (its one KV block size: 256, or the online softmax's 64)."""
     return fam.point(act="bf16", mode="prefill", kv_block=fam.domains["kv_block"][0])

@@ -27,6 +27,7 @@ from tests.kernel_cases import (  # noqa: E402
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
+    check_combine_norm_hard_values,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
@@ -304,6 +305,13 @@ def test_bit_identical_relations_hold_on_device(gpu, rel, rhs):
 def _scratch_points():
     return [(f, p) for f, p in _points()
             if any(a.endswith(":scratch") for a in F.realize(p).args)]
+
+
+@pytest.mark.parametrize("act", ["bf16", "f32"])
+@pytest.mark.parametrize("h,top_k", [(2880, 4), (100, 3)])
+def test_moe_combine_add_rmsnorm_gives_the_two_launches_bytes_on_hard_values(gpu, h, top_k,
+                                                                              act):
+    check_combine_norm_hard_values(act, h, top_k, P, lambda *a: _run_gpu(gpu, *a))
 
 
 @pytest.mark.parametrize("fam,point", _scratch_points(),

@@ -30,6 +30,7 @@ from tests.kernel_cases import (
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
+    check_combine_norm_hard_values,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
@@ -498,6 +499,13 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
     too (the device tests are the authority: the host compiler contracts no products into fused
     multiply-adds, nvcc may)."""
     check_relation(rel, rhs, P, _runner(build_dir))
+
+@pytest.mark.parametrize("act", ["bf16", "f32"])
+@pytest.mark.parametrize("h,top_k", [(2880, 4), (100, 3)])
+def test_moe_combine_add_rmsnorm_gives_the_two_launches_bytes_on_hard_values(build_dir, h,
+                                                                              top_k, act):
+    check_combine_norm_hard_values(act, h, top_k, P, _runner(build_dir))
+
 
 
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)

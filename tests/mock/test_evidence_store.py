@@ -174,14 +174,24 @@ def test_met_evidence_imports_lists_exports_and_prunes(store, tmp_path, capsys):
     """Records in the layout ``met bench --record`` appended before the store import; the
     export keeps what counts (current source, latest per point, metric and shape); prune
     deletes the rest from the store."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from stale_evidence import awaiting_device
+
     F = realization("sm_90")
-    k = next(k for k in F.kernels() if k.point.family == "rmsnorm")
+    awaiting = set(awaiting_device("sm_90"))
+    shipped_points = {r.point for r in load_evidence(
+        Path(__file__).resolve().parents[2] / "kernels" / "sm_90" / "EVIDENCE.toml",
+        hw="sm_90").records}
+    # a kernel with a shipped record of its current source, so the later import supersedes it
+    k = next(k for k in F.kernels() if k.point.family in ("rmsnorm", "add_rmsnorm", "embedding")
+             and k.source not in awaiting and str(k.point) in shipped_points)
+    fam = k.point.family
     old = tmp_path / "records.toml"
-    current = rec(family="rmsnorm", point=str(k.point), source_hash=k.source_hash,
+    current = rec(family=fam, point=str(k.point), source_hash=k.source_hash,
                   date="2027-01-02", value=1000.0)  # later than the shipped record
-    older = rec(family="rmsnorm", point=str(k.point), source_hash=k.source_hash,
+    older = rec(family=fam, point=str(k.point), source_hash=k.source_hash,
                 date="2027-01-01", value=900.0)
-    stale = rec(family="rmsnorm", point=str(k.point), source_hash="00" * 32, date="2027-01-03")
+    stale = rec(family=fam, point=str(k.point), source_hash="00" * 32, date="2027-01-03")
     append_records(old, [older, current, stale])
     assert main(["evidence", "import", str(old)]) == 0
     assert "imported 3 new of 3" in capsys.readouterr().out
@@ -197,10 +207,6 @@ def test_met_evidence_imports_lists_exports_and_prunes(store, tmp_path, capsys):
     shipped = {r["point"]: r["status"] for r in listed if r["from"] == "shipped"}
     assert shipped.pop(str(k.point)) == "superseded"  # by the later record imported
     # the shipped records count, but those of a source awaiting a device run (stale till then)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from stale_evidence import awaiting_device
-
-    awaiting = set(awaiting_device("sm_90"))
     source = {str(k.point): k.source for k in F.kernels()}
     assert shipped and all(status == ("stale" if source.get(p) in awaiting else "counts")
                            for p, status in shipped.items()), shipped

@@ -10,6 +10,43 @@
 #include "head_norm.cuh"
 #include "warp_head.cuh"
 
+// The second term of the residual add, as the act values it would be read as. ResidualTerm: a
+// tensor r. CombineTerm: moe_combine of the row's experts' outputs y [top_k][h] and their
+// weights, recomputed where read, rounding for rounding as moe.cu's metrale_moe_combine (each
+// product rounded before its add, slot order, then rounded to act), so the fused launch gives
+// the bytes of the two (relation moe_combine_add_rmsnorm).
+struct ResidualTerm {
+    const act_t* r;
+    __device__ void eight(int c, float (&v)[8]) const { act8(r, c, v); }
+    __device__ float one(int i) const { return act_load(r[i]); }
+};
+struct CombineTerm {
+    const act_t* y;
+    const float* wt;
+    int top_k, h;
+    __device__ void eight(int c, float (&v)[8]) const {
+        float ys[8];
+        act8(y, c, ys);
+        const float w0 = wt[0];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(w0, ys[i]);
+        for (int s = 1; s < top_k; ++s) {
+            act8(y + (long)s * h, c, ys);
+            const float ws = wt[s];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], __fmul_rn(ws, ys[i]));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = act_round(v[i]);
+    }
+    __device__ float one(int i) const {
+        float acc = __fmul_rn(wt[0], act_load(y[i]));
+        for (int s = 1; s < top_k; ++s)
+            acc = __fadd_rn(acc, __fmul_rn(wt[s], act_load(y[(long)s * h + i])));
+        return act_round(acc);
+    }
+};
+
 // Sum of squares of n f32 values produced by `get`, in the declared order, over the block.
 template <class Get>
 __device__ __forceinline__ float block_sumsq(Get get, int n, float* scratch) {
@@ -34,8 +71,8 @@ __device__ __forceinline__ float block_sumsq(Get get, int n, float* scratch) {
 // write (up to ROW_CHUNKS blocks per warp); other shapes take the generic path above.
 #define ROW_CHUNKS 4
 
-template <bool ADD>
-__device__ __forceinline__ void row_norm(const act_t* x, const act_t* r, const __nv_bfloat16* w,
+template <bool ADD, class Second>
+__device__ __forceinline__ void row_norm(const act_t* x, const Second& r, const __nv_bfloat16* w,
                                          act_t* s, act_t* y, int h, float eps) {
     __shared__ float part[1024 / 32 * ROW_CHUNKS];
     __shared__ float inv_s;
@@ -53,7 +90,7 @@ __device__ __forceinline__ void row_norm(const act_t* x, const act_t* r, const _
             act8(x, c, v[j]);
             if (ADD) {
                 float rv[8];
-                act8(r, c, rv);
+                r.eight(c, rv);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) v[j][i] = act_round(v[j][i] + rv[i]);
             }
@@ -102,28 +139,37 @@ __device__ __forceinline__ void norm_row(const act_t* x, const __nv_bfloat16* w,
         y[i] = act_store(act_round(act_load(x[i]) * inv) * bf16_load(w, i));
 }
 
-// One row per block: s = round(x + r) first when ADD; then y = rmsnorm(s or x).
+// One row per block: s = round(x + r) first when ADD (r: the row's second term, a ResidualTerm
+// or a CombineTerm); then y = rmsnorm(s or x).
+template <bool ADD, class Second>
+__device__ __forceinline__ void norm_row_of(const act_t* x, const Second& r,
+                                            const __nv_bfloat16* w, act_t* s, act_t* y, int h,
+                                            float eps) {
+    __shared__ float scratch[33];
+    if (row_norm_fits(h)) {
+        row_norm<ADD>(x, r, w, s, y, h, eps);
+        return;
+    }
+    const act_t* src = x;
+    if (ADD) {
+        for (int i = threadIdx.x; i < h; i += blockDim.x)
+            s[i] = act_store(act_load(x[i]) + r.one(i));
+        __syncthreads();  // s is read back below, by other threads
+        src = s;
+    }
+    norm_row(src, w, y, h, eps, scratch);
+}
+
 template <bool ADD>
 __device__ __forceinline__ void norm_block_row(const act_t* x, const act_t* r,
                                                const __nv_bfloat16* w, act_t* s, act_t* y,
                                                int rows, int h, float eps) {
     grid_dependency_sync();
-    __shared__ float scratch[33];
     const int row = blockIdx.x;
     if (row >= rows) return;
     const long o = (long)row * h;
-    if (row_norm_fits(h)) {
-        row_norm<ADD>(x + o, ADD ? r + o : nullptr, w, ADD ? s + o : nullptr, y + o, h, eps);
-        return;
-    }
-    const act_t* src = x + o;
-    if (ADD) {
-        for (int i = threadIdx.x; i < h; i += blockDim.x)
-            s[o + i] = act_store(act_load(x[o + i]) + act_load(r[o + i]));
-        __syncthreads();  // s is read back below, by other threads
-        src = s + o;
-    }
-    norm_row(src, w, y + o, h, eps, scratch);
+    norm_row_of<ADD>(x + o, ResidualTerm{ADD ? r + o : nullptr}, w, ADD ? s + o : nullptr, y + o,
+                     h, eps);
 }
 
 // grid (rows), block min(512, 32 * ceil(h / H_BLOCK)).
@@ -139,6 +185,23 @@ metrale_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ r,
                     const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
                     act_t* __restrict__ y, int rows, int h, float eps) {
     norm_block_row<true>(x, r, w, s, y, rows, h, eps);
+}
+
+// m = moe_combine(y, weights); s = round(x + m); n = rmsnorm(s): the experts' combine folded
+// into the next residual add and norm. y [rows, top_k, h], weights f32 [rows, top_k]. grid
+// (rows), block as rmsnorm.
+extern "C" __global__ void __launch_bounds__(512)
+metrale_moe_combine_add_rmsnorm(const act_t* __restrict__ x, const act_t* __restrict__ y,
+                                const float* __restrict__ weights,
+                                const __nv_bfloat16* __restrict__ w, act_t* __restrict__ s,
+                                act_t* __restrict__ n, int rows, int top_k, int h, float eps) {
+    grid_dependency_sync();
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    if (top_k < 1) __trap();  // a combine of no experts: a loud fault
+    const long o = (long)row * h;
+    const CombineTerm m{y + o * top_k, weights + (long)row * top_k, top_k, h};
+    norm_row_of<true>(x + o, m, w, s + o, n + o, h, eps);
 }
 
 // The per-head norms, a warp a head (warp_head.cuh): the warp's head normalized into its own slice
