@@ -45,6 +45,7 @@
 // that, in loops, cost microseconds (benchmarks/trace_gpu_attention.py).
 // Defines: ACT_*, KV_BLOCK (256), CHUNK (64); for the rope entries ROPE_NEOX |
 // ROPE_INTERLEAVED, and H_BLOCK for the normalizing one; PHASE_TRACE (phase.cuh) for profiling.
+#include "cp_async.cuh"
 #include "metrale.cuh"
 #include "phase.cuh"
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
@@ -121,15 +122,6 @@ struct DecodeSmem {
     }
 };
 
-// 16 bytes global -> shared without a register (cp.async, sm_80+): the copies of a block are
-// all in flight together, and cp_async_wait_all then a barrier makes them visible.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
-}
 
 // A row of n bytes (a multiple of 16) copied by the block's threads, 16 at a time.
 __device__ __forceinline__ void copy_row(char* dst, const char* src, int n) {
