@@ -111,7 +111,6 @@ def router_topk_softmax(x: np.ndarray, w: np.ndarray, bias: np.ndarray, *, k_blo
     return topk_softmax(logits, bias, top_k=top_k)
 
 
-
 def _ex_add_rmsnorm_router(rng, rows, act):
     return (_rand(rng, (rows, 64), act), _rand(rng, (rows, 64), act), _rand(rng, (64,), F32),
             _rand(rng, (8, 64), F32, 0.3), _rand(rng, (8,), F32)), {
@@ -146,6 +145,7 @@ def add_rmsnorm_router(x: np.ndarray, r: np.ndarray, w: np.ndarray, wr: np.ndarr
     s, n = add_rmsnorm(x, r, w, eps=eps, h_block=h_block, act=act)
     return (s, n, *router_topk_softmax(n, wr, bias, k_block=k_block, across=across, act=act,
                                        top_k=top_k))
+
 
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, limit: float, alpha: float,
                    dt: np.dtype) -> np.ndarray:
