@@ -463,7 +463,7 @@ def _traffic(fam: Family, box: Box, sizes: Mapping[str, int], kernel: Any = None
 
     total = 0
     # the family's dims take the circuit's sizes through the box's types
-    env = box_numbers(box, fam, {k: v for k, v in sizes.items()})
+    env = box_numbers(box, fam, dict(sizes))
     for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
         elements = declared_traffic(fam, kernel, port.name, env)
         total += _nbytes(t, t.numel(sizes) if elements is None else int(elements))

@@ -227,6 +227,12 @@ PREFILL_FAMILIES = ["attention", "kv_append_attention", "kv_append_attention_onl
 policy's online softmax (kv_append only, head dim up to 128)."""
 
 
+def _stored(a: Any, act: str) -> np.ndarray:
+    """``a`` as an act tensor is stored: bf16, or f32 as it is."""
+    a = np.asarray(a, np.float32)
+    return a.astype(ml_dtypes.bfloat16) if act == "bf16" else a
+
+
 def check_combine_norm_hard_values(act: str, h: int, top_k: int, P: Any, runner: Runner) -> None:
     """moe_combine_add_rmsnorm against moe_combine then add_rmsnorm, each its own kernel, byte
     for byte, on values that test each rounding: experts whose weighted outputs cancel exactly
@@ -235,10 +241,6 @@ def check_combine_norm_hard_values(act: str, h: int, top_k: int, P: Any, runner:
     width not a multiple of 8 the scalar one. f32 activations keep the products' low bits, so a
     fused multiply-add in place of the rounded product shows there. Row 2's NaN and inf make its
     norm NaN; rows 0 and 1 stay finite, so the check does not pass on NaN alone."""
-
-    def stored(a: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, np.float32)
-        return a.astype(ml_dtypes.bfloat16) if act == "bf16" else a
 
     fam = P.family("moe_combine_add_rmsnorm")
     rng = np.random.default_rng(11)
@@ -252,12 +254,12 @@ def check_combine_norm_hard_values(act: str, h: int, top_k: int, P: Any, runner:
     y[1, 0, 8:16] = -0.0
     y[2, 0, 5], y[2, 1, 6], y[2, 0, 7], y[2, 1, 7] = np.nan, np.inf, np.inf, np.inf
     y[2, 2, 7] = -np.inf                               # inf - inf: NaN
-    y = stored(y)
+    y = _stored(y, act)
     combined = np.zeros((rows, h), np.float32)
     for s in range(top_k):
         combined = combined + weights[:, s, None] * y[:, s].astype(np.float32)
-    x = stored(rng.standard_normal((rows, h)))
-    x[1, 20:60] = stored(-combined[1, 20:60])          # the residual add cancels the combine
+    x = _stored(rng.standard_normal((rows, h)), act)
+    x[1, 20:60] = _stored(-combined[1, 20:60], act)    # the residual add cancels the combine
     x[0, 60:64] = -0.0
     w = (rng.standard_normal(h) * 0.5 + 1.0).astype(ml_dtypes.bfloat16)
     sizes = {"rows": rows, "top_k": top_k, "h": h}
@@ -283,17 +285,13 @@ def check_add_norm_router_hard_values(act: str, P: Any, runner: Runner) -> None:
     id first), ±0, subnormal values, and a row with a NaN (its norm and logits all NaN, as in
     the two launches). Row 0 stays finite, so the check does not pass on NaN alone."""
 
-    def stored(a: np.ndarray) -> np.ndarray:
-        a = np.asarray(a, np.float32)
-        return a.astype(ml_dtypes.bfloat16) if act == "bf16" else a
-
     fam = P.family("add_rmsnorm_router")
     rows, h, e, top_k = 4, 2880, 32, 4
     rng = np.random.default_rng(13)
-    x = stored(rng.standard_normal((rows, h)))
-    r = stored(rng.standard_normal((rows, h)))
+    x = _stored(rng.standard_normal((rows, h)), act)
+    r = _stored(rng.standard_normal((rows, h)), act)
     r[1] = -x[1]
-    r[1, :16] = stored(rng.standard_normal(16))  # s is +0 but for 16 columns
+    r[1, :16] = _stored(rng.standard_normal(16), act)  # s is +0 but for 16 columns
     x[0, 100:108], r[0, 100:108] = -0.0, -0.0
     x[0, 200:208] = np.float32(1e-39)
     x[2], r[2] = x[0], r[0]

@@ -180,8 +180,7 @@ def test_met_evidence_imports_lists_exports_and_prunes(store, tmp_path, capsys):
     F = realization("sm_90")
     awaiting = set(awaiting_device("sm_90"))
     shipped_points = {r.point for r in load_evidence(
-        Path(__file__).resolve().parents[2] / "kernels" / "sm_90" / "EVIDENCE.toml",
-        hw="sm_90").records}
+        default_kernels_dir() / "sm_90" / "EVIDENCE.toml", hw="sm_90").records}
     # a kernel with a shipped record of its current source, so the later import supersedes it
     k = next(k for k in F.kernels() if k.point.family in ("rmsnorm", "add_rmsnorm", "embedding")
              and k.source not in awaiting and str(k.point) in shipped_points)
