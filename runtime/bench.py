@@ -142,11 +142,12 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
     """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
     ``rows``-token prompt, with ``logits`` as prefill_program takes it) timed alone, its inputs
     rotated across copies; the expert kernels' copies route to other experts instead
-    (``EXPERT_IDS_ARG``)."""
+    (``expert_ids_arg``)."""
     prog = (decode_program(engine, rows) if mode == "decode"
             else prefill_program(engine, rows, logits=logits))
-    weights = {b.name for b in engine.plan(mode, rows, logits=logits).buffers
-               if b.kind == "weight"}
+    plan = engine.plan(mode, rows, logits=logits)
+    weights = {b.name for b in plan.buffers if b.kind == "weight"}
+    presentation = plan.hw_target.presentation
     be = engine.backend
     # a planned kernel's launches (its own, then its `then` launches) are timed together
     chains: dict[int, list[int]] = {}
@@ -166,7 +167,7 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
         rotate = [j for j, name in enumerate(ln.arg_names)
                   if (isinstance(name, str) and name in k.inputs)
                   or (isinstance(name, tuple) and name[0] == "part")]
-        ids = EXPERT_IDS_ARG.get(k.family)
+        ids = expert_ids_arg(presentation.family(k.family), k.inputs, ln.arg_names)
         if ids is not None:
             # the expert kernels read only the routed experts' rows: every copy routes to other
             # experts (the weights stay), so that L2 holds none of the rows read one launch ago,
@@ -207,8 +208,16 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
     return tuple(out)
 
 
-# The expert kernels' argument that holds the routed expert ids (int32, rows x top_k).
-EXPERT_IDS_ARG = {"moe_gate_up_swiglu": 1, "moe_down": 1}
+def expert_ids_arg(family: Any, inputs: tuple[str, ...], arg_names: tuple) -> int | None:
+    """The launch argument holding an expert kernel's routed ids: the input its family ranges
+    by the experts (``ranges = { ids = "e" }``), int32 ``[rows, top_k]``; None for a kernel
+    without one. Named by the family, not listed: every expert family is routed, whatever
+    model brought it (an unrouted copy of a step's ids reads whatever the buffer held)."""
+    ranges = dict(family.ranges)
+    for port, buffer in zip(family.inputs, inputs):
+        if ranges.get(port.name) == "e" and buffer in arg_names:
+            return arg_names.index(buffer)
+    return None
 
 
 def weight_args(arg_names: tuple, weights: set[str]) -> set[int]:
