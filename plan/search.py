@@ -16,16 +16,18 @@ layer where it recurs):
 2. sites are independent: the cost of a site's kernels depends on its own choices only, so
    each site's alternatives (the subsets of its matches to skip) are enumerated on the site's
    part of the diagram alone (its boxes, the wires entering and leaving them), and each site
-   keeps its cheapest; matches met for the first time (chains that another choice uncovers)
-   join their sites and the enumeration repeats;
+   keeps its cheapest (the priority order's where none is ``MARGIN`` cheaper); matches met for
+   the first time (chains that another choice uncovers) join their sites and the enumeration
+   repeats;
 3. the check: the plan made of every site's choice is rewritten, and its cost must equal the
    sum of the sites' chosen costs and the rest; if it does not, the sites were not independent
    and the cheapest plan rewritten during the search is taken instead (said in ``note``).
 
 Time bound: a site of m matches has 2^m alternatives; sites of more than ``SITE_LIMIT``
-matches keep the priority order (said in ``note``). Per matmul point: two rewrites of the
-two-layer cut, and per round (at most ``ROUNDS``) the sum over sites of 2^m rewrites of a
-part of a few boxes.
+matches try two under the bounded policy, the priority order and that order with the site's
+bounded relations skipped, and keep the priority order under the exact one (said in ``note``).
+Per matmul point: two rewrites of the two-layer cut, and per round (at most ``ROUNDS``) the sum
+over sites of 2^m rewrites of a part of a few boxes.
 
 >>> from metrale.realize.target import target
 >>> from metrale.plan.config import ModelConfig
@@ -76,10 +78,14 @@ class Site:
     """The site's cost with nothing skipped (the priority order's plan)."""
     matches: tuple[Signature, ...] = attrs.field(default=(), eq=False, repr=False)
     """The matches' signatures, in the order the alternatives are numbered (bit i: skip i)."""
+    masks: tuple[int, ...] = attrs.field(default=(), eq=False, repr=False)
+    """Where not every subset was enumerated (a site of more than ``SITE_LIMIT`` matches), the
+    skip masks of the alternatives that were, in order."""
 
     def skip_of(self, a: int) -> frozenset[Signature]:
         """The matches alternative ``a`` of this site skips."""
-        return _subset(list(self.matches), a % max(1, self.alternatives))
+        a %= max(1, self.alternatives)
+        return _subset(list(self.matches), self.masks[a] if self.masks else a)
 
 
 @attrs.frozen
@@ -327,6 +333,28 @@ def _subset(comp: list[Signature], a: int) -> frozenset[Signature]:
     return frozenset(s for i, s in enumerate(comp) if a >> i & 1)
 
 
+def _masks(site: list[Signature], names: Mapping[Signature, str], ev: _Evaluator
+           ) -> list[int]:
+    """The skip masks a site's enumeration tries: every subset of its matches, or past
+    ``SITE_LIMIT`` the priority order (0) and, where the site has bounded relations, that order
+    with them skipped."""
+    if len(site) <= SITE_LIMIT:
+        return list(range(1 << len(site)))
+    loose = sum(1 << i for i, s in enumerate(site) if not ev.P.relation(names[s]).exact)
+    return [0, loose] if loose and ev.policy == "bounded" else [0]
+
+
+def _site_choice(alts: Mapping[int, float], margin: float) -> int:
+    """A site's alternative (a skip mask) from each one's cost: the cheapest, where it is at
+    least ``margin`` cheaper than the priority order's (0), else the priority order's.
+
+    >>> _site_choice({0: 10.0, 1: 9.0, 2: 9.9}, 0.02), _site_choice({0: 10.0, 1: 9.9}, 0.02)
+    (1, 0)
+    """
+    best = min(alts, key=lambda a: (alts[a], bin(a).count("1"), a))
+    return best if alts[best] < alts[0] * (1 - margin) else 0
+
+
 def _search_shape(ev: _Evaluator, margin: float = MARGIN
                   ) -> tuple[frozenset, float, list[Site], str]:
     boxes_of: dict[Signature, set[int]] = {}
@@ -351,7 +379,7 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
     learn(ev(frozenset())[1])
     note = ""
     comps: list[list[Signature]] = []
-    table: dict[int, dict[int, float]] = {}
+    table: dict[int, dict[int, float]] = {}  # a site's alternatives' costs, by skip mask
     done: dict[tuple, dict[int, float]] = {}  # a site's enumeration, by its matches and boxes
     for _ in range(ROUNDS):
         comps = _components(boxes_of, order)
@@ -364,9 +392,8 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
                 table[i] = done[key]
                 continue
             part, fmap = ev.part(cover)
-            n = (1 << len(c)) if len(c) <= SITE_LIMIT else 1
             table[i] = done[key] = {}
-            for a in range(n):
+            for a in _masks(c, names, ev):
                 table[i][a], rw = ev.rewrite_part(part, fmap, _subset(c, a))
                 new |= learn(rw)
         if not new:
@@ -375,18 +402,19 @@ def _search_shape(ev: _Evaluator, margin: float = MARGIN
         note = f"chained matches still uncovered after {ROUNDS} rounds"
     if any(len(c) > SITE_LIMIT for c in comps):
         note = (note + "; " if note else "") + (
-            f"a site of more than {SITE_LIMIT} matches kept the priority order")
+            f"a site of more than {SITE_LIMIT} matches " + (
+                "tried the priority order and that order without its bounded relations"
+                if ev.policy == "bounded" else "kept the priority order"))
     chosen: frozenset = frozenset()
     sites = []
     site_total = 0.0
     for i, c in enumerate(comps):
-        best = min(table[i], key=lambda a: (table[i][a], bin(a).count("1"), a))
-        if not table[i][best] < table[i][0] * (1 - margin):
-            best = 0
+        best = _site_choice(table[i], margin)
         chosen |= _subset(c, best)
         site_total += table[i][best]
         sites.append(Site(tuple(names[s] for s in c), tuple(names[s] for s in _subset(c, best)),
-                          len(table[i]), table[i][best], table[i][0], tuple(c)))
+                          len(table[i]), table[i][best], table[i][0], tuple(c),
+                          tuple(table[i]) if len(c) > SITE_LIMIT else ()))
     # the check: the whole rewritten with every site's choice costs what the sites predict
     covered = set().union(*boxes_of.values()) if boxes_of else set()
     _, rw0, costs0 = ev(frozenset())

@@ -17,7 +17,7 @@ from metrale.plan.config import ModelConfig
 from metrale.plan.cost import CostModel
 from metrale.plan.lower import lowering
 from metrale.plan.plan import plan_for
-from metrale.plan.search import ALTERNATIVE, _Evaluator, _search_shape, alternatives
+from metrale.plan.search import ALTERNATIVE, SITE_LIMIT, _Evaluator, _search_shape, alternatives
 from metrale.realize.evidence_store import EvidenceStore
 from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.target import target
@@ -172,6 +172,33 @@ def test_decode_buckets_choose_apart_and_keep_row_invariance(kernels: Path) -> N
     a = _logits(p1, weights, [9], [0], [0])
     b = _logits(p3, weights, [9, 2, 11], [0, 0, 0], [0, 1, 2])
     assert a[0].tobytes() == b[0].tobytes()
+
+
+def test_a_site_past_the_limit_can_leave_its_bounded_relations(kernels: Path) -> None:
+    """A site of more matches than SITE_LIMIT tries two alternatives, the priority order and
+    that order without its bounded relations: where the tensor-core GEMVs are measured dearer
+    (synthetic records), the bounded plan keeps the CUDA-core ones there too."""
+    def mma(plan):
+        return {k.family for k in plan.launches
+                if dict(k.point.params).get("shape") == "gemv_mma"}
+
+    before = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels, policy="bounded")
+    assert "a site of more than" in before.choice.note
+    big = [x for x in before.choice.sites if len(x.relations) > SITE_LIMIT]
+    assert big and all(x.alternatives == 2 for x in big)
+    assert {"linear", "qkv", "gate_up_swiglu", "lm_head"} <= mma(before)  # by priority
+    after = before
+    for _ in range(3):  # each plan's tensor-core GEMVs measured dear, until none is left
+        for fam in mma(after):
+            record_family_times(kernels, after, fam, 1e4)
+        after = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels, policy="bounded")
+    assert not mma(after), mma(after)
+    assert after.predicted_us < before.predicted_us
+    left = [x for x in after.choice.sites if len(x.relations) > SITE_LIMIT]
+    assert left and all(any(r.startswith("mma_gemv") for r in x.skipped) for x in left)
+    # met tune's alternatives hold the large sites' two: the second skips the bounded matches
+    alts = [a for a in alternatives(after.choice) if a.shape == after.choice.shape]
+    assert any(any(sig[0].startswith("mma_gemv") for sig in a.skip) for a in alts[1:])
 
 
 # -- met tune on the host -------------------------------------------------------------------
