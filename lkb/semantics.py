@@ -196,7 +196,7 @@ def semantics(
     rows, act)`` returns ``(args, params)`` for a small random call.
 
     >>> sorted(SEMANTICS)[:3]
-    ['add', 'add_rmsnorm', 'add_rmsnorm_router']
+    ['add', 'add_rmsnorm', 'all_gather']
     """
 
     def register(fn: Family) -> Family:

@@ -32,12 +32,10 @@ from .semantics import (
     _fail,
     _index,
     _matvec_orders,
-    _norm_orders,
     _param,
     _rand,
     _shape,
     act_dtype,
-    add_rmsnorm,
     blocked_matvec,
     linear,
     round_to,
@@ -109,42 +107,6 @@ def router_topk_softmax(x: np.ndarray, w: np.ndarray, bias: np.ndarray, *, k_blo
     """
     (logits,) = linear(x, w, k_block=k_block, across=across, out="f32", act=act)
     return topk_softmax(logits, bias, top_k=top_k)
-
-
-def _ex_add_rmsnorm_router(rng, rows, act):
-    return (_rand(rng, (rows, 64), act), _rand(rng, (rows, 64), act), _rand(rng, (64,), F32),
-            _rand(rng, (8, 64), F32, 0.3), _rand(rng, (8,), F32)), {
-        "eps": 1e-6, "h_block": 16, "k_block": 16, "across": "sequential", "act": act,
-        "top_k": 2}
-
-
-def _add_norm_router_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    """The norm's, then router_topk_softmax's in its own words (its logits' width is its k, the
-    h here), so the relation compares like with like."""
-    return _norm_orders(p) + _router_matvec_orders(p)
-
-
-@semantics("add_rmsnorm_router", rows=(0, 1), orders=_add_norm_router_orders,
-           example=_ex_add_rmsnorm_router)
-def add_rmsnorm_router(x: np.ndarray, r: np.ndarray, w: np.ndarray, wr: np.ndarray,
-                       bias: np.ndarray, *, eps: float, h_block: int, k_block: int,
-                       across: str = "sequential", act: str,
-                       top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The residual add and norm before the router, then the router:
-    ``s, n = add_rmsnorm(x, r, w)`` and ``router_topk_softmax(n, wr, bias)``, byte for byte the
-    two calls.
-
-    >>> one = np.ones((1, 2), np.float32)
-    >>> s, n, p, ids = add_rmsnorm_router(one, one, np.ones(2, np.float32),
-    ...                                   np.array([[0.5, 0.5], [1.0, 1.0]], np.float32),
-    ...                                   np.zeros(2, np.float32), eps=0.0, h_block=2,
-    ...                                   k_block=2, act="f32", top_k=1)
-    >>> s.tolist(), n.tolist(), p.tolist(), ids.tolist()
-    ([[2.0, 2.0]], [[1.0, 1.0]], [[1.0]], [[1]])
-    """
-    s, n = add_rmsnorm(x, r, w, eps=eps, h_block=h_block, act=act)
-    return (s, n, *router_topk_softmax(n, wr, bias, k_block=k_block, across=across, act=act,
-                                       top_k=top_k))
 
 
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, limit: float, alpha: float,

@@ -27,7 +27,6 @@ from tests.kernel_cases import (  # noqa: E402
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
-    check_add_norm_router_hard_values,
     check_combine_norm_hard_values,
     check_gemm,
     check_gemm_exact,
@@ -313,13 +312,6 @@ def _scratch_points():
 def test_moe_combine_add_rmsnorm_gives_the_two_launches_bytes_on_hard_values(gpu, h, top_k,
                                                                               act):
     check_combine_norm_hard_values(act, h, top_k, P, lambda *a: _run_gpu(gpu, *a))
-
-
-@pytest.mark.parametrize("act", ["bf16", "f32"])
-def test_add_rmsnorm_router_gives_the_two_launches_bytes_on_hard_values(gpu, act):
-    check_add_norm_router_hard_values(
-        act, P, lambda fam, point, sizes, device, attrs=None: _run_gpu(gpu, fam, point, sizes,
-                                                                       device, attrs=attrs))
 
 
 @pytest.mark.parametrize("fam,point", _scratch_points(),

@@ -30,7 +30,6 @@ from tests.kernel_cases import (
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
-    check_add_norm_router_hard_values,
     check_combine_norm_hard_values,
     check_gemm,
     check_gemm_exact,
@@ -506,12 +505,6 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
 def test_moe_combine_add_rmsnorm_gives_the_two_launches_bytes_on_hard_values(build_dir, h,
                                                                               top_k, act):
     check_combine_norm_hard_values(act, h, top_k, P, _runner(build_dir))
-
-
-@pytest.mark.parametrize("act", ["bf16", "f32"])
-def test_add_rmsnorm_router_gives_the_two_launches_bytes_on_hard_values(build_dir, act):
-    check_add_norm_router_hard_values(act, P, _runner(build_dir))
-
 
 
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)

@@ -4,14 +4,12 @@
 // topk_softmax: one warp per row; the biased logits l = logits + bias go to dynamic shared
 // memory (e floats), top_k rounds of a warp argmax pick them (descending, ties to the lower
 // id), and the softmax runs over the chosen: e_j = exp(v_j - v_0), their sum left to right,
-// w_j = e_j / sum; router_topk_softmax makes the logits too, a warp an expert, and
-// add_rmsnorm_router first the residual add and the norm the router reads. The expert
+// w_j = e_j / sum; router_topk_softmax makes the logits too, a warp an expert. The expert
 // kernels reduce through warp_dots (gemv.cuh), one warp per (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
 // 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
 // metrale.lkb.semantics_moe_clamp; moe_down_bias adds the expert's bias to its down projection.
 // Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap.
-// Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (the router's and expert kernels); H_BLOCK
-// (add_rmsnorm_router's norm).
+// Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (the router's and expert kernels).
 #if !defined(ACT_BF16) && !defined(ACT_F32)
 #define ACT_F32 1  // the router has no activation; f32 lets the header compile
 #endif
@@ -20,10 +18,6 @@
 #include "gemv.cuh"
 #include "moe_clamp.cuh"
 #define MOE_EXPERTS 1
-#if defined(H_BLOCK)
-#include "cp_async.cuh"
-#include "norm_row.cuh"
-#endif
 #else
 #include "metrale.cuh"
 #endif
@@ -115,49 +109,6 @@ metrale_router_topk_softmax(const act_t* __restrict__ x, const __nv_bfloat16* __
     if (warp == 0)
         topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
 }
-
-#if defined(H_BLOCK)
-// add_rmsnorm_router: s = round(x + r), n = rmsnorm(s, w) (norm_row.cuh, as add_rmsnorm), then
-// router_topk_softmax of n: the router's logits by warp_dot, a warp an expert (warp j takes
-// experts j, j + warps, ...), the bias added into shared memory, warp 0's selection. The
-// router's rows [e, h] do not depend on the step, so the block copies them into its dynamic
-// shared memory before the dependent-launch wait (while the launches before it run) and the
-// dots read them there: the same loads and sums as from global memory, so the bytes are the
-// two launches'. grid (rows), block add_rmsnorm's (its scalar path's order depends on it);
-// dynamic shared memory 2 e h bytes of rows, then e floats. A class whose blocks cannot hold
-// the rows leaves the two launches unfused (the fuser asks the launch rule first).
-extern "C" __global__ void __launch_bounds__(512)
-metrale_add_rmsnorm_router(const act_t* __restrict__ x, const act_t* __restrict__ r,
-                           const __nv_bfloat16* __restrict__ w,
-                           const __nv_bfloat16* __restrict__ wr,
-                           const __nv_bfloat16* __restrict__ bias, act_t* __restrict__ s,
-                           act_t* n, float* __restrict__ weights, int* __restrict__ ids,
-                           int rows, int h, int e, int top_k, float eps) {
-    extern __shared__ __align__(16) char rows_smem[];
-    const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long wbytes = 2L * e * h;
-    if (top_k > MAX_TOP_K || top_k > e || (h & 7) ||
-        dynamic_smem_bytes() < (unsigned long)(wbytes + 4L * e))
-        __trap();  // a selection or a row the kernel cannot serve: a loud fault
-    if (row >= rows) return;
-    for (long at = threadIdx.x * 16L; at < wbytes; at += blockDim.x * 16L)
-        cp_async16(rows_smem + at, (const char*)wr + at);
-    float* biased = (float*)(rows_smem + wbytes);
-    grid_dependency_sync();
-    const long o = (long)row * h;
-    norm_row_of<true>(x + o, ResidualTerm{r + o}, w, s + o, n + o, h, eps);
-    cp_async_wait_all();
-    __syncthreads();  // the block's n and the copied rows are every thread's
-    const WeightRef ref = weight_ref(rows_smem, nullptr, nullptr);
-    for (int j = warp; j < e; j += blockDim.x >> 5) {
-        const float d = warp_dot(n + o, weight_rows(ref, j, h), h);
-        if (lane == 0) biased[j] = __fadd_rn(d, __bfloat162float(bias[j]));
-    }
-    __syncthreads();
-    if (warp == 0)
-        topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
-}
-#endif
 
 // h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
 // grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.

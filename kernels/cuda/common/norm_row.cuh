@@ -1,5 +1,5 @@
-// Metrale CUDA: one row's RMS norm by one block, the residual add first where asked; shared by
-// norm.cu (rmsnorm, add_rmsnorm, moe_combine_add_rmsnorm) and moe_clamp.cu (add_rmsnorm_router).
+// Metrale CUDA: one row's RMS norm by one block, the residual add first where asked: norm.cu's
+// rmsnorm, add_rmsnorm and moe_combine_add_rmsnorm.
 //
 // Sum of squares in f32: h in blocks of H_BLOCK, the block partials combined sequentially.
 // Inside a block: for row norms (H_BLOCK = 256, h a multiple of 8) lane l squares-and-adds
