@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from metrale.plan.circuit import circuit_for
 from metrale.plan.config import ModelConfig
 from metrale.plan.cost import CostModel
+from metrale.plan.fuser import fuser
 from metrale.plan.lower import lowering
 from metrale.plan.plan import plan_for
 from metrale.plan.search import ALTERNATIVE, SITE_LIMIT, _Evaluator, _search_shape, alternatives
@@ -124,6 +125,15 @@ def test_synthetic_evidence_makes_the_plan_switch_and_the_bytes_stay(kernels: Pa
     assert switched.predicted_us < 1e6
     assert any("not chosen" in d.reason for d in switched.declined if d.relation == "add_rmsnorm")
     assert switched.exact and switched.row_invariant
+    # the switched plan is still the composite (L_H >> F_H)(circuit), L_H taking the choice
+    c = circuit_for("tiny-llama", "bf16")
+    F = switched.hw_target.realization()
+    image = (fuser(c, F, shape=switched.choice.shape, skip=switched.choice.skip)
+             >> F.functor)(c.diagram)
+    assert [b.param("kernel") for b in image.boxes] == [
+        "view" if k.view else k.kernel.key for k in switched.kernels]
+    assert [b.param("kernel") for b in (fuser(c, F) >> F.functor)(c.diagram).boxes] != [
+        "view" if k.view else k.kernel.key for k in switched.kernels]  # not the priority order
     for seed in (0, 1):
         weights = _adversarial_weights("tiny-llama", seed)
         args = ([5], [0], [0])

@@ -57,15 +57,17 @@ def test_F_still_refuses_what_is_not_a_generator():
 def test_plan_kernels_are_the_image_of_the_composite(model):
     """For every built-in model (two decoder layers: the rest repeat them), quant and class,
     the plan's kernels, in order, are the boxes of (L_H >> F_H)(circuit) as a user composes
-    it: the same kernel at every position, views where the image has views."""
+    it, L_H taking the search's choice (its matmul point and the matches it skips): the same
+    kernel at every position, views where the image has views."""
     config = ModelConfig.load(model)
     config = config.with_layers(min(config.num_hidden_layers, 2))
     for quant in QUANTS:
         c = circuit_for(config, quant)
         for hw in _classes():
             F = target(hw).realization(KernelTarget(hw, config.name, quant))
-            image = (fuser(c, F) >> F.functor)(c.diagram)
             plan = plan_for(config, quant, hw)
+            L = fuser(c, F, shape=plan.choice.shape, skip=plan.choice.skip)
+            image = (L >> F.functor)(c.diagram)
             assert [b.param("kernel") for b in image.boxes] == [
                 "view" if k.view else k.kernel.key for k in plan.kernels], (hw, quant)
             assert [F.kernel_of(b) for b in image.boxes] == [
