@@ -26,7 +26,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from metrale.runtime.backend import DevicePtr
+from metrale.lkb.errors import DeviceFault
+from metrale.runtime.backend import DevicePtr, device_fault
 
 CACHE_BYTES = 64 * 2**20
 """A last-level cache at least this large is assumed (H200 L2: 60 MB); inputs are rotated
@@ -200,6 +201,9 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
                           for a in prog.arguments[i]) for i in chain] for sw in swaps]
         try:
             seconds = _time_launches(be, lns, chained, repeats)
+        except DeviceFault as e:  # a graph replay knows no kernel: name the one being timed
+            raise device_fault("kernel_times", f"#{k.index} {k.family} {k.point}",
+                               e.found) from e
         finally:
             for ptr in owned:
                 be.free(ptr)

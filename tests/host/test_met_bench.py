@@ -128,6 +128,29 @@ def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch, mod
         assert shared[family] >= (2 if "gate_up" in family else 1), family
 
 
+def test_a_device_fault_while_timing_names_the_kernel(monkeypatch):
+    """A graph replay that faults knows no kernel; kernel_times names the one it was timing."""
+    from metrale.lkb.errors import DeviceFault
+    from metrale.runtime import bench as rb
+    from metrale.runtime.backend import device_fault
+    from metrale.runtime.engine import Engine
+
+    def fault(be, lns, chains, repeats):
+        if lns[0].kernel.family == "gate_up_swiglu":
+            raise device_fault("synchronize", None, "unspecified launch failure")
+        return 1e-6
+
+    monkeypatch.setattr(rb, "_time_launches", fault)
+    with Engine.load("tiny-llama", max_ctx=16, slots=1) as eng:
+        index = next(k.index for k in eng.plan("decode", 1).kernels
+                     if k.family == "gate_up_swiglu")
+        with pytest.raises(DeviceFault) as err:
+            rb.kernel_times(eng, 1, repeats=2)
+    text = str(err.value)
+    assert f"in kernel '#{index} gate_up_swiglu gate_up_swiglu[" in text, text
+    assert "unspecified launch failure" in text and "kernel_times" in text
+
+
 def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypatch):
     """`met bench --record` hands its records, with the shape they measured, to the evidence
     store; the kernels folder (the installed package) is left as it was."""
