@@ -40,6 +40,22 @@ def kernels(tmp_path: Path) -> Path:
     return root
 
 
+def analytic_kernels(dest: Path) -> Path:
+    """A copy of the shipped kernels folder without its time records, at ``dest``: its plans are
+    priced by the analytic model, and their choices are the priorities', whatever time records
+    ship (the tests of the model, and of what a relation does where it applies, read these)."""
+    shutil.copytree(default_kernels_dir(), dest)
+    for ev in dest.rglob("EVIDENCE.toml"):
+        lines = ev.read_text(encoding="utf-8").splitlines(keepends=True)
+        ev.write_text("".join(x for x in lines if 'metric = "time@' not in x), encoding="utf-8")
+    return dest
+
+
+@pytest.fixture
+def analytic(tmp_path: Path) -> Path:
+    return analytic_kernels(tmp_path / "analytic")
+
+
 def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | None = None,
                         source_hash: str | None = None, device: str = "test CPU",
                         date: str = "2026-12-01") -> None:
@@ -60,8 +76,8 @@ def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | N
     assert record_times(records) == len(records)
 
 
-def test_every_kernel_is_costed_by_the_model_with_its_source() -> None:
-    p = plan_for("tiny-qwen3", "bf16", "sm_90")
+def test_every_kernel_is_costed_by_the_model_with_its_source(analytic: Path) -> None:
+    p = plan_for("tiny-qwen3", "bf16", "sm_90", kernels_dir=analytic)
     assert all(k.cost is not None for k in p.kernels)
     for k in p.launches:
         assert k.cost.kind == "model" and k.cost.us >= 2.0, k.cost  # one launch at least
@@ -70,19 +86,20 @@ def test_every_kernel_is_costed_by_the_model_with_its_source() -> None:
     assert p.predicted_us == pytest.approx(sum(k.cost.us for k in p.launches))
 
 
-def test_the_model_reads_bytes_flops_and_the_engine_of_the_declared_order() -> None:
+def test_the_model_reads_bytes_flops_and_the_engine_of_the_declared_order(analytic: Path
+                                                                         ) -> None:
     """A GEMM-shaped prefill matmul on sm_90 declares a tensor-core order: its FLOPs go at the
     tensor rate; the GEMV's at the vector rate. The multi-row GEMV's grid tiles 16 rows into one
     block of rows, so its weights are read once; at 17 rows, twice."""
-    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=64)
+    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=64, kernels_dir=analytic)
     qkv = next(k for k in p.launches if k.family == "qkv")
     assert dict(qkv.point.params)["shape"] == "gemm"
     assert "989 TFLOP/s tensor" in qkv.cost.source
-    d = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="decode", rows=16)
+    d = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="decode", rows=16, kernels_dir=analytic)
     qkv16 = next(k for k in d.launches if k.family == "qkv")
     assert "67 TFLOP/s vector" in qkv16.cost.source
     assert "by row tiles" not in qkv16.cost.source
-    d17 = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="decode", rows=17)
+    d17 = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="decode", rows=17, kernels_dir=analytic)
     qkv17 = next(k for k in d17.launches if k.family == "qkv")
     assert "weights read 2× by row tiles" in qkv17.cost.source
     # 2 * rows * (nq + nk + nv) * k FLOPs: 2 * 16 * 6144 * 4096
@@ -217,10 +234,11 @@ def test_the_plan_json_carries_costs_and_the_search() -> None:
     json.dumps(doc, allow_nan=False)  # every number is finite JSON
 
 
-def test_met_plan_costs_snapshot(capsys) -> None:
+def test_met_plan_costs_snapshot(capsys, analytic: Path) -> None:
     from metrale.cli import main
 
-    assert main(["plan", "tiny-qwen3", "--hardware", "sm_90", "--costs"]) == 0
+    assert main(["plan", "tiny-qwen3", "--hardware", "sm_90", "--costs", "--kernels",
+                 str(analytic)]) == 0
     out = capsys.readouterr().out
     snap = SNAPSHOTS / "plan_costs_tiny_qwen3_sm90.txt"
     assert out == snap.read_text(encoding="utf-8")

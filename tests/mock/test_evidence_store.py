@@ -203,12 +203,14 @@ def test_met_evidence_imports_lists_exports_and_prunes(store, tmp_path, capsys):
     assert rows[(1000.0, "store")] == "counts"
     assert rows[(900.0, "store")] == "superseded"
     assert rows[(stale.value, "store")] == "stale"
-    shipped = {r["point"]: r["status"] for r in listed if r["from"] == "shipped"}
-    assert shipped.pop(str(k.point)) == "superseded"  # by the later record imported
+    shipped = {(r["point"], r["metric"]): r["status"] for r in listed if r["from"] == "shipped"}
+    # superseded by the later record imported (of its point and metric; the point's records of
+    # other metrics, or shapes, still count)
+    assert shipped.pop((str(k.point), current.metric)) == "superseded"
     # the shipped records count, but those of a source awaiting a device run (stale till then)
     source = {str(k.point): k.source for k in F.kernels()}
     assert shipped and all(status == ("stale" if source.get(p) in awaiting else "counts")
-                           for p, status in shipped.items()), shipped
+                           for (p, _), status in shipped.items()), shipped
 
     out = tmp_path / "EVIDENCE.toml"
     assert main(["evidence", "export", "--hardware", "sm_90", "--out", str(out)]) == 0

@@ -9,6 +9,13 @@ import pytest
 from metrale.cli import main
 from metrale.lkb.errors import ConfigError
 from metrale.plan.plan import plan_for
+from tests.mock.test_cost import analytic_kernels
+
+
+@pytest.fixture(scope="module")
+def analytic(tmp_path_factory):
+    """The shipped kernels without time records: plans that take the priorities' choices."""
+    return analytic_kernels(tmp_path_factory.mktemp("k") / "kernels")
 
 
 @pytest.fixture(scope="module")
@@ -75,26 +82,27 @@ def test_bounded_policy_applies_bounded_relations_and_carries_the_bound():
     assert exact.exact and not any(a.relation.startswith("mma_gemv_") for a in exact.applied)
 
 
-def test_the_bounded_plan_runs_gemv_shaped_matmuls_on_tensor_cores_where_the_class_has_them():
+def test_the_bounded_plan_runs_gemv_shaped_matmuls_on_tensor_cores_where_the_class_has_them(
+        analytic):
     """sm_90 realizes the gemv_mma points with gemv_mma.cu; the cuda class (no mma.sync)
     realizes them with the CUDA-core GEMV, whose order is the exact point's."""
     for hw, entry in (("sm_90", "metrale_qkv_gemv_mma"), ("cuda", "metrale_qkv")):
-        p = plan_for("tiny-llama", "fp8", hw, policy="bounded", rows=8)
+        p = plan_for("tiny-llama", "fp8", hw, policy="bounded", rows=8, kernels_dir=analytic)
         qkv = [k for k in p.kernels if k.family == "qkv"]
         assert qkv and all(k.kernel.entry == entry for k in qkv), (hw, qkv[0].kernel.entry)
 
 
-def test_a_kernel_any_bounded_relation_made_is_bounded_whatever_fused_it_after():
+def test_a_kernel_any_bounded_relation_made_is_bounded_whatever_fused_it_after(analytic):
     """gpt-oss's qkv_bias: the bit-identical qkv_bias fuses qkv and its biases, then the
     bounded mma_gemv_qkv_bias moves it onto tensor cores; the experts take mma_gemv_moe_*. Under
     the exact policy the same fusions leave every kernel exact."""
-    bounded = plan_for("gpt-oss-20b", "mxfp4", "sm_90", policy="bounded")
+    bounded = plan_for("gpt-oss-20b", "mxfp4", "sm_90", policy="bounded", kernels_dir=analytic)
     by_family = {k.family: k for k in bounded.kernels if k.layer == 0}
     for fam in ("qkv_bias", "linear_bias", "moe_gate_up_clamp", "moe_down_bias"):
         assert by_family[fam].numerics == "bounded", fam
         assert by_family[fam].point.param("shape") == "gemv_mma", fam
     assert "bias_add" not in by_family
-    exact = plan_for("gpt-oss-20b", "mxfp4", "sm_90")
+    exact = plan_for("gpt-oss-20b", "mxfp4", "sm_90", kernels_dir=analytic)
     fams = {k.family: k for k in exact.kernels if k.layer == 0}
     assert {"qkv_bias", "linear_bias"} <= set(fams) and "bias_add" not in fams
     assert all(k.numerics == "exact" for k in exact.kernels)
@@ -241,7 +249,7 @@ def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel
     assert plan_for(wide, "bf16", "sm_90", mode="decode", rows=1).kernel_count > 0
 
 
-def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan_runs():
+def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan_runs(analytic):
     """The tensor-core GEMV needs k a multiple of 32. At an intermediate size of 200, the
     bounded plan declines mma_gemv_linear for down_proj, saying why, and keeps a GEMV that
     serves it, where it used to refuse the whole plan; o_proj (k 64) still takes it."""
@@ -250,7 +258,8 @@ def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan
     from metrale.plan.config import ModelConfig
 
     odd = attrs.evolve(ModelConfig.load("tiny-llama"), intermediate_size=200)
-    p = plan_for(odd, "bf16", "sm_90", mode="decode", rows=1, policy="bounded")
+    p = plan_for(odd, "bf16", "sm_90", mode="decode", rows=1, policy="bounded",
+                 kernels_dir=analytic)
     why = {x.reason for x in p.declined if x.relation == "mma_gemv_linear"}
     assert "rhs kernel cannot serve these sizes: k % 32 == 0 does not hold (k=200)" in why
     shapes = [k.point.param("shape") for k in p.kernels if k.family == "linear"]
@@ -313,13 +322,14 @@ def test_the_plan_json_names_the_entry_a_linear_launches_at_its_sizes(model, ent
 
 
 @pytest.mark.parametrize("rows,combined", [(17, True), (2048, False)])
-def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined):
+def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined,
+                                                                           analytic):
     """The launches after a kernel's own are the ones made at the plan's sizes: Llama-3.1-8B's
     prefill GEMMs split k over the grid at 17 rows, and their combine launch follows; at 2048
     they do not, and it is not launched."""
     from metrale.plan.printers import plan_json
 
-    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=rows)
+    p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=rows, kernels_dir=analytic)
     kernels = plan_json(p)["kernels"]
     qkv = [k for k in kernels if k["family"] == "qkv"]
     assert qkv and all(k["then"] == (["metrale_qkv_wgmma_combine"] if combined else [])
