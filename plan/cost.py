@@ -8,9 +8,12 @@ A kernel's cost is, in order of preference:
    the sum of ``|log2(a / b)|`` over the shape's numbers), a record made on the device the plan
    is costed for before any other device's of the class (an engine's plans are costed for its
    device, others for the class's representative one); at another shape than the kernel's, the
-   measured time is scaled by the analytic model's ratio between the two;
+   measured time is scaled by the analytic model's ratio between the two, and a record of
+   another device the class knows (its ``[device]`` or ``[[peers]]``) by the model's ratio
+   between the two devices' figures too;
 2. **model**: ``max(bytes / bandwidth, FLOPs / rate) + launches × launch latency``, from the
-   class's ``HARDWARE.toml`` (``[device]`` bandwidth, ``[cost]`` rates and latency; a class
+   class's ``HARDWARE.toml`` (the costed device's bandwidth, ``[device]`` or a ``[[peers]]``
+   entry, else the representative's; ``[cost]`` rates and latency; a class
    without ``[cost]`` uses its nearest ancestor's). A weight is read once per block of rows
    the kernel's grid tiles (a GEMV's 8 rows, a GEMM's row tile). FLOPs: ``2 · rows · n · k`` per weight
    matrix a row meets (``top_k`` of them in an expert stack), ``4 · |o| · context`` for an
@@ -236,20 +239,25 @@ class CostModel:
             found = self._nearest(fam.name, str(kernel.point), kernel.source_hash, shape)
             if found is not None:
                 rec, at = found
-                if at == shape:
-                    return Cost(rec.value, f"measured: on {rec.hw} ({rec.device}, {rec.date}) "
-                                           f"at {_shape_text(at)}")
-                there, _ = self.model(box, fam, kernel, {**sizes, **at})
+                # another device's record: scaled by the model at the two devices' figures
+                # where the class knows the recording device ([[peers]]), else taken as is
+                other = rec.device != self.device and self.hw.device_named(rec.device)
+                said = f"measured: on {rec.hw} ({rec.device}, {rec.date}) at {_shape_text(at)}"
+                if at == shape and not other:
+                    return Cost(rec.value, said)
+                there, _ = self.model(box, fam, kernel, {**sizes, **at},
+                                      device=rec.device if other else None)
                 scaled = rec.value * (model_us / there if there > 0 else 1.0)
-                return Cost(scaled, f"measured: on {rec.hw} ({rec.device}, {rec.date}) at "
-                                    f"{_shape_text(at)}, scaled by the model to "
-                                    f"{_shape_text(shape)}")
+                to = " on ".join(filter(None, ("" if at == shape else _shape_text(shape),
+                                                self.device if other else "")))
+                return Cost(scaled, f"{said}, scaled by the model to {to}")
         return Cost(model_us, model_src)
 
-    def model(self, box: Box, fam: Family, kernel: Any, env: Mapping[str, int | float]
-              ) -> tuple[float, str]:
-        """The analytic time at ``env`` (the circuit's sizes and the family's dims) and its
-        source in words."""
+    def model(self, box: Box, fam: Family, kernel: Any, env: Mapping[str, int | float],
+              device: str | None = None) -> tuple[float, str]:
+        """The analytic time at ``env`` (the circuit's sizes and the family's dims) on
+        ``device`` (default: the one costed for; the class's representative device where the
+        class does not know it) and its source in words."""
         info, whose = cost_info(self.hw, self.chain)
         from metrale.realize.kernel import box_numbers
 
@@ -266,11 +274,12 @@ class CostModel:
                 launches = max(1, len(kernel.launches_for(numbers)))
             except Exception:  # noqa: BLE001 - an unlaunchable kernel is refused by the plan
                 launches = 1 + len(kernel.then)
-        bw = self.hw.device.hbm_bandwidth_gbs
+        dev = self.hw.device_named(device or self.device) or self.hw.device
+        bw = dev.hbm_bandwidth_gbs
         mem_us = nbytes / (bw * 1e3)
         math_us = flops / (rate * 1e6)
         us = max(mem_us, math_us) + launches * info.launch_us
-        nominal = " (nominal figures)" if info.nominal or self.hw.device.nominal else ""
+        nominal = " (nominal figures)" if info.nominal or dev.nominal else ""
         reads = f" (weights read {_num(tiles)}× by row tiles)" if tiles > 1 else ""
         src = (f"model: {_si(nbytes)}B{reads} / {_num(bw)} GB/s, {_si(flops)}FLOP / "
                f"{_num(rate)} TFLOP/s {'tensor' if tensor else 'vector'}, {launches} × "

@@ -205,9 +205,21 @@ class HardwareClass:
     interconnect: InterconnectInfo | None = None
     """The links between the class's devices (optional ``[interconnect]``); None: the nearest
     ancestor's, or none (a collective then costs its kernel alone)."""
+    peers: tuple[DeviceInfo, ...] = attrs.field(default=(), converter=tuple)
+    """Other devices of the class (optional ``[[peers]]``): a time record one of them made
+    prices a plan costed for another device scaled by the analytic model at the two devices'
+    figures, and a plan costed for one of them is modelled at its figures."""
 
     def __str__(self) -> str:
         return self.name
+
+    def device_named(self, name: str) -> DeviceInfo | None:
+        """The representative device or the peer called ``name``; None for another device.
+
+        >>> load_hardware().get("sm_90").device_named("NVIDIA H100 80GB HBM3").hbm_bandwidth_gbs
+        3030.0
+        """
+        return next((d for d in (self.device, *self.peers) if d.name == name), None)
 
     def _repr_html_(self) -> str:
         from metrale.realize.display import hardware_html
@@ -400,6 +412,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
     caps = _read_capabilities(f.take("capabilities", dict), path, errors)
     cost = _read_cost(f.take("cost", dict, default=None), path, errors)
     link = _read_interconnect(f.take("interconnect", dict, default=None), path, errors)
+    peers = _read_peers(f, path, errors)
     f.close()
     if arch == "none":
         arch = None
@@ -407,7 +420,23 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
         caps = _check_arch(f, arch, caps)
     if len(errors) > before:
         return None
-    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost, link)
+    return HardwareClass(name, vendor, arch, inherits, caps, device, overlays, path, cost, link,
+                         peers)
+
+
+def _read_peers(f: Fields, path: Path, errors: list[MetraleError]) -> tuple[DeviceInfo, ...]:
+    """``[[peers]]``: devices of the class besides the representative one, each as ``[device]``
+    is written, their names distinct from each other's and from its."""
+    tables = f.take("peers", list, default=[]) or []
+    if any(not isinstance(t, dict) for t in tables):
+        f.fail("peers", "every entry must be a table", "[[peers]] tables", repr(tables))
+        return ()
+    peers = tuple(p for p in (_read_device(t, path, errors, "peers") for t in tables)
+                  if p is not None)
+    names = [p.name for p in peers]
+    if len(set(names)) != len(names):
+        f.fail("peers", "duplicate device name", "distinct names", repr(names))
+    return peers
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
@@ -433,10 +462,11 @@ def _number(f: Fields, key: str, *, positive: bool = False) -> int | float | Non
     return v
 
 
-def _read_device(data: Any, path: Path, errors: list[MetraleError]) -> DeviceInfo | None:
+def _read_device(data: Any, path: Path, errors: list[MetraleError],
+                 table: str = "device") -> DeviceInfo | None:
     if data is None:
         return None
-    f = Fields(data, path, "device", errors)
+    f = Fields(data, path, table, errors)
     name = f.take("name", str)
     bw = _number(f, "hbm_bandwidth_gbs", positive=True)
     nominal = f.take("nominal", bool, default=False)

@@ -178,6 +178,34 @@ def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None
     assert k.cost.us == pytest.approx(123.0 * here / there)
 
 
+def test_a_peer_devices_record_is_scaled_to_the_costed_device(kernels: Path) -> None:
+    """sm_90 knows the H100 beside its representative H200 ([[peers]]): an H100's record prices
+    the H200's plan scaled by the model at the two devices' bandwidths; the H100's own plan
+    takes it as is, and models what has no record at the H100's figures; a record of a device
+    the class does not know is taken as is."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    base = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
+    record_family_times(kernels, base, "embedding", 50.0, device=h100)
+    p = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
+    assert p.cost_device == "NVIDIA H200"
+    k = next(k for k in p.launches if k.family == "embedding")
+    fam = p.hw_target.presentation.family("embedding")
+    model = CostModel.of(p.hw_target, dict(p.sizes))
+    env = {**dict(p.sizes), **shape_of(fam, k.box, dict(p.sizes))}
+    here = model.model(k.box, fam, k.kernel, env)[0]
+    there, src = model.model(k.box, fam, k.kernel, env, device=h100)
+    assert there > here and "3030 GB/s" in src
+    assert k.cost.us == pytest.approx(50.0 * here / there)
+    assert k.cost.source.endswith("scaled by the model to NVIDIA H200"), k.cost.source
+    own = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels, device=h100)
+    mine = next(k for k in own.launches if k.family == "embedding")
+    assert mine.cost.us == 50.0 and "scaled" not in mine.cost.source
+    assert all("3030 GB/s" in k.cost.source for k in own.launches if k.cost.kind == "model")
+    record_family_times(kernels, base, "embedding", 7.0, device="card X", date="2026-12-09")
+    p = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
+    assert next(k for k in p.launches if k.family == "embedding").cost.us == 7.0
+
+
 def test_a_record_of_another_source_does_not_count(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     record_family_times(kernels, base, "rmsnorm", 123.0, source_hash="0" * 64)

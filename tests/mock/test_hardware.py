@@ -368,3 +368,20 @@ def test_the_interconnect_table_is_read_and_checked(tmp_path: Path) -> None:
     assert "must not be negative" in str(errs["interconnect.latency_us"])
     assert "must be positive" in str(errs["interconnect.bandwidth_gbs"])
     assert "interconnect.speed" in errs
+
+
+def test_the_peers_are_read_and_checked(tmp_path: Path) -> None:
+    """sm_90 names the H100 beside its representative H200; a peer is written as [device] is,
+    and a bad one, or two of one name, is refused by key."""
+    sm90 = load_hardware().get("sm_90")
+    h100 = sm90.device_named("NVIDIA H100 80GB HBM3")
+    assert h100 in sm90.peers and h100.hbm_bandwidth_gbs < sm90.device.hbm_bandwidth_gbs
+    assert sm90.device_named("NVIDIA H200") is sm90.device
+    assert sm90.device_named("test CPU") is None
+    peer = '\n[[peers]]\nname = "{}"\nhbm_bandwidth_gbs = {}\n'
+    text = class_toml("a") + peer.format("x", -5) + peer.format("y", 10)
+    errs = {e.key: e for e in errors_of(tree(tmp_path / "1", {"a": text}))}
+    assert "must be positive" in str(errs["peers.hbm_bandwidth_gbs"])
+    text = class_toml("a") + peer.format("y", 10) + peer.format("y", 20)
+    errs = {e.key: e for e in errors_of(tree(tmp_path / "2", {"a": text}))}
+    assert "duplicate device name" in str(errs["peers"])
