@@ -61,7 +61,9 @@ def hardware_html(hw: Any, *, kernels_dir: Path | str | None = None) -> str:
     head = (f"<div><b>{esc(hw.name)}</b> ({esc(hw.vendor.value)}, arch "
             f"{esc(hw.arch or 'none')}): device {esc(dev.name)}, "
             f"{dev.hbm_bandwidth_gbs:g} GB/s{' (nominal)' if dev.nominal else ''}"
-            f"<br>chain: {' → '.join(esc(c.name) for c in chain)}</div>")
+            + "".join(f"; peer {esc(p.name)}, {p.hbm_bandwidth_gbs:g} GB/s"
+                      f"{' (nominal)' if p.nominal else ''}" for p in hw.peers)
+            + f"<br>chain: {' → '.join(esc(c.name) for c in chain)}</div>")
     caps = table(["class", *CAPABILITY_COLUMNS],
                  [[esc(c.name), *(_cap(getattr(c.capabilities, k)) for k in CAPABILITY_COLUMNS)]
                   for c in chain], caption="capabilities along the chain")

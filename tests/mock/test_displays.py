@@ -250,6 +250,7 @@ def test_composite_functor_display_shows_each_stage():
 def test_hardware_class_display():
     html = load_hardware().get("sm_90")._repr_html_()
     assert "chain: sm_90 → sm_80 → cuda" in html and "NVIDIA H200" in html
+    assert "; peer NVIDIA H100 80GB HBM3, 3030 GB/s<br>" in html
     assert "309 of 313 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
                      r"<td>288</td>", html)
