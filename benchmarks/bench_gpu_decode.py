@@ -17,7 +17,9 @@ Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.
 under each policy, the bounded plans running the GEMV-shaped matmuls on tensor cores;
 ``--kernels`` times each kernel alone and prints the profile; ``--record`` writes those timings
 as evidence, at batch 1; ``--kernels-dirs A,B`` also times the plans realized from variant
-kernel folders, an A/B of compile-time choices in one run). After the steps it prints each
+kernel folders, an A/B of compile-time choices in one run; ``--priority-too`` the plans made
+without the shipped time records, the analytic model's and the priorities' choices, an A/B of
+what ``met tune``'s records chose). After the steps it prints each
 quantized step against the bf16 step.
 """
 
@@ -304,11 +306,25 @@ def main() -> None:
     ap.add_argument("--kernels-dirs", default="",
                     help="kernels folders (comma-separated; variants of the shipped one) whose "
                          "plans are also timed, each step and its kernels, in the same run")
+    ap.add_argument("--priority-too", action="store_true",
+                    help="also time each step planned without the shipped time records (the "
+                         "analytic model and the priorities), in the same run; the evidence "
+                         "store's records still count, so run it where the store holds none")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds after which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     without = without_relations(args.without)
+    variants = {folder: folder for folder in filter(None, args.kernels_dirs.split(","))}
+    if args.priority_too:
+        import tempfile
+
+        from metrale.realize.evidence import without_time_records
+        from metrale.realize.hardware import default_kernels_dir
+
+        folder = without_time_records(default_kernels_dir(),
+                                      Path(tempfile.mkdtemp()) / "kernels")
+        variants["without time records"] = str(folder)
     rate = device_copy_rate()
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
     rows: list[dict] = []
@@ -331,12 +347,13 @@ def main() -> None:
                         m["plain_step_s"] = metrale_step(model, quant, batch, rng,
                                                          dependent=False,
                                                          policy=policy)["step_s"]
-                    for folder in filter(None, args.kernels_dirs.split(",")):
+                    for name, folder in variants.items():
                         v = metrale_step(model, quant, batch, rng, args.kernels, policy=policy,
                                          kernels_dir=folder)
-                        m.setdefault("variants", {})[folder] = v
-                        print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {folder}: "
-                              f"{v['step_s'] * 1e3:7.3f} ms", flush=True)
+                        m.setdefault("variants", {})[name] = v
+                        print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {name}: "
+                              f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches)",
+                              flush=True)
                         if "kernels" in v:
                             print_kernels(v["kernels"], v["step_s"])
                     if without is not None:

@@ -367,6 +367,32 @@ def write_export(path: os.PathLike | str, hw: str, records: Iterable[EvidenceRec
     atomic_write(path, export_text(hw, records, Path(path)))
 
 
+def without_time_records(kernels_dir: os.PathLike | str, dest: os.PathLike | str) -> Path:
+    """A copy at ``dest`` of the kernels folder ``kernels_dir`` whose shipped evidence keeps no
+    time records (``time@<shape>``, what ``met tune`` writes): its plans are priced by the
+    analytic model and chosen as the priorities choose, as before any tuning, so the two can be
+    timed side by side (``bench_gpu_decode.py --priority-too``).
+
+    >>> import tempfile
+    >>> from metrale.realize.hardware import default_kernels_dir
+    >>> out = without_time_records(default_kernels_dir(), Path(tempfile.mkdtemp()) / "k")
+    >>> kept = load_evidence(out / "sm_90" / "EVIDENCE.toml").records
+    >>> len(kept) > 0 and not any(r.metric.startswith("time@") for r in kept)
+    True
+    """
+    import shutil
+
+    dest = Path(dest)
+    shutil.copytree(kernels_dir, dest)
+    for path in sorted(dest.glob("*/EVIDENCE.toml")):
+        hw = path.parent.name
+        records = load_evidence(path, hw=hw).records
+        kept = [r for r in records if not r.metric.startswith("time@")]
+        if len(kept) != len(records):
+            write_export(path, hw, kept)
+    return dest
+
+
 @attrs.frozen(eq=False)
 class Evidence:
     """The evidence of every class under one kernels folder: the shipped exports and the user's

@@ -18,6 +18,7 @@ from metrale.plan.cost import (
     time_records,
 )
 from metrale.plan.plan import plan_for
+from metrale.realize.evidence import without_time_records
 from metrale.realize.evidence_store import EvidenceStore
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 
@@ -44,11 +45,7 @@ def analytic_kernels(dest: Path) -> Path:
     """A copy of the shipped kernels folder without its time records, at ``dest``: its plans are
     priced by the analytic model, and their choices are the priorities', whatever time records
     ship (the tests of the model, and of what a relation does where it applies, read these)."""
-    shutil.copytree(default_kernels_dir(), dest)
-    for ev in dest.rglob("EVIDENCE.toml"):
-        lines = ev.read_text(encoding="utf-8").splitlines(keepends=True)
-        ev.write_text("".join(x for x in lines if 'metric = "time@' not in x), encoding="utf-8")
-    return dest
+    return without_time_records(default_kernels_dir(), dest)
 
 
 @pytest.fixture
