@@ -412,7 +412,7 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
     caps = _read_capabilities(f.take("capabilities", dict), path, errors)
     cost = _read_cost(f.take("cost", dict, default=None), path, errors)
     link = _read_interconnect(f.take("interconnect", dict, default=None), path, errors)
-    peers = _read_peers(f, path, errors)
+    peers = _read_peers(f, path, errors, device.name if device is not None else None)
     f.close()
     if arch == "none":
         arch = None
@@ -424,7 +424,8 @@ def _read_class(path: Path, folder: str, errors: list[MetraleError]) -> Hardware
                          peers)
 
 
-def _read_peers(f: Fields, path: Path, errors: list[MetraleError]) -> tuple[DeviceInfo, ...]:
+def _read_peers(f: Fields, path: Path, errors: list[MetraleError],
+                representative: str | None) -> tuple[DeviceInfo, ...]:
     """``[[peers]]``: devices of the class besides the representative one, each as ``[device]``
     is written, their names distinct from each other's and from its."""
     tables = f.take("peers", list, default=[]) or []
@@ -433,7 +434,7 @@ def _read_peers(f: Fields, path: Path, errors: list[MetraleError]) -> tuple[Devi
         return ()
     peers = tuple(p for p in (_read_device(t, path, errors, "peers") for t in tables)
                   if p is not None)
-    names = [p.name for p in peers]
+    names = [p.name for p in peers] + ([representative] if representative else [])
     if len(set(names)) != len(names):
         f.fail("peers", "duplicate device name", "distinct names", repr(names))
     return peers

@@ -382,6 +382,7 @@ def test_the_peers_are_read_and_checked(tmp_path: Path) -> None:
     text = class_toml("a") + peer.format("x", -5) + peer.format("y", 10)
     errs = {e.key: e for e in errors_of(tree(tmp_path / "1", {"a": text}))}
     assert "must be positive" in str(errs["peers.hbm_bandwidth_gbs"])
-    text = class_toml("a") + peer.format("y", 10) + peer.format("y", 20)
-    errs = {e.key: e for e in errors_of(tree(tmp_path / "2", {"a": text}))}
-    assert "duplicate device name" in str(errs["peers"])
+    for i, text in enumerate([peer.format("y", 10) + peer.format("y", 20),
+                              peer.format("test device", 10)]):  # the representative's name
+        errs = {e.key: e for e in errors_of(tree(tmp_path / f"d{i}", {"a": class_toml("a") + text}))}
+        assert "duplicate device name" in str(errs["peers"])
