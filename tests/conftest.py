@@ -34,6 +34,18 @@ def _no_user_evidence_store(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="session")
+def analytic(tmp_path_factory):
+    """The shipped kernels folder without its time records: its plans are priced by the
+    analytic model and take the priorities' choices, whatever time records ship (the tests of
+    the model, and of what a relation does where it applies, read it)."""
+    from metrale.realize.evidence import without_time_records
+    from metrale.realize.hardware import default_kernels_dir
+
+    return without_time_records(default_kernels_dir(),
+                                tmp_path_factory.mktemp("analytic") / "kernels")
+
+
 @pytest.fixture(autouse=True)
 def _own_evidence_store(tmp_path_factory):
     """Each test reads and records evidence in a store of its own, never the user's nor

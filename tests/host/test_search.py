@@ -25,7 +25,7 @@ from metrale.realize.target import target
 from metrale.runtime.engine import random_weights
 from metrale.runtime.executor import Program, bind_externals
 from metrale.runtime.host_backend import HostBackend
-from tests.mock.test_cost import analytic_kernels, record_family_times
+from tests.mock.test_cost import record_family_times
 
 
 @pytest.fixture(autouse=True)
@@ -184,11 +184,11 @@ def test_decode_buckets_choose_apart_and_keep_row_invariance(kernels: Path) -> N
     assert a[0].tobytes() == b[0].tobytes()
 
 
-def test_a_site_past_the_limit_can_leave_its_bounded_relations(tmp_path: Path) -> None:
+def test_a_site_past_the_limit_can_leave_its_bounded_relations(analytic: Path) -> None:
     """A site of more matches than SITE_LIMIT tries two alternatives, the priority order and
     that order without its bounded relations: where the tensor-core GEMVs are measured dearer
     (synthetic records), the bounded plan keeps the CUDA-core ones there too."""
-    kernels = analytic_kernels(tmp_path / "kernels")  # by priority first, whatever ships
+    kernels = analytic  # by priority first, whatever ships
     def mma(plan):
         return {k.family for k in plan.launches
                 if dict(k.point.params).get("shape") == "gemv_mma"}

@@ -18,7 +18,6 @@ from metrale.plan.cost import (
     time_records,
 )
 from metrale.plan.plan import plan_for
-from metrale.realize.evidence import without_time_records
 from metrale.realize.evidence_store import EvidenceStore
 from metrale.realize.hardware import default_kernels_dir, load_hardware
 
@@ -39,18 +38,6 @@ def kernels(tmp_path: Path) -> Path:
     root = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), root)
     return root
-
-
-def analytic_kernels(dest: Path) -> Path:
-    """A copy of the shipped kernels folder without its time records, at ``dest``: its plans are
-    priced by the analytic model, and their choices are the priorities', whatever time records
-    ship (the tests of the model, and of what a relation does where it applies, read these)."""
-    return without_time_records(default_kernels_dir(), dest)
-
-
-@pytest.fixture
-def analytic(tmp_path: Path) -> Path:
-    return analytic_kernels(tmp_path / "analytic")
 
 
 def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | None = None,

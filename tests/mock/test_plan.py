@@ -9,13 +9,6 @@ import pytest
 from metrale.cli import main
 from metrale.lkb.errors import ConfigError
 from metrale.plan.plan import plan_for
-from tests.mock.test_cost import analytic_kernels
-
-
-@pytest.fixture(scope="module")
-def analytic(tmp_path_factory):
-    """The shipped kernels without time records: plans that take the priorities' choices."""
-    return analytic_kernels(tmp_path_factory.mktemp("k") / "kernels")
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,8 @@
 // that, in loops, cost microseconds (benchmarks/trace_gpu_attention.py).
 // Defines: ACT_*, KV_BLOCK (256), CHUNK (64); for the rope entries ROPE_NEOX |
 // ROPE_INTERLEAVED, and H_BLOCK for the normalizing one; PHASE_TRACE (phase.cuh) for profiling.
-#include "cp_async.cuh"
 #include "metrale.cuh"
+#include "mma.cuh"  // cp_async16, cp_async_commit, cp_async_wait
 #include "phase.cuh"
 #if defined(ROPE_NEOX) || defined(ROPE_INTERLEAVED)
 #include "rope.cuh"
@@ -121,7 +121,6 @@ struct DecodeSmem {
         bytes = at;
     }
 };
-
 
 // A row of n bytes (a multiple of 16) copied by the block's threads, 16 at a time.
 __device__ __forceinline__ void copy_row(char* dst, const char* src, int n) {
@@ -198,7 +197,8 @@ __device__ __forceinline__ void stage_rotated(const act_t* q_rows, const act_t* 
         for (int i = tid; i < items * d; i += NT)
             s.pre_in[i] = act_load(i < G * d ? q_rows[i] : k_row[i - G * d]);
     }
-    cp_async_wait_all();  // the table rows (and the block's cache rows) have arrived
+    cp_async_commit();
+    cp_async_wait<0>();  // the table rows (and the block's cache rows) have arrived
     __syncthreads();
     const int half = d / 2, per = NT / half;  // heads rotated side by side
     if (tid < per * half)
@@ -242,9 +242,10 @@ __device__ __forceinline__ void merge_chunks(const float* rec, int nch, int Gb, 
         for (int g = 0; g < Gb; ++g)
             for (int at = tid * 4; at < floats; at += NTH * 4)
                 cp_async16(st + (g * W + skip) * rl + at,
-                           rec + ((long)g * nch + w0 + skip) * rl + at);
+                           rec + ((long)g * nch + w0 + skip) * rl + at, 16);
         phase_mark(10);
-        cp_async_wait_all();
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         phase_mark(11);
         // warp g, for q head g: lane j takes block j of the window (its chunks' factors f and
@@ -367,14 +368,14 @@ __device__ __forceinline__ void decode_attend(
     if (r0 < step)
         for (int pl = lo + r0; pl < hi; pl += step) {
             if (pl == pl_pos) continue;
-            cp_async16(s.ktile + pl * s.ks + at0, cache_at(k_cache, pl) + at0);
-            cp_async16(s.vtile + pl * s.vs + at0, cache_at(v_cache, pl) + at0);
+            cp_async16(s.ktile + pl * s.ks + at0, cache_at(k_cache, pl) + at0, 16);
+            cp_async16(s.vtile + pl * s.vs + at0, cache_at(v_cache, pl) + at0, 16);
         }
     if constexpr (PRE != PRE_NONE) {
         const long trow = (long)min(pos, ra.max_pos - 1) * (d / 2);
         for (int i = tid; i < d / 8; i += NT) {  // d/2 floats: d/8 pieces of 16 bytes
-            cp_async16(s.cs + 4 * i, ra.cos_t + trow + 4 * i);
-            cp_async16(s.sn + 4 * i, ra.sin_t + trow + 4 * i);
+            cp_async16(s.cs + 4 * i, ra.cos_t + trow + 4 * i, 16);
+            cp_async16(s.sn + 4 * i, ra.sin_t + trow + 4 * i, 16);
         }
     }
     phase_mark(1);
@@ -389,14 +390,15 @@ __device__ __forceinline__ void decode_attend(
             if (PRE == PRE_NONE) copy_row(k_pos, (const char*)(k_new + new_at), row_bytes);
         } else {
             for (int at = tid * 16; at < row_bytes; at += NT * 16) {
-                cp_async16(k_pos + at, cache_at(k_cache, pl_pos) + at);
-                cp_async16(v_pos + at, cache_at(v_cache, pl_pos) + at);
+                cp_async16(k_pos + at, cache_at(k_cache, pl_pos) + at, 16);
+                cp_async16(v_pos + at, cache_at(v_cache, pl_pos) + at, 16);
             }
         }
     }
     if constexpr (PRE == PRE_NONE) {
         for (int i = tid; i < Gb * d; i += NT) s.qs[i] = act_load(q_rows[i]);
-        cp_async_wait_all();
+        cp_async_commit();
+        cp_async_wait<0>();
     } else {
         stage_rotated<PRE>(q_rows, pl_pos >= 0 ? k_new + new_at : nullptr, Gb, d, ra, s,
                            (act_t*)k_pos);
