@@ -118,7 +118,7 @@ def plan_json(p: Plan) -> dict[str, Any]:
                      "numerics": a.numerics} for a in p.applied],
         "declined": [{"relation": d.relation, "boxes": list(d.boxes),
                       "families": list(d.families), "reason": d.reason} for d in p.declined],
-        "predicted_us": p.predicted_us, "cost_device": p.cost_device or p.device,
+        "predicted_us": p.predicted_us, "cost_device": p.cost_device,
         "cost_sources": dict(sorted(Counter(k.cost.kind for k in p.kernels
                                             if k.cost is not None).items())),
         "search": _search_json(p),
@@ -164,7 +164,7 @@ def plan_costs_text(p: Plan, *, layer: int | None = None, width: int = 160) -> s
         if k.layer is not None and k.cost is not None:
             per_layer[k.layer] += k.cost.us
     kinds = Counter(k.cost.kind for k in p.launches if k.cost is not None)
-    lines = [f"predicted step: {p.predicted_us:.1f} µs on {p.cost_device or p.device} "
+    lines = [f"predicted step: {p.predicted_us:.1f} µs on {p.cost_device} "
              f"({', '.join(f'{n} {_KIND[kind]}' for kind, n in sorted(kinds.items()))}); "
              f"memory floor {p.floor_s * 1e6:.1f} µs"]
     if per_layer:
