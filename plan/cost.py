@@ -7,15 +7,16 @@ A kernel's cost is, in order of preference:
    the source it measured), at the recorded shape nearest to the kernel's (the distance is
    the sum of ``|log2(a / b)|`` over the shape's numbers), a record made on the device the plan
    is costed for before any other device's of the class (an engine's plans are costed for its
-   device, others for the class's representative one); at another shape than the kernel's, the
-   measured time is scaled by the analytic model's ratio between the two, and a record of
-   another device the class knows (its ``[device]`` or ``[[peers]]``) by the model's ratio
-   between the two devices' figures too;
+   device, others for the class's representative one); at another shape than the kernel's, or
+   from another device the class knows (its ``[device]`` or ``[[peers]]``), the measured time
+   is carried there by the analytic model in its two parts (:func:`rescale`: the launches'
+   and the work's, each scaled as the model's);
 2. **model**: ``max(bytes / bandwidth, FLOPs / rate) + launches × launch latency``, from the
    class's ``HARDWARE.toml`` (the costed device's bandwidth, ``[device]`` or a ``[[peers]]``
    entry, else the representative's; ``[cost]`` rates and latency; a class
    without ``[cost]`` uses its nearest ancestor's). A weight is read once per block of rows
-   the kernel's grid tiles (a GEMV's 8 rows, a GEMM's row tile). FLOPs: ``2 · rows · n · k`` per weight
+   the kernel's grid tiles (a GEMV's 8 rows, a GEMM's row tile), except where a ``traffic``
+   declaration counts its reads already (an expert stack: each expert the rows chose). FLOPs: ``2 · rows · n · k`` per weight
    matrix a row meets (``top_k`` of them in an expert stack), ``4 · |o| · context`` for an
    attention (families whose traffic reads ``context``), none elsewhere; the rate is the
    tensor cores' where the kernel's declared reduction order says tensor-core MMA, else the
@@ -144,18 +145,25 @@ def declared_traffic(fam: Family, kernel: Any, port: str, env: Mapping[str, int 
 
 
 def _port_bytes(fam: Family, box: Box, env: Mapping[str, int | float], weight_reads: float = 1,
-                kernel: Any = None) -> float:
+                kernel: Any = None) -> tuple[float, bool]:
+    """The bytes one launch moves and whether ``weight_reads`` multiplied any: a weight
+    matrix without a declared traffic is read once per row tile; a declared traffic counts the
+    reads at these rows already (an expert matrix: once per expert the rows chose)."""
     from .plan import FORMAT_BITS
 
     weights = _matrices(fam)
     total = 0.0
+    tiled = False
     for port, t in zip((*fam.inputs, *fam.outputs), (*box.dom.types, *box.cod.types)):
         elements = declared_traffic(fam, kernel, port.name, env)
+        reads = 1.0  # a declared traffic counts the port's reads at these rows already
         if elements is None:
             elements = math.prod(env[d] if isinstance(d, str) else d for d in port.dims)
+            reads = weight_reads if port.name in weights else 1.0
+            tiled = tiled or reads > 1
         bits = FORMAT_BITS.get(t.fmt) or t.dtype.element_size_bits
-        total += elements * bits / 8 * (weight_reads if port.name in weights else 1)
-    return total
+        total += elements * bits / 8 * reads
+    return total, tiled
 
 
 def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
@@ -198,6 +206,54 @@ def _flops(fam: Family, env: Mapping[str, int | float]) -> float:
     return total
 
 
+@attrs.frozen
+class Modelled:
+    """The analytic model's time of one kernel in two parts: its launches' (``launch_us`` a
+    launch) and its work's (bytes at the bandwidth or FLOPs at the rate, whichever is longer, and
+    a collective's time on the links).
+
+    >>> Modelled(2.0, 10.0, "model").us
+    12.0
+    """
+
+    launch_us: float
+    work_us: float
+    source: str
+
+    @property
+    def us(self) -> float:
+        return self.launch_us + self.work_us
+
+
+def rescale(measured: float, there: Modelled, here: Modelled) -> float:
+    """A time measured where the model says ``there``, carried to where it says ``here`` (another
+    shape, another device). The measurement splits into a launches' part and a work's part, and
+    each scales as the model's part does. A kernel measured slower than the model is slower in
+    both parts alike (each the model's times the measured ratio: a short kernel's excess is
+    mostly its launch's, a long one's its work's). A kernel faster than the model saves on its
+    launch first (the model's launch figure is a bound, short kernels beat it), so its work is
+    never priced below the model's: scaling the whole time by the model's ratio priced Llama-3.1-
+    8B's residual add at 2,048 rows from its one-row record of 1 µs, nearly all launch, below its
+    bytes at the bandwidth.
+
+    >>> rescale(200.0, Modelled(2.0, 98.0, ""), Modelled(2.0, 198.0, ""))  # slow: twice the model
+    400.0
+    >>> rescale(1.0, Modelled(2.0, 0.25, ""), Modelled(2.0, 12.0, ""))  # fast: 0.75 + 12
+    12.75
+    """
+    if measured >= there.us:
+        factor = measured / there.us
+        return factor * (here.work_us + there.launch_us * _ratio(here.launch_us, there.launch_us))
+    launch = max(measured - there.work_us, 0.0)
+    work = measured - launch
+    return launch * _ratio(here.launch_us, there.launch_us) + \
+        (here.work_us * work / there.work_us if there.work_us > 0 else here.work_us)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
 @attrs.frozen(eq=False)
 class CostModel:
     """Costs of kernels on one class: its figures, its evidence, the circuit's sizes.
@@ -234,7 +290,8 @@ class CostModel:
         sizes = dict(self.sizes)
         shape = shape_of(fam, box, sizes)
         env = {**sizes, **shape}
-        model_us, model_src = self.model(box, fam, kernel, env)
+        here = self.parts(box, fam, kernel, env)
+        model_us, model_src = here.us, here.source
         if kernel is not None:
             found = self._nearest(fam.name, str(kernel.point), kernel.source_hash, shape)
             if found is not None:
@@ -245,9 +302,9 @@ class CostModel:
                 said = f"measured: on {rec.hw} ({rec.device}, {rec.date}) at {_shape_text(at)}"
                 if at == shape and not other:
                     return Cost(rec.value, said)
-                there, _ = self.model(box, fam, kernel, {**sizes, **at},
-                                      device=rec.device if other else None)
-                scaled = rec.value * (model_us / there if there > 0 else 1.0)
+                there = self.parts(box, fam, kernel, {**sizes, **at},
+                                   device=rec.device if other else None)
+                scaled = rescale(rec.value, there, here)
                 to = " on ".join(filter(None, ("" if at == shape else _shape_text(shape),
                                                 self.device if other else "")))
                 return Cost(scaled, f"{said}, scaled by the model to {to}")
@@ -258,12 +315,18 @@ class CostModel:
         """The analytic time at ``env`` (the circuit's sizes and the family's dims) on
         ``device`` (default: the one costed for; the class's representative device where the
         class does not know it) and its source in words."""
+        m = self.parts(box, fam, kernel, env, device)
+        return m.us, m.source
+
+    def parts(self, box: Box, fam: Family, kernel: Any, env: Mapping[str, int | float],
+              device: str | None = None) -> Modelled:
+        """:meth:`model`'s time in its two parts, the launches' and the work's."""
         info, whose = cost_info(self.hw, self.chain)
         from metrale.realize.kernel import box_numbers
 
         numbers = {**box_numbers(box, fam, dict(self.sizes)), **env}
         tiles = _row_tiles(kernel, numbers) if _matrices(fam) else 1.0
-        nbytes = _port_bytes(fam, box, numbers, tiles, kernel)
+        nbytes, tiled = _port_bytes(fam, box, numbers, tiles, kernel)
         flops = _flops(fam, env)
         tensor = kernel is not None and info.tensor_tflops > 0 and any(
             "tensor-core" in r for r in kernel.reduction)
@@ -278,17 +341,17 @@ class CostModel:
         bw = dev.hbm_bandwidth_gbs
         mem_us = nbytes / (bw * 1e3)
         math_us = flops / (rate * 1e6)
-        us = max(mem_us, math_us) + launches * info.launch_us
+        work_us = max(mem_us, math_us)
         nominal = " (nominal figures)" if info.nominal or dev.nominal else ""
-        reads = f" (weights read {_num(tiles)}× by row tiles)" if tiles > 1 else ""
+        reads = f" (weights read {_num(tiles)}× by row tiles)" if tiled else ""
         src = (f"model: {_si(nbytes)}B{reads} / {_num(bw)} GB/s, {_si(flops)}FLOP / "
                f"{_num(rate)} TFLOP/s {'tensor' if tensor else 'vector'}, {launches} × "
                f"{_num(info.launch_us)} µs launch (cost figures of {whose}){nominal}")
         if fam.collective:
             link_us, link_src = self._link(fam, box, numbers)
-            us += link_us
+            work_us += link_us
             src += link_src
-        return us, src
+        return Modelled(launches * info.launch_us, work_us, src)
 
     def _link(self, fam: Family, box: Box, numbers: Mapping[str, int | float]
               ) -> tuple[float, str]:

@@ -112,6 +112,22 @@ def test_a_kernel_that_tiles_its_reads_declares_what_it_moves() -> None:
     assert datt.bytes_moved > 2 * 8 * 1024 * 8 * 128 * 2
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+def test_an_expert_matrix_is_read_once_per_expert_the_rows_chose(analytic: Path, rows: int
+                                                                  ) -> None:
+    """The expert families declare their weights' traffic (``min(rows * top_k, e)`` experts'
+    matrices), which counts the reads at these rows already: the grid's row tiles do not
+    multiply it again. Qwen3-30B-A3B's gate and up at 16 rows read all 128 experts once (806 MB),
+    where the row tiles read them 16 times over (12.9 GB) and priced its step at 41.8 ms on
+    an H100 that measured 24.8."""
+    p = plan_for("qwen3-30b-a3b", "bf16", "sm_90", rows=rows, kernels_dir=analytic)
+    gate_up = next(k for k in p.launches if k.family == "moe_gate_up_swiglu")
+    experts = min(rows * 8, 128)
+    matrix = 768 * 2048 * 2  # n × k × bf16
+    assert experts * 2 * matrix <= gate_up.bytes_moved < (experts * 2 + 1) * matrix
+    assert "by row tiles" not in gate_up.cost.source
+    assert f"{gate_up.bytes_moved / 1e6:.3g} MB /" in gate_up.cost.source
+
 def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     record_family_times(kernels, base, "rmsnorm", 123.0)
@@ -156,10 +172,41 @@ def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None
     assert "rows=1, scaled by the model to" in k.cost.source and "rows=8" in k.cost.source
     model = CostModel.of(p.hw_target, dict(p.sizes))
     fam = p.hw_target.presentation.family("rmsnorm")
-    here = model.model(k.box, fam, k.kernel, {**dict(p.sizes), **shape_of(fam, k.box,
-                                                                           dict(p.sizes))})[0]
-    there = model.model(k.box, fam, k.kernel, {**dict(p.sizes), "rows": 1, "h": 64})[0]
-    assert k.cost.us == pytest.approx(123.0 * here / there)
+    here = model.parts(k.box, fam, k.kernel, {**dict(p.sizes), **shape_of(fam, k.box,
+                                                                          dict(p.sizes))})
+    there = model.parts(k.box, fam, k.kernel, {**dict(p.sizes), "rows": 1, "h": 64})
+    assert 123.0 > there.us  # slower than the model: both parts at the measured ratio
+    assert k.cost.us == pytest.approx(123.0 / there.us * here.us)
+
+
+@pytest.mark.parametrize("ratio", [None, 2.0])
+def test_a_short_kernels_record_never_prices_a_long_one_below_its_work(kernels: Path,
+                                                                      ratio: float | None
+                                                                      ) -> None:
+    """A record faster than the model saves on the launch and pays the work's growth in full:
+    Llama-3.1-8B's first norm, measured at 1 µs for one row, prices its 2,048-row prefill above
+    its bytes at the bandwidth, where scaling the whole time by the model's ratio priced it at a
+    fraction of them. A record slower than the model (``ratio`` times it) is slower in both
+    parts alike: that ratio times the model at one shape, and at the other."""
+    decode = plan_for("llama-3.1-8b", "bf16", "sm_90", rows=1, kernels_dir=kernels)
+    norm = next(k for k in decode.launches if k.family == "rmsnorm")
+    fam = decode.hw_target.presentation.family("rmsnorm")
+    one = CostModel.of(decode.hw_target, dict(decode.sizes)).parts(
+        norm.box, fam, norm.kernel, {**dict(decode.sizes),
+                                     **shape_of(fam, norm.box, dict(decode.sizes))})
+    assert one.us > 1.0  # a record of 1 µs is faster than the model: mostly launch
+    us = 1.0 if ratio is None else ratio * one.us
+    record_family_times(kernels, decode, "rmsnorm", us, device="NVIDIA H200")
+    prefill = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=2048,
+                       context=2048, kernels_dir=kernels)
+    big = next(k for k in prefill.launches if k.family == "rmsnorm")
+    assert big.cost.kind == "measured" and "scaled by the model" in big.cost.source
+    floor = big.bytes_moved / 4300e3  # µs at the H200's 4,300 GB/s
+    assert floor > 5
+    if ratio is None:
+        assert floor < big.cost.us < floor + 1.0
+    else:
+        assert big.cost.us == pytest.approx(ratio * (one.launch_us + floor), rel=1e-3)
 
 
 def test_a_peer_devices_record_is_scaled_to_the_costed_device(kernels: Path) -> None:
@@ -176,10 +223,13 @@ def test_a_peer_devices_record_is_scaled_to_the_costed_device(kernels: Path) -> 
     fam = p.hw_target.presentation.family("embedding")
     model = CostModel.of(p.hw_target, dict(p.sizes))
     env = {**dict(p.sizes), **shape_of(fam, k.box, dict(p.sizes))}
-    here = model.model(k.box, fam, k.kernel, env)[0]
-    there, src = model.model(k.box, fam, k.kernel, env, device=h100)
-    assert there > here and "3030 GB/s" in src
-    assert k.cost.us == pytest.approx(50.0 * here / there)
+    here = model.parts(k.box, fam, k.kernel, env)
+    there = model.parts(k.box, fam, k.kernel, env, device=h100)
+    assert there.us > here.us and "3030 GB/s" in there.source
+    assert there.launch_us == here.launch_us
+    assert there.work_us == pytest.approx(here.work_us * 4300 / 3030)
+    assert 50.0 > there.us  # slower than the model: both parts at the measured ratio
+    assert k.cost.us == pytest.approx(50.0 * here.us / there.us)
     assert k.cost.source.endswith("scaled by the model to NVIDIA H200"), k.cost.source
     own = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels, device=h100)
     mine = next(k for k in own.launches if k.family == "embedding")
