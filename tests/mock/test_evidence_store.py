@@ -203,20 +203,22 @@ def test_met_evidence_imports_lists_exports_and_prunes(store, tmp_path, capsys):
     assert rows[(1000.0, "store")] == "counts"
     assert rows[(900.0, "store")] == "superseded"
     assert rows[(stale.value, "store")] == "stale"
-    shipped = {(r["point"], r["metric"]): r["status"] for r in listed if r["from"] == "shipped"}
+    shipped = {(r["point"], r["metric"], r["source_hash"]): r["status"] for r in listed
+               if r["from"] == "shipped"}
     # superseded by the later record imported (of its point and metric; the point's records of
     # other metrics, or shapes, still count)
-    assert shipped.pop((str(k.point), current.metric)) == "superseded"
-    # the shipped records count, but those of a source awaiting a device run (stale till then)
-    source = {str(k.point): k.source for k in F.kernels()}
-    assert shipped and all(status == ("stale" if source.get(p) in awaiting else "counts")
-                           for (p, _), status in shipped.items()), shipped
+    assert shipped.pop((str(k.point), current.metric, k.source_hash)) == "superseded"
+    # the shipped records count where they measured the kernel's current source, else are stale
+    # (a source edited since, awaiting a device run)
+    source_hash = {str(k.point): k.source_hash for k in F.kernels()}
+    assert shipped and all(status == ("counts" if source_hash.get(p) == h else "stale")
+                           for (p, _, h), status in shipped.items()), shipped
 
     out = tmp_path / "EVIDENCE.toml"
     assert main(["evidence", "export", "--hardware", "sm_90", "--out", str(out)]) == 0
     exported = load_evidence(out, hw="sm_90").records
-    mine = [r for r in exported if r.point == str(k.point)]
-    assert mine == [current]
+    mine = [r for r in exported if r.point == str(k.point) and r.metric == current.metric]
+    assert mine == [current]  # the point's records of other metrics (shapes) stay beside it
     assert older not in exported and stale not in exported
 
     assert main(["evidence", "prune", "--dry-run"]) == 0
