@@ -5,9 +5,9 @@
 # PREFILL="<args>", the prefill benchmark (benchmarks/bench_gpu_prefill.py; PREFILL="--record"
 # with its defaults and evidence), then, with PROFILE="MODEL:QUANT ...", one decode layer of each
 # under Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile), then,
-# with TUNE="MODEL:QUANT:ROWS[,ROWS...] ...", `met tune --policy bounded` of each (every
-# alternative's kernels timed and recorded, the step before and after; the records reach the
-# evidence export below). Back under $OUT come the result files this round wrote and sm_90's
+# with TUNE="MODEL:QUANT:ROWS[,ROWS...][:MODE] ...", `met tune --policy bounded` of each, in
+# decode unless MODE says prefill (ROWS then the prompt's tokens; every alternative's kernels
+# timed and recorded, the step before and after; the records reach the evidence export below). Back under $OUT come the result files this round wrote and sm_90's
 # evidence export (the shipped records and what a `--record` or `met tune` run added to the
 # evidence store), and nothing older: a device call returns at most eight files.
 # Usage: bash benchmarks/device_round.sh "<pytest -k expr or empty>" "<bench_gpu_decode args>"
@@ -36,10 +36,10 @@ if [ -n "${PROFILE:-}" ]; then
     | grep -E "^[a-z0-9.-]+ [a-z0-9]+ |wrote" | tail -40
 fi
 for target in ${TUNE:-}; do
-  IFS=: read -r model quant rows <<< "$target"
+  IFS=: read -r model quant rows mode <<< "$target"
   # shellcheck disable=SC2086  # the rows are separate arguments
   python3 -m metrale tune "$model" --quant "$quant" --rows ${rows//,/ } --hardware sm_90 \
-    --policy bounded --steps 10 --repeats 10 2>&1 | tail -12
+    --mode "${mode:-decode}" --policy bounded --steps 10 --repeats 10 2>&1 | tail -12
 done
 find benchmarks/results -name 'gpu_*.json' -newer "$started" -exec cp {} "$OUT/" \;
 python3 -m metrale evidence export --hardware sm_90 --out "$OUT/EVIDENCE.toml" || true
