@@ -222,9 +222,13 @@ def plan_svg(p: Plan, *, layer: int | None = None) -> str:
         ks = p.layer_kernels(lv)
         rows.append((f"layer {lv}", ks if lv == show else None if lv != show else ks))
     rows.append(("head", post))
-    box_w, box_h, gap, pad = 118, 26, 8, 10
-    widest = max([len(ks) for _, ks in rows if ks] + [1])
-    width = pad * 2 + 80 + widest * (box_w + gap)
+    box_h, gap, pad = 26, 8, 10
+
+    def box_w(k: PlannedKernel) -> int:  # room for the family's name at 11 px (~6.5 px a letter)
+        return max(118, math.ceil(6.5 * len(k.family)) + 12)
+
+    widest = max([sum(box_w(k) + gap for k in ks) for _, ks in rows if ks] + [118 + gap])
+    width = pad * 2 + 80 + widest
     parts = []
     y = pad
     for name, ks in rows:
@@ -238,12 +242,13 @@ def plan_svg(p: Plan, *, layer: int | None = None) -> str:
         x = pad + 80
         for k in ks:
             fill = "#dcead7" if k.relation else "#eef3fb"
-            parts.append(f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="3" '
+            w = box_w(k)
+            parts.append(f'<rect x="{x}" y="{y}" width="{w}" height="{box_h}" rx="3" '
                          f'fill="{fill}" stroke="#2b5797"><title>{escape(str(k.point))}\n'
                          f'{escape(k.provenance)}; {escape(k.evidence)}</title></rect>')
-            parts.append(f'<text x="{x + box_w / 2}" y="{y + 17}" font-size="11" '
+            parts.append(f'<text x="{x + w / 2}" y="{y + 17}" font-size="11" '
                          f'text-anchor="middle">{escape(k.family)}</text>')
-            x += box_w + gap
+            x += w + gap
         y += box_h + gap
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + pad}" '
             f'font-family="sans-serif">{"".join(parts)}</svg>')

@@ -194,6 +194,28 @@ def test_36_layer_plan_renders_collapsed_within_2_s():
     assert diagram_svg(p.diagram).count("<rect") == 0  # 435 boxes: the summary card
 
 
+def test_every_kernel_name_fits_its_box_in_the_plan_drawing():
+    """The collapsed drawing sizes each box to its family's name (Qwen3-0.6B's fused
+    qk_norm_rope_kv_append_attention ran over its neighbour in a box of the common width), and
+    the drawing is as wide as its widest row."""
+    from metrale.plan.printers import plan_svg
+
+    svg = plan_svg(plan_for("qwen3-0.6b", "bf16", "sm_90"))
+    boxes = re.findall(r'<rect x="(\d+)" y="(\d+)" width="(\d+)".*?</rect><text x="([\d.]+)" '
+                       r'y="\d+" font-size="11" text-anchor="middle">([^<]+)</text>', svg, re.S)
+    assert boxes and any(name == "qk_norm_rope_kv_append_attention" for *_, name in boxes)
+    for x, _, w, mid, name in boxes:
+        assert int(w) >= 6.5 * len(name) + 12 and float(mid) == int(x) + int(w) / 2, name
+    ends = [int(x) + int(w) for x, _, w, *_ in boxes]
+    assert max(ends) <= int(re.search(r'<svg [^>]*width="(\d+)"', svg).group(1))
+    rows: dict[str, list[tuple[int, int]]] = {}
+    for x, y, w, *_ in boxes:
+        rows.setdefault(y, []).append((int(x), int(w)))
+    for row in rows.values():  # no box overlaps the next
+        row.sort()
+        assert all(a + w < b for (a, w), (b, _) in zip(row, row[1:])), row
+
+
 def test_layer_graph_marks_fused_kernels_and_views(tiny_plan):
     ks = [k for k in tiny_plan.kernels if k.layer == 1]
     g = layer_graph(tiny_plan, 1)
