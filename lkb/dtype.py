@@ -57,7 +57,7 @@ class DType:
         ...
         metrale.lkb.errors.ConfigError: dtype: unknown dtype (expected one of bf16, e2m1, e4m3, e5m2, e8m0, f16, f32, f64, i16, i32, i64, i8, u8, found 'fp9'); did you mean 'fp8'?
         """
-        found = _SPELLINGS.get(str(text).lower())
+        found = DType.named(text)
         if found is None:
             raise ConfigError(
                 "unknown dtype",
@@ -68,6 +68,15 @@ class DType:
                 suggestion=nearest(str(text).lower(), _SPELLINGS),
             )
         return found
+
+    @staticmethod
+    def named(text: object) -> DType | None:
+        """The dtype a spelling names, or None where it names none (:meth:`parse` raises).
+
+        >>> DType.named("bf16").element_size_bits, DType.named("decode")
+        (16, None)
+        """
+        return _SPELLINGS.get(str(text).lower())
 
     @staticmethod
     def of(array: np.ndarray) -> DType:

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from metrale.lkb.dtype import DType
 from metrale.lkb.errors import ConfigError, LaunchError, MetraleError, nearest
 from metrale.lkb.family import Family, Point
 from metrale.lkb.files import Fields, read_toml
@@ -225,9 +226,15 @@ class Kernel:
         return out
 
     def sizes(self, sizes: Mapping[str, int | float]) -> dict[str, int | float]:
-        """``sizes`` plus the point's numeric parameters and the ``values`` formulas."""
-        env: dict[str, int | float] = {k: v for k, v in self.point.params
-                                       if isinstance(v, int | float) and not isinstance(v, bool)}
+        """``sizes`` plus the point's numeric parameters, ``P_bytes`` for each parameter P that
+        names a dtype (its element's bytes: ``act_bytes`` is 2 at ``act = "bf16"``) and the
+        ``values`` formulas."""
+        env: dict[str, int | float] = {}
+        for k, v in self.point.params:
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                env[k] = v
+            elif isinstance(v, str) and (dt := DType.named(v)) is not None:
+                env[f"{k}_bytes"] = dt.element_size_bits / 8
         env.update(sizes)
         for name, formula in self.values:
             env[name] = eval_formula(formula, env, key=f"values.{name}")
@@ -420,7 +427,10 @@ def family_dims(fam: Family) -> frozenset[str]:
 
 
 def _allowed_names(fam: Family, values: Mapping[str, str]) -> frozenset[str]:
-    return family_dims(fam) | set(fam.attrs) | set(fam.domains) | set(values)
+    # P_bytes where every value of parameter P names a dtype (Kernel.sizes binds it)
+    dtypes = {f"{p}_bytes" for p, vs in fam.domains.items()
+              if vs and all(isinstance(v, str) and DType.named(v) for v in vs)}
+    return family_dims(fam) | set(fam.attrs) | set(fam.domains) | set(values) | dtypes
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:
@@ -475,7 +485,8 @@ def _check_formula(f: Fields, where: str, text: str, names: frozenset[str],
         return
     for n in sorted(used - names):
         f._fail(f.key(where), f"unknown size {n!r} in {what}",
-                "a dim, attr or parameter of the family, or a name in `values`", repr(text),
+                "a dim, attr or parameter of the family, P_bytes of a dtype parameter P, or a "
+                "name in `values`", repr(text),
                 nearest(n, names))
 
 

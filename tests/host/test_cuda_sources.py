@@ -20,6 +20,7 @@ import attrs
 import pytest
 
 from metrale.lkb import semantics  # noqa: F401  (registers every family, dequant included)
+from metrale.lkb.dtype import DType
 from metrale.lkb.files import read_toml
 from metrale.lkb.semantics import WITHIN, describe, reduction_orders
 from tests.host.conftest import nvidia_group
@@ -190,6 +191,8 @@ def test_kernel_fields_are_valid(name):
         assert len({arg for arg, _, _ in then_args}) == len(then_args)
     for p in mine:
         env = {**fam["example"], **fam.get("attrs", {}), **p}
+        env |= {f"{k}_bytes": dt.element_size_bits / 8 for k, v in p.items()
+                if isinstance(v, str) and (dt := DType.named(v)) is not None}
         for v, f in t.get("values", {}).items():  # in order: a launch formula may read them
             env[v] = evaluate(f, env)
         made = 0  # a chain's launches may have empty grids (not made), but one is made

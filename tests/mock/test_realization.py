@@ -288,6 +288,23 @@ def test_bad_tables_report_every_error_with_file_and_key(tree: Path) -> None:
     assert "kernel.add2.source: source not found in sm_90/common" in text
 
 
+def test_a_dtype_parameter_gives_its_element_bytes_to_the_formulas(tree: Path) -> None:
+    """``act_bytes``: the bytes of an element of the dtype the point's ``act`` names, so one
+    table sizes a launch for bf16 and f32 rows alike; a parameter whose values are not all
+    dtypes (``h_block``) gives none, and a formula reading it is refused by file and key."""
+    shared = table_text("rmsnorm").replace('shared = "0"', 'shared = "h * act_bytes + 16"')
+    add_folder(tree, "sm_90/common", shared, {"norm.cu": NORM})
+    F = realization("sm_90", kernels_dir=tree)
+    for point, size in ((RMS_BF16, 2), (RMS_F32, 4)):
+        kernel = F.realize(point)
+        assert kernel.launch_for({"rows": 3, "h": 1024, "eps": 1e-6})[2] == 1024 * size + 16
+    add_folder(tree, "sm_90/common", shared.replace("act_bytes", "h_block_bytes"),
+               {"norm.cu": NORM})
+    with pytest.raises(ConfigError, match=r"kernel\.rmsnorm\.launch\.shared: unknown size "
+                                          "'h_block_bytes'"):
+        realization("sm_90", kernels_dir=tree)
+
+
 def test_a_scratch_argument_needs_a_formula_for_its_bytes(tree: Path) -> None:
     bad = table_text("rmsnorm").replace('"y:ptr",', '"y:ptr", "work:scratch",')
     assert "work:scratch" in bad
