@@ -89,8 +89,11 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy,
                                  presentation=presentation, kernels_dir=kernels_dir)
     t = time_decode(eng, batch, steps=200)
-    logits = eng.program("decode", batch).read("logits")
+    program = eng.program("decode", batch)
+    logits = program.read("logits")
     out = {"step_s": t.step_s, "floor_s": t.floor_s, "bytes": t.bytes_moved,
+           # the planner's prediction of this step, costed for the device it ran on
+           "predicted_s": program.plan.predicted_us / 1e6,
            "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph,
            # the same weights and inputs (fixed seeds) give the same hash exactly when the plans'
            # kernels agree bit for bit: how an A/B of trees checks a bit-identical change
@@ -352,8 +355,8 @@ def main() -> None:
                                          kernels_dir=folder)
                         m.setdefault("variants", {})[name] = v
                         print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {name}: "
-                              f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches)",
-                              flush=True)
+                              f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches; "
+                              f"predicted {v['predicted_s'] * 1e3:.3f})", flush=True)
                         if "kernels" in v:
                             print_kernels(v["kernels"], v["step_s"])
                     if without is not None:
@@ -370,7 +373,9 @@ def main() -> None:
                         f"{m['step_s'] * 1e3:7.3f} ms "
                         f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
                         f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
-                        f"{m['floor_s'] / m['step_s']:.0%} of floor")
+                        f"{m['floor_s'] / m['step_s']:.0%} of floor | predicted "
+                        f"{m['predicted_s'] * 1e3:.3f} ms "
+                        f"({m['predicted_s'] / m['step_s'] - 1:+.1%})")
                 if "without_step_s" in m:
                     line += (f" | without {m['without']} {m['without_step_s'] * 1e3:.3f} ms "
                              f"({m['without_launches']} launches)")
