@@ -7,9 +7,10 @@
 # under Nsight Compute (benchmarks/profile_gpu_step.py; its CSVs stay in /tmp/profile), then,
 # with TUNE="MODEL:QUANT:ROWS[,ROWS...][:MODE] ...", `met tune --policy bounded` of each, in
 # decode unless MODE says prefill (ROWS then the prompt's tokens; every alternative's kernels
-# timed and recorded, the step before and after; the records reach the evidence export below). Back under $OUT come the result files this round wrote and sm_90's
-# evidence export (the shipped records and what a `--record` or `met tune` run added to the
-# evidence store), and nothing older: a device call returns at most eight files.
+# timed and recorded, the step before and after; the records reach the evidence export below).
+# Back under $OUT come the result files this round wrote and sm_90's evidence export (the
+# shipped records and what a `--record` or `met tune` run added to the evidence store), and
+# nothing older: a device call returns at most eight files.
 # Usage: bash benchmarks/device_round.sh "<pytest -k expr or empty>" "<bench_gpu_decode args>"
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

@@ -16,11 +16,11 @@ A kernel's cost is, in order of preference:
    entry, else the representative's; ``[cost]`` rates and latency; a class
    without ``[cost]`` uses its nearest ancestor's). A weight is read once per block of rows
    the kernel's grid tiles (a GEMV's 8 rows, a GEMM's row tile), except where a ``traffic``
-   declaration counts its reads already (an expert stack: each expert the rows chose). FLOPs: ``2 · rows · n · k`` per weight
-   matrix a row meets (``top_k`` of them in an expert stack), ``4 · |o| · context`` for an
-   attention (families whose traffic reads ``context``), none elsewhere; the rate is the
-   tensor cores' where the kernel's declared reduction order says tensor-core MMA, else the
-   vector units'.
+   declaration counts its reads already (an expert stack: each expert the rows chose). FLOPs:
+   ``2 · rows · n · k`` per weight matrix a row meets (``top_k`` of them in an expert stack),
+   ``4 · |o| · context`` for an attention (families whose traffic reads ``context``), none
+   elsewhere; the rate is the tensor cores' where the kernel's declared reduction order says
+   tensor-core MMA, else the vector units'.
 
 Views cost nothing. A measured time is in microseconds; its record's metric names the shape
 (:func:`shape_metric`), so the record API of ``realize.evidence`` carries it unchanged.
@@ -241,9 +241,10 @@ def rescale(measured: float, there: Modelled, here: Modelled) -> float:
     >>> rescale(1.0, Modelled(2.0, 0.25, ""), Modelled(2.0, 12.0, ""))  # fast: 0.75 + 12
     12.75
     """
+    if there.us <= 0:  # a model of nothing: the measurement is all there is
+        return measured + here.us
     if measured >= there.us:
-        factor = measured / there.us
-        return factor * (here.work_us + there.launch_us * _ratio(here.launch_us, there.launch_us))
+        return measured / there.us * here.us
     launch = max(measured - there.work_us, 0.0)
     work = measured - launch
     return launch * _ratio(here.launch_us, there.launch_us) + \

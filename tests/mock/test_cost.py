@@ -128,6 +128,7 @@ def test_an_expert_matrix_is_read_once_per_expert_the_rows_chose(analytic: Path,
     assert "by row tiles" not in gate_up.cost.source
     assert f"{gate_up.bytes_moved / 1e6:.3g} MB /" in gate_up.cost.source
 
+
 def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
     base = plan_for("tiny-llama", "bf16", "host", kernels_dir=kernels)
     record_family_times(kernels, base, "rmsnorm", 123.0)
