@@ -3,7 +3,8 @@
 ``tune(...)`` runs, for each rows value: the plan the planner chooses now (its predicted step
 time, and the step timed where it runs); then every alternative the search enumerated
 (``plan.search.alternatives``: each matmul point, each site's alternatives), each kernel of
-each timed alone at the plan's sizes (``runtime.bench.kernel_times``); the times are recorded
+them timed alone at the plan's sizes (``runtime.bench.kernel_times``), once: at the first
+alternative that launches it (by point, source and shape); the times are recorded
 as evidence of the class in the evidence store (``plan.cost.time_records``, ``record_times``:
 ``time@<shape>`` in microseconds, with the source hash of what ran; never into the installed
 kernels); then the plan is made again, now priced by
@@ -100,14 +101,20 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
                 p = make(choice)
                 eng.use_plan(p)
                 by_index = {k.index: k for k in p.kernels}
-                for t in kernel_times(eng, r, mode=mode, repeats=repeats):
-                    k = by_index[int(t.label[1:].split()[0])]
-                    if k.kernel is None:
-                        continue
+
+                def key(k: Any, p: Any = p) -> tuple[tuple, dict]:
+                    # a kernel is timed once, at its first alternative: by point, source and shape
                     shape = shape_of(p.hw_target.presentation.family(k.family), k.box,
                                      dict(p.sizes))
-                    key = (str(k.point), k.kernel.source_hash, tuple(sorted(shape.items())))
-                    timed.setdefault(key, (k.kernel, shape, t.seconds * 1e6))
+                    return (str(k.point), k.kernel.source_hash,
+                            tuple(sorted(shape.items()))), shape
+
+                for t in kernel_times(eng, r, mode=mode, repeats=repeats,
+                                      skip=lambda k, timed=timed: k.kernel is None
+                                      or key(k)[0] in timed):
+                    k = by_index[int(t.label[1:].split()[0])]
+                    at, shape = key(k)
+                    timed.setdefault(at, (k.kernel, shape, t.seconds * 1e6))
             records = time_records(timed.values(), T.hw, device, _toolchain(T.hw),
                                    datetime.date.today().isoformat())
             if record and records:

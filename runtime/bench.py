@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -139,11 +139,13 @@ def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
 
 
 def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20,
-                 logits: str = "all") -> tuple[KernelTiming, ...]:
+                 logits: str = "all", skip: Callable[[Any], bool] | None = None
+                 ) -> tuple[KernelTiming, ...]:
     """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
     ``rows``-token prompt, with ``logits`` as prefill_program takes it) timed alone, its inputs
     rotated across copies; the expert kernels' copies route to other experts instead
-    (``expert_ids_arg``)."""
+    (``expert_ids_arg``). ``skip(kernel)``, given a planned kernel, leaves out those it is true
+    of (``met tune``: the kernels an earlier alternative's timing already holds)."""
     prog = (decode_program(engine, rows) if mode == "decode"
             else prefill_program(engine, rows, logits=logits))
     plan = engine.plan(mode, rows, logits=logits)
@@ -164,6 +166,8 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
         lns = [prog.launches[i] for i in chain]
         ln, args = lns[0], prog.arguments[chain[0]]
         k = ln.kernel
+        if skip is not None and skip(k):
+            continue
         # the arguments that carry the kernel's inputs (buffers, weights' scales) get copies
         rotate = [j for j, name in enumerate(ln.arg_names)
                   if (isinstance(name, str) and name in k.inputs)

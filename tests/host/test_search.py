@@ -215,9 +215,16 @@ def test_a_site_past_the_limit_can_leave_its_bounded_relations(analytic: Path) -
 # -- met tune on the host -------------------------------------------------------------------
 
 def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore,
-                                            capsys) -> None:
+                                            capsys, monkeypatch) -> None:
+    """Each kernel is timed once, at the first alternative that launches it (the alternatives
+    share most of their kernels: timing each again took most of a device round)."""
     from metrale.cli import main
+    from metrale.runtime import bench
 
+    timings = []
+    time_launches = bench._time_launches
+    monkeypatch.setattr(bench, "_time_launches", lambda *a: timings.append(a[1]) or
+                        time_launches(*a))
     assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context", "32",
                  "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
                  "--format", "json"]) == 0
@@ -225,6 +232,7 @@ def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore
 
     [row] = json.loads(capsys.readouterr().out)
     assert row["recorded"] == row["kernels_timed"] > 0 and row["alternatives"] >= 2
+    assert len(timings) == row["kernels_timed"]
     assert row["measured_before_us"] > 0 and row["measured_after_us"] > 0
     records = _store.records("host")  # in the store; the kernels folder is left as it was
     assert len(records) == row["recorded"]
