@@ -99,7 +99,6 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             alts = alternatives(before.choice)
             for choice in alts:
                 p = make(choice)
-                eng.use_plan(p)
                 by_index = {k.index: k for k in p.kernels}
 
                 def key(k: Any, p: Any = p) -> tuple[tuple, dict]:
@@ -109,6 +108,9 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
                     return (str(k.point), k.kernel.source_hash,
                             tuple(sorted(shape.items()))), shape
 
+                if all(k.kernel is None or key(k)[0] in timed for k in p.launches):
+                    continue  # nothing new to time: no program to build
+                eng.use_plan(p)
                 for t in kernel_times(eng, r, mode=mode, repeats=repeats,
                                       skip=lambda k, timed=timed: k.kernel is None
                                       or key(k)[0] in timed):
