@@ -99,24 +99,24 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             alts = alternatives(before.choice)
             for choice in alts:
                 p = make(choice)
-                by_index = {k.index: k for k in p.kernels}
-
-                def key(k: Any, p: Any = p) -> tuple[tuple, dict]:
-                    # a kernel is timed once, at its first alternative: by point, source and shape
+                # the kernels no earlier alternative timed (each is timed once: by point,
+                # source and shape), by index
+                fresh: dict[int, tuple[tuple, dict, Any]] = {}
+                for k in p.launches:
+                    if k.kernel is None:
+                        continue
                     shape = shape_of(p.hw_target.presentation.family(k.family), k.box,
                                      dict(p.sizes))
-                    return (str(k.point), k.kernel.source_hash,
-                            tuple(sorted(shape.items()))), shape
-
-                if all(k.kernel is None or key(k)[0] in timed for k in p.launches):
+                    key = (str(k.point), k.kernel.source_hash, tuple(sorted(shape.items())))
+                    if key not in timed:
+                        fresh[k.index] = (key, shape, k.kernel)
+                if not fresh:
                     continue  # nothing new to time: no program to build
                 eng.use_plan(p)
                 for t in kernel_times(eng, r, mode=mode, repeats=repeats,
-                                      skip=lambda k, timed=timed: k.kernel is None
-                                      or key(k)[0] in timed):
-                    k = by_index[int(t.label[1:].split()[0])]
-                    at, shape = key(k)
-                    timed.setdefault(at, (k.kernel, shape, t.seconds * 1e6))
+                                      skip=lambda k, fresh=fresh: k.index not in fresh):
+                    key, shape, kernel = fresh[int(t.label[1:].split()[0])]
+                    timed.setdefault(key, (kernel, shape, t.seconds * 1e6))
             records = time_records(timed.values(), T.hw, device, _toolchain(T.hw),
                                    datetime.date.today().isoformat())
             if record and records:
