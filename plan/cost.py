@@ -5,9 +5,11 @@ A kernel's cost is, in order of preference:
 1. **measured**: a ``time@<shape>`` evidence record of its point on the plan's class, with
    the kernel's current source hash (evidence counts only on the class that recorded it and
    the source it measured), at the recorded shape nearest to the kernel's (the distance is
-   the sum of ``|log2(a / b)|`` over the shape's numbers), a record made on the device the plan
-   is costed for before any other device's of the class (an engine's plans are costed for its
-   device, others for the class's representative one); at another shape than the kernel's, or
+   the sum of ``|log2(a / b)|`` over the shape's numbers, plus the devices' distance: none
+   for the device the plan is costed for, ``|log2|`` of the bandwidths' ratio for another the
+   class knows, 1 for one it does not; the newest of equals). An engine's plans are costed for
+   its device, others for the class's representative one. So an H200 plan of 8 rows takes an
+   H100's record at 8 rows (distance 0.5) before an H200's at 2,048 (8). At another shape, or
    from another device the class knows (its ``[device]`` or ``[[peers]]``), the measured time
    is carried there by the analytic model in its two parts (:func:`rescale`: the launches'
    and the work's, each scaled as the model's);
@@ -383,10 +385,23 @@ class CostModel:
                 continue
             d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
                     or at[k] > 0 else 0.0 for k in shape)
-            rank = (r.device != self.device, d, _neg_date(r.date))
+            rank = (d + self._device_distance(r.device), r.device != self.device,
+                    _neg_date(r.date))
             if best is None or rank < best[0]:
                 best = (rank, r, at)
         return None if best is None else (best[1], best[2])
+
+    def _device_distance(self, device: str) -> float:
+        """How far a record made on ``device`` is from the costed device, in the shape
+        distance's units: 0 for the costed device, ``|log2|`` of the bandwidths' ratio for
+        another the class knows (its figures scale the record), 1 for one it does not."""
+        if device == self.device:
+            return 0.0
+        there = self.hw.device_named(device)
+        here = self.hw.device_named(self.device) or self.hw.device
+        if there is None:
+            return 1.0
+        return abs(math.log2(there.hbm_bandwidth_gbs / here.hbm_bandwidth_gbs))
 
 
 def _time_records(evidence: Any, hw: str, family: str, point: str,

@@ -90,13 +90,14 @@ def test_the_model_reads_bytes_flops_and_the_engine_of_the_declared_order(analyt
     assert "805 MFLOP" in qkv16.cost.source
 
 
-def test_a_kernel_that_tiles_its_reads_declares_what_it_moves() -> None:
+def test_a_kernel_that_tiles_its_reads_declares_what_it_moves(analytic: Path) -> None:
     """The family's traffic reads every cached row once per query row (what decode's rows, each
     its own sequence, do); attention_prefill.cu's blocks read them once per tile of query rows,
     and its table says so: the plan's bytes, its floor and the cost model all take the tile count.
     At Qwen3-0.6B's 2048-token prefill (G = 2: tiles of 32 rows) that is 64 reads of each cached
     row, not 2048: the floor stays below the step measured on an H100 (18.1 ms)."""
-    p = plan_for("qwen3-0.6b", "bf16", "sm_90", mode="prefill", rows=2048, context=2048)
+    p = plan_for("qwen3-0.6b", "bf16", "sm_90", mode="prefill", rows=2048, context=2048,
+                 kernels_dir=analytic)
     att = next(k for k in p.launches if k.family == "kv_append_attention")
     assert dict(att.kernel.traffic)["k_cache"].startswith("ceil(rows / (16")
     cache = 64 * 2048 * 8 * 128 * 2  # tiles × context × hkv × d × bf16, each of k and v
@@ -181,14 +182,16 @@ def test_a_record_at_another_shape_is_scaled_by_the_model(kernels: Path) -> None
 
 
 @pytest.mark.parametrize("ratio", [None, 2.0])
-def test_a_short_kernels_record_never_prices_a_long_one_below_its_work(kernels: Path,
+def test_a_short_kernels_record_never_prices_a_long_one_below_its_work(analytic: Path,
                                                                       ratio: float | None
                                                                       ) -> None:
     """A record faster than the model saves on the launch and pays the work's growth in full:
     Llama-3.1-8B's first norm, measured at 1 µs for one row, prices its 2,048-row prefill above
     its bytes at the bandwidth, where scaling the whole time by the model's ratio priced it at a
     fraction of them. A record slower than the model (``ratio`` times it) is slower in both
-    parts alike: that ratio times the model at one shape, and at the other."""
+    parts alike: that ratio times the model at one shape, and at the other. (The shipped time
+    records are left out: an H100's nearer the prefill's shape would price it instead.)"""
+    kernels = analytic
     decode = plan_for("llama-3.1-8b", "bf16", "sm_90", rows=1, kernels_dir=kernels)
     norm = next(k for k in decode.launches if k.family == "rmsnorm")
     fam = decode.hw_target.presentation.family("rmsnorm")
@@ -214,7 +217,8 @@ def test_a_peer_devices_record_is_scaled_to_the_costed_device(kernels: Path) -> 
     """sm_90 knows the H100 beside its representative H200 ([[peers]]): an H100's record prices
     the H200's plan scaled by the model at the two devices' bandwidths; the H100's own plan
     takes it as is, and models what has no record at the H100's figures; a record of a device
-    the class does not know is taken as is."""
+    the class does not know is taken as is, after a known peer's (its figures cannot scale it),
+    and first by that device's own plans."""
     h100 = "NVIDIA H100 80GB HBM3"
     base = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
     record_family_times(kernels, base, "embedding", 50.0, device=h100)
@@ -238,7 +242,37 @@ def test_a_peer_devices_record_is_scaled_to_the_costed_device(kernels: Path) -> 
     assert all("3030 GB/s" in k.cost.source for k in own.launches if k.cost.kind == "model")
     record_family_times(kernels, base, "embedding", 7.0, device="card X", date="2026-12-09")
     p = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
-    assert next(k for k in p.launches if k.family == "embedding").cost.us == 7.0
+    assert next(k for k in p.launches if k.family == "embedding").cost.us == pytest.approx(
+        50.0 * here.us / there.us)
+    x = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels, device="card X")
+    assert next(k for k in x.launches if k.family == "embedding").cost.us == 7.0
+    record_family_times(kernels, base, "rmsnorm", 9.0, device="card X")
+    p = plan_for("tiny-llama", "bf16", "sm_90", kernels_dir=kernels)
+    assert next(k for k in p.launches if k.family == "rmsnorm").cost.us == 9.0  # the only one
+
+
+def test_a_peer_at_the_shape_counts_before_the_device_far_from_it(kernels: Path) -> None:
+    """The devices' distance adds to the shapes': an H200 plan of 8 rows takes an H100's
+    record at 8 rows (|log2(4300 / 3030)|, about 0.5) before the H200's own at one row (3),
+    and the H200's at one row before the H100's at 8 for a plan of 2 rows (1 against 2.5).
+    A prefill's records at 2,048 rows, nearest by device alone, priced an H200's 8-row GEMVs
+    at the model's bytes and split Llama-3.1-8B's qkv where the H100's 8-row records said not
+    to."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    one = plan_for("tiny-llama", "bf16", "sm_90", rows=1, kernels_dir=kernels)
+    eight = plan_for("tiny-llama", "bf16", "sm_90", rows=8, kernels_dir=kernels)
+    record_family_times(kernels, one, "rmsnorm", 1.0, device=h200)
+    record_family_times(kernels, eight, "rmsnorm", 50.0, device=h100)
+
+    def norm(rows: int):
+        p = plan_for("tiny-llama", "bf16", "sm_90", rows=rows, kernels_dir=kernels)
+        return next(k for k in p.launches if k.family == "rmsnorm").cost
+
+    assert norm(8).source.startswith(f"measured: on sm_90 ({h100}, 2026-12-01) at h=64,rows=8")
+    assert norm(8).source.endswith("scaled by the model to NVIDIA H200")
+    assert norm(8).us > 25.0  # the H100's 50 µs at the bandwidths' ratio, not the 1 µs's
+    assert norm(2).source.startswith(f"measured: on sm_90 ({h200}, 2026-12-01) at h=64,rows=1")
+    assert norm(1).us == 1.0
 
 
 def test_a_record_of_another_source_does_not_count(kernels: Path) -> None:
