@@ -293,6 +293,9 @@ def main() -> None:
     ap.add_argument("--policies", default="exact",
                     help="numerics policies the plans are made under (exact, bounded)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--peer-models", default="",
+                    help="models (comma-separated) whose transformers peers are timed; default "
+                         "all (an MoE's eager forward loops over its experts in Python)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quant-batches", default="1", help="batches timed for non-bf16 quants")
     ap.add_argument("--compile-batches", default="1,8", help="batches torch.compile is timed at")
@@ -364,7 +367,9 @@ def main() -> None:
                                          presentation=without)
                         m["without"] = args.without
                         m["without_step_s"], m["without_launches"] = w["step_s"], w["launches"]
-            hf = {} if args.no_hf else hf_child(model, batch, compile_here, args.hf_timeout)
+            peer = not args.no_hf and (not args.peer_models
+                                       or model in args.peer_models.split(","))
+            hf = hf_child(model, batch, compile_here, args.hf_timeout) if peer else {}
             for (quant, policy), m in ours.items():
                 r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
                      **hf, "copy_floor_s": m["bytes"] / rate}
@@ -396,9 +401,10 @@ def main() -> None:
                 print(line, flush=True)
                 if "kernels" in m:
                     print_kernels(m["kernels"], m["step_s"])
+        # after each model, so that a run cut short keeps the models it finished
+        path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
+                                           "rows": rows})
     print_quant_ratios(rows)
-    path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
-                                       "rows": rows})
     print(f"wrote {path}")
     if records:
         from metrale.realize.evidence import record_evidence

@@ -84,15 +84,18 @@ class Decode:
     def command(self) -> str:
         """The command that measures the cells this run holds."""
         policies = _order((k[3] for k in self.rows), POLICIES)
-        peers = any(r.get(f) is not None for rs in self.rows.values() for r in rs
-                    for f in ("eager_s", "compiled_s"))
+        peered = _order(k[0] for k, rs in self.rows.items() for r in rs
+                        if any(r.get(f) is not None for f in ("eager_s", "compiled_s")))
+        peers = bool(peered)
         quant_batches = sorted({k[1] for k in self.rows if k[2] != "bf16"})
         return " ".join(["python benchmarks/bench_gpu_decode.py", *self.models,
                          "--batches", ",".join(map(str, self.batches)),
                          "--quants", ",".join(self.quants), "--policies", ",".join(policies),
                          *(["--quant-batches", ",".join(map(str, quant_batches))]
                            if quant_batches and quant_batches != [1] else []),
-                         *([] if peers else ["--no-hf"])])
+                         *([] if peers else ["--no-hf"]),
+                         *(["--peer-models", ",".join(peered)]
+                           if peers and peered != self.models else [])])
 
     def get(self, model: str, batch: int, quant: str, policy: str, field: str) -> float | None:
         rows = [r for r in self.rows.get((model, batch, quant, policy), ())

@@ -62,7 +62,7 @@ def test_a_new_decode_run_of_another_shape_renders(tmp_path):
     command = summary.split("reproduce with `")[1].split("`")[0]
     assert command == ("python benchmarks/bench_gpu_decode.py qwen3-0.6b qwen3-30b-a3b "
                        "--batches 1,8 --quants bf16,fp8,nvfp4 --policies exact,bounded "
-                       "--quant-batches 1,8")
+                       "--quant-batches 1,8 --peer-models qwen3-0.6b")
     peers = blocks["decode-peers"]
     assert "| qwen3-0.6b | 1 | 0.900 | 20.000 (22.22×) | 3.500 (3.89×) | 3.000 (3.33×) |" in peers
     detail = blocks["decode-detail"]
