@@ -191,8 +191,7 @@ def test_a_short_kernels_record_never_prices_a_long_one_below_its_work(analytic:
     fraction of them. A record slower than the model (``ratio`` times it) is slower in both
     parts alike: that ratio times the model at one shape, and at the other. (The shipped time
     records are left out: an H100's nearer the prefill's shape would price it instead.)"""
-    kernels = analytic
-    decode = plan_for("llama-3.1-8b", "bf16", "sm_90", rows=1, kernels_dir=kernels)
+    decode = plan_for("llama-3.1-8b", "bf16", "sm_90", rows=1, kernels_dir=analytic)
     norm = next(k for k in decode.launches if k.family == "rmsnorm")
     fam = decode.hw_target.presentation.family("rmsnorm")
     one = CostModel.of(decode.hw_target, dict(decode.sizes)).parts(
@@ -200,9 +199,9 @@ def test_a_short_kernels_record_never_prices_a_long_one_below_its_work(analytic:
                                      **shape_of(fam, norm.box, dict(decode.sizes))})
     assert one.us > 1.0  # a record of 1 µs is faster than the model: mostly launch
     us = 1.0 if ratio is None else ratio * one.us
-    record_family_times(kernels, decode, "rmsnorm", us, device="NVIDIA H200")
+    record_family_times(analytic, decode, "rmsnorm", us, device="NVIDIA H200")
     prefill = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=2048,
-                       context=2048, kernels_dir=kernels)
+                       context=2048, kernels_dir=analytic)
     big = next(k for k in prefill.launches if k.family == "rmsnorm")
     assert big.cost.kind == "measured" and "scaled by the model" in big.cost.source
     floor = big.bytes_moved / 4300e3  # µs at the H200's 4,300 GB/s
