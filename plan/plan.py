@@ -337,28 +337,40 @@ def _check_launches(kernels: tuple[PlannedKernel, ...], P: Presentation,
     memory (as the runtime will bind it): a plan that could not run is refused here, with a
     LaunchError naming the kernel, rather than when it is loaded or launched. Returns the
     kernels with the entries they launch there (``launched``)."""
-    from metrale.lkb.errors import LaunchError
     from metrale.realize.kernel import box_numbers
 
     out = []
+    launched: dict[tuple, tuple[str, ...]] = {}  # (kernel, numbers): every layer binds alike
     for k in kernels:
         if k.view or k.kernel is None or k.kernel.launch is None:
             out.append(k)
             continue
-        where = f"kernel #{k.index} {k.point}"
-        try:
-            launches = k.kernel.launches_for(box_numbers(k.box, P.family(k.family), sizes))
-        except LaunchError as e:
-            raise LaunchError(e.message, key=where, expected=e.expected, found=e.found,
-                              suggestion="a class whose kernels serve these sizes (--hardware "
-                              "cuda: its generic kernels have wider limits)") from None
-        over = shared_excess(launches, hw)
-        if over:
-            entry, shared, cap = over
-            raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
-                              key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
-        out.append(attrs.evolve(k, launched=tuple(entry for entry, _, _ in launches)))
+        numbers = box_numbers(k.box, P.family(k.family), sizes)
+        key = (id(k.kernel), tuple(sorted(numbers.items())))
+        if key not in launched:
+            launched[key] = _launched(k, numbers, hw)
+        out.append(attrs.evolve(k, launched=launched[key]))
     return tuple(out)
+
+
+def _launched(k: PlannedKernel, numbers: Mapping[str, int | float], hw: Any) -> tuple[str, ...]:
+    """The entries ``k``'s kernel launches at ``numbers``; a LaunchError names ``k`` where a
+    launch does not bind, breaks its kernel's limits or needs more shared memory than ``hw``."""
+    from metrale.lkb.errors import LaunchError
+
+    where = f"kernel #{k.index} {k.point}"
+    try:
+        launches = k.kernel.launches_for(numbers)
+    except LaunchError as e:
+        raise LaunchError(e.message, key=where, expected=e.expected, found=e.found,
+                          suggestion="a class whose kernels serve these sizes (--hardware "
+                          "cuda: its generic kernels have wider limits)") from None
+    over = shared_excess(launches, hw)
+    if over:
+        entry, shared, cap = over
+        raise LaunchError(f"{entry} needs more shared memory than {hw.name} allows",
+                          key=where, expected=f"at most {cap} bytes", found=f"{shared} bytes")
+    return tuple(entry for entry, _, _ in launches)
 
 
 def _no_relations(P: Presentation) -> Presentation:
