@@ -34,6 +34,9 @@ from metrale.cli import command, extend_command
 from metrale.commands import default_context, random_arg  # and met plan, which --costs extends
 from metrale.terminal import int_at_least
 
+SLOWER_MARGIN = 0.02
+"""A tuned plan measured more than this much slower than the plan before is reported."""
+
 
 @attrs.frozen
 class TuneRow:
@@ -51,6 +54,13 @@ class TuneRow:
     recorded: int
     changed: bool
     """Whether the plan after differs from the plan before (other kernels)."""
+
+    @property
+    def slower(self) -> bool:
+        """Whether the tuned plan, another than the plan before, measured more than
+        ``SLOWER_MARGIN`` slower than it: its kernels' times alone mislead in the step."""
+        return self.changed and self.measured_after_us > self.measured_before_us * (
+            1 + SLOWER_MARGIN)
 
     @property
     def error_after(self) -> float:
@@ -178,8 +188,8 @@ def tune_command(args: argparse.Namespace) -> int:
                 steps=args.steps, repeats=args.repeats, record=not args.no_record,
                 random=args.random)
     if args.format == "json":
-        print(json.dumps([attrs.asdict(r) | {"error_after": r.error_after} for r in rows],
-                         indent=2))
+        print(json.dumps([attrs.asdict(r) | {"error_after": r.error_after, "slower": r.slower}
+                          for r in rows], indent=2))
         return 0
     from metrale.terminal import add, console, print_table, table
 
@@ -201,7 +211,29 @@ def tune_command(args: argparse.Namespace) -> int:
                     f"kernels timed / alternatives; {recorded} evidence records written"
                     + (" to the store" if recorded else " (--no-record)" if args.no_record
                        else ""), markup=False)
+    plan = (f"met plan {args.model} --quant {args.quant} --hardware {args.hardware} --mode "
+            f"{args.mode} --policy {args.policy}")
+    for line in slower_notes(rows, plan):
+        console().print(line, markup=False)
     return 0
+
+
+def slower_notes(rows: Sequence[TuneRow], plan: str) -> list[str]:
+    """A line for each rows value whose tuned plan measured slower than the plan before it:
+    the records chose it by its kernels timed alone, which the step does not bear out; ``plan``
+    is the ``met plan`` command that shows the plan's records, less its rows.
+
+    >>> r = TuneRow(1, 1, 900.0, 884.2, 814.0, 935.8, 48, 49, 49, True)
+    >>> print(slower_notes([r], "met plan qwen3-0.6b --quant mxfp4")[0])
+    rows 1: the tuned plan measured 5.8% slower than the plan before it (884.2 → 935.8 µs), though its kernels timed alone chose it; `met plan qwen3-0.6b --quant mxfp4 --rows 1 --costs` shows each kernel's record
+    >>> slower_notes([attrs.evolve(r, measured_after_us=890.0)], "met plan m")
+    []
+    """
+    return [f"rows {r.rows}: the tuned plan measured "
+            f"{r.measured_after_us / r.measured_before_us - 1:.1%} slower than the plan before "
+            f"it ({r.measured_before_us:.1f} → {r.measured_after_us:.1f} µs), though its kernels "
+            f"timed alone chose it; `{plan} --rows {r.rows} --costs` shows each kernel's record"
+            for r in rows if r.slower]
 
 
 def _costs_arg(p: argparse.ArgumentParser) -> None:
