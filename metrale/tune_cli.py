@@ -57,7 +57,7 @@ class TuneRow:
 
     @property
     def slower(self) -> bool:
-        """Whether the tuned plan, another than the plan before, measured more than
+        """Whether the tuned plan, other than the plan before, measured more than
         ``SLOWER_MARGIN`` slower than it: its kernels' times alone mislead in the step."""
         return self.changed and self.measured_after_us > self.measured_before_us * (
             1 + SLOWER_MARGIN)
