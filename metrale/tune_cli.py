@@ -36,6 +36,11 @@ from metrale.terminal import int_at_least
 
 SLOWER_MARGIN = 0.02
 """A tuned plan measured more than this much slower than the plan before is reported."""
+PRUNE = 3.0
+"""An alternative predicted at more than this many times the plan's step is not timed: it
+cannot win by any error of the model seen (a prefill's GEMV-shaped alternative at 2,048 rows,
+its weights read once a tile of 8 rows, is predicted at tens of times the GEMM plan), and its
+records would only stand at shapes no plan chooses them for."""
 
 
 @attrs.frozen
@@ -54,6 +59,8 @@ class TuneRow:
     recorded: int
     changed: bool
     """Whether the plan after differs from the plan before (other kernels)."""
+    pruned: int = 0
+    """Alternatives not timed: predicted at more than ``PRUNE`` times the plan before."""
 
     @property
     def slower(self) -> bool:
@@ -107,8 +114,12 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             step_before = _step(eng, mode, r, steps, time_decode, time_prefill)
             timed: dict[tuple, tuple[Any, dict, float]] = {}
             alts = alternatives(before.choice)
+            pruned = 0
             for choice in alts:
                 p = make(choice)
+                if p.predicted_us > PRUNE * before.predicted_us:
+                    pruned += 1
+                    continue
                 # the kernels no earlier alternative timed (each is timed once: by point,
                 # source and shape), by index
                 fresh: dict[int, tuple[tuple, dict, Any]] = {}
@@ -136,7 +147,7 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             step_after = _step(eng, mode, r, steps, time_decode, time_prefill)
         out.append(TuneRow(r, before.bucket, before.predicted_us, step_before * 1e6,
                            after.predicted_us, step_after * 1e6, len(alts), len(timed),
-                           len(records) if record else 0, after != before))
+                           len(records) if record else 0, after != before, pruned))
     return out
 
 
@@ -206,11 +217,13 @@ def tune_command(args: argparse.Namespace) -> int:
             f"{r.error_after:+.1%}", f"{r.kernels_timed}/{r.alternatives}",
             "new" if r.changed else "same")
     print_table(t)
-    recorded = sum(r.recorded for r in rows)
+    recorded, pruned = sum(r.recorded for r in rows), sum(r.pruned for r in rows)
     console().print(f"error: the tuned plan's predicted step against its measured one; timed: "
                     f"kernels timed / alternatives; {recorded} evidence records written"
                     + (" to the store" if recorded else " (--no-record)" if args.no_record
-                       else ""), markup=False)
+                       else "")
+                    + (f"; {pruned} alternatives predicted past {PRUNE:g}x the plan's step "
+                       "left untimed" if pruned else ""), markup=False)
     plan = (f"met plan {args.model} --quant {args.quant} --hardware {args.hardware} --mode "
             f"{args.mode} --policy {args.policy}")
     for line in slower_notes(rows, plan):

@@ -244,6 +244,32 @@ def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore
     assert row["predicted_after_us"] == pytest.approx(after.predicted_us)
 
 
+def test_met_tune_leaves_alternatives_predicted_far_past_the_plan_untimed(
+        kernels: Path, _store: EvidenceStore, capsys, monkeypatch) -> None:
+    """An alternative predicted at more than PRUNE times the plan's step is not timed (on
+    sm_90 a prefill's 64 GEMV-shaped alternatives at 2,048 rows, predicted at 17 times the GEMM
+    plan, whose records then priced 8-row plans); tiny-llama's decode alternatives on the host
+    are predicted at 1.0-1.7 times its plan, so a PRUNE of 1.3 leaves the costlier untimed."""
+    from metrale import tune_cli
+    from metrale.cli import main
+
+    def run() -> dict:
+        assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context",
+                     "32", "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
+                     "--format", "json", "--no-record"]) == 0
+        import json
+
+        [row] = json.loads(capsys.readouterr().out)
+        return row
+
+    every = run()
+    assert every["pruned"] == 0
+    monkeypatch.setattr(tune_cli, "PRUNE", 1.3)
+    some = run()
+    assert 0 < some["pruned"] < some["alternatives"] == every["alternatives"]
+    assert some["kernels_timed"] < every["kernels_timed"]
+
+
 # -- the engine runs the bucket's program -----------------------------------------------------
 
 def test_the_engine_runs_the_bucket_program_and_a_row_keeps_its_bytes() -> None:
