@@ -214,23 +214,30 @@ def test_a_site_past_the_limit_can_leave_its_bounded_relations(analytic: Path) -
 
 # -- met tune on the host -------------------------------------------------------------------
 
+def _tune_tiny_llama(kernels: Path, capsys, *extra: str) -> dict:
+    """`met tune tiny-llama` on the host at one row, briefly: its JSON row."""
+    import json
+
+    from metrale.cli import main
+
+    assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context", "32",
+                 "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
+                 "--format", "json", *extra]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    return row
+
+
 def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore,
                                             capsys, monkeypatch) -> None:
     """Each kernel is timed once, at the first alternative that launches it (the alternatives
     share most of their kernels: timing each again took most of a device round)."""
-    from metrale.cli import main
     from metrale.runtime import bench
 
     timings = []
     time_launches = bench._time_launches
     monkeypatch.setattr(bench, "_time_launches", lambda *a: timings.append(a[1]) or
                         time_launches(*a))
-    assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context", "32",
-                 "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
-                 "--format", "json"]) == 0
-    import json
-
-    [row] = json.loads(capsys.readouterr().out)
+    row = _tune_tiny_llama(kernels, capsys)
     assert row["recorded"] == row["kernels_timed"] > 0 and row["alternatives"] >= 2
     assert len(timings) == row["kernels_timed"]
     assert row["measured_before_us"] > 0 and row["measured_after_us"] > 0
@@ -251,21 +258,11 @@ def test_met_tune_leaves_alternatives_predicted_far_past_the_plan_untimed(
     plan, whose records then priced 8-row plans); tiny-llama's decode alternatives on the host
     are predicted at 1.0-1.7 times its plan, so a PRUNE of 1.3 leaves the costlier untimed."""
     from metrale import tune_cli
-    from metrale.cli import main
 
-    def run() -> dict:
-        assert main(["tune", "tiny-llama", "--hardware", "host", "--rows", "1", "--context",
-                     "32", "--steps", "2", "--repeats", "2", "--kernels", str(kernels),
-                     "--format", "json", "--no-record"]) == 0
-        import json
-
-        [row] = json.loads(capsys.readouterr().out)
-        return row
-
-    every = run()
+    every = _tune_tiny_llama(kernels, capsys, "--no-record")
     assert every["pruned"] == 0
     monkeypatch.setattr(tune_cli, "PRUNE", 1.3)
-    some = run()
+    some = _tune_tiny_llama(kernels, capsys, "--no-record")
     assert 0 < some["pruned"] < some["alternatives"] == every["alternatives"]
     assert some["kernels_timed"] < every["kernels_timed"]
 
