@@ -223,6 +223,18 @@ def prebuild(tmp: Path, models: list[str], formats: list[str]) -> None:
         list(pool.map(lambda k: cubin(tmp, k), kernels.values()))
 
 
+def launch_chain(kernel: Any, sizes: dict[str, int], own_shape: Any) -> list[tuple]:
+    """``(entry, args, (grid, block, shared), own)`` of each launch ``kernel`` makes at
+    ``sizes``: its own entry on ``own_shape()`` (a variant's tile), then its ``then`` launches on
+    the table's shapes. Past one row a GEMV's own grid is empty, and its multi-row entry is the
+    first launch made, on the table's shape."""
+    out = []
+    for i, (entry, args, shape) in enumerate(kernel.launches_for(sizes)):
+        own = i == 0 and entry == kernel.entry
+        out.append((entry, args, own_shape() if own else shape, own))
+    return out
+
+
 class Built:
     """A realized kernel compiled and loaded, with its KERNELS.toml launch rule."""
 
@@ -254,9 +266,9 @@ class Built:
             return work if ty == "scratch" else np.int32(env[arg])
 
         calls = []
-        for i, (entry, args, shape) in enumerate(launches):
-            grid, block, shared = self.launch_shape(sizes) if i == 0 else shape
-            fn = self.fn if i == 0 else self.module.get_function(entry)
+        for entry, args, (grid, block, shared), own in launch_chain(
+                self.kernel, sizes, lambda: self.launch_shape(sizes)):
+            fn = self.fn if own else self.module.get_function(entry)
             fn.max_dynamic_shared_size_bytes = max(shared, 1)
             calls.append((fn, grid, block, shared, tuple(
                 value(arg, ty) for arg, _, ty in (a.partition(":") for a in args))))

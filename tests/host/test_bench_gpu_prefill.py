@@ -33,7 +33,12 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         for rows in (8, 64, 2048):
             sizes = {"rows": rows, **dims}
             env = kernel.sizes(sizes)  # the sizes and the table's values (a workspace's bytes)
-            for entry, args, (grid, block, shared) in kernel.launches_for(sizes):
+            chain = bench.launch_chain(kernel, sizes, lambda k=kernel, s=sizes: k.launch_for(s))
+            # the kernel's own entry launches on its variant's tile only where it is launched:
+            # past one row a GEMV's first launch is its multi-row entry (the script raised there)
+            assert [own for *_, own in chain] == [
+                i == 0 and (shape == "gemm" or rows == 1) for i in range(len(chain))], chain
+            for entry, args, (grid, block, shared), _own in chain:
                 for arg in args:
                     name, _, ty = arg.partition(":")
                     assert (name in buffers) if ty == "ptr" else (name in env), (entry, arg)
