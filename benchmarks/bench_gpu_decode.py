@@ -5,7 +5,9 @@ sm_90 plan through CupyBackend with the step captured once as a CUDA graph and r
 the same shapes in bf16 with a static cache, eagerly and under
 ``torch.compile(mode="reduce-overhead")``. Every figure is the median of many timed steps after
 warm-up; the floors are the plan's bytes over the device's nominal bandwidth and over the copy
-rate measured in the same run. Writes ``benchmarks/results/gpu_decode.json``.
+rate measured in the same run. Every Metrale step of the run is timed before the first peer (whose
+processes, and torch.compile's minutes, come last), and ``benchmarks/results/gpu_decode.json`` is
+written again after each step and each peer, so a run cut short keeps what it timed.
 
 Beside it, the plain-torch model of ``torch_peer.py`` (the same math without transformers' cache
 objects, checked against transformers in ``tests/host/test_torch_peer.py``) is compiled the same
@@ -128,6 +130,41 @@ def without_relations(names: str) -> Any:
     for name in drop:
         P.relation(name)  # raises, naming the relation, where there is none
     return Presentation(P.generators, tuple(r for r in P.relations if r.name not in drop))
+
+
+def metrale_line(r: dict) -> str:
+    """One cell's Metrale figures as the run prints them."""
+    line = (f"{r['model']:<14} {r['quant']:<6} {r['policy']:<7} b={r['batch']}: metrale "
+            f"{r['step_s'] * 1e3:7.3f} ms ({r['launches']} launches) | floor "
+            f"{r['floor_s'] * 1e3:.3f} ms (copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
+            f"{r['floor_s'] / r['step_s']:.0%} of floor | predicted "
+            f"{r['predicted_s'] * 1e3:.3f} ms ({r['predicted_s'] / r['step_s'] - 1:+.1%})")
+    if "without_step_s" in r:
+        line += (f" | without {r['without']} {r['without_step_s'] * 1e3:.3f} ms "
+                 f"({r['without_launches']} launches)")
+    if "plain_step_s" in r:
+        line += f" | plain launches {r['plain_step_s'] * 1e3:.3f} ms"
+    return line
+
+
+def peer_line(r: dict) -> str:
+    """One cell's peer figures (transformers eager and compiled, the compiled plain-torch
+    peer) beside its Metrale step, as the run prints them."""
+    line = (f"{r['model']:<14} {r['quant']:<6} {r['policy']:<7} b={r['batch']}: peers of "
+            f"metrale {r['step_s'] * 1e3:7.3f} ms")
+    if "hf_error" in r:
+        line += f" | HF: {r['hf_error'][:120]}"
+    if "eager_s" in r:
+        line += f" | HF eager {r['eager_s'] * 1e3:.2f} ms"
+        if "compiled_s" in r:
+            line += (f" | HF+compile {r['compiled_s'] * 1e3:.2f} ms "
+                     f"({r['compiled_s'] / r['step_s']:.2f}x ours)")
+    if "peer_error" in r:
+        line += f" | torch peer: {r['peer_error'][:120]}"
+    if "peer_compiled_s" in r:
+        line += (f" | torch peer+compile {r['peer_compiled_s'] * 1e3:.2f} ms "
+                 f"({r['peer_compiled_s'] / r['step_s']:.2f}x ours)")
+    return line
 
 
 def print_kernels(kernels: list[dict], step_s: float) -> None:
@@ -317,7 +354,8 @@ def main() -> None:
                          "analytic model and the priorities), in the same run; the evidence "
                          "store's records still count, so run it where the store holds none")
     ap.add_argument("--deadline", type=float, default=300,
-                    help="seconds after which torch.compile peers are skipped (device time)")
+                    help="seconds into the peers (which run after every Metrale step) after "
+                         "which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     without = without_relations(args.without)
@@ -335,20 +373,25 @@ def main() -> None:
     print(f"device-to-device copy: {rate / 1e12:.2f} TB/s (read + write)", flush=True)
     rows: list[dict] = []
     records: list = []
-    start = time.perf_counter()
+
+    def save() -> Path:  # after each cell and each peer: a run cut short keeps what it timed
+        return write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
+                                           "rows": rows})
+
+    # Metrale's steps first, every model and batch, then the peers: the peers' processes (and
+    # torch.compile's minutes) come last, so that a device call that runs out of time still
+    # brings back every Metrale figure
+    cells: list[tuple[str, int, list[dict]]] = []
     for model in args.models:
         for batch in map(int, args.batches.split(",")):
-            late = time.perf_counter() - start > args.deadline
-            compile_here = not (args.no_compile or late) and str(batch) in \
-                args.compile_batches.split(",")
-            ours = {}
+            ours = []
             for quant in args.quants.split(","):
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
                 for policy in args.policies.split(","):
-                    ours[quant, policy] = m = metrale_step(
-                        model, quant, batch, rng, args.kernels,
-                        records if args.record and batch == 1 else None, policy=policy)
+                    m = metrale_step(model, quant, batch, rng, args.kernels,
+                                     records if args.record and batch == 1 else None,
+                                     policy=policy)
                     if args.plain_too and quant == "bf16":
                         m["plain_step_s"] = metrale_step(model, quant, batch, rng,
                                                          dependent=False,
@@ -367,43 +410,28 @@ def main() -> None:
                                          presentation=without)
                         m["without"] = args.without
                         m["without_step_s"], m["without_launches"] = w["step_s"], w["launches"]
-            peer = not args.no_hf and (not args.peer_models
-                                       or model in args.peer_models.split(","))
-            hf = hf_child(model, batch, compile_here, args.hf_timeout) if peer else {}
-            for (quant, policy), m in ours.items():
-                r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
-                     **hf, "copy_floor_s": m["bytes"] / rate}
-                rows.append(r)
-                line = (f"{model:<14} {quant:<6} {policy:<7} b={batch}: metrale "
-                        f"{m['step_s'] * 1e3:7.3f} ms "
-                        f"({m['launches']} launches) | floor {m['floor_s'] * 1e3:.3f} ms "
-                        f"(copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
-                        f"{m['floor_s'] / m['step_s']:.0%} of floor | predicted "
-                        f"{m['predicted_s'] * 1e3:.3f} ms "
-                        f"({m['predicted_s'] / m['step_s'] - 1:+.1%})")
-                if "without_step_s" in m:
-                    line += (f" | without {m['without']} {m['without_step_s'] * 1e3:.3f} ms "
-                             f"({m['without_launches']} launches)")
-                if "plain_step_s" in m:
-                    line += f" | plain launches {m['plain_step_s'] * 1e3:.3f} ms"
-                if "hf_error" in hf:
-                    line += f" | HF: {hf['hf_error'][:120]}"
-                if "eager_s" in hf:
-                    line += f" | HF eager {hf['eager_s'] * 1e3:.2f} ms"
-                    if "compiled_s" in hf:
-                        line += (f" | HF+compile {hf['compiled_s'] * 1e3:.2f} ms "
-                                 f"({hf['compiled_s'] / m['step_s']:.2f}x ours)")
-                if "peer_error" in hf:
-                    line += f" | torch peer: {hf['peer_error'][:120]}"
-                if "peer_compiled_s" in hf:
-                    line += (f" | torch peer+compile {hf['peer_compiled_s'] * 1e3:.2f} ms "
-                             f"({hf['peer_compiled_s'] / m['step_s']:.2f}x ours)")
-                print(line, flush=True)
-                if "kernels" in m:
-                    print_kernels(m["kernels"], m["step_s"])
-        # after each model, so that a run cut short keeps the models it finished
-        path = write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
-                                           "rows": rows})
+                    r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
+                         "copy_floor_s": m["bytes"] / rate}
+                    rows.append(r)
+                    ours.append(r)
+                    print(metrale_line(r), flush=True)
+                    if "kernels" in m:
+                        print_kernels(m["kernels"], m["step_s"])
+                    save()
+            cells.append((model, batch, ours))
+    start = time.perf_counter()
+    for model, batch, ours in cells:
+        if args.no_hf or (args.peer_models and model not in args.peer_models.split(",")):
+            continue
+        late = time.perf_counter() - start > args.deadline
+        compile_here = not (args.no_compile or late) and str(batch) in \
+            args.compile_batches.split(",")
+        hf = hf_child(model, batch, compile_here, args.hf_timeout)
+        for r in ours:
+            r.update(hf)
+            print(peer_line(r), flush=True)
+        save()
+    path = save()
     print_quant_ratios(rows)
     print(f"wrote {path}")
     if records:

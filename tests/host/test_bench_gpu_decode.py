@@ -41,3 +41,46 @@ def test_without_drops_only_the_named_relations_and_the_engine_plans_over_what_i
     assert {"add_rmsnorm", "qkv"} <= families[True]
     assert not {"add_rmsnorm", "qkv"} & families[False]
     assert {"rmsnorm", "linear"} <= families[False]  # the adds go to linear_residual instead
+
+
+def test_every_metrale_step_is_timed_and_saved_before_the_first_peer(monkeypatch, capsys):
+    """A device call that runs out of time in the peers (torch.compile takes minutes a model)
+    still brings back every Metrale figure: the run times each step of each model and batch
+    first, writing the result after each, then the peers, merging their figures into the rows
+    and writing again; compile peers stop past the deadline, counted from the peers' start."""
+    events: list[tuple] = []
+    clock = iter(range(0, 1000, 100))  # each perf_counter read 100 s later
+
+    def step(model, quant, batch, rng, *a, policy="exact", **k):
+        events.append(("step", model, batch, policy))
+        return {"step_s": 1e-3 * batch, "launches": 9, "floor_s": 5e-4, "predicted_s": 1e-3,
+                "bytes": 4e9}
+
+    def peers(model, batch, compile_too, timeout):
+        events.append(("peers", model, batch, compile_too))
+        return {"eager_s": 2e-2, **({"compiled_s": 3e-3} if compile_too else {})}
+
+    saved: list[list[dict]] = []
+    monkeypatch.setattr(bench, "metrale_step", step)
+    monkeypatch.setattr(bench, "hf_child", peers)
+    monkeypatch.setattr(bench, "device_copy_rate", lambda: 4e12)
+    monkeypatch.setattr(bench, "write_result", lambda name, d: saved.append(
+        [dict(r) for r in d["rows"]]) or Path(f"/results/{name}.json"))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(sys, "argv", ["bench", "qwen3-0.6b", "llama-3.1-8b", "--batches", "1,8",
+                                      "--policies", "exact,bounded", "--deadline", "150"])
+    bench.main()
+    kinds = [e[0] for e in events]
+    assert kinds == ["step"] * 8 + ["peers"] * 4, events
+    # the peers in the cells' order; compiled while the deadline (150 s from the peers' start,
+    # each clock read 100 s on) had not passed
+    assert [e[1:] for e in events[8:]] == [("qwen3-0.6b", 1, True), ("qwen3-0.6b", 8, False),
+                                          ("llama-3.1-8b", 1, False), ("llama-3.1-8b", 8, False)]
+    assert [len(s) for s in saved] == [1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8]
+    assert all("eager_s" not in r for r in saved[7]), "a peer figure before every step was saved"
+    final = saved[-1]
+    assert all(r["eager_s"] == 2e-2 for r in final)
+    assert [("compiled_s" in r) for r in final] == [True] * 2 + [False] * 6
+    out = capsys.readouterr().out
+    assert out.index("llama-3.1-8b   bf16   bounded b=8: metrale") < out.index("peers of metrale")
+    assert "HF+compile 3.00 ms (3.00x ours)" in out
