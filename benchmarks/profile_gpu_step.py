@@ -243,6 +243,9 @@ def main() -> None:
                            "--kernel-name", f"regex:{a.source}")
             tag = re.sub(r"[^A-Za-z0-9]+", "_", a.source).strip("_")
             (a.out / f"{stem}_{tag}.sass.csv").write_text(sass)
+            if not sass.strip():  # said, not silent: the regex is on kernel names
+                print(f"source page: no kernel name matches {a.source!r} (e.g. "
+                      f"'rows8' for the multi-row GEMVs, 'attention' for attention)")
         except subprocess.CalledProcessError as e:
             print("source page:", e.stderr[-1000:])
         raw = ncu_csv(report, "--page", "raw")
