@@ -12,7 +12,8 @@ the issue slots doing the arithmetic.
 
 Run where nvcc and nvdisasm are (nvdisasm: the ``nvidia-cuda-nvdisasm`` wheel, in the test extra):
 ``python benchmarks/bench_sass_mix.py [--source gemv.cu] [--entries REGEX] [--weights bf16,fp8]
-[--variants "A;B"]``. Prints a table; writes ``benchmarks/results/sass_mix.json``.
+[--acts bf16,f32] [--variants "A;B"]`` (f32 activations: what the loops would issue were x
+widened to f32 before them). Prints a table; writes ``benchmarks/results/sass_mix.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from itertools import product
 from pathlib import Path
 
 import attrs
@@ -118,10 +120,10 @@ def rows_of(entry: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-def row(loop: Loop, weight: str, variant: str) -> dict:
+def row(loop: Loop, weight: str, variant: str, act: str = "bf16") -> dict:
     """``loop``'s figures for a KiB of ``weight`` weights."""
     floor = 1024 / WEIGHT_BYTES[weight] * rows_of(loop.entry) / 32  # warp FFMAs a KiB
-    return {"entry": loop.entry, "weight": weight, "variant": variant,
+    return {"entry": loop.entry, "weight": weight, "act": act, "variant": variant,
             "rows": rows_of(loop.entry), "loop": [loop.start, loop.end],
             "issued": loop.issued, "ffma": loop.ffma,
             "issued_per_kib": loop.issued / loop.ffma * floor, "floor_per_kib": floor,
@@ -136,6 +138,13 @@ def disassemble(source: Path, defines: list[str], tmp: Path, nvcc: str, nvdisasm
                    check=True, capture_output=True, text=True)
     return subprocess.run([nvdisasm, "-c", str(cubin)], check=True, capture_output=True,
                           text=True).stdout
+
+
+def nvcc_version(nvcc: str) -> str:
+    """The compiler's release line (``Cuda compilation tools, release 13.0, V13.0.88``): the
+    machine code, and so every count, is that compiler's."""
+    out = subprocess.run([nvcc, "--version"], check=True, capture_output=True, text=True).stdout
+    return next((ln.strip() for ln in out.splitlines() if "release" in ln), out.strip())
 
 
 def find_nvdisasm() -> str | None:
@@ -159,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entries", default=r"^metrale_(linear|gate_up_swiglu|qkv)_rows(8|16)$",
                     help="regex of the entries to read")
     ap.add_argument("--weights", default="bf16,fp8")
+    ap.add_argument("--acts", default="bf16,f32",
+                    help="activation types (f32: what the loops would issue were x widened "
+                         "before them)")
     ap.add_argument("--variants", default="", help="';'-separated defines beside the default")
     args = ap.parse_args(argv)
     nvcc, nvdisasm = shutil.which("nvcc"), find_nvdisasm()
@@ -168,23 +180,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for weight in args.weights.split(","):
-            for variant in ["", *filter(None, args.variants.split(";"))]:
-                defines = ["ACT_BF16", f"WEIGHT_{weight.upper()}", "K_BLOCK=256",
-                           "ACROSS_SEQUENTIAL", *variant.split()]
-                listing = disassemble(COMMON / args.source, defines, Path(tmp), nvcc, nvdisasm)
-                for entry, insns in sorted(functions(listing).items()):
-                    loop = hot_loop(entry, insns) if re.search(args.entries, entry) else None
-                    if loop is None:
-                        continue
-                    r = row(loop, weight, variant)
-                    rows.append(r)
-                    top = ", ".join(f"{op} {n}" for op, n in
-                                    sorted(r["mix"].items(), key=lambda x: -x[1])[:6])
-                    print(f"{weight:5} {variant or 'default':20} {entry:34} "
-                          f"{r['issued_per_kib']:6.0f} a KiB (floor {r['floor_per_kib']:4.0f}, "
-                          f"FFMA {r['of_floor']:4.0%}) | loop {r['issued']}: {top}", flush=True)
-    print(f"wrote {write_result('sass_mix', {'source': args.source, 'rows': rows})}")
+        for act, weight, variant in product(args.acts.split(","), args.weights.split(","),
+                                            ["", *filter(None, args.variants.split(";"))]):
+            defines = [f"ACT_{act.upper()}", f"WEIGHT_{weight.upper()}", "K_BLOCK=256",
+                       "ACROSS_SEQUENTIAL", *variant.split()]
+            listing = disassemble(COMMON / args.source, defines, Path(tmp), nvcc, nvdisasm)
+            for entry, insns in sorted(functions(listing).items()):
+                loop = hot_loop(entry, insns) if re.search(args.entries, entry) else None
+                if loop is None:
+                    continue
+                r = row(loop, weight, variant, act)
+                rows.append(r)
+                top = ", ".join(f"{op} {n}" for op, n in
+                                sorted(r["mix"].items(), key=lambda x: -x[1])[:6])
+                print(f"x {act:4} w {weight:5} {variant or 'default':16} {entry:32} "
+                      f"{r['issued_per_kib']:6.0f} a KiB (floor {r['floor_per_kib']:4.0f}, "
+                      f"FFMA {r['of_floor']:4.0%}) | loop {r['issued']}: {top}", flush=True)
+    doc = {"source": args.source, "entries": args.entries, "nvcc": nvcc_version(nvcc),
+           "rows": rows}
+    print(f"wrote {write_result('sass_mix', doc)}")
     return 0
 
 

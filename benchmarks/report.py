@@ -347,6 +347,40 @@ def prefill_attention(doc: dict[str, Any] | None) -> str:
                       "torch sdpa µs"], rows))
 
 
+# --- machine code ----------------------------------------------------------------------------
+
+def sass_mix(doc: dict[str, Any] | None) -> str:
+    """What the multi-row GEMVs' loops issue a KiB of weights (``bench_sass_mix.py``), with x in
+    bf16 (as shipped) and in f32, against the FMA floor; one row per entry and weight format."""
+    rows_in = [r for r in (doc or {}).get("rows", []) if isinstance(r, dict)]
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows_in:
+        if not r.get("variant"):
+            by.setdefault((r.get("entry"), r.get("weight")), {})[str(r.get("act"))] = r
+    if not by:
+        return "No machine-code reading is committed (`benchmarks/results/sass_mix.json`)."
+    table = []
+    for (entry, weight), acts in sorted(by.items(), key=lambda kv: (
+            next(iter(kv[1].values())).get("rows", 0), str(kv[0][1]), str(kv[0][0]))):
+        first = next(iter(acts.values()))
+        cells = []
+        for act in ("bf16", "f32"):
+            r = acts.get(act)
+            cells.append(DASH if r is None else
+                         f"{r['issued_per_kib']:.0f} ({r['of_floor']:.0%} FFMA)")
+        table.append([f"`{entry}`", str(weight), str(first.get("rows")), *cells,
+                      f"{first['floor_per_kib']:.0f}"])
+    weights = ",".join(_order(str(k[1]) for k in by))
+    acts = ",".join(_order(str(a) for v in by.values() for a in v))
+    command = (f"python benchmarks/bench_sass_mix.py --weights {weights} --acts {acts}")
+    return (_source("sass_mix", command) + " Warp instructions the entry's hot loop issues for "
+            "each KiB of weights, read from its sm_90a machine code (no GPU); the floor is its "
+            "FFMAs alone. x in f32 is what the same loop issues were the activations widened "
+            "before it.\n\n"
+            + _table(["entry", "weights", "rows", "x bf16 (shipped)", "x f32", "FMA floor"],
+                     table))
+
+
 # --- host, planning, build -------------------------------------------------------------------
 
 def _dig(doc: Any, path: str) -> Any:
@@ -415,6 +449,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
             "decode-peers": decode_peers(decode), "prefill-steps": prefill_steps(prefill),
             "prefill-gemm": prefill_gemm(prefill),
             "prefill-attention": prefill_attention(load("gpu_prefill_attention", results)),
+            "sass-mix": sass_mix(load("sass_mix", results)),
             "host": host(results)}
 
 

@@ -69,3 +69,29 @@ def test_the_multi_row_loops_issue_what_they_issue_today(tmp_path):
             assert r["floor_per_kib"] == 16 * rows
             assert r["issued_per_kib"] <= budget[rows], (entry, r["issued_per_kib"], r["mix"])
             assert r["of_floor"] >= 0.40, (entry, r["of_floor"], r["mix"])
+
+
+@pytest.mark.skipif(not (NVCC and NVDISASM), reason="needs nvcc and nvdisasm")
+def test_the_committed_reading_is_todays_machine_code(tmp_path):
+    """docs/performance.md's table comes from benchmarks/results/sass_mix.json: with the
+    compiler that made it, each of its bf16 rows counts what today's source compiles to, so a
+    kernel change that moves a loop asks for the reading again (`python
+    benchmarks/bench_sass_mix.py --weights bf16 --acts bf16,f32`)."""
+    import json
+
+    doc = json.loads((bench.Path(bench.__file__).parent / "results" / "sass_mix.json").read_text())
+    if doc["nvcc"] != bench.nvcc_version(NVCC):
+        pytest.skip(f"the reading is {doc['nvcc']}'s, this compiler is another")
+    by_act: dict[str, dict] = {}
+    for r in doc["rows"]:
+        assert r["weight"] == "bf16" and not r["variant"], r
+        by_act.setdefault(r["act"], {})[r["entry"]] = r
+    assert set(by_act) == {"bf16", "f32"} and len(by_act["bf16"]) >= 6, by_act.keys()
+    for act, rows in by_act.items():
+        listing = bench.disassemble(bench.COMMON / doc["source"],
+                                    [f"ACT_{act.upper()}", "WEIGHT_BF16", "K_BLOCK=256",
+                                     "ACROSS_SEQUENTIAL"], tmp_path, NVCC, NVDISASM)
+        fns = bench.functions(listing)
+        for entry, r in rows.items():
+            loop = bench.hot_loop(entry, fns[entry])
+            assert (loop.issued, loop.ffma) == (r["issued"], r["ffma"]), (act, entry)
