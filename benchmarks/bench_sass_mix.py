@@ -63,7 +63,7 @@ class Loop:
         return dict(self.mix).get("FFMA", 0)
 
 
-def functions(sass: str) -> dict[str, list[tuple[int, str, str | None]]]:
+def functions(sass: str) -> dict[str, list[tuple[int, str, int | None]]]:
     """nvdisasm's ``-c`` listing split by function: each instruction as (address, opcode,
     branch target address or None), labels resolved.
 

@@ -79,7 +79,7 @@ def test_the_committed_reading_is_todays_machine_code(tmp_path):
     benchmarks/bench_sass_mix.py --weights bf16 --acts bf16,f32`)."""
     import json
 
-    doc = json.loads((bench.Path(bench.__file__).parent / "results" / "sass_mix.json").read_text())
+    doc = json.loads((Path(bench.__file__).parent / "results" / "sass_mix.json").read_text())
     if doc["nvcc"] != bench.nvcc_version(NVCC):
         pytest.skip(f"the reading is {doc['nvcc']}'s, this compiler is another")
     by_act: dict[str, dict] = {}
