@@ -254,8 +254,8 @@ class Built:
         import cupy as cp
 
         env = self.kernel.sizes(sizes)
-        launches = self.kernel.launches_for(sizes)
-        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s in launches for a in args
+        chain = launch_chain(self.kernel, sizes, lambda: self.launch_shape(sizes))
+        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s, _o in chain for a in args
                        if a.endswith(":scratch")), default=0)
         work = cp.zeros(max(scratch, 1), cp.uint8)  # kept alive by the closure below
         null = np.uint64(0)
@@ -266,8 +266,7 @@ class Built:
             return work if ty == "scratch" else np.int32(env[arg])
 
         calls = []
-        for entry, args, (grid, block, shared), own in launch_chain(
-                self.kernel, sizes, lambda: self.launch_shape(sizes)):
+        for entry, args, (grid, block, shared), own in chain:
             fn = self.fn if own else self.module.get_function(entry)
             fn.max_dynamic_shared_size_bytes = max(shared, 1)
             calls.append((fn, grid, block, shared, tuple(

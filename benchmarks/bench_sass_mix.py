@@ -136,6 +136,11 @@ def disassemble(source: Path, defines: list[str], tmp: Path, nvcc: str, nvdisasm
     subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-std=c++17", "-O3", "-o", str(cubin),
                     str(source), f"-I{COMMON}", *(f"-D{d}" for d in defines)],
                    check=True, capture_output=True, text=True)
+    return listing(cubin, nvdisasm)
+
+
+def listing(cubin: Path, nvdisasm: str) -> str:
+    """nvdisasm's listing of a cubin's code sections."""
     return subprocess.run([nvdisasm, "-c", str(cubin)], check=True, capture_output=True,
                           text=True).stdout
 

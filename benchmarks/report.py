@@ -372,7 +372,7 @@ def sass_mix(doc: dict[str, Any] | None) -> str:
                       f"{first['floor_per_kib']:.0f}"])
     weights = ",".join(_order(str(k[1]) for k in by))
     acts = ",".join(_order(str(a) for v in by.values() for a in v))
-    command = (f"python benchmarks/bench_sass_mix.py --weights {weights} --acts {acts}")
+    command = f"python benchmarks/bench_sass_mix.py --weights {weights} --acts {acts}"
     return (_source("sass_mix", command) + " Warp instructions the entry's hot loop issues for "
             "each KiB of weights, read from its sm_90a machine code (no GPU); the floor is its "
             "FFMAs alone. x in f32 is what the same loop issues were the activations widened "

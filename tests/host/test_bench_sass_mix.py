@@ -16,6 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_sass_mix as bench  # noqa: E402
 
 NVCC, NVDISASM = bench.shutil.which("nvcc"), bench.find_nvdisasm()
+DEFINES = ["WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL"]
+
+
+def gemv_functions(tmp_path: Path, act: str) -> dict[str, list]:
+    """gemv.cu's bf16-weight entries at ``act`` activations, by function: compiled through the
+    CUDA source tests' build cache (the same flags as the bench's, so the same machine code),
+    then read as the bench reads it."""
+    from tests.host.test_cuda_sources import _sm90a_cubin
+
+    cubin, _ = _sm90a_cubin(tmp_path, "gemv.cu", f"ACT_{act.upper()}", *DEFINES)
+    path = tmp_path / f"gemv_{act}.cubin"
+    path.write_bytes(cubin)
+    return bench.functions(bench.listing(path, NVDISASM))
 
 
 def test_the_listing_laws_hold():
@@ -55,10 +68,7 @@ def test_the_multi_row_loops_issue_what_they_issue_today(tmp_path):
     issue today a KiB of weights (2026-12, nvcc 13.0: 288-300 at 8 rows, 552-555 at 16), the
     FFMA 40 % or more of them. The H100 measured the 8-row gate_up at 313 a KiB, prologue and
     epilogue included, and bound by issue."""
-    listing = bench.disassemble(bench.COMMON / "gemv.cu",
-                                ["ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256", "ACROSS_SEQUENTIAL"],
-                                tmp_path, NVCC, NVDISASM)
-    fns = bench.functions(listing)
+    fns = gemv_functions(tmp_path, "bf16")
     budget = {8: 310, 16: 570}
     for family in ("linear", "linear_add", "qkv", "gate_up_swiglu"):
         for rows in (8, 16):
@@ -87,11 +97,9 @@ def test_the_committed_reading_is_todays_machine_code(tmp_path):
         assert r["weight"] == "bf16" and not r["variant"], r
         by_act.setdefault(r["act"], {})[r["entry"]] = r
     assert set(by_act) == {"bf16", "f32"} and len(by_act["bf16"]) >= 6, by_act.keys()
+    assert doc["source"] == "gemv.cu"
     for act, rows in by_act.items():
-        listing = bench.disassemble(bench.COMMON / doc["source"],
-                                    [f"ACT_{act.upper()}", "WEIGHT_BF16", "K_BLOCK=256",
-                                     "ACROSS_SEQUENTIAL"], tmp_path, NVCC, NVDISASM)
-        fns = bench.functions(listing)
+        fns = gemv_functions(tmp_path, act)
         for entry, r in rows.items():
             loop = bench.hot_loop(entry, fns[entry])
             assert (loop.issued, loop.ffma) == (r["issued"], r["ffma"]), (act, entry)
