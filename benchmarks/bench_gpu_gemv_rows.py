@@ -8,9 +8,12 @@ multi-row entries in the variants of their tuning defines (``MULTI_COLS``, ``MUL
 ``MULTI_MIN_BLOCKS``), on weights rotated past L2 and graph replays (``time_graph``). Every
 variant's output is compared byte for byte with the one-row entries' (the bytes of each row
 launched alone). Linear shapes with n <= 1024 run the split entries, as the plans do.
+``--acts bf16,f32`` also times the multi-row entries built for f32 activations, fed the same
+bf16 values widened: what the loops would cost if x's producer wrote it widened (their output,
+rounded to bf16, must still be the one-row bytes).
 
 Run on the lent GPU: ``python benchmarks/bench_gpu_gemv_rows.py [--weights bf16,fp8]
-[--variants "A;B"]``. Writes ``benchmarks/results/gpu_gemv_rows.json``.
+[--variants "A;B"] [--acts bf16,f32]``. Writes ``benchmarks/results/gpu_gemv_rows.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +54,27 @@ def multi_launch(name: str, n: int, k: int, rows: int, variant: str) -> tuple[st
     return f"metrale_linear_rows{tile}", (-(-n // (4 * cols)), -(-rows // tile), 1), 0
 
 
+ACT_DEFINE = {"bf16": "", "f32": "ACT_F32 "}
+"""The defines of an activation dtype (bf16 is build_modules' own)."""
+
+
+def io_of(cp: Any, act: str, case: Any) -> tuple[Any, Any]:
+    """(x, y) of a case for ``act``: in f32, x's bf16 values widened (exact) and an f32 output."""
+    if act == "bf16":
+        return case.x, case.y
+    x = (case.x.astype(cp.uint32) << 16).view(cp.float32)
+    return x, cp.empty(case.y.shape, cp.float32)
+
+
+def bf16_of(cp: Any, y: Any) -> Any:
+    """An output's bf16 bits: f32 rounded to nearest even, a NaN as all ones."""
+    if y.dtype == cp.uint16:
+        return y
+    bits = y.view(cp.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(cp.uint16)
+    return cp.where(cp.isnan(y), cp.uint16(0xFFFF), rounded)
+
+
 def main() -> None:
     import cupy as cp
 
@@ -57,6 +82,7 @@ def main() -> None:
     ap.add_argument("--weights", default="bf16")
     ap.add_argument("--variants", help="';'-separated defines of the multi-row entries")
     ap.add_argument("--rows", default="8,16")
+    ap.add_argument("--acts", default="bf16", help="bf16 and/or f32: the multi-row entries' x")
     args = ap.parse_args()
     variants = VARIANTS if args.variants is None else args.variants.split(";")
     formats = args.weights.split(",")
@@ -65,8 +91,10 @@ def main() -> None:
     shapes = [s for s in GEMV_SHAPES if s[0] != "qwen3-30b-a3b"]
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        modules = build_modules(cp, Path(tmp), [(fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}")
-                                                for fmt in formats for v in variants])
+        acts = args.acts.split(",")
+        modules = build_modules(cp, Path(tmp), [
+            (fmt, "gemv.cu", f"{ACT_DEFINE[a]}ACROSS_SEQUENTIAL {v}")
+            for fmt in formats for a in sorted({"bf16", *acts}) for v in variants])
         for fmt in formats:
             base = modules[fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {variants[0]}"]
             for model, name, n, k in shapes:
@@ -80,15 +108,19 @@ def main() -> None:
                                            case.x, case.y, n)
                     runs = [("one-row entries", time_graph(cp, launch, case.copies), True)]
                     ref = case.y.copy()
-                    for v in variants:
-                        entry, grid, shared = multi_launch(name, n, k, rows, v)
-                        fn = modules[fmt, "gemv.cu", f"ACROSS_SEQUENTIAL {v}"].get_function(entry)
-                        case.y.fill(0xFFFF)  # poisoned (a NaN): every output must be written
-                        launch = gemv_launcher(fn, pair, grid, 128, case.ws, case.x, case.y, n,
-                                               shared)
-                        sec = time_graph(cp, launch, case.copies)
-                        runs.append((f"{entry.split('_')[-1]} {v or 'default'}", sec,
-                                     bool((case.y == ref).all())))
+                    for act in acts:
+                        x, y = io_of(cp, act, case)
+                        for v in variants:
+                            entry, grid, shared = multi_launch(name, n, k, rows, v)
+                            fn = modules[fmt, "gemv.cu",
+                                         f"{ACT_DEFINE[act]}ACROSS_SEQUENTIAL {v}"]
+                            y.view(cp.uint16).fill(0xFFFF)  # poisoned (a NaN): all written
+                            launch = gemv_launcher(fn.get_function(entry), pair, grid, 128,
+                                                   case.ws, x, y, n, shared)
+                            sec = time_graph(cp, launch, case.copies)
+                            x_of = "" if act == "bf16" else "x f32 "
+                            runs.append((f"{entry.split('_')[-1]} {x_of}{v or 'default'}", sec,
+                                         bool((bf16_of(cp, y) == ref).all())))
                     for label, sec, same in runs:
                         out.append({"weight": fmt, "model": model, "kernel": name, "n": n,
                                     "k": k, "rows": rows, "variant": label, "seconds": sec,

@@ -299,12 +299,16 @@ def attention_launcher(fn: Any, shape: tuple, caches: list, heads: tuple, rest: 
 
 
 def build_modules(cp: Any, tmp: Path, jobs: list[tuple[str, str, str]]) -> dict:
-    """Each job (weight format, source, defines) compiled, eight at a time, and loaded."""
-    base = "ACT_BF16 K_BLOCK=256"
+    """Each job (weight format, source, defines) compiled, eight at a time, and loaded; bf16
+    activations unless the defines say ``ACT_F32``."""
+    def defines(fmt: str, extra: str) -> str:
+        act = "" if "ACT_F32" in extra.split() else "ACT_BF16 "
+        return f"{act}K_BLOCK=256 WEIGHT_{fmt.upper()} {extra}"
+
     with ThreadPoolExecutor(8) as pool:
         cubins = list(pool.map(
-            lambda i: build(jobs[i][1], f"{base} WEIGHT_{jobs[i][0].upper()} {jobs[i][2]}",
-                            tmp / f"job_{i}.cubin"), range(len(jobs))))
+            lambda i: build(jobs[i][1], defines(jobs[i][0], jobs[i][2]), tmp / f"job_{i}.cubin"),
+            range(len(jobs))))
     return {job: cp.RawModule(path=str(c)) for job, c in zip(jobs, cubins, strict=True)}
 
 

@@ -31,3 +31,23 @@ def test_the_bench_launches_the_plans_multi_row_entry(model, name, n, k, rows):
     (entry, _, (grid, _, shared)), = kernel.launches_for({"rows": rows, "k": k, "n": n})
     assert bench.multi_launch(name, n, k, rows, "") == (entry, grid, shared)
     assert entry.endswith("_rows8" if rows <= 8 else "_rows16")
+
+
+def test_bf16_of_rounds_an_f32_output_as_the_bf16_kernels_store_it():
+    """--acts f32 compares an f32 output with the bf16 entries' bytes through bf16_of: it must
+    round to nearest even as __float2bfloat16_rn does (ml_dtypes' cast, for finite and infinite
+    values) and keep the all-ones poison a NaN, so that an unwritten output never matches."""
+    import ml_dtypes
+    import numpy as np
+
+    ties = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x00008000, 0x80018000,
+                     0x00000001, 0x80000000, 0x7F800000, 0xFF800000], np.uint32).view(np.float32)
+    rng = np.random.default_rng(0)
+    y = np.concatenate([ties, rng.standard_normal(4096).astype(np.float32)])
+    want = y.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert (bench.bf16_of(np, y) == want).all()
+    poison = np.full(3, 0xFFFFFFFF, np.uint32).view(np.float32)
+    got = bench.bf16_of(np, poison)
+    assert (got == 0xFFFF).all() and np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    keep = np.arange(5, dtype=np.uint16)
+    assert bench.bf16_of(np, keep) is keep
