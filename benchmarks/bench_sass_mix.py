@@ -96,22 +96,37 @@ def functions(sass: str) -> dict[str, list[tuple[int, str, int | None]]]:
 
 def hot_loop(entry: str, insns: list[tuple[int, str, int | None]]) -> Loop | None:
     """Of the entry's loops (a branch back to an address at or before it, and the code from
-    there to the branch), the one holding the most FFMA, the shortest of equals; None where
-    no loop holds one.
+    there to the branch), the one holding the most FFMA, the shortest of equals; then, while a
+    loop inside it holds nine tenths of its FFMA or more, that one (a branch back across a
+    rarely taken path, such as a fallback loop, must not swallow the hot loop). None where no
+    loop holds an FFMA.
 
     >>> insns = [(0, "FFMA", None), (16, "LDG", None), (32, "FFMA", None), (48, "BRA", 16)]
     >>> hot_loop("k", insns)
     Loop(entry='k', start=16, end=48, mix=(('BRA', 1), ('FFMA', 1), ('LDG', 1)))
+    >>> outer = [(0, "FFMA", None), *[(16 * i, "FFMA", None) for i in range(1, 11)],
+    ...          (176, "BRA", 16), (192, "BRA", 0)]
+    >>> hot_loop("k", outer).start, hot_loop("k", outer).end
+    (16, 176)
     """
-    best = None
+    loops = []
     for addr, op, target in insns:
         if op != "BRA" or target is None or target > addr:
             continue
         body = Counter(o for a, o, _ in insns if target <= a <= addr)
-        key = (body["FFMA"], -(addr - target))
-        if body["FFMA"] and (best is None or key > best[0]):
-            best = key, Loop(entry, target, addr, tuple(sorted(body.items())))
-    return None if best is None else best[1]
+        if body["FFMA"]:
+            loops.append(Loop(entry, target, addr, tuple(sorted(body.items()))))
+    if not loops:
+        return None
+
+    def key(loop: Loop) -> tuple[int, int]:
+        return loop.ffma, -(loop.end - loop.start)
+
+    best = max(loops, key=key)
+    while inner := [lp for lp in loops if lp != best and best.start <= lp.start
+                    and lp.end <= best.end and 10 * lp.ffma >= 9 * best.ffma]:
+        best = max(inner, key=key)
+    return best
 
 
 def rows_of(entry: str) -> int:

@@ -164,3 +164,183 @@ __device__ __forceinline__ void warp_dots_multi(const act_t* x, int nrows, const
     for (int j = 0; j < N; ++j)  // row r's sums are in lane r << (5 - log2 R)
         out[j] = __shfl_sync(0xffffffffu, acc[j].result(), (lane % R) << (5 - __builtin_ctz(R)));
 }
+
+// ------------------------------------------------------------------ lanes a column (LANE_COLS)
+// The multi-row dots above spend most of a lane's instructions on x, not on the FMAs: a lane
+// holds one chunk of each k-block for the warp's two weight rows, so each x value it loads is
+// unpacked for two columns only (about 300 warp instructions a KiB of weights at 8 rows against
+// the 128 FMAs; benchmarks/bench_sass_mix.py). Here eight lanes share a weight row (a unit's
+// NC rows) and a warp takes four units: lane (g, s) = (lane >> 3, lane & 7) of unit g runs
+// chunks s, s + 8, s + 16, s + 24 of every k-block, and the block's threads stage each k-block
+// of the tile's x rows once, widened to f32, in shared memory, which the lanes read as
+// broadcasts (the four units of a warp read the same words). Every value is the one-row
+// launch's: a chunk sum is the same fma chain from zero; the butterfly tree's first two levels
+// (chunk offsets 16 and 8) pair sums a lane holds itself (s with s + 16, s + 8 with s + 24,
+// then the two), and its last three (offsets 4, 2, 1) are the eight lanes' reduce-scatter of
+// the rows, as warp_dots_multi's (slot i holds row i ^ m, m = s R / 8, and keeps own plus
+// partner's); a lane ends with rows m .. m + R / 8 - 1, each combined over the k-blocks in
+// block order (Combine). So each row's bytes are the one-row launch's, whatever R, nrows or the
+// other rows. x's k-blocks are double-buffered: the next one is loaded into registers while
+// the current one is used, and stored after it (one barrier a k-block).
+// NC: weight rows a unit (linear: LANE_COLS consecutive columns; gate_up: gate and up).
+#ifndef LANE_COLS
+#define LANE_COLS 0
+#endif
+#ifndef LANE_AHEAD
+#define LANE_AHEAD 2  // k-blocks of weights in flight per lane (a ring, as MULTI_AHEAD)
+#endif
+
+// Stage k-block b of the tile's R x rows (rows past nrows repeat the last; columns past k are
+// zeros) as float4 halves: xs[r][h][q] holds columns 4 h .. 4 h + 3 of chunk q.
+template <int R, int NW>
+struct LaneStage {
+    static constexpr int PER = R / NW;  // (row, chunk) items a thread of NW warps stages
+    static_assert(PER >= 1 && R % NW == 0, "whole items a thread");
+    uint4 raw[PER];
+    __device__ __forceinline__ void load(const act_t* x, int nrows, int k, int b) {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int item = threadIdx.x + p * 32 * NW, r = item >> 5, q = item & 31;
+            const int c = b * K_BLOCK + q * 8;
+            raw[p] = c < k ? __ldg((const uint4*)(x + (long)min(r, nrows - 1) * k + c))
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    __device__ __forceinline__ void store(float4 (*xs)[2][32]) const {
+#pragma unroll
+        for (int p = 0; p < PER; ++p) {
+            const int item = threadIdx.x + p * 32 * NW, r = item >> 5, q = item & 31;
+            float v[8];
+            bf16x8_unpack(raw[p], v);
+            xs[r][0][q] = make_float4(v[0], v[1], v[2], v[3]);
+            xs[r][1][q] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+};
+
+// The eight lanes' reduce-scatter of slots [0, 2H) at lane offset O, then the next levels.
+template <int H, int O, int R, int NC>
+__device__ __forceinline__ void lane_scatter(float (&v)[R][NC]) {
+    if constexpr (H >= R / 8 && O >= 1) {
+#pragma unroll
+        for (int i = 0; i < H; ++i)
+#pragma unroll
+            for (int j = 0; j < NC; ++j)
+                v[i][j] = v[i][j] + __shfl_xor_sync(0xffffffffu, v[i + H][j], O);
+        lane_scatter<H / 2, O / 2, R, NC>(v);
+    }
+}
+
+// A block of NW warps, its units for rows row0 .. row0 + R: rows_of(unit, w) gives a unit's NC weight rows,
+// finish(row, unit, d) takes its dots (d[j] for row j). Units past `units` repeat the last
+// (computed, never finished). Needs warp_dots_multi_ok(k); else each warp takes its units
+// through warp_dots_rows, one after another.
+template <int R, int NC, int NW, class Rows, class Finish>
+__device__ __forceinline__ void lane_units(const act_t* x, int rows, int k, int units,
+                                           Rows rows_of, Finish finish) {
+    static_assert(R == 8 || R == 16, "8 lanes scatter 8 or 16 rows");
+    static_assert(K_BLOCK == 256, "a k-block is 32 chunks, four a lane");
+    constexpr int M = R / 8, AHEAD = LANE_AHEAD;
+    __shared__ float4 lane_xs[2][R][2][32];
+    const int lane = threadIdx.x & 31, s = lane & 7;
+    const int unit = (blockIdx.x * NW + (threadIdx.x >> 5)) * 4 + (lane >> 3);
+    const int row0 = blockIdx.y * R, nr = min(R, rows - row0);
+    if (nr <= 0) return;  // the whole block
+    const act_t* xt = x + (long)row0 * k;
+    if (!warp_dots_multi_ok(k)) {  // one unit after another, a lane a row (as columns_warp_multi)
+        const int first = unit - (lane >> 3);
+        for (int u = first; u < min(first + 4, units); ++u) {
+            WeightRef w[NC];
+            rows_of(u, w);
+            float d[NC];
+            grid_dependency_sync();
+            warp_dots_rows<NC, R>(xt, nr, w, k, d);
+            if (lane < nr) finish(row0 + lane, u, d);
+        }
+        return;
+    }
+    WeightRef w[NC];
+    rows_of(min(unit, units - 1), w);
+#pragma unroll
+    for (int j = 0; j < NC; ++j)  // the first two k-blocks: lane s asks for the row's line s
+        if (s * 64 < k) asm volatile("prefetch.global.L2 [%0];" ::"l"(
+            (const char*)w[j].data + 128L * s));
+    grid_dependency_sync();
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    WeightRaw8 wr[AHEAD][NC][4];
+    auto load = [&](int u, int b) {  // k-block b of every weight row into ring slot u (zeros
+        if (b < nkb) {               // past k, so that those chunk sums are +0 like the tree's)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int c = b * K_BLOCK + (s + 8 * t) * 8;
+#pragma unroll
+                for (int j = 0; j < NC; ++j) {
+                    WeightRaw8 z = {};
+                    wr[u][j][t] = c < k ? weight8_load(w[j], c) : z;
+                }
+            }
+        }
+    };
+    // slot i reads row i ^ s M: its float4 index in a stage, chunk s (xs[r][0][s])
+    int xoff[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) xoff[i] = (i ^ (s * M)) * 64 + s;
+    LaneStage<R, NW> st;
+    st.load(xt, nr, k, 0);
+    st.store(lane_xs[0]);
+#pragma unroll
+    for (int u = 0; u < AHEAD; ++u) load(u, u);
+    __syncthreads();
+    Combine acc[M][NC];
+    for (int g0 = 0; g0 < nkb; g0 += AHEAD) {
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            const int b = g0 + u;
+            if (b >= nkb) break;  // the same for the whole block
+            if (b + 1 < nkb) st.load(xt, nr, k, b + 1);
+            const float4* xs = &lane_xs[b & 1][0][0][0];
+            // v[i][j]: slot i's tree value of the lane's chunks: the pairs (s, s + 16) and
+            // (s + 8, s + 24), then their sum (a chunk past k: x and w zeros, its sum +0)
+            float v[R][NC], pair[R][NC];
+#pragma unroll
+            for (int o = 0; o < 4; ++o) {
+                const int t = (o & 1) * 2 + (o >> 1);  // chunks s, s + 16, s + 8, s + 24
+                float wv[NC][8];
+#pragma unroll
+                for (int j = 0; j < NC; ++j) multi_weight8(w[j], wr[u][j][t], wv[j]);
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    const float4 a = xs[xoff[i] + 8 * t], e = xs[xoff[i] + 8 * t + 32];
+                    const float xv[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
+#pragma unroll
+                    for (int j = 0; j < NC; ++j) {
+                        float ch = 0.0f;
+#pragma unroll
+                        for (int h = 0; h < 8; ++h) ch = fmaf(xv[h], wv[j][h], ch);
+                        if (o == 0) v[i][j] = ch;
+                        else if (o == 1) v[i][j] = v[i][j] + ch;
+                        else if (o == 2) pair[i][j] = ch;
+                        else v[i][j] = v[i][j] + (pair[i][j] + ch);
+                    }
+                }
+            }
+            load(u, b + AHEAD);
+            lane_scatter<R / 2, 4, R, NC>(v);
+#pragma unroll
+            for (int i = 0; i < M; ++i)
+#pragma unroll
+                for (int j = 0; j < NC; ++j) acc[i][j].add(v[i][j]);
+            if (b + 1 < nkb) st.store(lane_xs[(b + 1) & 1]);
+            __syncthreads();
+        }
+    }
+    if (unit >= units) return;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        const int r = s * M + i;
+        float d[NC];
+#pragma unroll
+        for (int j = 0; j < NC; ++j) d[j] = acc[i][j].result();
+        if (r < nr) finish(row0 + r, unit, d);
+    }
+}
