@@ -45,14 +45,9 @@ def multi_launch(name: str, n: int, k: int, rows: int, variant: str) -> tuple[st
     """(entry, grid, shared bytes) of the multi-row launch at a shape, as KERNELS.toml's tables
     make it for ``variant``'s MULTI_COLS."""
     tile = 8 if rows <= 8 else 16
-    defines = parse_defines(variant)
-    cols = int(defines.get("MULTI_COLS", 2))
-    lanes = int(defines.get("LANE_COLS", 0))  # a unit of LANE_COLS columns (gate_up: one), 16 a block
+    cols = int(parse_defines(variant).get("MULTI_COLS", 2))
     if name == "gate_up":
-        per_block = 16 if lanes else 4
-        return f"metrale_gate_up_swiglu_rows{tile}", (-(-n // per_block), -(-rows // tile), 1), 0
-    if lanes and n > 1024:
-        return f"metrale_linear_rows{tile}", (-(-n // (16 * lanes)), -(-rows // tile), 1), 0
+        return f"metrale_gate_up_swiglu_rows{tile}", (-(-n // 4), -(-rows // tile), 1), 0
     if n <= 1024:
         return (f"metrale_linear_split_rows{tile}", (-(-n // cols), -(-rows // tile), 1),
                 -(-k // 256) * cols * tile * 4)

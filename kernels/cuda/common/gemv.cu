@@ -293,35 +293,10 @@ metrale_gate_up_swiglu(const act_t* __restrict__ x,
 #define MULTI_MIN_BLOCKS_16 0
 #endif
 
-// LANE_COLS > 0: the multi-row entries of bf16 weights and activations take their columns
-// LANE_COLS a unit, eight lanes a unit (lane_units, gemv_rows.cuh): grid (ceil(n / (4 WARPS
-// LANE_COLS)), ceil(rows / R)); gate_up_swiglu a column a unit, grid (ceil(n / (4 WARPS)), ...).
-#if LANE_COLS > 0 && defined(ACT_BF16) && defined(WEIGHT_BF16)
-#define MULTI_LANES 1
-#else
-#define MULTI_LANES 0
-#endif
-
-// A warp's MULTI_COLS columns for the launch's rows (columns_warp's, several rows at once); with
-// MULTI_LANES the block's units of LANE_COLS columns (lane_units).
+// A warp's MULTI_COLS columns for the launch's rows (columns_warp's, several rows at once).
 template <int R, class Part, class Store>
 __device__ __forceinline__ void columns_warp_multi(const act_t* x, int rows, int k, int n,
                                                    Part part, Store store) {
-#if MULTI_LANES
-    constexpr int NC = LANE_COLS;
-    lane_units<R, NC, WARPS>(
-        x, rows, k, (n + NC - 1) / NC,
-        [&](int u, WeightRef(&w)[NC]) {
-#pragma unroll
-            for (int j = 0; j < NC; ++j) w[j] = part(min(u * NC + j, n - 1));
-        },
-        [&](int row, int u, const float(&d)[NC]) {
-#pragma unroll
-            for (int j = 0; j < NC; ++j)
-                if (u * NC + j < n) store(row, u * NC + j, d[j]);
-        });
-    return;
-#endif
     const int col0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * MULTI_COLS;
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * R;
     const int nr = min(R, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
@@ -573,18 +548,6 @@ metrale_qkv_bias_rows16(QKV_BIAS_PARAMS) {
 template <int R>
 __device__ __forceinline__ void gate_up_multi(const act_t* x, WeightRef g, WeightRef u, act_t* h,
                                               int rows, int k, int n) {
-#if MULTI_LANES
-    lane_units<R, 2, WARPS>(
-        x, rows, k, n,
-        [&](int col, WeightRef(&w)[2]) {
-            w[0] = weight_rows(g, col, k);
-            w[1] = weight_rows(u, col, k);
-        },
-        [&](int row, int col, const float(&d)[2]) {
-            h[(long)row * n + col] = act_store(silu_mul(act_round(d[0]), act_round(d[1])));
-        });
-    return;
-#endif
     const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, row0 = blockIdx.y * R;
     const int nr = min(R, rows - row0);  // rows row0 + [0, nr); lane r stores row0 + r
