@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = BuildCache()
     t0 = time.perf_counter()
     done = compile_kernels(F.kernels(), F.hw.arch, cache=cache,
-                           kernels_dir=default_kernels_dir(), compute=NvidiaTarget("ptx"),
+                           kernels_dir=default_kernels_dir(), compute=NvidiaTarget("cubin"),
                            jobs=args.jobs, what=f"{args.hardware} points")
     failed = [(key, got) for key, (got, _, _) in done.items() if isinstance(got, Exception)]
     print(f"points: {len(done)} binaries, {len(failed)} failed, "

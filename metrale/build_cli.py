@@ -31,10 +31,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "$METRALE_REGISTRY, else registry/ in the cache folder)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="compiles run at once (default: one per CPU core)")
-    p.add_argument("--output", choices=("ptx", "cubin"), default="ptx",
-                   help="what an NVIDIA class compiles to: ptx, what `met run` and `met serve` "
-                        "load, so a build warms them; cubin, machine code, whose report gives "
-                        "each entry's code size")
+    p.add_argument("--output", choices=("ptx", "cubin"), default="cubin",
+                   help="what an NVIDIA class compiles to: cubin, machine code, what `met run` "
+                        "and `met serve` load on a device of the class's arch (so a build warms "
+                        "them), its report giving each entry's code size; ptx, what they load "
+                        "on a device that runs the class's PTX only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true",
                    help="list every point, and every compiled binary with its time")
@@ -84,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
 
     args.hardware = names.hardware_class(args.hardware, args.kernels)
     t0 = time.perf_counter()
-    points = plan_points(args.model, args.quant, args.hardware, args.kernels)
+    from metrale.realize.cache import default_cache_root
+
+    # the points, kept under the digest of what chooses them: a warm build plans nothing
+    memo = (Path(args.cache) if args.cache else default_cache_root()) / "points"
+    points = plan_points(args.model, args.quant, args.hardware, args.kernels, memo=memo)
     planning = time.perf_counter() - t0
     report = build(points, args.hardware,
                    target=KernelTarget(args.hardware, model_name(args.model), args.quant),

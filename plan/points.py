@@ -12,6 +12,10 @@ True
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 from metrale.lkb.family import Point
@@ -19,16 +23,103 @@ from metrale.lkb.family import Point
 from .plan import plan_for
 
 DECODE_ROWS = (1, 8)
-PREFILL_ROWS = (64,)
+"""The decode rows ``met build`` plans: one row, and a batch of eight."""
+
+PREFILL_ROWS = 64
+"""A long prompt's prefill: GEMM-shaped matmuls on tensor cores."""
+
+SHORT_PROMPT_ROWS = 2
+"""A short prompt's prefill, which plans GEMV-shaped matmuls the longer prompts' plans do not
+launch: with it prepared, tiny-qwen3's first prefill of 8 tokens on a fresh H100 compiled
+nothing (without it and the long prompt's plan as generation runs it, two units compiled
+inside the step, 1.99 s of a 5.59 s first token: ``benchmarks/bench_cold_start.py``)."""
+
+Step = tuple[str, int, str, bool]
+"""A step's plan: (mode, rows, logits, sample)."""
+
+
+def prepared_steps(slots: int = 1, max_ctx: int | None = None) -> list[Step]:
+    """The steps whose plans' kernels an Engine on a GPU compiles before its first step, and
+    ``met build`` ahead of time: the decode plans of one row and of all ``slots`` as generation
+    runs them (ending in ``sample``), the long prompt's prefill with every row's logits (the
+    engine's ``prefill``), and a short and a long prompt's prefills as generation runs them
+    (the last row's logits, then ``sample``); prompts no longer than ``max_ctx``.
+
+    >>> prepared_steps(4)[:2]
+    [('decode', 1, 'all', True), ('decode', 4, 'all', True)]
+    >>> [rows for _, rows, _, _ in prepared_steps(1, max_ctx=16)]
+    [1, 16, 2, 16]
+    """
+    cap = max_ctx if max_ctx is not None else PREFILL_ROWS
+    steps: list[Step] = [("decode", rows, "all", True) for rows in sorted({1, slots})]
+    steps.append(("prefill", min(PREFILL_ROWS, cap), "all", False))
+    steps += [("prefill", min(rows, cap), "last", True)
+              for rows in (SHORT_PROMPT_ROWS, PREFILL_ROWS)]
+    return steps
 
 
 def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, *,
-                act: str = "bf16") -> frozenset[Point]:
-    """Every point launched by the decode (rows 1 and 8) and prefill (64 rows) plans, the
-    decode plans ending in ``sample`` as generation runs them."""
+                act: str = "bf16", memo: Path | None = None) -> frozenset[Point]:
+    """Every point launched by the plans of :func:`prepared_steps` with a batch of eight
+    (``DECODE_ROWS``): what an Engine prepares, for one slot or eight.
+
+    ``memo``: a folder where the points are kept under the digest of everything that chooses
+    them (:func:`points_digest`), so that the same question asked again plans nothing (a warm
+    ``met build``: its five plans of Llama-3.1-8B took 1.3 s on the CPU machine)."""
+    if memo is not None:
+        path = Path(memo) / f"points-{points_digest(model, quant, hardware, kernels_dir, act)}.json"
+        kept = _read_points(path)
+        if kept is not None:
+            return kept
+        got = plan_points(model, quant, hardware, kernels_dir, act=act)
+        from metrale.lkb.files import atomic_write
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"points": sorted(
+            [p.family, [list(kv) for kv in p.params]] for p in got)}))
+        return got
     points: set[Point] = set()
-    for mode, rows_list in (("decode", DECODE_ROWS), ("prefill", PREFILL_ROWS)):
-        for rows in rows_list:
-            points |= plan_for(model, quant, hardware, mode=mode, rows=rows, act=act,
-                               kernels_dir=kernels_dir, sample=mode == "decode").points()
+    steps = dict.fromkeys(prepared_steps(max(DECODE_ROWS)) + prepared_steps(1))
+    for mode, rows, logits, sample in steps:
+        points |= plan_for(model, quant, hardware, mode=mode, rows=rows, act=act,
+                           kernels_dir=kernels_dir, logits=logits, sample=sample).points()
     return frozenset(points)
+
+
+def points_digest(model: Any, quant: str, hardware: str, kernels_dir: Any = None,
+                  act: str = "bf16") -> str:
+    """SHA-256 of what chooses a model's plan points: the model's config, the weight format,
+    the class, the activation type, every file of the kernels folder (sources, tables, shipped
+    evidence), the evidence store's size and time of change (``met tune`` writes it), and
+    Metrale's own planning code (the files of ``lkb``, ``realize`` and ``plan``)."""
+    from metrale.lkb import files as lkb_files
+    from metrale.realize.evidence_store import default_store_path
+    from metrale.realize.hardware import default_kernels_dir
+
+    from .config import ModelConfig
+
+    config = model if not isinstance(model, str | os.PathLike) else ModelConfig.load(model)
+    h = hashlib.sha256(repr((repr(config), quant, hardware, act)).encode())
+    code = [Path(lkb_files.__file__).parent, Path(__file__).parent,
+            Path(default_kernels_dir.__code__.co_filename).parent]
+    kernels = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
+    for root in [*code, kernels]:
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(f"{f.relative_to(root)}\0".encode())
+                h.update(f.read_bytes())
+    store = default_store_path()
+    if store.is_file():
+        st = store.stat()
+        h.update(f"store {st.st_size} {st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _read_points(path: Path) -> frozenset[Point] | None:
+    """The points kept at ``path``, or None where there are none or they do not read back."""
+    try:
+        rows = json.loads(path.read_text())["points"]
+        return frozenset(Point(str(family), tuple((str(k), v) for k, v in params))
+                         for family, params in rows)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

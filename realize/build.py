@@ -207,43 +207,65 @@ class BuildReport:
 class _Unit:
     source: str
     defines: tuple[str, ...]
+    entries: tuple[str, ...] | None  # None: the whole source
     arch: str
     kernels: tuple[Kernel, ...]
 
     @property
+    def key(self) -> UnitKey:
+        return self.source, self.defines, self.entries
+
+    @property
     def label(self) -> str:
-        return f"{self.source} [{' '.join(self.defines)}] for {self.arch}"
+        only = "" if self.entries is None else f" {self.entries[0]}" + (
+            f" +{len(self.entries) - 1}" if len(self.entries) > 1 else "")
+        return f"{self.source}{only} [{' '.join(self.defines)}] for {self.arch}"
 
 
-def unit_source(kernels_dir: Path | str, kernel: Kernel) -> tuple[str, dict[str, str]]:
+UnitKey = tuple[str, tuple[str, ...], tuple[str, ...] | None]
+"""A compile unit: (source, defines, the entries kept; None for the whole source)."""
+
+
+def unit_key(kernel: Kernel, cut: bool = True) -> UnitKey:
+    """The unit ``kernel``'s binary is compiled in: its source cut to the entries it launches
+    (``cut``, what the build and the runtime loader compile: :mod:`metrale.realize.entries`),
+    else the whole source (the class-wide compile checks, one binary per source and defines)."""
+    return kernel.source, kernel.defines, tuple(sorted(kernel.entries)) if cut else None
+
+
+def unit_source(kernels_dir: Path | str, kernel: Kernel, cut: bool = True
+                ) -> tuple[str, dict[str, str]]:
     """The text and the header texts (by include spelling) that ``kernel``'s binary is compiled
-    from: the build's and the runtime loader's one definition, so they share cache entries."""
+    from (its unit's, :func:`unit_key`): the build's and the runtime loader's one definition,
+    so they share cache entries."""
+    from metrale.realize.entries import keep_entries
+
     search = tuple(dict.fromkeys(str(Path(h).parent) for h in kernel.headers))
     text, _, header_texts, _ = source_identity(Path(kernels_dir), kernel.source, search)
-    return text, header_texts
+    return (keep_entries(text, kernel.entries) if cut else text), header_texts
 
 
 def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path | str,
                     cache: BuildCache, compute: ComputeTarget, progress: bool = True,
-                    jobs: int | None = None, what: str = "kernels"
-                    ) -> dict[tuple[str, tuple[str, ...]], tuple[Binary | CompileError, str,
-                                                                 float]]:
-    """Compile each distinct (source, defines) of ``kernels`` for ``arch`` through ``cache``,
-    ``jobs`` at a time (default: every core), with a progress bar on a terminal.
+                    jobs: int | None = None, what: str = "kernels", cut: bool = True
+                    ) -> dict[UnitKey, tuple[Binary | CompileError, str, float]]:
+    """Compile each distinct unit of ``kernels`` (:func:`unit_key`, ``cut`` as it says) for
+    ``arch`` through ``cache``, ``jobs`` at a time (default: every core), with a progress bar
+    on a terminal.
 
-    Returns ``(source, defines) → (binary or error, status, seconds)``; status is ``built``,
+    Returns ``unit key → (binary or error, status, seconds)``; status is ``built``,
     ``cached`` or ``failed`` and seconds is the unit's own compile time (0 when cached).
     Ctrl-C stops every running compiler at once (:func:`metrale.realize.jobs.interrupt`),
     drops the queued ones and re-raises.
     """
-    units: dict[tuple[str, tuple[str, ...]], Kernel] = {}
+    units: dict[UnitKey, Kernel] = {}
     for k in kernels:
-        units.setdefault((k.source, k.defines), k)
+        units.setdefault(unit_key(k, cut), k)
     version = compute.version()
-    out: dict[tuple[str, tuple[str, ...]], tuple[Binary | CompileError, str, float]] = {}
+    out: dict[UnitKey, tuple[Binary | CompileError, str, float]] = {}
     misses = []
-    for key, k in sorted(units.items()):
-        text, headers = unit_source(kernels_dir, k)
+    for key, k in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or ())):
+        text, headers = unit_source(kernels_dir, k, cut)
         defs = k.define_map()
         ckey = cache_key(text, defs, arch, version, None, headers)
         hit = cache.get(ckey)
@@ -302,12 +324,14 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
           kernels_dir: Path | str | None = None, cache: BuildCache | None = None,
           registry: Registry | None = None, progress: bool = True,
           compute: ComputeTarget | None = None, output: str = "cubin",
-          jobs: int | None = None) -> BuildReport:
+          jobs: int | None = None, cut: bool = True) -> BuildReport:
     """Compile every realized point's kernel for ``hw`` ahead of time.
 
     ``compute`` overrides the compiler (default: the vendor's, ``NvidiaTarget(output)``
     for NVIDIA, cubins so nothing is compiled just in time); ``jobs`` caps the parallel
-    compiles (default: the CPU count).
+    compiles (default: the CPU count); ``cut``: each kernel's unit is its source cut to its
+    entries, as the runtime loader compiles it (else one unit per source and defines, every
+    entry in it).
     """
     t0 = time.perf_counter()
     F = realization(hw, kernels_dir=kernels_dir, target=target)
@@ -331,15 +355,17 @@ def build(points: Iterable[Point], hw: str, *, target: KernelTarget,
         raise CompileError(f"cannot build {target}: {available.reason}")
     cache = cache if cache is not None else BuildCache()
     version = compute.version()
-    units: dict[tuple[str, tuple[str, ...]], list[Kernel]] = {}
+    units: dict[UnitKey, list[Kernel]] = {}
     for k in found.values():
-        units.setdefault((k.source, k.defines), []).append(k)
-    plan = [_Unit(s, d, arch, tuple(ks)) for (s, d), ks in sorted(units.items())]
+        units.setdefault(unit_key(k, cut), []).append(k)
+    plan = [_Unit(s, d, e, arch, tuple(ks)) for (s, d, e), ks in
+            sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or ()))]
     done = compile_kernels(found.values(), arch, kernels_dir=F.kernels_dir, cache=cache,
-                           compute=compute, progress=progress, jobs=jobs, what=str(target))
-    results = {u: done[(u.source, u.defines)][0] for u in plan}
-    status = {u: done[(u.source, u.defines)][1] for u in plan}
-    seconds = {u: done[(u.source, u.defines)][2] for u in plan}
+                           compute=compute, progress=progress, jobs=jobs, what=str(target),
+                           cut=cut)
+    results = {u: done[u.key][0] for u in plan}
+    status = {u: done[u.key][1] for u in plan}
+    seconds = {u: done[u.key][2] for u in plan}
     items, errors = list(missing), []
     for u in plan:
         got = results[u]

@@ -169,7 +169,8 @@ class DeviceLimits:
     """What a launch may ask of a device. Defaults are those of Hopper (sm_90: H100, H200).
 
     ``max_shared_mem`` is the dynamic shared memory one block may ask for (the opt-in
-    maximum); ``total_memory`` is ``None`` where unknown.
+    maximum); ``total_memory`` and ``compute_capability`` (major, minor) are ``None`` where
+    unknown.
 
     >>> DeviceLimits().max_block
     (1024, 1024, 64)
@@ -182,6 +183,7 @@ class DeviceLimits:
     max_shared_mem: int = 227 * 1024
     multiprocessors: int = 1
     total_memory: int | None = None
+    compute_capability: tuple[int, int] | None = None
 
 
 @attrs.frozen

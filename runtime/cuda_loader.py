@@ -118,7 +118,7 @@ class CudaLoader:
     """Compiles (cached), loads and binds the CUDA kernels of one class on one backend."""
 
     def __init__(self, backend: Any, arch: str, *, kernels_dir: Path | str | None = None,
-                 cache: Any = None, output: str = "ptx") -> None:
+                 cache: Any = None, output: str = "cubin") -> None:
         from metrale.realize.cache import BuildCache
         from metrale.realize.compute import NvidiaTarget
         from metrale.realize.hardware import default_kernels_dir
@@ -138,13 +138,16 @@ class CudaLoader:
             return found
         if kernel.source is None:
             raise LaunchError("a host kernel has no CUDA source", key=str(kernel.point))
-        mod_key = (kernel.source, kernel.defines)
+        from metrale.realize.build import unit_key
+
+        mod_key = unit_key(kernel)
         module = self._modules.get(mod_key)
         if module is None:
             from metrale.lkb.errors import CompileError
             from metrale.realize.build import unit_source
 
-            # the build's own unit (no entry in the key), so `met build` and `prepare` warm it
+            # the build's own unit (its source cut to the kernel's entries), so `met build` and
+            # `prepare` warm it
             source, headers = unit_source(self.root, kernel)
             binary = self.cache.build(self.target, source, self.arch, kernel.define_map(),
                                       name=Path(kernel.source).stem, headers=headers)
@@ -155,8 +158,10 @@ class CudaLoader:
                                    + ", ".join(binary.entries), found=missing[0])
             module = self.backend.module(binary.data, label=kernel.source)
             self._modules[mod_key] = module
-        (handle, args), *then = ((self.backend.kernel(module, entry), parse_args(args))
-                                 for entry, args in kernel.calls)
+        # the arity from KERNELS.toml: machine code does not declare it, PTX must agree with it
+        (handle, args), *then = ((self.backend.kernel(module, entry, arity=len(parsed)), parsed)
+                                 for entry, parsed in ((e, parse_args(a))
+                                                       for e, a in kernel.calls))
         bound = BoundKernel(kernel, handle, args, tuple(then))
         self._bound[kernel.key] = bound
         return bound
@@ -176,7 +181,7 @@ class CudaPlanLoader:
     """
 
     def __init__(self, arch: str, *, kernels_dir: Path | str | None = None, cache: Any = None,
-                 dependent_launch: bool = False, output: str = "ptx", comm: Any = None):
+                 dependent_launch: bool = False, output: str = "cubin", comm: Any = None):
         self.arch = arch
         self.comm = comm
         """The rank group of a sharded plan's collectives (``runtime.nccl.NcclTransport`` on

@@ -165,6 +165,7 @@ class CupyBackend(BackendBase):
             max_shared_mem=a.get("MaxSharedMemoryPerBlockOptin", a["MaxSharedMemoryPerBlock"]),
             multiprocessors=a["MultiProcessorCount"],
             total_memory=int(total),
+            compute_capability=(int(props["major"]), int(props["minor"])),
         )
         super().__init__(limits)
         self._opted_in: dict[int, int] = {}  # function pointer -> dynamic shared bytes allowed

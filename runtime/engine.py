@@ -411,7 +411,9 @@ def best_backend(hardware: str = "host", kernels_dir: Any = None) -> tuple[GpuBa
 
     The host class runs on :class:`HostBackend` everywhere; an NVIDIA class with an arch runs
     on :class:`CupyBackend` with compiled kernels (``CupyBackend`` says why when no device is
-    there); other vendors are refused with the reason.
+    there); other vendors are refused with the reason. The kernels are compiled to machine code
+    (cubin) where the device runs the class's (:func:`binary_format_for`), so that no module
+    waits for the driver to compile PTX inside the first steps; else to PTX.
 
     >>> be, loader = best_backend()
     >>> be.name
@@ -428,12 +430,34 @@ def best_backend(hardware: str = "host", kernels_dir: Any = None) -> tuple[GpuBa
         from metrale.runtime.cuda_loader import CudaPlanLoader
         from metrale.runtime.cupy_backend import CupyBackend
 
-        return CupyBackend(), CudaPlanLoader(
-            hw.arch, kernels_dir=kernels_dir,
+        backend = CupyBackend()
+        return backend, CudaPlanLoader(
+            hw.arch, kernels_dir=kernels_dir, output=binary_format_for(hw.arch, backend.limits),
             dependent_launch=bool(hw.capabilities and hw.capabilities.dependent_launch))
     raise UnavailableError("no backend runs this hardware class's kernels here",
                            key="--hardware", expected="host or an NVIDIA class with an arch",
                            found=repr(hardware))
+
+
+def binary_format_for(arch: str, limits: Any) -> str:
+    """``"cubin"`` where a device of ``limits`` runs machine code built for ``arch``, else
+    ``"ptx"`` (which the driver compiles for the device when a module loads). Machine code is
+    compiled with the build, on every core, and cached; PTX waits for the driver, one module
+    after another, inside the first steps that load them (on a fresh machine, tiny-qwen3's
+    first prefill took 10.2 s of a 21.0 s first token on an H100: ``bench_cold_start.py``).
+
+    >>> from metrale.runtime.backend import DeviceLimits
+    >>> binary_format_for("sm_90a", DeviceLimits(compute_capability=(9, 0)))
+    'cubin'
+    >>> binary_format_for("sm_80", DeviceLimits(compute_capability=(9, 0)))
+    'ptx'
+    >>> binary_format_for("sm_90a", DeviceLimits())
+    'ptx'
+    """
+    from metrale.realize.preflight import preflight_arch
+
+    cc = limits.compute_capability
+    return "cubin" if cc is not None and preflight_arch(arch, cc, "cubin").ok else "ptx"
 
 
 def checkpoint_dir(model: Any) -> Path | None:
@@ -553,12 +577,6 @@ def check_sizes(config: ModelConfig, quant: str, *, max_ctx: int, slots: int = 1
     return {"weights": weights, "kv_cache": kv, "rope": rope}
 
 
-PREPARE_PREFILL_ROWS = 64
-"""Rows of the prefill plan whose kernels an Engine on a GPU compiles before its first step,
-with the decode plans of rows 1 and of all its slots: together, the kernels its steps launch
-(``plan.points``, what ``met build`` compiles, takes decode rows 1 and 8 and prefill 64)."""
-
-
 class Engine:
     """A loaded model with its KV cache; see the module docstring. Build with :meth:`load`."""
 
@@ -600,8 +618,9 @@ class Engine:
             if loader is None and hasattr(self.loader, "prepare"):
                 # the decode plans as generation runs them, ending in ``sample`` (their
                 # launches are the plain decode plan's and the sampler's)
-                plans = [self.plan("decode", rows, sample=True) for rows in sorted({1, slots})]
-                plans.append(self.plan("prefill", min(PREPARE_PREFILL_ROWS, max_ctx)))
+                from metrale.plan.points import prepared_steps
+
+                plans = [self.plan(*step) for step in prepared_steps(slots, max_ctx)]
                 self.loader.prepare(plans, progress=progress)
         except BaseException as e:
             self._close_after(e)

@@ -60,6 +60,9 @@ def test_limits_come_from_the_device(be):
     assert lim.max_grid == (2**31 - 1, 65535, 65535)
     assert lim.max_shared_mem >= 48 * 1024 and lim.multiprocessors > 0
     assert lim.total_memory > 2**30 and lim.name
+    import cupy as cp  # the capability the engine picks machine code or PTX by
+
+    assert lim.compute_capability == divmod(int(cp.cuda.Device().compute_capability), 10)
 
 
 def test_arities_and_widths_come_from_the_ptx(be, kernels):

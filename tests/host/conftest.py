@@ -126,7 +126,7 @@ class NvidiaBuilds:
         with exclusive(self.cache_root / f".nvidia-{hw}.lock"):
             return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
                          registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
-                         jobs=compile_jobs())
+                         jobs=compile_jobs(), cut=False)
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
         """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built (read

@@ -14,7 +14,7 @@ import pytest
 from metrale.lkb.errors import CompileError
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.target import KernelTarget
-from metrale.realize.build import build
+from metrale.realize.build import build, unit_source
 from metrale.realize.cache import BuildCache, cache_key
 from metrale.realize.compute import cubin_code_bytes, cubin_entries, ptx_entries
 from metrale.realize.functor import realization
@@ -92,8 +92,7 @@ def test_a_broken_source_is_recorded_and_the_others_build(tmp_path: Path) -> Non
 
 
 def _unit_key(tree: Path, kernel, compiler: str) -> tuple:
-    text, _, headers, _ = realization("sm_90", kernels_dir=tree, target=TARGET).source(
-        kernel.source)
+    text, headers = unit_source(tree, kernel)  # the source cut to the kernel's entries
     return text, kernel.define_map(), "sm_90a", compiler, None, headers
 
 
@@ -154,22 +153,25 @@ class _Recorder:
         self.modules.append((label, bytes(data)))
         return len(self.modules) - 1
 
-    def kernel(self, module: int, entry: str) -> tuple[int, str]:
+    def kernel(self, module: int, entry: str, arity: int | None = None) -> tuple[int, str]:
+        assert arity is not None, entry  # machine code does not declare it: the loader must
         return module, entry
 
 
 def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Path) -> None:
     """Issue 48's cold start: the kernels an Engine on a GPU launches are compiled before its
-    first step (``CudaPlanLoader.prepare``, the build's parallel compile, to the PTX the loader
-    loads), after which binding every launch only reads the cache; and they are the very units
+    first step (``CudaPlanLoader.prepare``, the build's parallel compile, to the machine code
+    the loader loads, so the driver compiles nothing as the first steps load their modules),
+    after which binding every launch only reads the cache; and they are the very units
     `met build` compiles, to the same format (one cache key), so a build warms `met run`."""
     from metrale.plan.plan import plan_for
+    from metrale.plan.points import prepared_steps
+    from metrale.realize.build import unit_key
     from metrale.runtime.cuda_loader import CudaPlanLoader
-    from metrale.runtime.engine import PREPARE_PREFILL_ROWS
 
-    plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode="decode", rows=1, sample=True),
-             plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=PREPARE_PREFILL_ROWS)]
-    units = {(k.kernel.source, k.kernel.defines) for p in plans for k in p.launches}
+    plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode=mode, rows=rows, logits=logits,
+                      sample=sample) for mode, rows, logits, sample in prepared_steps(1, 1024)]
+    units = {unit_key(k.kernel) for p in plans for k in p.launches}
     cache = BuildCache(tmp_path / "cache")
     loader = CudaPlanLoader("sm_90a", cache=cache)
     loader.prepare(plans, progress=False)
@@ -181,7 +183,7 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
             assert handle[1] == k.kernel.entry
     assert cache.misses == len(units)  # binding compiled nothing
     assert len(backend.modules) == len(units)  # one module per unit, loaded once
-    assert all(b".entry " in data for _, data in backend.modules)  # PTX, as the loader loads
+    assert all(data[:4] == b"\x7fELF" for _, data in backend.modules)  # machine code (cubin)
     # and `met build` with its defaults compiles to that format: it finds every unit cached
     from metrale.cli import main
 
