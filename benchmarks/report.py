@@ -440,6 +440,49 @@ def host(results: Path = RESULTS) -> str:
             + _table(["figure", "measured", "goal", "reproduce", "JSON"], rows))
 
 
+# --- cold start ------------------------------------------------------------------------------
+
+def cold_start(doc: dict[str, Any] | None) -> str:
+    """Time to the first token of ``met run MODEL --hardware H`` in a fresh process on a fresh
+    machine (every cache empty), then warm (``bench_cold_start.py``), against the goal.
+
+    >>> print(cold_start({"hardware": "sm_90", "device": "GPU", "cores": 16, "goal_s": 5.0,
+    ...     "goal_model": "m", "rows": [{"model": "m", "cold": {"wall_s": 4.2, "load_s": 2.0,
+    ...     "prefill_ms": 90.0}, "warm": {"wall_s": 1.6}, "driver_cold": {"wall_s": 1.7}}]}))
+    ... # doctest: +ELLIPSIS
+    From `benchmarks/results/cold_start.json` (GPU, 16 cores); reproduce with ...
+    <BLANKLINE>
+    | model | fresh machine | of it: load | of it: prefill | warm | driver's cache empty | goal |
+    |---|---|---|---|---|---|---|
+    | m | 4.2 s | 2.0 s | 90 ms | 1.6 s | 1.7 s | ≤ 5.0 s |
+    """
+    rows_in = [r for r in (doc or {}).get("rows", []) if isinstance(r, dict)]
+    if not rows_in:
+        return "No cold-start run is committed (`benchmarks/results/cold_start.json`)."
+
+    def secs(r: dict, part: str, field: str = "wall_s") -> str:
+        v = _dig(r, f"{part}.{field}")
+        return f"{v:.1f} s" if isinstance(v, int | float) else DASH
+
+    table = []
+    for r in rows_in:
+        prefill = _dig(r, "cold.prefill_ms")
+        goal = f"≤ {doc['goal_s']:.1f} s" if r.get("model") == doc.get("goal_model") else DASH
+        table.append([str(r.get("model")), secs(r, "cold"), secs(r, "cold", "load_s"),
+                      f"{prefill:.0f} ms" if isinstance(prefill, int | float) else DASH,
+                      secs(r, "warm"), secs(r, "driver_cold"), goal])
+    models = ",".join(str(r.get("model")) for r in rows_in)
+    command = f"python benchmarks/bench_cold_start.py --models {models}"
+    return (f"From `benchmarks/results/cold_start.json` ({doc.get('device')}, "
+            f"{doc.get('cores')} cores); reproduce with `{command}` on the lent GPU. Each "
+            f"figure is the wall time of `met run MODEL "
+            f"--hardware {doc.get('hardware')} --steps 1` in a fresh process, which ends with "
+            "the first token: on a fresh machine (Metrale's cache and the CUDA driver's "
+            "empty), then with both warm, then with only the driver's empty.\n\n"
+            + _table(["model", "fresh machine", "of it: load", "of it: prefill", "warm",
+                      "driver's cache empty", "goal"], table))
+
+
 # --- the files -------------------------------------------------------------------------------
 
 def blocks(results: Path = RESULTS) -> dict[str, str]:
@@ -450,6 +493,7 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
             "prefill-gemm": prefill_gemm(prefill),
             "prefill-attention": prefill_attention(load("gpu_prefill_attention", results)),
             "sass-mix": sass_mix(load("sass_mix", results)),
+            "cold-start": cold_start(load("cold_start", results)),
             "host": host(results)}
 
 
