@@ -75,8 +75,8 @@ def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, 
         from metrale.lkb.files import atomic_write
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"points": sorted(
-            [p.family, [list(kv) for kv in p.params]] for p in got)}))
+        atomic_write(path, json.dumps({"points": [[p.family, [list(kv) for kv in p.params]]
+                                                  for p in sorted(got, key=str)]}))
         return got
     points: set[Point] = set()
     steps = dict.fromkeys(prepared_steps(max(DECODE_ROWS)) + prepared_steps(1))
@@ -92,7 +92,8 @@ def points_digest(model: Any, quant: str, hardware: str, kernels_dir: Any = None
     the class, the activation type, every file of the kernels folder (sources, tables, shipped
     evidence), the evidence store's size and time of change (``met tune`` writes it), and
     Metrale's own planning code (the files of ``lkb``, ``realize`` and ``plan``)."""
-    from metrale.lkb import files as lkb_files
+    import metrale.lkb
+    import metrale.realize
     from metrale.realize.evidence_store import default_store_path
     from metrale.realize.hardware import default_kernels_dir
 
@@ -100,8 +101,8 @@ def points_digest(model: Any, quant: str, hardware: str, kernels_dir: Any = None
 
     config = model if not isinstance(model, str | os.PathLike) else ModelConfig.load(model)
     h = hashlib.sha256(repr((repr(config), quant, hardware, act)).encode())
-    code = [Path(lkb_files.__file__).parent, Path(__file__).parent,
-            Path(default_kernels_dir.__code__.co_filename).parent]
+    code = [Path(m.__file__).parent for m in (metrale.lkb, metrale.realize)]
+    code.append(Path(__file__).parent)
     kernels = Path(kernels_dir) if kernels_dir is not None else default_kernels_dir()
     for root in [*code, kernels]:
         for f in sorted(root.rglob("*")):
