@@ -251,30 +251,30 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
                     ) -> dict[UnitKey, tuple[Binary | CompileError, str, float]]:
     """Compile each distinct unit of ``kernels`` (:func:`unit_key`, ``cut`` as it says) for
     ``arch`` through ``cache``, ``jobs`` at a time (default: every core), with a progress bar
-    on a terminal.
+    on a terminal: :func:`compile_batches` of one batch.
 
     Returns ``unit key → (binary or error, status, seconds)``; status is ``built``,
     ``cached`` or ``failed`` and seconds is the unit's own compile time (0 when cached).
-    Ctrl-C stops every running compiler at once (:func:`metrale.realize.jobs.interrupt`),
-    drops the queued ones and re-raises.
     """
-    units: dict[UnitKey, Kernel] = {}
-    for k in kernels:
-        units.setdefault(unit_key(k, cut), k)
+    return compile_batches([kernels], arch, kernels_dir=kernels_dir, cache=cache,
+                           compute=compute, progress=progress, jobs=jobs, what=what, cut=cut)
+
+
+def compile_batches(batches: Iterable[Iterable[Kernel]], arch: str, *, kernels_dir: Path | str,
+                    cache: BuildCache, compute: ComputeTarget, progress: bool = True,
+                    jobs: int | None = None, what: str = "kernels", cut: bool = True
+                    ) -> dict[UnitKey, tuple[Binary | CompileError, str, float]]:
+    """:func:`compile_kernels` over batches of kernels that may still be in the making: each
+    batch's new units start compiling (longest first) before the next batch is asked for, so
+    that a caller making its batches (an engine planning its steps) works while the compilers,
+    separate processes, run. Ctrl-C stops every running compiler at once
+    (:func:`metrale.realize.jobs.interrupt`), drops the queued ones and re-raises."""
     version = compute.version()
     out: dict[UnitKey, tuple[Binary | CompileError, str, float]] = {}
-    misses = []
-    for key, k in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or ())):
-        text, headers = unit_source(kernels_dir, k, cut)
-        defs = k.define_map()
-        ckey = cache_key(text, defs, arch, version, None, headers)
-        hit = cache.get(ckey)
-        if hit is None:
-            misses.append((key, k, text, defs, headers, ckey))
-        else:
-            out[key] = (hit, CACHED, 0.0)
-    if not misses:
-        return out
+    workers = max(1, jobs or os.cpu_count() or 1)
+    pool: ThreadPoolExecutor | None = None
+    futures: dict[Any, tuple[UnitKey, Kernel]] = {}
+    seen: set[UnitKey] = set()  # units cached, built or on their way
 
     def one(k: Kernel, text: str, defs: dict, headers: dict, ckey: str
             ) -> tuple[Binary, float]:
@@ -284,39 +284,63 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
         cache.put(ckey, b)  # a failed compile raises first: nothing is stored for it
         return b, time.perf_counter() - t0
 
-    # longest first (by source size, the best guess before any timing): the last compile to
-    # start is a short one, so the cores finish together
-    misses.sort(key=lambda m: -(len(m[2]) + sum(map(len, m[4].values()))))
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(misses)))
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metrale-compile")
+    def collect(done: Iterable[Any], bar: Any) -> None:
+        for fut in done:
+            key, k = futures.pop(fut)
+            try:
+                binary, seconds = fut.result()
+                out[key] = (binary, BUILT, seconds)
+            except CompileError as e:
+                out[key] = (e, FAILED, 0.0)
+            bar.advance(Path(k.source).name)
+
     try:
-        with _progress(progress, len(misses), f"compiling {what} ({workers} jobs)") as advance:
-            futures = {pool.submit(one, k, text, defs, headers, ckey): (key, k)
-                       for key, k, text, defs, headers, ckey in misses}
-            pending = set(futures)
-            while pending:
+        with _progress(progress, 0, f"compiling {what} ({workers} jobs)") as bar:
+            for batch in batches:
+                units: dict[UnitKey, Kernel] = {}
+                for k in batch:
+                    key = unit_key(k, cut)
+                    if key not in seen:
+                        seen.add(key)
+                        units[key] = k
+                misses = []
+                for key, k in units.items():
+                    text, headers = unit_source(kernels_dir, k, cut)
+                    defs = k.define_map()
+                    ckey = cache_key(text, defs, arch, version, None, headers)
+                    hit = cache.get(ckey)
+                    if hit is None:
+                        misses.append((key, k, text, defs, headers, ckey))
+                    else:
+                        out[key] = (hit, CACHED, 0.0)
+                # longest first (by source size, the best guess before any timing): the last
+                # compile to start is a short one, so the cores finish together
+                misses.sort(key=lambda m: -(len(m[2]) + sum(map(len, m[4].values()))))
+                if misses and pool is None:
+                    pool = ThreadPoolExecutor(max_workers=workers,
+                                              thread_name_prefix="metrale-compile")
+                bar.grow(len(misses))
+                for key, k, text, defs, headers, ckey in misses:
+                    futures[pool.submit(one, k, text, defs, headers, ckey)] = (key, k)
+                collect([f for f in futures if f.done()], bar)
+            while futures:
                 # a short wait, not one until a compile ends: the main thread then runs Python's
                 # SIGINT handler within a quarter second, even when the signal reached a
                 # compile thread and left the main thread's wait asleep
-                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    key, k = futures[fut]
-                    try:
-                        binary, seconds = fut.result()
-                        out[key] = (binary, BUILT, seconds)
-                    except CompileError as e:
-                        out[key] = (e, FAILED, 0.0)
-                    advance(Path(k.source).name)
+                done, _ = wait(set(futures), timeout=0.25, return_when=FIRST_COMPLETED)
+                collect(done, bar)
     except BaseException:
         # Ctrl-C (or any failure of the loop itself): stop the compilers now, not after the
         # queue has drained, and leave no scratch folder behind.
-        _jobs.interrupt()
-        try:
-            pool.shutdown(wait=True, cancel_futures=True)
-        finally:
-            _jobs.resume()
+        if pool is not None:
+            _jobs.interrupt()
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+            finally:
+                _jobs.resume()
         raise
-    pool.shutdown(wait=True)
+    if pool is not None:
+        pool.shutdown(wait=True)
     return out
 
 
@@ -428,18 +452,20 @@ def _build_host(F: Realization, target: KernelTarget, found: dict[Point, Kernel]
 
 class _progress:
     """A rich progress bar over the binaries, on stderr and only when it is a terminal (a
-    no-op otherwise); yields ``advance(name)``, which also shows the last binary done."""
+    no-op otherwise); yields an object with ``advance(name)``, which also shows the last binary
+    done, and ``grow(n)``, which adds ``n`` binaries to the total."""
 
     def __init__(self, enabled: bool, total: int, what: str) -> None:
         self.enabled, self.total, self.what = enabled, total, what
         self.bar: Any = None
+        self.task: Any = None
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> _progress:
         from rich.console import Console
 
         console = Console(stderr=True)
         if not self.enabled or not console.is_terminal:
-            return lambda name="": None
+            return self
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -454,8 +480,18 @@ class _progress:
                             TextColumn("{task.fields[last]}"), console=console,
                             transient=True)
         self.bar.__enter__()
-        task = self.bar.add_task(self.what, total=self.total, last="")
-        return lambda name="": self.bar.advance(task) or self.bar.update(task, last=name)
+        self.task = self.bar.add_task(self.what, total=self.total, last="")
+        return self
+
+    def advance(self, name: str = "") -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+            self.bar.update(self.task, last=name)
+
+    def grow(self, n: int) -> None:
+        self.total += n
+        if self.bar is not None:
+            self.bar.update(self.task, total=self.total)
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:

@@ -195,17 +195,19 @@ class CudaPlanLoader:
     def prepare(self, plans: Any, *, progress: bool = True) -> None:
         """Compile every kernel ``plans`` launch, in parallel and through the build cache,
         before any step runs (a progress bar on a terminal), so no step compiles on first use;
-        a kernel that does not compile raises its ``CompileError`` here."""
+        a kernel that does not compile raises its ``CompileError`` here. ``plans`` may be made
+        as they are asked for: each plan's compiles start before the next plan is (the
+        compilers are separate processes, so the planning overlaps them)."""
         from metrale.lkb.errors import CompileError
-        from metrale.realize.build import compile_kernels
+        from metrale.realize.build import compile_batches
         from metrale.realize.cache import BuildCache
         from metrale.realize.compute import NvidiaTarget
         from metrale.realize.hardware import default_kernels_dir
 
-        kernels = [k.kernel for plan in plans for k in plan.launches
-                   if k.kernel.source is not None]
-        done = compile_kernels(
-            kernels, self.arch, cache=self.cache if self.cache is not None else BuildCache(),
+        batches = ([k.kernel for k in plan.launches if k.kernel.source is not None]
+                   for plan in plans)
+        done = compile_batches(
+            batches, self.arch, cache=self.cache if self.cache is not None else BuildCache(),
             kernels_dir=self.kernels_dir if self.kernels_dir is not None
             else default_kernels_dir(), compute=NvidiaTarget(self.output), progress=progress,
             what=f"{self.arch} kernels")

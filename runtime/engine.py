@@ -620,7 +620,9 @@ class Engine:
                 # launches are the plain decode plan's and the sampler's)
                 from metrale.plan.points import prepared_steps
 
-                plans = [self.plan(*step) for step in prepared_steps(slots, max_ctx)]
+                # made as the loader asks for them: each plan's compiles run while the next
+                # plan is made
+                plans = (self.plan(*step) for step in prepared_steps(slots, max_ctx))
                 self.loader.prepare(plans, progress=progress)
         except BaseException as e:
             self._close_after(e)

@@ -329,3 +329,36 @@ def test_a_checkpoint_folder_with_a_space_builds(tmp_path: Path) -> None:
     for bad in ("../x", "a/b", ".hidden", "trailing ", " leading", ""):
         with pytest.raises(ConfigError, match="plain folder name"):
             reg.path(KernelTarget("host", bad, "bf16"))
+
+
+def test_each_batch_compiles_while_the_next_is_made(tmp_path: Path) -> None:
+    """compile_batches starts a batch's compiles before it asks for the next batch (an engine
+    plans its next step while the compilers run), compiles each unit once across batches, and
+    gives every unit's result: here the second batch is not made until the first batch's
+    compile has started, which fails if the batches were all made first."""
+    import threading
+
+    from metrale.realize.build import compile_batches, unit_key
+
+    F = realization("sm_90")
+    first = [F.realize(p) for p in points("rmsnorm")]
+    second = [F.realize(p) for p in points("rmsnorm", "swiglu")]
+    started = threading.Event()
+
+    class Slow(FakeNvidia):
+        def compile(self, *args, **kwargs):
+            started.set()
+            return super().compile(*args, **kwargs)
+
+    fake = Slow()
+
+    def batches():
+        yield first
+        assert started.wait(10), "the first batch's compile had not started"
+        yield second
+
+    done = compile_batches(batches(), "sm_90a", kernels_dir=default_kernels_dir(),
+                           cache=BuildCache(tmp_path / "cache"), compute=fake, progress=False)
+    units = {unit_key(k) for k in first + second}
+    assert set(done) == units and len(fake.calls) == len(units)  # rmsnorm's once
+    assert all(status == "built" for _, status, _ in done.values())
