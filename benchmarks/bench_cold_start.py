@@ -87,15 +87,8 @@ def main() -> None:
         print(f"{model}: cold {cold['wall_s']:.2f} s (loaded in {cold['load_s']:.2f} s, prefill "
               f"{cold['prefill_ms']:.0f} ms), warm {warm['wall_s']:.2f} s, driver cache empty "
               f"{driver_cold['wall_s']:.2f} s", flush=True)
-    device = None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-        device = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, IndexError):
-        pass
-    payload = {"hardware": args.hardware, "device": device, "cores": os.cpu_count(),
-               "goal_s": GOAL_S, "goal_model": "tiny-qwen3", "rows": rows}
+    payload = {"hardware": args.hardware, "cores": os.cpu_count(), "goal_s": GOAL_S,
+               "goal_model": "tiny-qwen3", "rows": rows}  # write_result adds the GPU's name
     path = write_result("cold_start", payload)
     print(json.dumps(payload, indent=2))
     print(f"wrote {path}")

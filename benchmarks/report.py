@@ -446,7 +446,7 @@ def cold_start(doc: dict[str, Any] | None) -> str:
     """Time to the first token of ``met run MODEL --hardware H`` in a fresh process on a fresh
     machine (every cache empty), then warm (``bench_cold_start.py``), against the goal.
 
-    >>> print(cold_start({"hardware": "sm_90", "device": "GPU", "cores": 16, "goal_s": 5.0,
+    >>> print(cold_start({"hardware": "sm_90", "gpu": "GPU", "cores": 16, "goal_s": 5.0,
     ...     "goal_model": "m", "rows": [{"model": "m", "cold": {"wall_s": 4.2, "load_s": 2.0,
     ...     "prefill_ms": 90.0}, "warm": {"wall_s": 1.6}, "driver_cold": {"wall_s": 1.7}}]}))
     ... # doctest: +ELLIPSIS
@@ -473,7 +473,7 @@ def cold_start(doc: dict[str, Any] | None) -> str:
                       secs(r, "warm"), secs(r, "driver_cold"), goal])
     models = ",".join(str(r.get("model")) for r in rows_in)
     command = f"python benchmarks/bench_cold_start.py --models {models}"
-    return (f"From `benchmarks/results/cold_start.json` ({doc.get('device')}, "
+    return (f"From `benchmarks/results/cold_start.json` ({doc.get('gpu')}, "
             f"{doc.get('cores')} cores); reproduce with `{command}` on the lent GPU. Each "
             f"figure is the wall time of `met run MODEL "
             f"--hardware {doc.get('hardware')} --steps 1` in a fresh process, which ends with "

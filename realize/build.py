@@ -295,7 +295,7 @@ def compile_batches(batches: Iterable[Iterable[Kernel]], arch: str, *, kernels_d
             bar.advance(Path(k.source).name)
 
     try:
-        with _progress(progress, 0, f"compiling {what} ({workers} jobs)") as bar:
+        with _progress(progress, f"compiling {what} ({workers} jobs)") as bar:
             for batch in batches:
                 units: dict[UnitKey, Kernel] = {}
                 for k in batch:
@@ -455,8 +455,8 @@ class _progress:
     no-op otherwise); yields an object with ``advance(name)``, which also shows the last binary
     done, and ``grow(n)``, which adds ``n`` binaries to the total."""
 
-    def __init__(self, enabled: bool, total: int, what: str) -> None:
-        self.enabled, self.total, self.what = enabled, total, what
+    def __init__(self, enabled: bool, what: str) -> None:
+        self.enabled, self.total, self.what = enabled, 0, what
         self.bar: Any = None
         self.task: Any = None
 

@@ -68,11 +68,10 @@ def entry_spans(text: str) -> dict[str, tuple[int, int]]:
     from ``extern`` to its closing brace (a declaration without a body is not an entry here).
     A source whose braces do not balance raises ``CompileError``. Cached by text: a plan's
     kernels cut the same few sources (callers must not change the mapping)."""
-    code = list(_code_positions(text))
     depth, out = 0, {}
     pending: int | None = None  # an entry's ``extern`` at depth 0, its body not yet opened
     opened_at = -1
-    for i in code:
+    for i in _code_positions(text):
         c = text[i]
         if depth == 0 and c == "e" and _ENTRY.match(text, i):
             pending = i
@@ -95,8 +94,7 @@ def entry_spans(text: str) -> dict[str, tuple[int, int]]:
                     if depth_p == 0:
                         break
                     k -= 1
-                params = k
-                m = _NAME_BEFORE_PARAMS.search(head[:params])
+                m = _NAME_BEFORE_PARAMS.search(head[:k])
                 if m is None:
                     raise CompileError("an entry without a name", key=head[:60])
                 out[m.group(1)] = (pending, i + 1)
