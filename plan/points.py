@@ -39,29 +39,39 @@ Step = tuple[str, int, str, bool]
 
 
 def prepared_steps(slots: int = 1, max_ctx: int | None = None) -> list[Step]:
-    """The steps whose plans' kernels an Engine on a GPU compiles before its first step, and
-    ``met build`` ahead of time: the decode plans of one row and of all ``slots`` as generation
-    runs them (ending in ``sample``), the long prompt's prefill with every row's logits (the
-    engine's ``prefill``), and a short and a long prompt's prefills as generation runs them
-    (the last row's logits, then ``sample``); prompts no longer than ``max_ctx``.
+    """The steps whose plans' kernels an Engine on a GPU compiles before its first step, in
+    the order generation first runs them: a short and a long prompt's prefills (the last row's
+    logits, then ``sample``), then the decode plans of one row and of all ``slots`` (ending in
+    ``sample``); prompts no longer than ``max_ctx``. A step no generation runs (the engine's
+    ``prefill`` with every row's logits) compiles when first asked for, still in parallel.
 
-    >>> prepared_steps(4)[:2]
+    >>> prepared_steps(4)[2:]
     [('decode', 1, 'all', True), ('decode', 4, 'all', True)]
     >>> [rows for _, rows, _, _ in prepared_steps(1, max_ctx=16)]
-    [1, 16, 2, 16]
+    [2, 16, 1]
     """
     cap = max_ctx if max_ctx is not None else PREFILL_ROWS
-    steps: list[Step] = [("decode", rows, "all", True) for rows in sorted({1, slots})]
-    steps.append(("prefill", min(PREFILL_ROWS, cap), "all", False))
-    steps += [("prefill", min(rows, cap), "last", True)
-              for rows in (SHORT_PROMPT_ROWS, PREFILL_ROWS)]
+    steps: list[Step] = [("prefill", min(rows, cap), "last", True)
+                         for rows in (SHORT_PROMPT_ROWS, PREFILL_ROWS)]
+    steps += [("decode", rows, "all", True) for rows in sorted({1, slots})]
     return steps
+
+
+def built_steps(slots: int = 1) -> list[Step]:
+    """What ``met build`` compiles ahead of time: :func:`prepared_steps`, and a long prompt's
+    prefill with every row's logits (the engine's ``prefill``, whose output head is a GEMM).
+
+    >>> built_steps()[-1]
+    ('prefill', 64, 'all', False)
+    """
+    return [*prepared_steps(slots), ("prefill", PREFILL_ROWS, "all", False)]
 
 
 def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, *,
                 act: str = "bf16", memo: Path | None = None) -> frozenset[Point]:
-    """Every point launched by the plans of :func:`prepared_steps` with a batch of eight
-    (``DECODE_ROWS``): what an Engine prepares, for one slot or eight.
+    """Every point launched by the plans of :func:`built_steps` with a batch of eight
+    (``DECODE_ROWS``): what an Engine prepares, for one slot or eight, and the engine's
+    full-logits prefill.
 
     ``memo``: a folder where the points are kept under the digest of everything that chooses
     them (:func:`points_digest`), so that the same question asked again plans nothing (a warm
@@ -79,7 +89,7 @@ def plan_points(model: Any, quant: str, hardware: str, kernels_dir: Any = None, 
                                                   for p in sorted(got, key=str)]}))
         return got
     points: set[Point] = set()
-    steps = dict.fromkeys(prepared_steps(max(DECODE_ROWS)) + prepared_steps(1))
+    steps = dict.fromkeys(built_steps(max(DECODE_ROWS)) + built_steps(1))
     for mode, rows, logits, sample in steps:
         points |= plan_for(model, quant, hardware, mode=mode, rows=rows, act=act,
                            kernels_dir=kernels_dir, logits=logits, sample=sample).points()

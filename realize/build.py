@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -262,13 +262,17 @@ def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path |
 
 def compile_batches(batches: Iterable[Iterable[Kernel]], arch: str, *, kernels_dir: Path | str,
                     cache: BuildCache, compute: ComputeTarget, progress: bool = True,
-                    jobs: int | None = None, what: str = "kernels", cut: bool = True
+                    jobs: int | None = None, what: str = "kernels", cut: bool = True,
+                    meanwhile: Callable[[], None] | None = None
                     ) -> dict[UnitKey, tuple[Binary | CompileError, str, float]]:
     """:func:`compile_kernels` over batches of kernels that may still be in the making: each
     batch's new units start compiling (longest first) before the next batch is asked for, so
     that a caller making its batches (an engine planning its steps) works while the compilers,
-    separate processes, run. Ctrl-C stops every running compiler at once
-    (:func:`metrale.realize.jobs.interrupt`), drops the queued ones and re-raises."""
+    separate processes, run; ``meanwhile``, called once every batch is on its way and before
+    the compiles are waited for, is more of the caller's work done beside them (an engine's
+    weights copied to the device). Ctrl-C, or ``meanwhile`` raising, stops every running
+    compiler at once (:func:`metrale.realize.jobs.interrupt`), drops the queued ones and
+    re-raises."""
     version = compute.version()
     out: dict[UnitKey, tuple[Binary | CompileError, str, float]] = {}
     workers = max(1, jobs or os.cpu_count() or 1)
@@ -323,6 +327,8 @@ def compile_batches(batches: Iterable[Iterable[Kernel]], arch: str, *, kernels_d
                 for key, k, text, defs, headers, ckey in misses:
                     futures[pool.submit(one, k, text, defs, headers, ckey)] = (key, k)
                 collect([f for f in futures if f.done()], bar)
+            if meanwhile is not None:
+                meanwhile()
             while futures:
                 # a short wait, not one until a compile ends: the main thread then runs Python's
                 # SIGINT handler within a quarter second, even when the signal reached a

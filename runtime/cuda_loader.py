@@ -17,7 +17,7 @@ formula's bytes (:meth:`BoundKernel.scratch_bytes`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -191,29 +191,34 @@ class CudaPlanLoader:
         self.cache = cache
         self.output = output
         self._loaders: dict[int, CudaLoader] = {}
+        self._prepared: set[Any] = set()  # units prepare compiled or found in the cache
 
-    def prepare(self, plans: Any, *, progress: bool = True) -> None:
+    def prepare(self, plans: Any, *, progress: bool = True,
+                meanwhile: Callable[[], None] | None = None) -> None:
         """Compile every kernel ``plans`` launch, in parallel and through the build cache,
         before any step runs (a progress bar on a terminal), so no step compiles on first use;
         a kernel that does not compile raises its ``CompileError`` here. ``plans`` may be made
         as they are asked for: each plan's compiles start before the next plan is (the
-        compilers are separate processes, so the planning overlaps them)."""
+        compilers are separate processes, so the planning overlaps them), and ``meanwhile``
+        runs once they are all on their way, before they are waited for (an engine copies its
+        weights to the device then). Units an earlier call prepared are not looked for again."""
         from metrale.lkb.errors import CompileError
-        from metrale.realize.build import compile_batches
+        from metrale.realize.build import compile_batches, unit_key
         from metrale.realize.cache import BuildCache
         from metrale.realize.compute import NvidiaTarget
         from metrale.realize.hardware import default_kernels_dir
 
-        batches = ([k.kernel for k in plan.launches if k.kernel.source is not None]
-                   for plan in plans)
+        batches = ([k.kernel for k in plan.launches if k.kernel.source is not None
+                    and unit_key(k.kernel) not in self._prepared] for plan in plans)
         done = compile_batches(
             batches, self.arch, cache=self.cache if self.cache is not None else BuildCache(),
             kernels_dir=self.kernels_dir if self.kernels_dir is not None
             else default_kernels_dir(), compute=NvidiaTarget(self.output), progress=progress,
-            what=f"{self.arch} kernels")
+            what=f"{self.arch} kernels", meanwhile=meanwhile)
         for got, _, _ in done.values():
             if isinstance(got, CompileError):
                 raise got
+        self._prepared.update(done)
 
     def spec(self, buffer: Any) -> Any:
         from metrale.runtime.executor import ArgSpec

@@ -610,20 +610,22 @@ class Engine:
         self.text: Any = None  # the checkpoint's Text (tokenizer, template), when it has one
         self._programs: dict[tuple[str, int, str, bool], Program] = {}
         self._plans: dict[tuple[str, int, str, bool], Plan] = {}
+        # the loader this engine chose compiles now, not inside the first step (a caller's own
+        # loader is the caller's to prepare)
+        self._prepares = loader is None and hasattr(self.loader, "prepare")
+        self.progress = progress
         try:
-            self._bind(weights)
-            self._teardown.callback(self._close_programs)  # before the weights they read
-            # the loader this engine chose compiles now, not inside the first step (a caller's
-            # own loader is the caller's to prepare)
-            if loader is None and hasattr(self.loader, "prepare"):
-                # the decode plans as generation runs them, ending in ``sample`` (their
-                # launches are the plain decode plan's and the sampler's)
+            if self._prepares:
                 from metrale.plan.points import prepared_steps
 
-                # made as the loader asks for them: each plan's compiles run while the next
-                # plan is made
+                # generation's plans, made as the loader asks for them (each plan's compiles
+                # run while the next is made), then the weights copied while they all run
                 plans = (self.plan(*step) for step in prepared_steps(slots, max_ctx))
-                self.loader.prepare(plans, progress=progress)
+                self.loader.prepare(plans, progress=progress,
+                                    meanwhile=lambda: self._bind(weights))
+            else:
+                self._bind(weights)
+            self._teardown.callback(self._close_programs)  # before the weights they read
         except BaseException as e:
             self._close_after(e)
             raise
@@ -802,6 +804,8 @@ class Engine:
         if mode == "prefill":
             self._drop_prefills(MAX_PREFILL_PROGRAMS - 1)
         plan = self.plan(mode, rows, logits, sample)
+        if self._prepares:  # a plan not prepared: its new kernels compile in parallel, now
+            self.loader.prepare([plan], progress=self.progress)
         bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
         for name in self._slot_bytes:
             bindings[name] = self._cache_ptr(name, 0, dict(plan.sizes)["slots"])

@@ -172,6 +172,7 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
     plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode=mode, rows=rows, logits=logits,
                       sample=sample) for mode, rows, logits, sample in prepared_steps(1, 1024)]
     units = {unit_key(k.kernel) for p in plans for k in p.launches}
+    assert [p.mode for p in plans][:2] == ["prefill", "prefill"]  # the first token's first
     cache = BuildCache(tmp_path / "cache")
     loader = CudaPlanLoader("sm_90a", cache=cache)
     loader.prepare(plans, progress=False)
@@ -192,4 +193,7 @@ def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Pat
         assert main(["build", "tiny-qwen3", "--quant", "bf16", "--hardware", "sm_90", "--cache",
                      str(tmp_path / "cache"), "--format", "json"]) == 0
     counts = json.loads(out.getvalue())["counts"]
-    assert counts["built"] == 0 and counts["cached"] == len(units), counts
+    # ... and builds, beside them, what only the full-logits prefill launches (nothing here)
+    full = plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=64, logits="all")
+    extra = {unit_key(k.kernel) for k in full.launches} - units
+    assert counts["cached"] == len(units) and counts["built"] == len(extra), counts

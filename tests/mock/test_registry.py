@@ -362,3 +362,43 @@ def test_each_batch_compiles_while_the_next_is_made(tmp_path: Path) -> None:
     units = {unit_key(k) for k in first + second}
     assert set(done) == units and len(fake.calls) == len(units)  # rmsnorm's once
     assert all(status == "built" for _, status, _ in done.values())
+
+
+def test_meanwhile_runs_beside_the_compiles_and_stops_them_when_it_fails(tmp_path: Path) -> None:
+    """compile_batches calls ``meanwhile`` once every batch's compiles are on their way and
+    before it waits for them (an engine copies its weights to the device beside its
+    compilers): here each compile waits for ``meanwhile`` to start, so a ``meanwhile`` called
+    after the wait would deadlock (the compiles give up after ten seconds and fail the test).
+    A ``meanwhile`` that raises stops the compiles and re-raises."""
+    import threading
+
+    from metrale.realize.build import compile_batches
+
+    F = realization("sm_90")
+    kernels = [F.realize(p) for p in points("rmsnorm", "swiglu")]
+    beside = threading.Event()
+    order: list[str] = []
+
+    class Held(FakeNvidia):
+        def compile(self, *args, **kwargs):
+            assert beside.wait(10), "meanwhile did not run while the compiles were held"
+            return super().compile(*args, **kwargs)
+
+    def meanwhile() -> None:
+        order.append("meanwhile")
+        beside.set()
+
+    fake = Held()
+    done = compile_batches([kernels], "sm_90a", kernels_dir=default_kernels_dir(),
+                           cache=BuildCache(tmp_path / "cache"), compute=fake, progress=False,
+                           meanwhile=meanwhile)
+    assert order == ["meanwhile"] and len(fake.calls) == len(done) > 1
+    assert all(status == "built" for _, status, _ in done.values())
+
+    def fails() -> None:
+        raise RuntimeError("weights failed to copy")
+
+    with pytest.raises(RuntimeError, match="weights failed"):
+        compile_batches([kernels], "sm_90a", kernels_dir=default_kernels_dir(),
+                        cache=BuildCache(tmp_path / "other"), compute=FakeNvidia(),
+                        progress=False, meanwhile=fails)
