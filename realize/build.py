@@ -237,12 +237,25 @@ def unit_source(kernels_dir: Path | str, kernel: Kernel, cut: bool = True
                 ) -> tuple[str, dict[str, str]]:
     """The text and the header texts (by include spelling) that ``kernel``'s binary is compiled
     from (its unit's, :func:`unit_key`): the build's and the runtime loader's one definition,
-    so they share cache entries."""
-    from metrale.realize.entries import keep_entries
+    so they share cache entries. Cut, an included source (a ``.cu`` header) keeps only the
+    kernel's entries it defines."""
+    from metrale.realize.entries import entry_names, keep_entries, keep_included_entries
 
     search = tuple(dict.fromkeys(str(Path(h).parent) for h in kernel.headers))
     text, _, header_texts, _ = source_identity(Path(kernels_dir), kernel.source, search)
-    return (keep_entries(text, kernel.entries) if cut else text), header_texts
+    sources = {n: h for n, h in header_texts.items() if n.endswith(".cu")}
+    if not cut:
+        return text, header_texts
+    if not sources:
+        return keep_entries(text, kernel.entries), header_texts
+    # a source that includes others (.cu): each cut to the kernel's entries it defines, where
+    # they define them all between them (else whole: the compiler reports the missing one)
+    defined = set(entry_names(text)).union(*map(entry_names, sources.values()))
+    if not defined >= set(kernel.entries):
+        return text, header_texts
+    return keep_included_entries(text, kernel.entries), {
+        n: keep_included_entries(h, kernel.entries) if n in sources else h
+        for n, h in header_texts.items()}
 
 
 def compile_kernels(kernels: Iterable[Kernel], arch: str, *, kernels_dir: Path | str,

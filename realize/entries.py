@@ -132,3 +132,31 @@ def keep_entries(text: str, entries: Iterable[str]) -> str:
         at = end
     out.append(text[at:])
     return "".join(out)
+
+
+def keep_included_entries(text: str, entries: Iterable[str]) -> str:
+    """An included source's ``text`` cut to the ``entries`` it defines (a source that includes
+    another, as ``gemm_tma.cu`` does ``gemm_wgmma.cu``, launches some of its entries and defines
+    others of its own): every other entry left out, as :func:`keep_entries` leaves them.
+
+    >>> src = 'extern "C" __global__ void a() {}\\nextern "C" __global__ void b() {}\\n'
+    >>> keep_included_entries(src, ["b", "c"]).splitlines()
+    ['', 'extern "C" __global__ void b() {}']
+    """
+    try:
+        spans = entry_spans(text)
+    except CompileError:
+        return text
+    return keep_entries(text, [e for e in entries if e in spans])
+
+
+def entry_names(text: str) -> tuple[str, ...]:
+    """The entries ``text`` defines (none where it cannot be scanned).
+
+    >>> entry_names('extern "C" __global__ void a() {}')
+    ('a',)
+    """
+    try:
+        return tuple(entry_spans(text))
+    except CompileError:
+        return ()

@@ -40,7 +40,21 @@ from metrale.realize.formula import eval_formula, formula_names, limit_holds, li
 from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabilities
 
 KERNELS_FILE = "KERNELS.toml"
-ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch")
+ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch", "tmap")
+"""A kernel argument's type in KERNELS.toml: a pointer, a number, the program's workspace, or
+``tmap(C,R)``, a tensor map over a port (``runtime.backend.TensorMap``: the port's tensor as
+rows x its last dim, copied in boxes of C columns and R rows, 128 bytes a box row)."""
+_TMAP = re.compile(r"tmap\((\d+),(\d+)\)")
+
+
+def tensor_map_box(kind: str) -> tuple[int, int] | None:
+    """The box of a ``tmap(C,R)`` argument type, or None for any other type.
+
+    >>> tensor_map_box("tmap(64,128)"), tensor_map_box("ptr")
+    ((64, 128), None)
+    """
+    m = _TMAP.fullmatch(kind)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 TRANSPORTS = ("all_gather",)
 """The rank group's operations a collective's kernel table may name (``transport``):
@@ -669,9 +683,18 @@ def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[s
     seen = set()
     for i, a in enumerate(args):
         arg, _, ty = a.partition(":")
-        if ty not in ARG_TYPES:
-            f._fail(f.key(f"args[{i}]"), "unknown argument type", "one of " + ", ".join(ARG_TYPES),
-                    repr(a), nearest(ty, ARG_TYPES))
+        box = tensor_map_box(ty)
+        if box is not None:
+            if arg not in {p.name for p in fam.inputs}:
+                f._fail(f.key(f"args[{i}]"), "a tensor map describes an input port",
+                        "an input of " + fam.name, repr(a))
+            if not 1 <= box[0] <= 256 or not 1 <= box[1] <= 256:
+                f._fail(f.key(f"args[{i}]"), "a tensor map's box is 1..256 by 1..256",
+                        "tmap(C,R) within it", repr(a))
+        elif ty not in ARG_TYPES or ty == "tmap":
+            f._fail(f.key(f"args[{i}]"), "unknown argument type",
+                    "one of " + ", ".join(ARG_TYPES[:-1]) + ", tmap(C,R)", repr(a),
+                    nearest(ty, ARG_TYPES))
         if arg not in names:
             f._fail(f.key(f"args[{i}]"), "argument is not a port, attr, dim or value",
                     "a name of " + fam.name, repr(a), nearest(arg, names))

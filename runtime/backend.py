@@ -112,6 +112,35 @@ class DevicePtr:
         return DevicePtr(self.alloc_id, n, self.offset)
 
 
+TENSOR_MAP_DTYPES = {"bf16": 2, "f32": 4, "u8": 1}
+"""The element types a :class:`TensorMap` may describe, by name, with their bytes."""
+
+
+@attrs.frozen(cache_hash=True)  # looked up on every launch
+class TensorMap:
+    """A launch argument: the Tensor Memory Accelerator's description of a row-major array of
+    ``rows`` x ``cols`` elements of ``dtype`` at ``ptr``, which a kernel copies into shared
+    memory in boxes of ``box`` = (columns, rows) elements, 128 bytes a box row, laid out with
+    the 128-byte swizzle (16-byte piece p of box row r at piece p ^ (r % 8)); elements outside
+    the array land as zeros. Each model encodes it for its device (CUDA: ``CUtensorMap``,
+    ``runtime.cuda_driver.encode_tensor_map``); the launch checks that the array lies inside
+    ``ptr``'s allocation, as for a pointer.
+
+    >>> TensorMap(DevicePtr(1, 4096), 16, 128, "bf16", (64, 16)).nbytes
+    4096
+    """
+
+    ptr: DevicePtr
+    rows: int
+    cols: int
+    dtype: str
+    box: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * TENSOR_MAP_DTYPES[self.dtype]
+
+
 @attrs.frozen(cache_hash=True)  # looked up on every launch
 class Stream:
     """A stream of one backend; ``None`` in its place means the default stream.
@@ -414,6 +443,7 @@ __all__ = [
     "ModuleHandle",
     "PointerError",
     "Stream",
+    "TensorMap",
     "check_launch",
     "describe_error",
     "device_fault",

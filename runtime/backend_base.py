@@ -29,6 +29,7 @@ from metrale.runtime.backend import (
     ModuleHandle,
     PointerError,
     Stream,
+    TensorMap,
     buffer_name,
     check_launch,
     device_fault,
@@ -218,6 +219,15 @@ class BackendBase:
     def _scalar_arg(self, kernel: KernelHandle, index: int, value: Any) -> Any:
         return value
 
+    def _tensor_map_arg(self, kernel: KernelHandle, index: int, storage: Any, offset: int,
+                        tmap: TensorMap) -> Any:
+        """The model's encoding of ``tmap``, whose array starts ``offset`` bytes into
+        ``storage`` (its bytes checked to lie inside it)."""
+        raise LaunchError("this backend passes no tensor maps", file=kernel.source or None,
+                          key=f"launch.{kernel.name}.args[{index}]",
+                          expected="a backend with a Tensor Memory Accelerator",
+                          found=type(self).__name__)
+
     def _launch(self, kernel: KernelHandle, native: Any, grid: tuple[int, int, int],
                 block: tuple[int, int, int], shared_mem: int, args: tuple[Any, ...],
                 stream: Any, dependent: bool = False) -> None:
@@ -373,6 +383,10 @@ class BackendBase:
                 storage, offset, n = self._mem.resolve(arg, key)
                 used.add(arg.alloc_id)
                 out.append(self._pointer_arg(kernel, i, storage, offset, n))
+            elif isinstance(arg, TensorMap):
+                storage, offset, _ = self._mem.resolve(arg.ptr, key, arg.nbytes)
+                used.add(arg.ptr.alloc_id)
+                out.append(self._tensor_map_arg(kernel, i, storage, offset, arg))
             else:
                 out.append(self._scalar_arg(kernel, i, arg))
         return tuple(out)

@@ -1,15 +1,20 @@
-"""The CUDA driver calls CuPy does not wrap, through ctypes: a launch with launch attributes.
+"""The CUDA driver calls CuPy does not wrap, through ctypes: a launch with launch attributes,
+and the encoding of a tensor map.
 
 CuPy launches with ``cuLaunchKernel``, which takes no attributes; a programmatic dependent
 launch (the kernel may start while the previous launch on its stream is still running, and
 waits for it with ``griddepcontrol.wait``) needs ``cuLaunchKernelEx`` with
-``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``. Written by hand because no
-dependency of the project exposes it; the structures follow ``cuda.h`` (CUDA 12 and 13).
+``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``; a kernel that copies with the Tensor
+Memory Accelerator takes a ``CUtensorMap`` (128 bytes, by value: a NumPy ``V128`` scalar here),
+which ``cuTensorMapEncodeTiled`` makes and CuPy's launch cannot pass. Written by hand because
+no dependency of the project exposes them; the structures follow ``cuda.h`` (CUDA 12 and 13).
 
 >>> ctypes.sizeof(LaunchAttribute), ctypes.sizeof(LaunchConfig)
 (72, 56)
 >>> _param(np.int32(-3)).value, _param(np.uint64(2**40)).value, _param(np.float32(0.5)).value
 (-3, 1099511627776, 0.5)
+>>> bytes(_param(np.void(bytes(range(128)))))[:4]
+b'\\x00\\x01\\x02\\x03'
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DriverLauncher", "LaunchAttribute", "LaunchConfig"]
+__all__ = ["DriverLauncher", "LaunchAttribute", "LaunchConfig", "encode_tensor_map"]
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
@@ -54,9 +59,41 @@ _CTYPES = {
 }
 
 
+TENSOR_MAP_BYTES = 128  # sizeof(CUtensorMap)
+_TENSOR_MAP_TYPES = {"bf16": 9, "f32": 7, "u8": 0}  # CU_TENSOR_MAP_DATA_TYPE_*
+_SWIZZLE_128B, _L2_PROMOTION_128B = 3, 2
+
+
 def _param(value: np.generic) -> Any:
-    """A kernel argument (a NumPy scalar, as the backend resolves them) as a ctypes value."""
+    """A kernel argument (a NumPy scalar, as the backend resolves them) as a ctypes value; a
+    ``V128`` scalar is a tensor map's bytes."""
+    if value.dtype.kind == "V":
+        return (ctypes.c_ubyte * value.dtype.itemsize).from_buffer_copy(value.tobytes())
     return _CTYPES[np.dtype(value.dtype)](value.item())
+
+
+def encode_tensor_map(address: int, rows: int, cols: int, dtype: str,
+                      box: tuple[int, int]) -> np.void:
+    """``cuTensorMapEncodeTiled`` of a row-major ``rows`` x ``cols`` array of ``dtype`` at
+    device ``address``, in boxes of ``box`` = (columns, rows) with the 128-byte swizzle and
+    zeros outside the array (``runtime.backend.TensorMap``), as the 128 bytes a kernel takes.
+    A description the driver refuses raises ``DriverError``."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    encode = lib.cuTensorMapEncodeTiled
+    encode.restype = ctypes.c_int
+    item = {"bf16": 2, "f32": 4, "u8": 1}[dtype]
+    out = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + 64))()
+    at = ctypes.addressof(out) + (-ctypes.addressof(out)) % 64  # CUtensorMap is 64-aligned
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    status = encode(ctypes.c_void_p(at), ctypes.c_int(_TENSOR_MAP_TYPES[dtype]), u32(2),
+                    ctypes.c_void_p(address), (u64 * 2)(cols, rows), (u64 * 1)(cols * item),
+                    (u32 * 2)(*box), (u32 * 2)(1, 1), ctypes.c_int(0),
+                    ctypes.c_int(_SWIZZLE_128B), ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(0))
+    if status:
+        text = ctypes.c_char_p()
+        lib.cuGetErrorName(status, ctypes.byref(text))
+        raise DriverError(status, text.value.decode() if text.value else "CUDA_ERROR")
+    return np.void(ctypes.string_at(at, TENSOR_MAP_BYTES))
 
 
 class DriverError(RuntimeError):
@@ -87,14 +124,16 @@ class DriverLauncher:
 
     def launch_dependent(self, function: int, grid: tuple[int, int, int],
                          block: tuple[int, int, int], shared_mem: int, stream: int,
-                         args: tuple[np.generic, ...]) -> None:
-        """Launch ``function`` (a ``CUfunction``) as a programmatic dependent launch on
-        ``stream`` (a ``CUstream``; 0 is the legacy default stream); ``DriverError`` if the
-        driver refuses. The driver copies the arguments before it returns."""
+                         args: tuple[np.generic, ...], dependent: bool = True) -> None:
+        """Launch ``function`` (a ``CUfunction``) on ``stream`` (a ``CUstream``; 0 is the
+        legacy default stream), as a programmatic dependent launch unless ``dependent`` is
+        false; ``DriverError`` if the driver refuses. The driver copies the arguments before it
+        returns."""
         values = [_param(a) for a in args]
         params = (ctypes.c_void_p * max(1, len(values)))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-        config = LaunchConfig(*grid, *block, shared_mem, stream, ctypes.pointer(self._attr), 1)
+        config = LaunchConfig(*grid, *block, shared_mem, stream,
+                              ctypes.pointer(self._attr) if dependent else None, int(dependent))
         status = self._launch(ctypes.byref(config), function, params, None)
         if status:
             raise DriverError(status, self._name(status))

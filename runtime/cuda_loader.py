@@ -25,7 +25,8 @@ import attrs
 import numpy as np
 
 from metrale.lkb.errors import LaunchError
-from metrale.realize.kernel import box_numbers
+from metrale.realize.kernel import box_numbers, tensor_map_box
+from metrale.runtime.backend import TensorMap
 
 SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
 """The NumPy type a scalar kernel argument of each kind is passed as."""
@@ -33,18 +34,25 @@ SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
 
 @attrs.frozen
 class Arg:
-    """One kernel argument: its name and kind (``ptr``, ``i32``, ``i64``, ``f32``, ``scratch``)."""
+    """One kernel argument: its name and kind (``ptr``, ``i32``, ``i64``, ``f32``, ``scratch``,
+    ``tmap``: a tensor map over the port, copied in boxes of ``box``)."""
 
     name: str
     kind: str
+    box: tuple[int, int] | None = None
 
 
 def parse_args(args: tuple[str, ...]) -> tuple[Arg, ...]:
-    """The ``name:type`` list of a kernel table as values."""
+    """The ``name:type`` list of a kernel table as values.
+
+    >>> parse_args(("x:tmap(64,128)", "rows:i32"))
+    (Arg(name='x', kind='tmap', box=(64, 128)), Arg(name='rows', kind='i32', box=None))
+    """
     out = []
     for a in args:
         name, _, kind = a.partition(":")
-        out.append(Arg(name, kind))
+        box = tensor_map_box(kind)
+        out.append(Arg(name, "tmap", box) if box is not None else Arg(name, kind))
     return tuple(out)
 
 
@@ -77,11 +85,19 @@ class BoundKernel:
              args: tuple[Arg, ...] | None = None) -> tuple:
         """The argument tuple of ``args`` (default: the kernel's own): pointers by name
         (``None`` → null; a scratch argument's workspace too, which the caller allocates
-        zeroed), numbers by name."""
+        zeroed; a ``tmap`` argument's ``TensorMap``, whose pointer a ``ptr`` argument of the
+        same name takes), numbers by name."""
         env = self.kernel.sizes(numbers)
         out: list[Any] = []
         for a in self.args if args is None else args:
-            if a.kind == "scratch":
+            if a.kind == "tmap":
+                if not isinstance(pointers.get(a.name), TensorMap):
+                    raise LaunchError(f"no tensor map for argument {a.name} of "
+                                      f"{self.kernel.entry}", key=str(self.kernel.point),
+                                      expected=f"a TensorMap of box {a.box}",
+                                      found=repr(pointers.get(a.name)))
+                out.append(pointers[a.name])
+            elif a.kind == "scratch":
                 if pointers.get(a.name) is None:
                     raise LaunchError(f"no workspace for scratch argument {a.name} of "
                                       f"{self.kernel.entry}", key=str(self.kernel.point),
@@ -94,7 +110,8 @@ class BoundKernel:
                                       key=str(self.kernel.point), expected="a buffer",
                                       found="none")
                 ptr = pointers.get(a.name)
-                out.append(0 if ptr is None else ptr)
+                # a buffer given as its tensor map (another launch of the chain maps it)
+                out.append(0 if ptr is None else ptr.ptr if isinstance(ptr, TensorMap) else ptr)
             else:
                 if a.name not in env:
                     raise LaunchError(f"no value for argument {a.name} of {self.kernel.entry}",
@@ -305,6 +322,8 @@ class CudaPlanLoader:
                             names.append(("part", f"{port_buffer[base]}_{part}"))
                     elif a.kind == "scratch":  # the program's workspace, zeroed, stream order
                         names.append(("scratch", int(env[a.name])))
+                    elif a.kind == "tmap":  # the port's tensor, described for the copy engine
+                        names.append(("tmap", port_buffer[a.name], a.box))
                     else:
                         names.append(SCALAR_TYPES[a.kind](env[a.name]))
                 out.append(Launch(k, handle, grid, block, shared, tuple(names),

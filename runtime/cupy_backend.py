@@ -44,12 +44,13 @@ from metrale.runtime.backend import (
     DeviceLimits,
     KernelHandle,
     ModuleHandle,
+    TensorMap,
     is_int,
     no_such_kernel,
     out_of_memory,
 )
 from metrale.runtime.backend_base import BackendBase
-from metrale.runtime.cuda_driver import DriverError, DriverLauncher
+from metrale.runtime.cuda_driver import DriverError, DriverLauncher, encode_tensor_map
 
 __all__ = ["CupyBackend", "ptx_params"]
 
@@ -169,6 +170,7 @@ class CupyBackend(BackendBase):
         )
         super().__init__(limits)
         self._opted_in: dict[int, int] = {}  # function pointer -> dynamic shared bytes allowed
+        self._tensor_maps: dict[tuple, np.void] = {}  # (address, rows, cols, dtype, box) -> map
         self._driver: DriverLauncher | None = None  # dependent launches, made on first use
 
     @contextmanager
@@ -279,6 +281,21 @@ class CupyBackend(BackendBase):
             raise _width_error(kernel, index, ptype, "a DevicePtr (64-bit address)")
         return np.uint64(storage + offset)
 
+    def _tensor_map_arg(self, kernel: KernelHandle, index: int, storage: Any, offset: int,
+                        tmap: TensorMap) -> Any:
+        key = (storage + offset, tmap.rows, tmap.cols, tmap.dtype, tmap.box)
+        found = self._tensor_maps.get(key)
+        if found is None:
+            try:
+                found = encode_tensor_map(*key)
+            except DriverError as e:
+                raise LaunchError("the driver refused the tensor map", file=kernel.source or None,
+                                  key=f"launch.{kernel.name}.args[{index}]",
+                                  expected="a row-major array with 16-byte rows and a box of "
+                                  "128-byte rows", found=f"{tmap} ({e})") from None
+            self._tensor_maps[key] = found
+        return found
+
     def _scalar_arg(self, kernel: KernelHandle, index: int, value: Any) -> Any:
         ptype = self._ptype(kernel, index)
         dtype = _param_dtype(ptype)
@@ -323,11 +340,12 @@ class CupyBackend(BackendBase):
                     attribute = getattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
                     driver.funcSetAttribute(fn.ptr, attribute, shared_mem)
                     self._opted_in[fn.ptr] = shared_mem
-                if dependent:
+                # CuPy's launch passes no tensor map (a 128-byte argument): the driver's does
+                if dependent or any(isinstance(a, np.void) for a in args):
                     if self._driver is None:
                         self._driver = DriverLauncher()
                     self._driver.launch_dependent(fn.ptr, grid, block, shared_mem,
-                                                  self._stream(stream).ptr, args)
+                                                  self._stream(stream).ptr, args, dependent)
                 else:
                     fn(grid, block, args, shared_mem=shared_mem, stream=self._stream(stream))
         except (self._cp.cuda.driver.CUDADriverError, DriverError) as e:

@@ -51,6 +51,7 @@ from metrale.runtime.backend import (
     HostKernel,
     KernelHandle,
     Stream,
+    TensorMap,
 )
 from metrale.runtime.fault import Teardown
 
@@ -171,12 +172,33 @@ def _root(name: str, by_name: Mapping[str, Buffer]) -> str:
 # -- loaders ----------------------------------------------------------------------------------
 
 
+def tensor_map(ptr: DevicePtr, spec: ArgSpec, box: tuple[int, int]) -> TensorMap:
+    """The tensor map of a buffer of ``spec`` (its shape as rows x its last dim) at ``ptr``.
+
+    >>> import ml_dtypes
+    >>> tensor_map(DevicePtr(1, 96), ArgSpec("x", np.dtype(ml_dtypes.bfloat16), (3, 16)),
+    ...            (16, 2))  # doctest: +NORMALIZE_WHITESPACE
+    TensorMap(ptr=DevicePtr(alloc_id=1, nbytes=96, offset=0), rows=3, cols=16, dtype='bf16',
+              box=(16, 2))
+    """
+    names = {"bfloat16": "bf16", "float32": "f32", "uint8": "u8"}
+    if spec.dtype.name not in names or not spec.shape:
+        raise PlanError("no tensor map of this buffer", key=spec.name,
+                        expected="a bf16, f32 or u8 tensor", found=f"{spec.dtype.name}"
+                        f"{list(spec.shape)}")
+    cols = int(spec.shape[-1])
+    rows = int(np.prod(spec.shape[:-1], dtype=np.int64))
+    return TensorMap(ptr.take(spec.nbytes), rows, cols, names[spec.dtype.name], box)
+
+
+
 @attrs.frozen
 class Launch:
     """One launch of a program: the planned kernel, its handle, shape and arguments.
 
     ``arg_names`` holds buffer names (bound to pointers at run time), ``("part", name)`` for a
-    binding beside the buffers (a weight's scales), ``("scratch", nbytes)`` for the program's
+    binding beside the buffers (a weight's scales), ``("tmap", name, box)`` for a tensor map of
+    a buffer (``runtime.backend.TensorMap``), ``("scratch", nbytes)`` for the program's
     workspace (zeroed when allocated, shared by the launches in stream order: a kernel leaves
     the zero bytes it relies on zero), or plain numbers (dims, attributes).
     """
@@ -408,6 +430,8 @@ class Program:
             elif isinstance(n, tuple) and n[0] == "scratch":
                 assert self._workspace is not None
                 out.append(self._workspace.take(n[1]))
+            elif isinstance(n, tuple) and n[0] == "tmap":
+                out.append(tensor_map(self.ptrs[n[1]], self.specs[n[1]], n[2]))
             elif isinstance(n, tuple):
                 out.append(self.extra.get(n[1], 0))
             else:

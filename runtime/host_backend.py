@@ -5,8 +5,9 @@ It runs everywhere (the embedded default, and the model every host test runs on)
 
 A *host binary* is a mapping ``{entry_name: HostKernel(fn, arity)}`` (a pair ``(arity, fn)``
 is accepted for an entry too). A launch resolves every ``DevicePtr`` argument into a 1-D
-``np.uint8`` view of its bytes from the pointer's offset, passes other arguments unchanged, and
-calls ``fn(*resolved)``. Grid and block are validated, then ignored. Streams exist; their
+``np.uint8`` view of its bytes from the pointer's offset, a ``TensorMap`` into the 128 bytes
+:func:`host_tensor_map` describes it with (what the kernels' SIMT emulation reads), passes
+other arguments unchanged, and calls ``fn(*resolved)``. Grid and block are validated, then ignored. Streams exist; their
 ordering is program order. Graph capture records the launches and memsets issued on the
 capturing stream (they do not run), and ``graph_launch`` replays them in order.
 
@@ -38,11 +39,39 @@ from metrale.runtime.backend import (
     HostKernel,
     KernelHandle,
     ModuleHandle,
+    TensorMap,
     out_of_memory,
 )
 from metrale.runtime.backend_base import BackendBase
 
-__all__ = ["HostBackend", "HostKernel", "host_binary"]
+__all__ = ["HostBackend", "HostKernel", "host_binary", "host_tensor_map"]
+
+HOST_TENSOR_MAP = np.dtype([("address", "<u8"), ("rows", "<u8"), ("cols", "<u8"),
+                            ("row_bytes", "<u8"), ("box_cols", "<u4"), ("box_rows", "<u4"),
+                            ("item_bytes", "<u4"), ("magic", "<u4"), ("pad", "V80")])
+"""A tensor map on the host: 128 bytes, as ``CUtensorMap`` is (``tests/host/simt`` reads it)."""
+HOST_TENSOR_MAP_MAGIC = 0x4D455441
+
+
+def host_tensor_map(array: np.ndarray, tmap: TensorMap) -> np.void:
+    """The 128 bytes that describe ``tmap`` over ``array`` (its bytes, in host memory that
+    stays alive while the launch runs): the host address, the array's rows, columns and row
+    bytes, the box and the element bytes, and a magic number.
+
+    >>> from metrale.runtime.backend import DevicePtr
+    >>> m = host_tensor_map(np.zeros(64, np.uint8), TensorMap(DevicePtr(1, 64), 2, 16, "bf16",
+    ...                                                      (16, 2)))
+    >>> m.dtype.itemsize, int(m["rows"]), int(m["row_bytes"]), int(m["box_cols"])
+    (128, 2, 32, 16)
+    """
+    from metrale.runtime.backend import TENSOR_MAP_DTYPES
+
+    item = TENSOR_MAP_DTYPES[tmap.dtype]
+    out = np.zeros((), HOST_TENSOR_MAP)
+    out["address"], out["rows"], out["cols"] = array.ctypes.data, tmap.rows, tmap.cols
+    out["row_bytes"], out["item_bytes"], out["magic"] = tmap.cols * item, item, HOST_TENSOR_MAP_MAGIC
+    out["box_cols"], out["box_rows"] = tmap.box
+    return out[()]
 
 
 def host_binary(binary: object, label: str = "") -> dict[str, HostKernel]:
@@ -127,6 +156,10 @@ class HostBackend(BackendBase):
     def _pointer_arg(self, kernel: KernelHandle, index: int, storage: Any, offset: int,
                      nbytes: int) -> np.ndarray:
         return self._bytes(storage)[offset : offset + nbytes]
+
+    def _tensor_map_arg(self, kernel: KernelHandle, index: int, storage: Any, offset: int,
+                        tmap: TensorMap) -> np.void:
+        return host_tensor_map(self._bytes(storage)[offset:offset + tmap.nbytes], tmap)
 
     def _h2d(self, storage: Any, offset: int, data: np.ndarray, stream: Any) -> None:
         self._bytes(storage)[offset : offset + data.size] = data

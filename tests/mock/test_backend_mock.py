@@ -488,3 +488,25 @@ def test_ptx_parameters_are_read_from_entries():
     .visible .entry empty()
     """
     assert ptx_params(ptx) == {"k": ("u64", "f32", "b8[16]"), "empty": ()}
+
+
+def test_a_tensor_map_argument_resolves_to_its_arrays_description_inside_its_allocation():
+    """A ``TensorMap`` launch argument reaches a host kernel as the 128 bytes that describe its
+    array (the address of its first byte, its rows, columns and row bytes, the box), in the
+    mock as on the host; an array past the pointer's allocation is refused before any launch,
+    as a pointer's access would be, naming the launch argument."""
+    from metrale.runtime.backend import TensorMap
+    from metrale.runtime.host_backend import HOST_TENSOR_MAP_MAGIC
+
+    for be in (HostBackend(), MockBackend()):
+        seen = []
+        k = be.kernel(be.module({"copy": HostKernel(lambda m: seen.append(m), 1)}), "copy")
+        p = be.alloc(2 * 3 * 64, "x")
+        be.launch(k, (1, 1, 1), (1, 1, 1), 0, (TensorMap(p + 0, 3, 64, "bf16", (64, 2)),))
+        (m,) = seen
+        assert m.dtype.itemsize == 128 and int(m["magic"]) == HOST_TENSOR_MAP_MAGIC
+        assert (int(m["rows"]), int(m["cols"]), int(m["row_bytes"])) == (3, 64, 128)
+        assert (int(m["box_cols"]), int(m["box_rows"]), int(m["item_bytes"])) == (64, 2, 2)
+        assert int(m["address"]) == be.host_bytes(p).ctypes.data
+        with pytest.raises(PointerError, match=r"launch\.copy\.args\[0\]"):
+            be.launch(k, (1, 1, 1), (1, 1, 1), 0, (TensorMap(p, 4, 64, "bf16", (64, 2)),))

@@ -21,6 +21,7 @@ from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.kernel import LaunchRule
 from metrale.realize.relations import STATUSES, relation_on, relations_on
+from metrale.runtime.cuda_loader import Arg
 from metrale.testing import functor_laws
 
 SHIPPED = default_kernels_dir()
@@ -108,10 +109,11 @@ def test_chain_walk_leaf_then_own_common_then_ancestors(tree: Path) -> None:
 def test_every_nvidia_class_resolves_every_point_it_can(tree: Path) -> None:
     for hw in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_120", "sm_121", "cuda"):
         F = realization(hw)
-        for k in F.kernels():  # the common layer's, or (sm_90's wgmma GEMM) the class's own
+        for k in F.kernels():  # the common layer's, or (sm_90's GEMMs) the class's own
             assert k.hw == hw and k.provenance in ("cuda", hw)
             assert (SHIPPED / k.source).is_file()
-            assert (k.provenance != "cuda") == (k.source == "sm_90/common/gemm_wgmma.cu"), k
+            assert (k.provenance != "cuda") == (k.source in ("sm_90/common/gemm_wgmma.cu",
+                                                             "sm_90/common/gemm_tma.cu")), k
 
 
 # --------------------------------------------------------------------------------- host
@@ -314,6 +316,26 @@ def test_a_scratch_argument_needs_a_formula_for_its_bytes(tree: Path) -> None:
     where = str(tree / "sm_90" / "common" / "KERNELS.toml")
     assert (f"{where}: kernel.rmsnorm.args[3]: a scratch argument needs its bytes "
             "(expected a formula values.work") in str(info.value)
+
+
+def test_a_tensor_map_argument_describes_an_input_in_a_box_it_can_copy(tree: Path) -> None:
+    """``tmap(C,R)``: a tensor map of an input port, parsed with its box; on an output port, or
+    with a box past the copy engine's 256 x 256, the table is refused by file and key."""
+    from metrale.runtime.cuda_loader import parse_args
+
+    good = table_text("rmsnorm").replace('"x:ptr"', '"x:tmap(64,128)"')
+    add_folder(tree, "sm_90/common", good, {"norm.cu": NORM})
+    kernel = realization("sm_90", kernels_dir=tree).realize(RMS_BF16)
+    assert parse_args(kernel.args)[0] == Arg("x", "tmap", (64, 128))
+    bad = (table_text("rmsnorm").replace('"y:ptr"', '"y:tmap(64,128)"')
+           + table_text("add").replace('"a:ptr"', '"a:tmap(64,512)"'))
+    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
+    with pytest.raises(ManyErrors) as info:
+        realization("sm_90", kernels_dir=tree)
+    where = str(tree / "sm_90" / "common" / "KERNELS.toml")
+    assert (f"{where}: kernel.rmsnorm.args[2]: a tensor map describes an input port "
+            "(expected an input of rmsnorm") in str(info.value)
+    assert "kernel.add.args[0]: a tensor map's box is 1..256 by 1..256" in str(info.value)
 
 
 def test_reduction_orders_must_be_the_semantics(tree: Path) -> None:

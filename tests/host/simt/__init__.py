@@ -55,7 +55,7 @@ KERNELS = Path(__file__).resolve().parents[3] / "kernels"
 CXX = shutil.which("g++")
 NVCC = shutil.which("nvcc")
 ARG_C = {"ptr": "simt::AnyPtr", "i32": "int", "i64": "long long", "f32": "float",
-         "scratch": "simt::AnyPtr"}
+         "scratch": "simt::AnyPtr", "tmap": "TensorMap"}
 
 _EXTERN_SHARED = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
@@ -273,6 +273,8 @@ class Library:
                 ptr = None if v is None or (isinstance(v, int) and v == 0) else (
                     v.ctypes.data if isinstance(v, np.ndarray) else v)
                 values.append(ctypes.c_void_p(ptr))
+            elif t == "tmap":  # a tensor map's 128 bytes (runtime.host_backend.host_tensor_map)
+                values.append((ctypes.c_ubyte * 128).from_buffer_copy(bytes(v)))
             elif t == "i32":
                 values.append(ctypes.c_int(int(v)))
             elif t == "i64":
@@ -365,6 +367,7 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
     build is keyed on the entries too, so a caller that asked for fewer would build again)."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
+    from metrale.runtime.cuda_loader import parse_args
 
     P = Presentation.load()
     F = realization(hw, presentation=P)
@@ -375,7 +378,7 @@ def class_entries(hw: str) -> dict[tuple[str, tuple[str, ...]], dict[str, tuple[
             if k is not None and k.source is not None:
                 entries = out.setdefault((k.source, k.defines), {})
                 for entry, args in k.calls:
-                    entries[entry] = tuple(a.partition(":")[2] for a in args)
+                    entries[entry] = tuple(a.kind for a in parse_args(args))
     return out
 
 

@@ -224,6 +224,9 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     if (t.empty()) return;  // an optimization barrier: its "+" operands keep their values
     if (t == "griddepcontrol.wait;") return dependency_wait();
     if (t == "prefetch.global.L2 [%0];" || t == "griddepcontrol.launch_dependents;") return;
+    // a warpgroup's register budget: the emulation's threads have what their code declares
+    if (t == "setmaxnreg.dec.sync.aligned.u32 %0;" || t == "setmaxnreg.inc.sync.aligned.u32 %0;")
+        return;
     if (t == "cp.async.bulk.prefetch.L2.global [%0], %1;") {  // a hint: checked, nothing moves
         global_row(as<const void*>(in[0]), tmpl);
         if (in[1] % 16 || !in[1]) fault("bulk prefetch not in 16-byte units", tmpl);
@@ -276,6 +279,50 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
         } else {
             b.pending.push_back(std::move(c));
         }
+    } else if (t == "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                    " [%0], [%1, {%2, %3}], [%4];") {
+        // a tensor copy: the box at (column c0, row c1) of the map's array (the host's
+        // encoding, runtime.host_backend.host_tensor_map), 128 bytes a box row, each 16-byte
+        // piece placed by the 128-byte swizzle of its shared address (bits 4-6 ^ bits 7-9),
+        // pieces outside the array zeros; it lands as a bulk copy does, piece by piece
+        struct Map {
+            uint64_t address, rows, cols, row_bytes;
+            uint32_t box_cols, box_rows, item_bytes, magic;
+        };
+        Map m;
+        std::memcpy(&m, as<const void*>(in[1]), sizeof m);
+        if (m.magic != 0x4D455441u) fault("not a tensor map of the host's encoding", tmpl);
+        const size_t dst = (uint32_t)in[0];
+        const long c0 = (int)in[2], c1 = (int)in[3];
+        const unsigned row_bytes = m.box_cols * m.item_bytes, bytes = row_bytes * m.box_rows;
+        if (row_bytes != 128) fault("a tensor copy's box rows are not 128 bytes", tmpl);
+        if (dst % 1024) fault("a swizzled tensor copy's destination is not 1024-byte aligned", tmpl);
+        if (dst + bytes > dynamic_bytes) fault("tensor copy past the launch's dynamic size", tmpl);
+        static const unsigned char zeros[16] = {};
+        TxBarrier& b = tx_barrier((uint32_t)in[4]);
+        for (unsigned r = 0; r < m.box_rows; ++r) {
+            for (unsigned p = 0; p < 8; ++p) {
+                const long row = c1 + r, col = c0 + (long)p * 16 / m.item_bytes;
+                size_t at = dst + r * 128 + p * 16;
+                at ^= ((at >> 7) & 7) << 4;
+                const bool inside = row >= 0 && row < (long)m.rows && col >= 0 &&
+                                    col + 16 / m.item_bytes <= (long)m.cols;
+                if (!inside && row >= 0 && row < (long)m.rows && col < (long)m.cols)
+                    fault("a tensor copy's piece straddles the array's last column", tmpl);
+                const void* src = inside ? (const void*)(m.address + row * m.row_bytes +
+                                                         col * m.item_bytes) : zeros;
+                BulkCopy c{at, src, 16, {}};
+                if (guarding() && inside)
+                    c.early.assign((const unsigned char*)src, (const unsigned char*)src + 16);
+                if (METRALE_SIMT_BULK_EAGER) {
+                    std::memcpy(smem() + c.dst, c.early.empty() ? c.src : c.early.data(), 16);
+                    b.landed += 16;
+                } else {
+                    b.pending.push_back(std::move(c));
+                }
+            }
+        }
+        if (METRALE_SIMT_BULK_EAGER) tx_complete(b, tmpl);
     } else if (t.find("mbarrier.try_wait.parity.shared::cta.b64 p, [%1], ") != std::string::npos) {
         const size_t at = t.find("[%1], ") + 6;
         const unsigned parity = t[at] == '%' ? (unsigned)in[1] : (unsigned)(t[at] - '0');
