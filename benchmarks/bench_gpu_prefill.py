@@ -57,6 +57,9 @@ from bench_gpu_variants import (  # noqa: E402
     time_graph,
 )
 
+from metrale.realize.kernel import tensor_map_box  # noqa: E402
+from metrale.runtime.cuda_driver import DriverLauncher, encode_tensor_map  # noqa: E402
+
 TENSOR_PEAK = 989.4e12
 """Dense bf16 tensor-core FLOP/s of the H200 SXM (NVIDIA's datasheet: 1979 TFLOPS with
 2:4 sparsity), the compute floor of a launch."""
@@ -139,6 +142,12 @@ def shadowed(family: str, weight: str) -> Any:
     """The kernel sm_90's own gemm kernel of ``family`` in ``weight`` shadows (sm_80's, which
     sm_90 would run without it), or None where sm_90 runs the inherited one."""
     return realized(family, weight, "gemm", "sm_80") if realized(family, weight).shadow else None
+
+
+def wgmma_own(family: str, weight: str) -> bool:
+    """Whether sm_90 runs ``family`` in ``weight`` on gemm_wgmma.cu (whose WGMMA_VARIANTS the
+    variants time); bf16 past 64 rows runs gemm_tma.cu."""
+    return realized(family, weight).source == "sm_90/common/gemm_wgmma.cu"
 
 
 def gemm_cu(family: str, weight: str) -> Any:
@@ -263,6 +272,10 @@ class Built:
         def value(arg: str, ty: str) -> Any:
             if ty == "ptr":
                 return null if ptrs.get(arg) is None else ptrs[arg]
+            if (box := tensor_map_box(ty)) is not None:  # the buffer's tensor map, encoded
+                a = ptrs[arg]
+                return encode_tensor_map(a.data.ptr, a.size // a.shape[-1], a.shape[-1], "bf16",
+                                         box)
             return work if ty == "scratch" else np.int32(env[arg])
 
         calls = []
@@ -271,10 +284,20 @@ class Built:
             fn.max_dynamic_shared_size_bytes = max(shared, 1)
             calls.append((fn, grid, block, shared, tuple(
                 value(arg, ty) for arg, _, ty in (a.partition(":") for a in args))))
+        # CuPy passes no tensor map (a 128-byte argument): such launches go through the driver
+        driver = DriverLauncher() if any(isinstance(v, np.void) for *_, vals in calls
+                                         for v in vals) else None
 
         def launch() -> None:
             for fn, grid, block, shared, vals in calls:
-                fn(grid, block, vals, shared_mem=shared)
+                if driver is not None and any(isinstance(v, np.void) for v in vals):
+                    driver.launch_dependent(fn.kernel.ptr, grid, block, shared,
+                                            cp.cuda.get_current_stream().ptr,
+                                            tuple(np.uint64(v.data.ptr) if hasattr(v, "data")
+                                                  and hasattr(v.data, "ptr") else v
+                                                  for v in vals), dependent=False)
+                else:
+                    fn(grid, block, vals, shared_mem=shared)
         return launch
 
 
@@ -461,7 +484,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             for v in gemm_variants:
                 built = with_defines(k, v)
                 kernels[built.source, built.defines] = built
-            if shadowed(shapes[model, name][0], fmt):  # sm_90's own, and its variants
+            if wgmma_own(shapes[model, name][0], fmt):  # sm_90's own, and its variants
                 for v in WGMMA_VARIANTS:
                     built = with_defines(realized(shapes[model, name][0], fmt), v)
                     kernels[built.source, built.defines] = built
@@ -475,7 +498,7 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
                 continue
             lc = Launch(cp, torch, tmp, family, dims, fmt)
             own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v, fmt))
-                   for v in (WGMMA_VARIANTS if lc.shadowed else [])]
+                   for v in (WGMMA_VARIANTS if wgmma_own(family, fmt) else [])]
             for v, built in [(v, Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
                              for v in gemm_variants] + own:
                 c = bench_case(cp, torch, lc, model, name, rows, rate, 0, built)
@@ -738,22 +761,59 @@ def main() -> None:
         record(cases, max(rows_list, default=0), records or [])  # --rows "": the steps' alone
 
 
+def agrees(case: dict) -> bool:
+    """Whether a case's outputs are finite and within ``AGREES`` of cuBLAS's (relative to the
+    largest output): only such a case records evidence."""
+    return case["finite"] and case["max_rel_err_vs_peer"] < AGREES
+
+
+def time_records(cases: list[dict], device: str, date: str, toolchain: str) -> list:
+    """A time record of each agreeing case (its kernel's launches at its shape and rows, as the
+    plans' cost model reads them: ``time@k=..,n=..,rows=..`` in µs), made on ``device``.
+
+    >>> r, = time_records([{"model": "qwen3-0.6b", "launch": "o_proj", "family": "linear",
+    ...     "point": "linear[x]", "rows": 64, "seconds": 6.4e-6, "source_hash": "ab",
+    ...     "finite": True, "max_rel_err_vs_peer": 0.003}], "H100", "2026-12-06", "nvcc")
+    >>> r.metric, round(r.value, 3), r.unit
+    ('time@k=2048,n=1024,rows=64', 6.4, 'us')
+    """
+    from metrale.realize.evidence import EvidenceRecord
+
+    dims = {(model, name): d for model, name, _f, d in SHAPES}
+    out = []
+    for c in cases:
+        if not agrees(c):
+            continue
+        at = {**dims[c["model"], c["launch"]], "rows": c["rows"]}
+        metric = "time@" + ",".join(f"{k}={v}" for k, v in sorted(at.items()))
+        out.append(EvidenceRecord("sm_90", device, c["family"], c["point"], metric,
+                                  c["seconds"] * 1e6, None, "us", date, toolchain,
+                                  c["source_hash"]))
+    return out
+
+
 def record(cases: list[dict], rows: int, more: list) -> None:
     """Record each measured gemm point's throughput at ``rows`` (its best launch shape) in the
-    evidence store, against the tensor-core peak, and the records in ``more`` (step_kernels'); a
-    case whose outputs are not finite or differ from cuBLAS's by ``AGREES`` or more (relative to
-    the largest output) records nothing."""
+    evidence store, against the tensor-core peak, every case's time at its shape and rows (what
+    the plans' cost model reads: without them a point's cost at few rows is the analytic
+    model's alone), and the records in ``more`` (step_kernels'); a case whose outputs are not
+    finite or differ from cuBLAS's by ``AGREES`` or more records nothing."""
+    import cupy as cp
+
+    from metrale.realize.compute import NvidiaTarget
     from metrale.realize.evidence import record_evidence
     from metrale.realize.evidence_store import default_store_path
 
     best: dict[str, dict] = {}
     for c in cases:
-        agrees = c["finite"] and c["max_rel_err_vs_peer"] < AGREES
-        if c["rows"] == rows and agrees and (c["point"] not in best
-                                                  or c["tflops"] > best[c["point"]]["tflops"]):
+        if c["rows"] == rows and agrees(c) and (c["point"] not in best
+                                                or c["tflops"] > best[c["point"]]["tflops"]):
             best[c["point"]] = c
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    times = time_records(cases, device, datetime.date.today().isoformat(),
+                         NvidiaTarget("ptx").version())
     records = tensor_records([(c["family"], c["point"], c["tflops"], c["source_hash"])
-                              for c in best.values()]) + more
+                              for c in best.values()]) + times + more
     added = record_evidence(records)
     print(f"recorded {added} new evidence records in {default_store_path()}")
 

@@ -59,8 +59,11 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _source(name: str, command: str) -> str:
-    return f"From `benchmarks/results/{name}.json`; reproduce with `{command}`."
+def _source(name: str, command: str, gpu: str | None = None) -> str:
+    """Where a block's figures come from (and, where the file names it, the GPU that made them)
+    and the command that makes them again."""
+    on = f" ({gpu})" if gpu else ""
+    return f"From `benchmarks/results/{name}.json`{on}; reproduce with `{command}`."
 
 
 # --- decode ----------------------------------------------------------------------------------
@@ -292,7 +295,7 @@ def prefill_steps(doc: dict[str, Any] | None) -> str:
             cells.append(DASH if t is None else _ms(t) + ("" if peer is None
                                                           else f" (HF {_ms(peer)})"))
         table.append([str(model), quant, policy, *cells])
-    return (_source("gpu_prefill", prefill_command(doc)) + " Whole steps in ms, transformers' eager "
+    return (_source("gpu_prefill", prefill_command(doc), doc.get("gpu")) + " Whole steps in ms, transformers' eager "
             "forward in brackets.\n\n" + _table(["model", "weights", "policy",
                                                   *(f"{n} tokens" for n in lengths)], table))
 
@@ -316,7 +319,7 @@ def prefill_gemm(doc: dict[str, Any] | None) -> str:
                      f"{min(tflops):.0f}–{max(tflops):.0f}" if tflops else DASH,
                      DASH if vs is None else f"{vs:.2f}×",
                      DASH if not peak or not tflops else f"{max(tflops) * 1e12 / peak:.0%}"])
-    return (_source("gpu_prefill", prefill_command(doc)) + " Each model's GEMM-shaped matmuls "
+    return (_source("gpu_prefill", prefill_command(doc), doc.get("gpu")) + " Each model's GEMM-shaped matmuls "
             "alone; the peer is cuBLAS (torch.matmul in bf16) on the same shapes.\n\n"
             + _table(["model", "weights", "rows", "matmuls", "TFLOP/s",
                       "speed vs cuBLAS (median)", "best of the tensor peak"], rows))

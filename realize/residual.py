@@ -14,7 +14,7 @@ each descendant's. The count is the measure of convergence, tracked over time.
 
 >>> r = residual("sm_90")
 >>> r.count, sorted({(e.kind, e.file) for e in r.entries})
-(21, [('shadow', 'sm_90/common/gemm_wgmma.cu')])
+(21, [('shadow', 'sm_90/common/gemm_tma.cu'), ('shadow', 'sm_90/common/gemm_wgmma.cu')])
 >>> residual("sm_80").count
 0
 """

@@ -19,6 +19,7 @@ from metrale.lkb.presentation import Presentation  # noqa: E402
 from metrale.lkb.quant import QuantFormat  # noqa: E402
 from metrale.lkb.semantics import SEMANTICS  # noqa: E402
 from metrale.realize.functor import realization  # noqa: E402
+from metrale.runtime.backend import TensorMap  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
 from tests.kernel_cases import (  # noqa: E402
@@ -121,6 +122,11 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
         backend.memset(ptr, 0xFF, nbytes)  # poison: NaN for floats, -1 for ints
         ptrs[port.name] = ptr
         outs.append((port, ptr))
+    for a in (*bound.args, *(a for _, args in bound.then for a in args)):
+        if a.kind == "tmap" and not isinstance(ptrs[a.name], TensorMap):  # its array's map
+            arr = np.asarray(device[a.name][0])
+            ptrs[a.name] = TensorMap(ptrs[a.name], arr.size // arr.shape[-1], arr.shape[-1],
+                                     "bf16", a.box)
     numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
     for name, nbytes in bound.scratch_bytes(numbers).items():
         ptrs[name] = backend.alloc(nbytes, label=name)

@@ -156,6 +156,8 @@ def test_kernel_fields_are_valid(name):
     fam = FAMILIES[family]
     assert (folder / t["source"]).is_file()
     text = (folder / t["source"]).read_text()
+    for included in re.findall(r'^#include "(\w+\.cu)"', text, re.M):  # a source it includes
+        text += (folder / included).read_text()
     for entry in entries(name):
         assert re.fullmatch(r"[A-Za-z_]\w*", entry)
         assert re.search(r'extern "C" __global__[^;{]*?\b' + entry + r"\(", text), entry
@@ -172,7 +174,7 @@ def test_kernel_fields_are_valid(name):
     arg_names = []
     for a in t["args"]:
         arg, _, ty = a.partition(":")
-        assert ty in ARG_TYPES, a
+        assert ty in ARG_TYPES or re.fullmatch(r"tmap\(\d+,\d+\)", ty), a
         assert arg in names, a
         if ty == "scratch":  # a workspace's bytes come from a formula
             assert arg in t.get("values", {}), a
@@ -337,7 +339,12 @@ TENSOR_CORE_BUILDS = [
         "metrale_gate_up_swiglu_mma"}, "sm_80", MMA_SYNC) for w in WEIGHTS),
     *(("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_wgmma", "metrale_linear_add_wgmma", "metrale_qkv_wgmma",
-        "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA) for w in WEIGHTS),
+        "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA) for w in WEIGHTS if w != "BF16"),
+    # bf16: the Tensor Memory Accelerator's entries, and gemm_wgmma.cu's (its `then`) with them
+    ("sm_90/common/gemm_tma.cu", ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256"),
+     {"metrale_linear_tma", "metrale_linear_add_tma", "metrale_qkv_tma",
+      "metrale_gate_up_swiglu_tma", "metrale_linear_wgmma", "metrale_gate_up_swiglu_wgmma"},
+     "sm_90", WGMMA),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
      {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
     ("attention_online.cu", ("ACT_BF16", "KV_BLOCK=64"),

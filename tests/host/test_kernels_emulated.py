@@ -22,6 +22,9 @@ from metrale.lkb.family import Family, Point
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.semantics import SEMANTICS
 from metrale.realize.functor import realization
+from metrale.realize.kernel import tensor_map_box
+from metrale.runtime.backend import DevicePtr, TensorMap
+from metrale.runtime.host_backend import host_tensor_map
 from tests.host import simt
 from tests.kernel_cases import (
     GEMM,
@@ -129,6 +132,12 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
                 values.append(scratch.setdefault(name, np.zeros(int(env[name]), np.uint8)))
             elif ty == "ptr":
                 values.append(arrays.get(name))
+            elif (box := tensor_map_box(ty)) is not None:  # the port's array, as the host maps it
+                arr = arrays[name]
+                tmap = TensorMap(DevicePtr(0, arr.nbytes), arr.size // arr.shape[-1],
+                                 arr.shape[-1], "bf16", box)
+                assert arr.dtype.itemsize == 2, (name, arr.dtype)
+                values.append(host_tensor_map(arr.reshape(-1).view(np.uint8), tmap))
             else:
                 values.append(env[name])
         lib.launch(entry, *shape, values)
@@ -329,11 +338,12 @@ def test_gemm_over_ragged_tiles_matches_reference(build_dir, family, dims, weigh
 def test_gemm_rows_have_the_same_bytes_in_either_block_size(build_dir, family, dims, weight,
                                                             rows, part):
     """Rows launched alone (up to 64: blocks of one warpgroup) give the bytes they have in a
-    longer launch (blocks of two), wherever they sit in its row tiles."""
+    longer launch (blocks of two warpgroups; in bf16, of two fed by a third through the Tensor
+    Memory Accelerator, gemm_tma.cu), wherever they sit in its row tiles."""
     fam = P.family(family)
     point = matmul_point(fam, "gemm", weight)
-    assert {F.realize(point).launch_for({**sizes_for(fam, r), **dims})[1][0]
-            for r in (rows, part.stop - part.start)} == {128, 256}
+    assert {F.realize(point).launches_for({**sizes_for(fam, r), **dims})[0][2][1][0]
+            for r in (rows, part.stop - part.start)} == {128, 384 if weight == "bf16" else 256}
     check_row_invariance(fam, point, _runner(build_dir), rows, part, dims)
 
 
@@ -343,8 +353,10 @@ def test_gemm_of_many_column_tiles_at_few_rows_does_not_split_k(build_dir, weigh
     combine launch has nothing to do); the outputs match the reference."""
     fam, dims = P.family("linear"), {"rows": 3, "k": 96, "n": 264 * 128 - 5}
     point = matmul_point(fam, "gemm", weight)
-    env = F.realize(point).sizes({**sizes_for(fam, 3), **dims})
-    assert env["splits"] == 1 and env["warpgroups"] == 1
+    kernel = F.realize(point)
+    numbers = {**sizes_for(fam, 3), **dims}
+    assert kernel.sizes(numbers)["splits"] == 1
+    assert [block[0] for _, _, (_, block, _) in kernel.launches_for(numbers)] == [128]
     check_gemm("linear", dims, weight, P, F, _runner(build_dir))
 
 
@@ -442,14 +454,16 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     assert not np.isfinite(short.astype(np.float32)).any()
 
 
-def test_wgmma_reads_its_operands_through_the_swizzle(build_dir):
+@pytest.mark.parametrize("rows,entry", [(16, "metrale_linear_wgmma"), (130, "metrale_linear_tma")])
+def test_wgmma_reads_its_operands_through_the_swizzle(build_dir, rows, entry):
     """The emulated wgmma decodes the 128-byte swizzle of its descriptors: built to read without
-    it (METRALE_SIMT_NO_SWIZZLE=1), the GEMM, which stores its tiles swizzled, reads the wrong
+    it (METRALE_SIMT_NO_SWIZZLE=1), the GEMM, whose tiles are stored swizzled (by its threads'
+    copies up to 64 rows, by the emulated Tensor Memory Accelerator past them), reads the wrong
     columns, and its outputs move far from the reference's."""
     fam = P.family("linear")
     point = fam.point(**GEMM, weight="bf16")
-    assert F.realize(point).source == "sm_90/common/gemm_wgmma.cu"
-    sizes = {"rows": 16, "k": 544, "n": 128}
+    sizes = {"rows": rows, "k": 544, "n": 128}
+    assert F.realize(point).launches_for({**sizes_for(fam, rows), **sizes})[0][0] == entry
     host, device = inputs(fam, point, sizes, seed=3)
     want = SEMANTICS[fam.semantics](*host, **kwargs(fam, point))[0].astype(np.float32)
     (good,) = run(build_dir, fam, point, sizes, device)

@@ -276,8 +276,9 @@ def test_hardware_class_display():
     assert "309 of 313 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
                      r"<td>288</td>", html)
-    # sm_90's own folder: 11 tables, one source (the wgmma GEMM), the 21 gemm points
-    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>11</td><td>1</td><td>21</td>" in html
+    # sm_90's own folder: 16 tables, two sources (the wgmma GEMM and the TMA-fed one), the 21
+    # gemm points
+    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>16</td><td>2</td><td>21</td>" in html
     assert hardware_html(load_hardware().get("host")).count("<tr>") >= 3
 
 

@@ -318,16 +318,18 @@ def test_the_plan_json_names_the_entry_a_linear_launches_at_its_sizes(model, ent
 def test_the_plan_json_names_a_gemm_combine_only_where_the_plan_launches_it(rows, combined,
                                                                            analytic):
     """The launches after a kernel's own are the ones made at the plan's sizes: Llama-3.1-8B's
-    prefill GEMMs split k over the grid at 17 rows, and their combine launch follows; at 2048
-    they do not, and it is not launched."""
+    bf16 prefill GEMMs at 17 rows are gemm_wgmma.cu's one-warpgroup blocks (gemm_tma.cu's own
+    launch empty) splitting k over the grid, their combine launch after them; at 2048 the
+    kernel's own launch (gemm_tma.cu's) does it all, and neither is launched."""
     from metrale.plan.printers import plan_json
 
     p = plan_for("llama-3.1-8b", "bf16", "sm_90", mode="prefill", rows=rows, kernels_dir=analytic)
     kernels = plan_json(p)["kernels"]
     qkv = [k for k in kernels if k["family"] == "qkv"]
-    assert qkv and all(k["then"] == (["metrale_qkv_wgmma_combine"] if combined else [])
-                       for k in qkv), {tuple(k["then"]) for k in qkv}
-    assert [k.launched for k in p.launches if k.family == "qkv"][0][0] == "metrale_qkv_wgmma"
+    made = (["metrale_qkv_wgmma", "metrale_qkv_wgmma_combine"] if combined else
+            ["metrale_qkv_tma"])
+    assert qkv and all([k["entry"], *k["then"]] == made for k in qkv), qkv[:1]
+    assert list([k.launched for k in p.launches if k.family == "qkv"][0]) == made
 
 
 def test_a_plan_of_known_kernels_parses_no_formula_again():

@@ -1,0 +1,199 @@
+// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations and bf16 weights past 64
+// rows, their tiles copied by the Tensor Memory Accelerator (tma.cuh) and consumed by warpgroups
+// that wait on barriers, not on each other. A residual of the sm_90 class beside gemm_wgmma.cu,
+// whose entries serve the launches this one does not (up to 64 rows; KERNELS.toml's `then`).
+//
+// A block of three warpgroups computes a 128 x 128 tile of y = x · wᵀ (gate_up_swiglu: 128 x 64,
+// gate and up rows side by side): warpgroups 0 and 1 consume, as gemm_wgmma.cu's two warpgroups
+// do (the same m64n128k16 wgmmas on the same 128-byte-swizzled stages, the same order, so the
+// same bytes); warpgroup 2 produces, one thread issuing each stage's two tensor copies (the
+// activation tile and the weight tile, rows and columns past the arrays as zeros) counted on the
+// stage's full barrier. A consumer warp frees a stage on its empty barrier once its wgmmas that
+// read it are done; the producer refills a stage once all eight consumer warps have freed it.
+// No block-wide barrier in the loop, and no thread of a consumer issues a copy: gemm_wgmma.cu's
+// 256 threads copy every tile by cp.async between block-wide barriers, which held its tensor
+// pipe about half busy (Nsight Compute, Llama-3.1-8B's 2048-row prefill on an H100).
+//
+// Order (declared in KERNELS.toml, "wgmma"): gemm_wgmma.cu's: k in blocks of K_BLOCK, a block's
+// partial from zero in k order, the partials combined sequentially in f32.
+// Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK; TMA_STAGES (5: 160 KiB of stages).
+#include "gemm_wgmma.cu"
+#include "tma.cuh"
+
+#if !defined(WEIGHT_BF16)
+#error "gemm_tma.cu takes bf16 weights (KERNELS.toml's `when`)"
+#endif
+#ifndef TMA_STAGES
+#define TMA_STAGES 5
+#endif
+constexpr int TMA_STAGE_BYTES = Block<2>::stage_bytes;  // 128 activation rows, 128 weight rows
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 <= 65536
+
+// The boxes a block's weight tile is copied from: one of 128 rows, or (gate_up_swiglu) two of 64.
+struct WeightBoxes {
+    const TensorMap* map[2];
+    int row[2];
+    int boxes;
+};
+
+// The launch these entries serve: 384 threads, rows past 64 in tiles of 128, k whole 16-byte
+// rows (a tensor map's stride). Anything else traps (loud).
+__device__ __forceinline__ void check_tma_launch(int rows, int k) {
+    constexpr unsigned SHARED = TMA_STAGES * TMA_STAGE_BYTES + 1024 + 2 * TMA_STAGES * 8;
+    if (blockDim.x != 384 || (long)gridDim.x * 128 < rows || rows <= 64 || (k & 7) ||
+        gridDim.z != 1 || dynamic_smem_bytes() < SHARED)
+        __trap();
+}
+
+// The sums of the block's tile (activation rows m0 + [0, 128) of xm, weight rows from wb, all
+// of k) in the fragment layout of Place, handed to finish(sum) by the consumer threads.
+template <class Finish>
+__device__ __forceinline__ void tma_tile(const TensorMap& xm, WeightBoxes wb, int m0, int k,
+                                         Finish finish) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_at = smem_addr(smem_raw), base_at = (raw_at + 1023) & ~1023u;
+    unsigned char* base = smem_raw + (base_at - raw_at);
+    uint64_t* full = (uint64_t*)(base + TMA_STAGES * TMA_STAGE_BYTES);
+    uint64_t* empty = full + TMA_STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < TMA_STAGES; ++s) {
+            bar_init(&full[s], 1);   // the producer's arrival, with the stage's bytes
+            bar_init(&empty[s], 8);  // every consumer warp, its wgmmas on the stage done
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    constexpr int TILES_PER_BLOCK = K_BLOCK / BK;
+    const int ktiles = (k + BK - 1) / BK;
+    if (threadIdx.x >= 256) {  // the producer warpgroup: its registers to the consumers
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        if (threadIdx.x == 256) {
+            const int box_rows = 128 / wb.boxes;
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int s = kt % TMA_STAGES;
+                if (kt >= TMA_STAGES) bar_wait(&empty[s], (kt / TMA_STAGES - 1) & 1);
+                unsigned char* stage = base + s * TMA_STAGE_BYTES;
+                bar_expect(&full[s], TMA_STAGE_BYTES);
+                tma_load(stage, xm, kt * BK, m0, &full[s]);
+                for (int b = 0; b < wb.boxes; ++b)
+                    tma_load(stage + Block<2>::act_bytes + b * box_rows * 128, *wb.map[b],
+                             kt * BK, wb.row[b], &full[s]);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    const Place pl;
+    const bool lead = (threadIdx.x & 31) == 0;
+    float sum[64], acc[64];
+    // -0 + a is a for every a (+0 and -0 included), so the first k-block's partial lands as is
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] = -0.0f;
+    int pending = -1;  // the tile whose stage this warp has yet to free
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int s = kt % TMA_STAGES;
+        bar_wait(&full[s], (kt / TMA_STAGES) & 1);
+        const bool opens = kt % TILES_PER_BLOCK == 0;
+        const bool closes = (kt + 1) % TILES_PER_BLOCK == 0 || kt + 1 == ktiles;
+        const uint32_t stage_at = base_at + s * TMA_STAGE_BYTES;
+        const uint64_t a_desc = operand_desc(stage_at + pl.wg * 64 * 128),
+                       b_desc = operand_desc(stage_at + Block<2>::act_bytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma_m64n128k16(acc, a_desc + desc_step(32 * kk), b_desc + desc_step(32 * kk),
+                             !(opens && kk == 0));
+        wgmma_commit();
+        if (closes) {  // the k-block's partial into the sum: every wgmma of it done
+            wgmma_wait<0>();
+            if (lead) {
+                if (pending >= 0) bar_arrive(&empty[pending % TMA_STAGES]);
+                bar_arrive(&empty[s]);
+            }
+            pending = -1;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) sum[i] += acc[i];
+        } else {  // the previous tile's wgmmas are done: its stage is free
+            wgmma_wait<1>();
+            if (lead && pending >= 0) bar_arrive(&empty[pending % TMA_STAGES]);
+            pending = kt;
+        }
+    }
+    finish(sum);
+}
+
+// The plain tiles' outputs (linear, lm_head, linear_add, qkv): out(row, col, sum).
+template <class Out>
+__device__ __forceinline__ void tma_plain(const TensorMap& xm, const TensorMap& wm, int n0,
+                                          int rows, int k, Out out) {
+    grid_dependency_sync();
+    check_tma_launch(rows, k);
+    const int m0 = blockIdx.x * 128;
+    tma_tile(xm, {{&wm, &wm}, {n0, n0}, 1}, m0, k, [&](const float (&sum)[64]) {
+        const Place pl;
+#pragma unroll
+        for (int i = 0; i < 64; ++i) out(m0 + pl.row(i), n0 + pl.col(i), sum[i]);
+    });
+}
+
+// bf16 weights: the epilogues' weight (its row factor is 1) need not be read.
+__device__ __forceinline__ WeightRef no_weight() { return weight_ref(nullptr, nullptr, nullptr); }
+
+// grid (ceil(rows / 128), ceil(n / 128), 1), block 384. y = x · wᵀ.
+extern "C" __global__ void __launch_bounds__(384, 1)
+metrale_linear_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap w,
+                   out_t* __restrict__ y, int rows, int k, int n) {
+    tma_plain(x, w, blockIdx.y * BN, rows, k, [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, n, no_weight(), [&](long i, float d) { y[i] = out_store(d); });
+    });
+}
+
+// y = round(round(x · wᵀ) + r), as linear then add.
+extern "C" __global__ void __launch_bounds__(384, 1)
+metrale_linear_add_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap w,
+                       const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
+                       int n) {
+    tma_plain(x, w, blockIdx.y * BN, rows, k, [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, n, no_weight(), [&](long i, float d) {
+            y[i] = act_store(act_round(d) + act_load(r[i]));
+        });
+    });
+}
+
+// q, k_, v in one launch: column tiles count q's, then k_'s, then v's (QkvTiles).
+extern "C" __global__ void __launch_bounds__(384, 1)
+metrale_qkv_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap wq,
+                const __grid_constant__ TensorMap wk, const __grid_constant__ TensorMap wv,
+                act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v, int rows,
+                int k, int nq, int nk, int nv) {
+    const QkvTiles qt{no_weight(), no_weight(), no_weight(), q, k_, v, nq, nk, nv};
+    act_t* out;
+    const PlainTile pt = qt.at(blockIdx.y, out);
+    const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN;
+    const int part = blockIdx.y < tq ? 0 : blockIdx.y < tq + tk ? 1 : 2;
+    tma_plain(x, part == 0 ? wq : part == 1 ? wk : wv, pt.n0, rows, k,
+              [&](int row, int col, float s) {
+        plain_out(s, row, col, rows, pt.n, pt.w, [&](long i, float d) { out[i] = act_store(d); });
+    });
+}
+
+// h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for BN / 2 columns a block: weight tile rows
+// [0, 64) are the gate rows of columns n0 + [0, 64), rows [64, 128) the up rows of the same
+// columns, so a thread's fragment registers i and i + 32 hold the two dots of one output.
+// grid (ceil(rows / 128), ceil(n / 64), 1), block 384.
+extern "C" __global__ void __launch_bounds__(384, 1)
+metrale_gate_up_swiglu_tma(const __grid_constant__ TensorMap x,
+                           const __grid_constant__ TensorMap wg,
+                           const __grid_constant__ TensorMap wu, act_t* __restrict__ h, int rows,
+                           int k, int n) {
+    grid_dependency_sync();
+    check_tma_launch(rows, k);
+    const int m0 = blockIdx.x * 128, n0 = blockIdx.y * (BN / 2);
+    tma_tile(x, {{&wg, &wu}, {n0, n0}, 2}, m0, k, [&](const float (&sum)[64]) {
+        const Place pl;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+            gate_up_out(sum[i], sum[i + 32], m0 + pl.row(i), n0 + pl.col(i), rows, n,
+                        no_weight(), no_weight(), h);
+    });
+}
