@@ -499,8 +499,8 @@ def test_a_tensor_map_argument_resolves_to_its_arrays_description_inside_its_all
     from metrale.runtime.host_backend import HOST_TENSOR_MAP_MAGIC
 
     for be in (HostBackend(), MockBackend()):
-        seen = []
-        k = be.kernel(be.module({"copy": HostKernel(lambda m: seen.append(m), 1)}), "copy")
+        seen: list = []
+        k = be.kernel(be.module({"copy": HostKernel(seen.append, 1)}), "copy")
         p = be.alloc(2 * 3 * 64, "x")
         be.launch(k, (1, 1, 1), (1, 1, 1), 0, (TensorMap(p + 0, 3, 64, "bf16", (64, 2)),))
         (m,) = seen

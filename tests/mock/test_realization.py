@@ -307,15 +307,21 @@ def test_a_dtype_parameter_gives_its_element_bytes_to_the_formulas(tree: Path) -
         realization("sm_90", kernels_dir=tree)
 
 
+def refusal(tree: Path, tables: str) -> tuple[str, str]:
+    """The errors sm_90's realization raises with ``tables`` as its own KERNELS.toml (over
+    norm.cu), and that file's path as they name it."""
+    add_folder(tree, "sm_90/common", tables, {"norm.cu": NORM})
+    with pytest.raises(ManyErrors) as info:
+        realization("sm_90", kernels_dir=tree)
+    return str(info.value), str(tree / "sm_90" / "common" / "KERNELS.toml")
+
+
 def test_a_scratch_argument_needs_a_formula_for_its_bytes(tree: Path) -> None:
     bad = table_text("rmsnorm").replace('"y:ptr",', '"y:ptr", "work:scratch",')
     assert "work:scratch" in bad
-    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
-    with pytest.raises(ManyErrors) as info:
-        realization("sm_90", kernels_dir=tree)
-    where = str(tree / "sm_90" / "common" / "KERNELS.toml")
+    text, where = refusal(tree, bad)
     assert (f"{where}: kernel.rmsnorm.args[3]: a scratch argument needs its bytes "
-            "(expected a formula values.work") in str(info.value)
+            "(expected a formula values.work") in text
 
 
 def test_a_tensor_map_argument_describes_an_input_in_a_box_it_can_copy(tree: Path) -> None:
@@ -327,15 +333,11 @@ def test_a_tensor_map_argument_describes_an_input_in_a_box_it_can_copy(tree: Pat
     add_folder(tree, "sm_90/common", good, {"norm.cu": NORM})
     kernel = realization("sm_90", kernels_dir=tree).realize(RMS_BF16)
     assert parse_args(kernel.args)[0] == Arg("x", "tmap", (64, 128))
-    bad = (table_text("rmsnorm").replace('"y:ptr"', '"y:tmap(64,128)"')
-           + table_text("add").replace('"a:ptr"', '"a:tmap(64,512)"'))
-    add_folder(tree, "sm_90/common", bad, {"norm.cu": NORM})
-    with pytest.raises(ManyErrors) as info:
-        realization("sm_90", kernels_dir=tree)
-    where = str(tree / "sm_90" / "common" / "KERNELS.toml")
+    text, where = refusal(tree, table_text("rmsnorm").replace('"y:ptr"', '"y:tmap(64,128)"')
+                          + table_text("add").replace('"a:ptr"', '"a:tmap(64,512)"'))
     assert (f"{where}: kernel.rmsnorm.args[2]: a tensor map describes an input port "
-            "(expected an input of rmsnorm") in str(info.value)
-    assert "kernel.add.args[0]: a tensor map's box is 1..256 by 1..256" in str(info.value)
+            "(expected an input of rmsnorm") in text
+    assert "kernel.add.args[0]: a tensor map's box is 1..256 by 1..256" in text
 
 
 def test_reduction_orders_must_be_the_semantics(tree: Path) -> None:
