@@ -78,10 +78,12 @@ def encode_tensor_map(address: int, rows: int, cols: int, dtype: str,
     device ``address``, in boxes of ``box`` = (columns, rows) with the 128-byte swizzle and
     zeros outside the array (``runtime.backend.TensorMap``), as the 128 bytes a kernel takes.
     A description the driver refuses raises ``DriverError``."""
+    from metrale.runtime.backend import TENSOR_MAP_DTYPES
+
     lib = ctypes.CDLL("libcuda.so.1")
     encode = lib.cuTensorMapEncodeTiled
     encode.restype = ctypes.c_int
-    item = {"bf16": 2, "f32": 4, "u8": 1}[dtype]
+    item = TENSOR_MAP_DTYPES[dtype]
     out = (ctypes.c_ubyte * (TENSOR_MAP_BYTES + 64))()
     at = ctypes.addressof(out) + (-ctypes.addressof(out)) % 64  # CUtensorMap is 64-aligned
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32

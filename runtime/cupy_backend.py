@@ -170,7 +170,10 @@ class CupyBackend(BackendBase):
         )
         super().__init__(limits)
         self._opted_in: dict[int, int] = {}  # function pointer -> dynamic shared bytes allowed
-        self._tensor_maps: dict[tuple, np.void] = {}  # (address, rows, cols, dtype, box) -> map
+        # (address, rows, cols, dtype, box) -> encoded map: a program's buffers keep their
+        # addresses, so each of its maps is encoded once (an address reused by another buffer
+        # of the same description has the same map)
+        self._tensor_maps: dict[tuple, np.void] = {}
         self._driver: DriverLauncher | None = None  # dependent launches, made on first use
 
     @contextmanager

@@ -613,7 +613,7 @@ class Engine:
         # the loader this engine chose compiles now, not inside the first step (a caller's own
         # loader is the caller's to prepare)
         self._prepares = loader is None and hasattr(self.loader, "prepare")
-        self.progress = progress
+        self._progress = progress
         try:
             if self._prepares:
                 from metrale.plan.points import prepared_steps
@@ -650,8 +650,8 @@ class Engine:
         ``backend`` to the best one for ``hardware``; ``slots`` is the number of sequences
         the KV cache holds; ``blocking`` synchronizes after every launch (faults name their
         kernel); ``debug`` poisons activations with NaN before each step; ``progress`` shows a
-        bar (on a terminal) while a GPU class's kernels compile, which they do here, before any
-        step.
+        bar (on a terminal) while a GPU class's kernels compile, which generation's do here,
+        before any step (another plan's, as its program is first made).
         """
         path = checkpoint_dir(model)
         text = None
@@ -805,7 +805,7 @@ class Engine:
             self._drop_prefills(MAX_PREFILL_PROGRAMS - 1)
         plan = self.plan(mode, rows, logits, sample)
         if self._prepares:  # a plan not prepared: its new kernels compile in parallel, now
-            self.loader.prepare([plan], progress=self.progress)
+            self.loader.prepare([plan], progress=self._progress)
         bindings = {n: p for n, p in self.externals.items() if n not in self._slot_bytes}
         for name in self._slot_bytes:
             bindings[name] = self._cache_ptr(name, 0, dict(plan.sizes)["slots"])
