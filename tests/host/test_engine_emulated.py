@@ -1,7 +1,8 @@
 """Whole models with the sm_90 plans on the CUDA emulation (tests/host/simt) against the host
 backend's reference plans: prefill (8 tokens: GEMV points; 40 tokens: the tensor-core GEMM and
-attention) and decode steps replayed from the captured graph, logits within the bf16
-tolerance. The device runs the same comparison in tests/cuda/test_engine_gpu.py."""
+attention; 100 tokens of bf16: the GEMM fed by the Tensor Memory Accelerator) and decode steps
+replayed from the captured graph, logits within the bf16 tolerance. The device runs the same
+comparison in tests/cuda/test_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -72,3 +73,16 @@ def test_kernel_times_time_a_kernel_with_the_launches_after_it(build_dir, monkey
     for own, after in chains:
         assert isinstance(after[0], DevicePtr) and own[positions[0]] == after[positions[1]]
     assert all(len(lns) == 1 for f, (lns, _) in seen.items() if "attention" not in f)
+
+
+def test_a_long_bf16_prompt_reaches_the_tensor_memory_accelerator_gemm(build_dir):
+    """Past 64 rows the bf16 GEMMs are gemm_tma.cu's: a 100-token prompt's prefill runs them
+    through the whole runtime (the plan's tensor-map arguments, the host backend's encoding of
+    them, the emulated tensor copies) and matches the host's."""
+    prompt = [(37 * i + 11) % 251 for i in range(100)]
+    with Engine.load("tiny-llama", hardware="sm_90", quant="bf16", max_ctx=128,
+                     backend=HostBackend(), loader=simt.plan_loader(build_dir)) as emu, \
+            Engine.load("tiny-llama", hardware="host", quant="bf16", max_ctx=128) as host:
+        launched = {e for k in emu.plan("prefill", len(prompt)).launches for e in k.launched}
+        assert {"metrale_qkv_tma", "metrale_gate_up_swiglu_tma"} <= launched, launched
+        _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama bf16 100-token prefill")
