@@ -49,6 +49,17 @@ def _prefill_and_decode(gpu: Engine, host: Engine, prompt: list[int], what: str)
         token = int(h[0].argmax())
 
 
+def test_a_long_bf16_prompt_on_the_tensor_memory_accelerator_gemm_matches_host():
+    """Past 64 rows the bf16 GEMMs are gemm_tma.cu's (tiles by tensor copies): a 100-token
+    prompt runs them, with the driver's tensor maps, within the tolerance of the host."""
+    with Engine.load("tiny-llama", hardware="sm_90", quant="bf16", max_ctx=128) as gpu, \
+            Engine.load("tiny-llama", hardware="host", quant="bf16", max_ctx=128) as host:
+        launched = {e for k in gpu.plan("prefill", 100).launches for e in k.launched}
+        assert {"metrale_qkv_tma", "metrale_gate_up_swiglu_tma"} <= launched, launched
+        _prefill_and_decode(gpu, host, [(37 * i + 11) % 251 for i in range(100)],
+                            "tiny-llama bf16 100 tokens")
+
+
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("quant", ["bf16", "fp8", "mxfp4"])
 def test_gpu_engine_under_the_bounded_policy_matches_host(model, quant):
