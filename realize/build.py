@@ -239,19 +239,16 @@ def unit_source(kernels_dir: Path | str, kernel: Kernel, cut: bool = True
     from (its unit's, :func:`unit_key`): the build's and the runtime loader's one definition,
     so they share cache entries. Cut, an included source (a ``.cu`` header) keeps only the
     kernel's entries it defines."""
-    from metrale.realize.entries import entry_names, keep_entries, keep_included_entries
+    from metrale.realize.entries import entry_names, keep_included_entries
 
     search = tuple(dict.fromkeys(str(Path(h).parent) for h in kernel.headers))
     text, _, header_texts, _ = source_identity(Path(kernels_dir), kernel.source, search)
-    sources = {n: h for n, h in header_texts.items() if n.endswith(".cu")}
-    if not cut:
-        return text, header_texts
-    if not sources:
-        return keep_entries(text, kernel.entries), header_texts
-    # a source that includes others (.cu): each cut to the kernel's entries it defines, where
-    # they define them all between them (else whole: the compiler reports the missing one)
-    defined = set(entry_names(text)).union(*map(entry_names, sources.values()))
-    if not defined >= set(kernel.entries):
+    # the source and any source it includes (.cu), each cut to the kernel's entries it
+    # defines, where they define them all between them (else whole: the compiler then reports
+    # the missing one)
+    sources = {n for n in header_texts if n.endswith(".cu")}
+    defined = set(entry_names(text)).union(*(entry_names(header_texts[n]) for n in sources))
+    if not cut or not defined >= set(kernel.entries):
         return text, header_texts
     return keep_included_entries(text, kernel.entries), {
         n: keep_included_entries(h, kernel.entries) if n in sources else h

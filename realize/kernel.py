@@ -40,9 +40,9 @@ from metrale.realize.formula import eval_formula, formula_names, limit_holds, li
 from metrale.realize.hardware import TENSOR_CORE_PROVIDES, TENSOR_CORES, Capabilities
 
 KERNELS_FILE = "KERNELS.toml"
-ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch", "tmap")
-"""A kernel argument's type in KERNELS.toml: a pointer, a number, the program's workspace, or
-``tmap(C,R)``, a tensor map over a port (``runtime.backend.TensorMap``: the port's tensor as
+ARG_TYPES = ("ptr", "i32", "i64", "f32", "scratch")
+"""A kernel argument's type in KERNELS.toml: a pointer, a number, the program's workspace; or
+``tmap(C,R)`` (:func:`tensor_map_box`), a tensor map over a port (``runtime.backend.TensorMap``: the port's tensor as
 rows x its last dim, copied in boxes of C columns and R rows, 128 bytes a box row)."""
 _TMAP = re.compile(r"tmap\((\d+),(\d+)\)")
 
@@ -691,9 +691,9 @@ def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[s
             if not 1 <= box[0] <= 256 or not 1 <= box[1] <= 256:
                 f._fail(f.key(f"args[{i}]"), "a tensor map's box is 1..256 by 1..256",
                         "tmap(C,R) within it", repr(a))
-        elif ty not in ARG_TYPES or ty == "tmap":
+        elif ty not in ARG_TYPES:
             f._fail(f.key(f"args[{i}]"), "unknown argument type",
-                    "one of " + ", ".join(ARG_TYPES[:-1]) + ", tmap(C,R)", repr(a),
+                    "one of " + ", ".join(ARG_TYPES) + ", tmap(C,R)", repr(a),
                     nearest(ty, ARG_TYPES))
         if arg not in names:
             f._fail(f.key(f"args[{i}]"), "argument is not a port, attr, dim or value",

@@ -191,7 +191,6 @@ def tensor_map(ptr: DevicePtr, spec: ArgSpec, box: tuple[int, int]) -> TensorMap
     return TensorMap(ptr.take(spec.nbytes), rows, cols, names[spec.dtype.name], box)
 
 
-
 @attrs.frozen
 class Launch:
     """One launch of a program: the planned kernel, its handle, shape and arguments.

@@ -7,8 +7,8 @@ A *host binary* is a mapping ``{entry_name: HostKernel(fn, arity)}`` (a pair ``(
 is accepted for an entry too). A launch resolves every ``DevicePtr`` argument into a 1-D
 ``np.uint8`` view of its bytes from the pointer's offset, a ``TensorMap`` into the 128 bytes
 :func:`host_tensor_map` describes it with (what the kernels' SIMT emulation reads), passes
-other arguments unchanged, and calls ``fn(*resolved)``. Grid and block are validated, then ignored. Streams exist; their
-ordering is program order. Graph capture records the launches and memsets issued on the
+other arguments unchanged, and calls ``fn(*resolved)``. Grid and block are validated, then
+ignored. Streams exist; their ordering is program order. Graph capture records the launches and memsets issued on the
 capturing stream (they do not run), and ``graph_launch`` replays them in order.
 
 >>> import numpy as np
