@@ -77,9 +77,11 @@ class BoundKernel:
                           + ", ".join(self.kernel.entries), found=entry)
 
     def scratch_bytes(self, numbers: Mapping[str, int | float]) -> dict[str, int]:
-        """Bytes of each ``scratch`` argument at these sizes (empty when the kernel has none)."""
+        """Bytes of each ``scratch`` argument of its launches, its own and its ``then`` ones',
+        at these sizes (empty when none has one)."""
         env = self.kernel.sizes(numbers)
-        return {a.name: int(env[a.name]) for a in self.args if a.kind == "scratch"}
+        return {a.name: int(env[a.name]) for a in (*self.args, *(a for _, t in self.then for a in t))
+                if a.kind == "scratch"}
 
     def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float],
              args: tuple[Arg, ...] | None = None) -> tuple:

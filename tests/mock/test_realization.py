@@ -694,3 +694,21 @@ def test_a_kernel_key_names_one_launch_recipe(hw: str) -> None:
     sink = F.realize(P.family("attention_sink").point(act="bf16", mode="decode", kv_block=256))
     plain = F.realize(P.family("attention").point(act="bf16", mode="decode", kv_block=256))
     assert sink.entry == plain.entry and sink.key != plain.key
+
+
+def test_a_kernel_s_workspace_counts_its_then_launches_scratch_too() -> None:
+    # linear_tma launches gemm_wgmma.cu's one-warpgroup entry up to 64 rows (its `then`), whose
+    # workspace a caller must allocate though the TMA entry itself takes none
+    from metrale.runtime.cuda_loader import BoundKernel, parse_args
+
+    point = next(p for p in P.family("linear").points
+                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
+                                       "k_block": 256, "across": "sequential"})
+    kernel = realization("sm_90").realize(point)
+    assert kernel.entry == "metrale_linear_tma", kernel.entry
+    then = tuple(("handle", parse_args(t.args)) for t in kernel.then)
+    bound = BoundKernel(kernel, None, parse_args(kernel.args), then)
+    assert not any(a.kind == "scratch" for a in bound.args)
+    numbers = {"rows": 8, "k": 1280, "n": 40}
+    ws = bound.scratch_bytes(numbers)
+    assert set(ws) == {"ws"} and ws["ws"] == kernel.sizes(numbers)["ws"] > 16
