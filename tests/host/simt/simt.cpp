@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -120,11 +121,18 @@ static void mma_bf16(const std::initializer_list<Out>& outs, const uint64_t* in)
 // assume. Other layouts are refused.
 static void fault(const char* what, const char* tmpl);
 
-static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl) {
-    const size_t start = (desc & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+//
+// An N-major operand (imm-trans-b 1) has its 128-byte rows along N: element (n, k) lies in the
+// 1024-byte group of k / 8, SBO apart, at row k % 8 and byte 2 (n % 64) of it, and each 64
+// further n in another such column of groups, LBO (bits 16-29, / 16) apart.
+static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl, bool n_major = false) {
+    const size_t start = (desc & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4,
+                 lbo = ((desc >> 16) & 0x3FFF) << 4;
     if (desc >> 62 != 1 || ((desc >> 49) & 7))
         fault("a wgmma descriptor other than 128-byte swizzle", tmpl);
-    size_t at = start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * 128 + 2 * (size_t)k;
+    size_t at = n_major ? start + (size_t)(k / 8) * sbo + (size_t)(k % 8) * 128 +
+                              (size_t)(row / 64) * lbo + 2 * (size_t)(row % 64)
+                        : start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * 128 + 2 * (size_t)k;
 #if !METRALE_SIMT_NO_SWIZZLE
     at ^= ((at >> 7) & 7) << 4;
 #endif
@@ -136,10 +144,11 @@ static float desc_bf16(uint64_t desc, int row, int k, const char* tmpl) {
     return __bfloat162float(v);
 }
 
-// wgmma.mma_async m64nNk16 f32 += bf16 bf16, both K-major, as the thread's accumulator
-// fragment: warp w of the warpgroup holds rows 16 w + g + 8 (e / 2) of n8 tile j, columns
-// 8 j + 2 t + e % 2, in register 4 j + e (g = lane / 4, t = lane % 4): mma.sync's C layout,
-// repeated. Products summed in double, the accumulator added, one rounding to f32.
+// wgmma.mma_async m64nNk16 f32 += bf16 bf16, A K-major (from shared memory or the registers),
+// B K-major or N-major, as the thread's accumulator fragment: warp w of the warpgroup holds rows
+// 16 w + g + 8 (e / 2) of n8 tile j, columns 8 j + 2 t + e % 2, in register 4 j + e (g = lane / 4,
+// t = lane % 4): mma.sync's C layout, repeated. Products summed in double, the accumulator
+// added, one rounding to f32.
 static void wgmma_complete(const Wgmma& m) {
     const int w = (int)(thread_idx.x % 128) / 32, g = lane() / 4, t = lane() % 4;
     const char* tmpl = "wgmma.mma_async";
@@ -148,10 +157,39 @@ static void wgmma_complete(const Wgmma& m) {
         const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
         double s = 0.0;
         for (int k = 0; k < 16; ++k)
-            s += (double)desc_bf16(m.a, row, k, tmpl) * (double)desc_bf16(m.b, col, k, tmpl);
+            s += (double)(m.a_regs ? m.a_rows[row % 16][k] : desc_bf16(m.a, row, k, tmpl)) *
+                 (double)desc_bf16(m.b, col, k, tmpl, m.b_n_major);
         const float d = m.add ? (float)(s + (double)*m.d[i]) : (float)s;
         *m.d[i] = d;
     }
+}
+
+// The immediates closing a wgmma's template (after its last %operand and the scale-d
+// predicate): "..., p, 1, 1, 0, 1;" gives {1, 1, 0, 1}.
+static std::vector<int> wgmma_immediates(const std::string& t, const char* tmpl) {
+    const size_t p = t.find(", p, ");
+    if (p == std::string::npos) fault("a wgmma without its scale-d predicate p", tmpl);
+    std::vector<int> out;
+    for (size_t at = p + 5; at < t.size() && std::isdigit((unsigned char)t[at]);) {
+        out.push_back(t[at] - '0');
+        at += t[at + 1] == ',' ? 3 : 1;
+    }
+    return out;
+}
+
+// A register-form wgmma's A, as each warp holds it (mma.sync's A fragment: register i of lane
+// l holds row l / 4 + 8 (i % 2), columns 2 (l % 4) + 8 (i / 2) + {0, 1}), taken at the issue:
+// the warp's lanes post their registers, meet, and each keeps all 16 rows of its warp.
+static void wgmma_take_rows(Wgmma& m, const uint64_t* in) {
+    Warp& w = warp();
+    const int l = lane();
+    for (int i = 0; i < 4; ++i) w.a[l][i] = (uint32_t)in[i];
+    meet(w.meet);
+    for (int row = 0; row < 16; ++row)
+        for (int k = 0; k < 16; ++k)
+            m.a_rows[row][k] =
+                bf16_at(w.a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2);
+    meet(w.meet);
 }
 
 static void wgmma_wait(size_t pending) {
@@ -361,13 +399,23 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
                t.find("k16.f32.bf16.bf16 ") != std::string::npos) {
         Wgmma m;
         m.n = std::atoi(t.c_str() + t.find("m64n") + 4);
-        if (m.n % 8 || m.n < 8 || m.n > 256 || (int)outs.size() != m.n / 2 || ins.size() != 3)
-            fault("a wgmma shape or operand list the emulation does not know", tmpl);
+        // the operands after the accumulators: A's descriptor, or its four registers (the
+        // register form), B's descriptor, scale-d; then the immediates imm-scale-a, imm-scale-b,
+        // (imm-trans-a, shared A only) and imm-trans-b
+        m.a_regs = ins.size() == 6;
+        const std::vector<int> imm = wgmma_immediates(t, tmpl);
+        if (m.n % 8 || m.n < 8 || m.n > 256 || (int)outs.size() != m.n / 2 ||
+            (ins.size() != 3 && !m.a_regs) || imm.size() != (m.a_regs ? 3u : 4u) ||
+            imm[0] != 1 || imm[1] != 1 || (!m.a_regs && imm[2] != 0))
+            fault("a wgmma shape, operand list or transpose the emulation does not know", tmpl);
+        m.b_n_major = imm.back() == 1;
         int i = 0;
         for (const Out& o : outs) m.d[i++] = (float*)o.p;
-        m.a = in[0];
-        m.b = in[1];
-        m.add = in[2] != 0;
+        const size_t b_at = m.a_regs ? 4 : 1;
+        m.a = m.a_regs ? 0 : in[0];
+        m.b = in[b_at];
+        m.add = in[b_at + 1] != 0;
+        if (m.a_regs) wgmma_take_rows(m, in);
         wgmma_open.push_back(m);
     } else if (t == "wgmma.fence.sync.aligned;" || t == "fence.proxy.async.shared::cta;") {
         return;  // the emulation's wgmmas read shared memory as it stands at their wait

@@ -171,6 +171,9 @@ struct Wgmma {
     int n;          // the instruction's N (its d registers: n / 2)
     uint64_t a, b;  // shared-memory matrix descriptors of A (64 x 16) and B (n x 16)
     bool add;       // scale-d: d = a b + d, else d = a b
+    bool b_n_major; // imm-trans-b: B's rows of 128 bytes run along N, not K
+    bool a_regs;    // A from the warpgroup's registers: the warp's 16 rows, taken at the issue
+    float a_rows[16][16];
 };
 
 inline int trapped;  // a thread of the launch trapped or faulted: every thread stops

@@ -1,0 +1,434 @@
+// Metrale CUDA, sm_90a: the bounded policy's prefill attention (kv_append_attention_online) on
+// Hopper's warpgroup MMA. A residual of the sm_90 class: it shadows attention_online.cu, whose
+// warps each bring every key and value of a tile through their registers by ldmatrix for 16
+// query rows; here a warpgroup's wgmmas read them from shared memory themselves for 64.
+//
+// A block takes one kv head, 64 rows of the launch (from its end, as attention_prefill.cuh's
+// blocks do) and WGS = min(2, G) of the head's G q heads, a warpgroup each (grid x: kv head
+// times ceil(G / WGS) head groups; a warpgroup past the group's last head only loads). Keys and
+// values come through shared memory 128 positions at a time (two KV blocks), two buffers, by
+// cp.async, as 128-byte-swizzled rows of 64 head-dim columns (a head of 128: two such column
+// chunks), which both wgmmas read: the scores s = q · kᵀ take the keys K-major (q's 64 rows,
+// copied once, the A operand), the weighted values acc += p · v take the values N-major
+// (imm-trans-b) and the weights p from the registers the scores left them in (mma.sync's A
+// fragment is the accumulator fragment of two n8 tiles side by side). Both blocks' scores are
+// issued at once, so the second's run while the first is weighed, and the first's values while
+// the second is. Rows of the block in different slots are served slot after slot; the positions
+// a launch row appends are read from k, v, not from the cache, and the blocks of the first head
+// group write the block's rows into the cache.
+//
+// Order (declared in KERNELS.toml; the family's semantics, lkb/semantics_attention.py): that of
+// attention_online.cu, the scores' and the values' sums inside one wgmma the hardware's: a row's
+// positions cut at absolute multiples of KV_BLOCK (= the 64-position tile), the blocks left to
+// right, each once; s_j = (q · k_j) * scale * log2(e); m' = max(m, max_j s_j), a = 2^(m - m');
+// p_j = 2^(s_j - m') rounded to bf16, l = l a + sum p_j (the lane's positions, in order),
+// acc = acc a + sum p_j v_j; then o = acc / l (the four lanes of a row summed), rounded to act.
+// A position no row of the tile attends to weighs 0 (its score -inf), and a row with none in
+// the tile keeps its state (a = 1, p = 0).
+// Defines: ACT_BF16, KV_BLOCK (64).
+#include "attention_prefill.cuh"
+
+#ifndef KV_BLOCK
+#error "define KV_BLOCK"
+#endif
+static_assert(KV_BLOCK == TILE_POS, "the online softmax's blocks are the 64-position tiles");
+
+#define WG_ROWS 64        // rows of a block: one m64 tile of every warpgroup
+#ifndef WG_MAX
+#define WG_MAX 2  // warpgroups of a block (q heads it takes)
+#endif
+#ifndef WG_BLOCKS
+#define WG_BLOCKS 1  // blocks an SM (__launch_bounds__)
+#endif
+#define CHUNK_BYTES 8192  // 64 rows (or positions) x 64 head-dim columns of bf16, swizzled
+#define WG_HEAD_DIM 128   // two column chunks
+
+#define WG_TILE 128       // positions a buffer holds: two KV blocks of 64
+
+// The block's shared memory, 1024-byte aligned: q's rows (WG_MAX x 2 chunks), then two buffers
+// of 128 positions, each two halves of a key tile (2 chunks) and two of a value tile (2 chunks),
+// and, per position, the global rows its key and value come from (null: zeros) and the launch
+// row appending it (-1: none). KERNELS.toml's launch.shared is 1024 + 8192 (2 WG_MAX + 2 8) +
+// 2 (256 8 + 128 4).
+struct WgSmem {
+    unsigned char* base;
+    uint32_t at;  // base's shared address
+    __device__ __forceinline__ WgSmem() {
+        extern __shared__ __align__(16) unsigned char smem_raw[];
+        const uint32_t raw = smem_addr(smem_raw);
+        at = (raw + 1023) & ~1023u;
+        base = smem_raw + (at - raw);
+    }
+    static constexpr int q_bytes = WG_MAX * 2 * CHUNK_BYTES, tile_bytes = 8 * CHUNK_BYTES;
+    static constexpr int row_bytes = 2 * WG_TILE * 8 + WG_TILE * 4;
+    static constexpr int bytes = q_bytes + 2 * tile_bytes + 2 * row_bytes;
+    __device__ __forceinline__ int q(int wg) const { return wg * 2 * CHUNK_BYTES; }
+    // half h (positions 64 h ..) of buffer b's keys, values
+    __device__ __forceinline__ int k(int b, int h) const {
+        return q_bytes + b * tile_bytes + 2 * h * CHUNK_BYTES;
+    }
+    __device__ __forceinline__ int v(int b, int h) const { return k(b, h) + 4 * CHUNK_BYTES; }
+    __device__ __forceinline__ const act_t** rows(int b) const {
+        return (const act_t**)(base + q_bytes + 2 * tile_bytes + b * row_bytes);
+    }
+};
+
+// Where the 16-byte piece p of a head row r lies in its tile: chunk p / 8, then the 128-byte
+// swizzle within it (piece p % 8 of row r at piece (p % 8) ^ (r % 8)).
+__device__ __forceinline__ int wg_piece(int r, int p) {
+    return (p >> 3) * CHUNK_BYTES + r * 128 + (((p & 7) ^ (r & 7)) << 4);
+}
+
+// ------------------------------------------------------------------ wgmma
+
+// Descriptors of a 128-byte-swizzled operand at shared address `at` (1024-byte aligned, plus 32
+// bytes a k step of a K-major one): 8-row groups 1024 bytes apart; an N-major one's 64-column
+// chunks CHUNK_BYTES apart (its leading offset).
+__device__ __forceinline__ uint64_t k_major(uint32_t at) {
+    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+__device__ __forceinline__ uint64_t n_major(uint32_t at) {
+    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)(CHUNK_BYTES >> 4) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>  // until at most N of the warpgroup's committed groups are pending
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// d = a · bᵀ (+ d when add): a 64 x 16 K-major slice of q, a 64 x 16 K-major slice of keys.
+__device__ __forceinline__ void wgmma_scores(float (&d)[32], uint64_t a, uint64_t b, int add) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(add)
+                 : "memory");
+}
+
+// d += p · v: p's 64 x 16 slice from the registers (a[4]: the warp's A fragment), v's 16 x 64
+// slice N-major.
+__device__ __forceinline__ void wgmma_values(float (&d)[32], const uint32_t (&a)[4],
+                                             uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)
+                 : "memory");
+}
+
+// cp.async's writes made visible to the wgmmas (the async proxy) that read them.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Two f32 values rounded to bf16, as one A operand word; r0, r1 the rounded values.
+__device__ __forceinline__ uint32_t round_pair(float x0, float x1, float& r0, float& r1) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    r0 = __low2float(h);
+    r1 = __high2float(h);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// ------------------------------------------------------------------ the tiles
+
+// The global rows of positions [start, start + 128) of `slot` (issue_kv_tile's rule: from k_new
+// / v_new where a launch row appends the position, else the cache; null outside [lo, hi]), then
+// their keys and values into buffer b, one cp.async group, every thread of the block together:
+// CHUNKS whole chunks of each, zeros past d (the scores' k steps run over whole chunks; the
+// values' columns past d make outputs never stored).
+template <int CHUNKS>
+__device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_t* k_cache,
+                                              const act_t* v_cache, const act_t* k_new,
+                                              const act_t* v_new, const int* positions,
+                                              const int* slots, int rows, int slot,
+                                              AppendRun run, int start, int lo, int hi, int kvh,
+                                              int hkv, int d, int max_ctx) {
+    const act_t** krow = s.rows(b);
+    const act_t** vrow = krow + WG_TILE;
+    int* src = (int*)(vrow + WG_TILE);
+    const int nt = blockDim.x;
+    if (k_new && !run.direct) {  // which rows append the tile's positions: every row scanned
+        for (int j = threadIdx.x; j < WG_TILE; j += nt) src[j] = -1;
+        __syncthreads();
+        for (int r = threadIdx.x; r < rows; r += nt)
+            if (slots[r] == slot && positions[r] >= start && positions[r] < start + WG_TILE)
+                src[positions[r] - start] = r;
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < WG_TILE; j += nt) {
+        const int pos = start + j;
+        int r = -1;
+        if (k_new && run.direct) {
+            const int c = pos - run.base;
+            r = c >= 0 && c < rows && (run.alone || (slots[c] == slot && positions[c] == pos))
+                    ? c : -1;
+        } else if (k_new) {
+            r = src[j];
+        }
+        const bool live = pos >= lo && pos <= hi;
+        const long off = r >= 0 ? ((long)r * hkv + kvh) * d
+                                : (((long)slot * max_ctx + pos) * hkv + kvh) * d;
+        krow[j] = live ? (r >= 0 ? k_new : k_cache) + off : nullptr;
+        vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off : nullptr;
+    }
+    __syncthreads();  // the rows are found, for every thread
+    constexpr int KP = 8 * CHUNKS;  // 16-byte pieces of a row in whole chunks
+    const int n16 = d / 8;
+    for (int i = threadIdx.x; i < 2 * WG_TILE * KP; i += nt) {
+        const bool kv = i >= WG_TILE * KP;
+        const int at = kv ? i - WG_TILE * KP : i, j = at / KP, p = at % KP, h = j / TILE_POS;
+        const act_t* row = (kv ? vrow : krow)[j];
+        const bool in = row && p < n16;
+        cp_async16(s.base + (kv ? s.v(b, h) : s.k(b, h)) + wg_piece(j % TILE_POS, p),
+                   in ? row + 8 * p : k_cache, in ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// The rows [row0, row0 + WG_ROWS) of the block, clamped to the launch's last, of q head `head`
+// into warpgroup wg's CHUNKS q chunks, zeros past d (one cp.async group with the first tile's).
+template <int CHUNKS>
+__device__ __forceinline__ void wg_issue_q(const WgSmem& s, const act_t* q, int row0, int rows,
+                                           int head, int hq, int d, int wg) {
+    constexpr int KP = 8 * CHUNKS;
+    const int n16 = d / 8, t = threadIdx.x & 127;
+    for (int i = t; i < WG_ROWS * KP; i += 128) {
+        const int r = i / KP, p = i % KP;
+        cp_async16(s.base + s.q(wg) + wg_piece(r, p),
+                   q + ((long)min(row0 + r, rows - 1) * hq + head) * d + 8 * min(p, n16 - 1),
+                   p < n16 ? 16 : 0);
+    }
+}
+
+// kv_append of the block's rows (its kv head), 16 bytes a copy, every thread of the block.
+__device__ __forceinline__ void wg_append_rows(const act_t* k, const act_t* v, act_t* k_cache,
+                                               act_t* v_cache, const int* positions,
+                                               const int* slots, int row0, int rows, int kvh,
+                                               int hkv, int d, int max_ctx) {
+    const int n8 = d / 8, nrows = min(WG_ROWS, rows - row0);
+    for (int i = threadIdx.x; i < nrows * n8; i += blockDim.x) {
+        const int row = row0 + i / n8, c = i % n8;
+        const long src = ((long)row * hkv + kvh) * d + 8 * c;
+        const long dst = (((long)slots[row] * max_ctx + positions[row]) * hkv + kvh) * d + 8 * c;
+        *(uint4*)(k_cache + dst) = *(const uint4*)(k + src);
+        *(uint4*)(v_cache + dst) = *(const uint4*)(v + src);
+    }
+}
+
+// ------------------------------------------------------------------ the kernel
+
+// The attention of the block's rows, its head dim in CHUNKS chunks of 64 columns (a constant, so
+// that every wgmma's registers are known where it is issued).
+template <int CHUNKS>
+__device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const act_t* q,
+                                          const act_t* k_cache, const act_t* v_cache,
+                                          const int* positions, const int* slots, act_t* o,
+                                          int rows, int hq, int hkv, int d, int max_ctx,
+                                          float scale, int window, int kvh, int hg, int wgs,
+                                          int row0) {
+    const int G = hq / hkv;
+    const WgSmem s;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, head_in_group = hg * wgs + wg;
+    const bool active = head_in_group < G;  // warpgroup-uniform
+    const int head = kvh * G + min(head_in_group, G - 1);
+    const int wrow0 = row0 + 16 * warp;
+    const RowInfo rw[2] = {row_info(wrow0 + g, rows, positions, slots, window),
+                           row_info(wrow0 + g + 8, rows, positions, slots, window)};
+    const float c = scale * 1.4426950408889634f;  // scores in log2 units
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CHUNKS][32];
+#pragma unroll
+    for (int ch = 0; ch < CHUNKS; ++ch)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
+
+    // the positions the lane's two rows attend to in the slot being served
+    Span sp_now[2] = {Span(rw[0], -1, 0, max_ctx), Span(rw[1], -1, 0, max_ctx)};
+    // the scores of the warpgroup's 64 rows and half h of buffer b's positions (one group)
+    auto scores = [&](float (&sc)[32], int b, int h) {
+#pragma unroll
+        for (int kk = 0; kk < 4 * CHUNKS; ++kk) {
+            const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
+            wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b, h) + off),
+                         kk > 0);
+        }
+        wg_commit();
+    };
+    // the KV block at st: its masks, the running max and sum, its weights as A fragments
+    // (positions 16 kk .. 16 kk + 15 in pa[kk]) and the factor a of the rows' earlier sums
+    auto weigh = [&](float (&sc)[32], int st, uint32_t (&pa)[4][4], float (&a)[2]) {
+        const bool whole = whole_tile(sp_now, st);
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
+            const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+            sc[i] = whole || sp_now[h].has(pos) ? sc[i] * c : -INFINITY;
+            mt[h] = fmaxf(mt[h], sc[i]);
+        }
+        float mc[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float mn = fmaxf(m[h], quad_max(mt[h]));
+            // no position of the row yet: its state stays zero, and p = 2^(-inf) = 0
+            a[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+            mc[h] = mn == -INFINITY ? 0.0f : mn;
+            m[h] = mn;
+        }
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // word r: n8 tile 2 kk + r / 2, row half r % 2
+                const int ni = 2 * kk + r / 2, h = r % 2;
+                float p0, p1;
+                pa[kk][r] = round_pair(exp2f(sc[4 * ni + 2 * h] - mc[h]),
+                                       exp2f(sc[4 * ni + 2 * h + 1] - mc[h]), p0, p1);
+                ls[h] += p0;
+                ls[h] += p1;
+            }
+        l[0] = l[0] * a[0] + ls[0];
+        l[1] = l[1] * a[1] + ls[1];
+    };
+    auto rescale = [&](const float (&a)[2]) {
+#pragma unroll
+        for (int ch = 0; ch < CHUNKS; ++ch)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+    };
+    // acc += p · v for half h of buffer b (one group)
+    auto values = [&](const uint32_t (&pa)[4][4], int b, int h) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int ch = 0; ch < CHUNKS; ++ch)
+                wgmma_values(acc[ch], pa[kk],
+                             n_major(s.at + s.v(b, h) + ch * CHUNK_BYTES + kk * 16 * 128));
+        wg_commit();
+    };
+    wg_issue_q<CHUNKS>(s, q, row0, rows, head, hq, d, wg);  // lands with the first tile's group
+    // the slots of the block's rows, in the order of their first rows (for_each_slot's walk)
+    unsigned long long done = 0;
+    for (int i = 0; i < WG_ROWS; ++i) {
+        if (done >> i & 1ull) continue;
+        const RowInfo ri = row_info(row0 + i, rows, positions, slots, window);
+        if (!ri.live) break;
+        const int slot = ri.slot;
+        int lo = ri.lo, hi = ri.p;
+        for (int j = i; j < WG_ROWS; ++j) {
+            const RowInfo rj = row_info(row0 + j, rows, positions, slots, window);
+            if (rj.live && rj.slot == slot) {
+                done |= 1ull << j;
+                lo = min(lo, rj.lo);
+                hi = max(hi, rj.p);
+            }
+        }
+        const AppendRun run = run_of(positions, slots, rows, slot, row0 + i);
+        sp_now[0] = Span(rw[0], slot, 0, max_ctx);
+        sp_now[1] = Span(rw[1], slot, 0, max_ctx);
+        const int t0 = lo / TILE_POS * TILE_POS;  // a KV block's first position
+        auto issue = [&](int b, int st) {
+            wg_issue_tile<CHUNKS>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot,
+                                  run, st, lo, hi, kvh, hkv, d, max_ctx);
+        };
+        issue(0, t0);
+        for (int st = t0, it = 0; st <= hi; st += WG_TILE, ++it) {
+            const int b = it & 1;
+            if (st + WG_TILE <= hi) {
+                issue(b ^ 1, st + WG_TILE);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            fence_proxy_async();  // this thread's copies seen by the wgmmas
+            __syncthreads();      // every thread's, and q's
+            if (active) {
+                // the scores of both KV blocks first, so that the second's run while the first
+                // is weighed, and the first's values while the second is weighed
+                const bool two = st + TILE_POS <= hi;  // block-uniform
+                float sc0[32], sc1[32];
+                uint32_t pa0[4][4], pa1[4][4];
+                float a[2];
+                wg_fence();
+                scores(sc0, b, 0);
+                if (two) scores(sc1, b, 1);
+                if (two) wg_wait<1>(); else wg_wait<0>();
+                weigh(sc0, st, pa0, a);
+                rescale(a);
+                wg_fence();
+                values(pa0, b, 0);
+                if (two) {
+                    wg_wait<1>();  // the second block's scores (its values may still run)
+                    weigh(sc1, st + TILE_POS, pa1, a);
+                    wg_wait<0>();  // the first block's values are in acc
+                    rescale(a);
+                    wg_fence();
+                    values(pa1, b, 1);
+                }
+                wg_wait<0>();
+            }
+            __syncthreads();  // every warpgroup is done with the buffer before it is refilled
+        }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float lsum = quad_sum(l[h]);
+        if (!rw[h].live) continue;
+        act_t* orow = o + ((long)(wrow0 + g + 8 * h) * hq + head) * d;
+#pragma unroll
+        for (int i = 0; i < 32 * CHUNKS; ++i) {  // chunk i / 32, its register i % 32
+            const int col = 64 * (i >> 5) + 8 * ((i & 31) >> 2) + 2 * t + (i & 1);
+            if ((i & 3) >> 1 == h && col < d) orow[col] = act_store(acc[i >> 5][i & 31] / lsum);
+        }
+    }
+}
+
+// grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 WGS (WGS = min(2, G), G = hq / hkv, or
+// 1): kv_append, then attention. A launch it cannot serve traps (loud).
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+metrale_kv_append_attention_wgmma_online_prefill(
+    const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
+    act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
+    const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq, int hkv, int d,
+    int max_ctx, float scale, int window) {
+    grid_dependency_sync();
+    // WGS is the table's min(2, G); one warpgroup a block, or two, gives the same bytes
+    const int G = hq / hkv, wgs = blockDim.x / 128, groups = (G + wgs - 1) / wgs;
+    if (d % 16 || d > WG_HEAD_DIM || hq % hkv || blockDim.x % 128 || wgs < 1 ||
+        wgs > min(WG_MAX, G) ||
+        (int)gridDim.x != hkv * groups || (long)gridDim.y * WG_ROWS < rows || gridDim.z != 1 ||
+        dynamic_smem_bytes() < WgSmem::bytes + 1024)
+        __trap();
+    const int kvh = blockIdx.x / groups, hg = blockIdx.x % groups;
+    const int row0 = (int)(gridDim.y - 1 - blockIdx.y) * WG_ROWS;
+    if (hg == 0)
+        wg_append_rows(k, v, k_cache, v_cache, positions, slots, row0, rows, kvh, hkv, d,
+                       max_ctx);
+    if (d > 64)
+        wg_attend<2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d, max_ctx,
+                     scale, window, kvh, hg, wgs, row0);
+    else
+        wg_attend<1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d, max_ctx,
+                     scale, window, kvh, hg, wgs, row0);
+}
