@@ -6,16 +6,14 @@
 // A block takes one kv head, 64 rows of the launch (from its end, as attention_prefill.cuh's
 // blocks do) and WGS = min(2, G) of the head's G q heads, a warpgroup each (grid x: kv head
 // times ceil(G / WGS) head groups; a warpgroup past the group's last head only loads). Keys and
-// values come through shared memory 128 positions at a time (two KV blocks), two buffers, by
-// cp.async, as 128-byte-swizzled rows of 64 head-dim columns (a head of 128: two such column
-// chunks), which both wgmmas read: the scores s = q · kᵀ take the keys K-major (q's 64 rows,
-// copied once, the A operand), the weighted values acc += p · v take the values N-major
-// (imm-trans-b) and the weights p from the registers the scores left them in (mma.sync's A
-// fragment is the accumulator fragment of two n8 tiles side by side). Both blocks' scores are
-// issued at once, so the second's run while the first is weighed, and the first's values while
-// the second is. Rows of the block in different slots are served slot after slot; the positions
-// a launch row appends are read from k, v, not from the cache, and the blocks of the first head
-// group write the block's rows into the cache.
+// values come through shared memory in tiles of 64 positions, two buffers, by cp.async, as
+// 128-byte-swizzled rows of 64 head-dim columns (a head of 128: two such column chunks), which
+// both wgmmas read: the scores s = q · kᵀ take the keys K-major (q's 64 rows, copied once, the
+// A operand), the weighted values acc += p · v take the values N-major (imm-trans-b) and the
+// weights p from the registers the scores left them in (mma.sync's A fragment is the accumulator
+// fragment of two n8 tiles side by side). Rows of the block in different slots are served slot
+// after slot; the positions a launch row appends are read from k, v, not from the cache, and
+// the blocks of the first head group write the block's rows into the cache.
 //
 // Order (declared in KERNELS.toml; the family's semantics, lkb/semantics_attention.py): that of
 // attention_online.cu, the scores' and the values' sums inside one wgmma the hardware's: a row's
@@ -43,13 +41,10 @@ static_assert(KV_BLOCK == TILE_POS, "the online softmax's blocks are the 64-posi
 #define CHUNK_BYTES 8192  // 64 rows (or positions) x 64 head-dim columns of bf16, swizzled
 #define WG_HEAD_DIM 128   // two column chunks
 
-#define WG_TILE 128       // positions a buffer holds: two KV blocks of 64
-
 // The block's shared memory, 1024-byte aligned: q's rows (WG_MAX x 2 chunks), then two buffers
-// of 128 positions, each two halves of a key tile (2 chunks) and two of a value tile (2 chunks),
-// and, per position, the global rows its key and value come from (null: zeros) and the launch
-// row appending it (-1: none). KERNELS.toml's launch.shared is 1024 + 8192 (2 WG_MAX + 2 8) +
-// 2 (256 8 + 128 4).
+// of a key tile (2 chunks), a value tile (2 chunks) and, per position, the global rows its key
+// and value come from (null: zeros) and the launch row appending it (-1: none). KERNELS.toml's
+// launch.shared is 1024 + 8192 (2 WG_MAX + 2 4) + 2 (128 8 + 64 4).
 struct WgSmem {
     unsigned char* base;
     uint32_t at;  // base's shared address
@@ -59,17 +54,13 @@ struct WgSmem {
         at = (raw + 1023) & ~1023u;
         base = smem_raw + (at - raw);
     }
-    static constexpr int q_bytes = WG_MAX * 2 * CHUNK_BYTES, tile_bytes = 8 * CHUNK_BYTES;
-    static constexpr int row_bytes = 2 * WG_TILE * 8 + WG_TILE * 4;
-    static constexpr int bytes = q_bytes + 2 * tile_bytes + 2 * row_bytes;
+    static constexpr int q_bytes = WG_MAX * 2 * CHUNK_BYTES, tile_bytes = 4 * CHUNK_BYTES;
+    static constexpr int bytes = q_bytes + 2 * tile_bytes + 2 * (128 * 8 + 64 * 4);
     __device__ __forceinline__ int q(int wg) const { return wg * 2 * CHUNK_BYTES; }
-    // half h (positions 64 h ..) of buffer b's keys, values
-    __device__ __forceinline__ int k(int b, int h) const {
-        return q_bytes + b * tile_bytes + 2 * h * CHUNK_BYTES;
-    }
-    __device__ __forceinline__ int v(int b, int h) const { return k(b, h) + 4 * CHUNK_BYTES; }
+    __device__ __forceinline__ int k(int b) const { return q_bytes + b * tile_bytes; }
+    __device__ __forceinline__ int v(int b) const { return k(b) + 2 * CHUNK_BYTES; }
     __device__ __forceinline__ const act_t** rows(int b) const {
-        return (const act_t**)(base + q_bytes + 2 * tile_bytes + b * row_bytes);
+        return (const act_t**)(base + q_bytes + 2 * tile_bytes + b * (128 * 8 + 64 * 4));
     }
 };
 
@@ -99,9 +90,8 @@ __device__ __forceinline__ void wg_fence() {
 __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-template <int N>  // until at most N of the warpgroup's committed groups are pending
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(0) : "memory");
 }
 
 // d = a · bᵀ (+ d when add): a 64 x 16 K-major slice of q, a 64 x 16 K-major slice of keys.
@@ -151,7 +141,7 @@ __device__ __forceinline__ uint32_t round_pair(float x0, float x1, float& r0, fl
 
 // ------------------------------------------------------------------ the tiles
 
-// The global rows of positions [start, start + 128) of `slot` (issue_kv_tile's rule: from k_new
+// The global rows of positions [start, start + 64) of `slot` (issue_kv_tile's rule: from k_new
 // / v_new where a launch row appends the position, else the cache; null outside [lo, hi]), then
 // their keys and values into buffer b, one cp.async group, every thread of the block together:
 // CHUNKS whole chunks of each, zeros past d (the scores' k steps run over whole chunks; the
@@ -163,19 +153,45 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
                                               const int* slots, int rows, int slot,
                                               AppendRun run, int start, int lo, int hi, int kvh,
                                               int hkv, int d, int max_ctx) {
+    constexpr int KP = 8 * CHUNKS;  // 16-byte pieces of a row in whole chunks
+    const int n16 = d / 8, nt = blockDim.x;
+    // A tile whose positions all lie in [lo, hi] and come from one array in order (a prompt's
+    // rows of k, v, or the cache's) needs no table of rows: position start + j is row j from
+    // kb, vb, stride apart. A thread copies piece p = thread % KP of every (nt / KP)-th row.
+    const long stride = (long)hkv * d;
+    const act_t *kb = nullptr, *vb = nullptr;
+    const int c0 = start - run.base;  // with run.direct and run.alone: the row appending start
+    if (start >= lo && start + TILE_POS - 1 <= hi && k_new && run.direct && run.alone) {
+        if (c0 >= 0 && c0 + TILE_POS <= rows) {
+            kb = k_new + c0 * stride + (long)kvh * d;
+            vb = v_new + c0 * stride + (long)kvh * d;
+        } else if (c0 + TILE_POS <= 0 || c0 >= rows) {
+            const long at = ((long)slot * max_ctx + start) * stride + (long)kvh * d;
+            kb = k_cache + at;
+            vb = v_cache + at;
+        }
+    }
+    if (kb) {
+        const int p = threadIdx.x % KP, bytes = p < n16 ? 16 : 0, from = 8 * min(p, n16 - 1);
+        for (int j = threadIdx.x / KP; j < TILE_POS; j += nt / KP) {
+            cp_async16(s.base + s.k(b) + wg_piece(j, p), kb + j * stride + from, bytes);
+            cp_async16(s.base + s.v(b) + wg_piece(j, p), vb + j * stride + from, bytes);
+        }
+        cp_async_commit();
+        return;
+    }
     const act_t** krow = s.rows(b);
-    const act_t** vrow = krow + WG_TILE;
-    int* src = (int*)(vrow + WG_TILE);
-    const int nt = blockDim.x;
+    const act_t** vrow = krow + TILE_POS;
+    int* src = (int*)(vrow + TILE_POS);
     if (k_new && !run.direct) {  // which rows append the tile's positions: every row scanned
-        for (int j = threadIdx.x; j < WG_TILE; j += nt) src[j] = -1;
+        for (int j = threadIdx.x; j < TILE_POS; j += nt) src[j] = -1;
         __syncthreads();
         for (int r = threadIdx.x; r < rows; r += nt)
-            if (slots[r] == slot && positions[r] >= start && positions[r] < start + WG_TILE)
+            if (slots[r] == slot && positions[r] >= start && positions[r] < start + TILE_POS)
                 src[positions[r] - start] = r;
         __syncthreads();
     }
-    for (int j = threadIdx.x; j < WG_TILE; j += nt) {
+    for (int j = threadIdx.x; j < TILE_POS; j += nt) {
         const int pos = start + j;
         int r = -1;
         if (k_new && run.direct) {
@@ -192,15 +208,13 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
         vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off : nullptr;
     }
     __syncthreads();  // the rows are found, for every thread
-    constexpr int KP = 8 * CHUNKS;  // 16-byte pieces of a row in whole chunks
-    const int n16 = d / 8;
-    for (int i = threadIdx.x; i < 2 * WG_TILE * KP; i += nt) {
-        const bool kv = i >= WG_TILE * KP;
-        const int at = kv ? i - WG_TILE * KP : i, j = at / KP, p = at % KP, h = j / TILE_POS;
+    for (int i = threadIdx.x; i < 2 * TILE_POS * KP; i += nt) {
+        const bool kv = i >= TILE_POS * KP;
+        const int at = kv ? i - TILE_POS * KP : i, j = at / KP, p = at % KP;
         const act_t* row = (kv ? vrow : krow)[j];
         const bool in = row && p < n16;
-        cp_async16(s.base + (kv ? s.v(b, h) : s.k(b, h)) + wg_piece(j % TILE_POS, p),
-                   in ? row + 8 * p : k_cache, in ? 16 : 0);
+        cp_async16(s.base + (kv ? s.v(b) : s.k(b)) + wg_piece(j, p), in ? row + 8 * p : k_cache,
+                   in ? 16 : 0);
     }
     cp_async_commit();
 }
@@ -263,69 +277,6 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
 
-    // the positions the lane's two rows attend to in the slot being served
-    Span sp_now[2] = {Span(rw[0], -1, 0, max_ctx), Span(rw[1], -1, 0, max_ctx)};
-    // the scores of the warpgroup's 64 rows and half h of buffer b's positions (one group)
-    auto scores = [&](float (&sc)[32], int b, int h) {
-#pragma unroll
-        for (int kk = 0; kk < 4 * CHUNKS; ++kk) {
-            const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
-            wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b, h) + off),
-                         kk > 0);
-        }
-        wg_commit();
-    };
-    // the KV block at st: its masks, the running max and sum, its weights as A fragments
-    // (positions 16 kk .. 16 kk + 15 in pa[kk]) and the factor a of the rows' earlier sums
-    auto weigh = [&](float (&sc)[32], int st, uint32_t (&pa)[4][4], float (&a)[2]) {
-        const bool whole = whole_tile(sp_now, st);
-        float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
-            const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
-            sc[i] = whole || sp_now[h].has(pos) ? sc[i] * c : -INFINITY;
-            mt[h] = fmaxf(mt[h], sc[i]);
-        }
-        float mc[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float mn = fmaxf(m[h], quad_max(mt[h]));
-            // no position of the row yet: its state stays zero, and p = 2^(-inf) = 0
-            a[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
-            mc[h] = mn == -INFINITY ? 0.0f : mn;
-            m[h] = mn;
-        }
-        float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {  // word r: n8 tile 2 kk + r / 2, row half r % 2
-                const int ni = 2 * kk + r / 2, h = r % 2;
-                float p0, p1;
-                pa[kk][r] = round_pair(exp2f(sc[4 * ni + 2 * h] - mc[h]),
-                                       exp2f(sc[4 * ni + 2 * h + 1] - mc[h]), p0, p1);
-                ls[h] += p0;
-                ls[h] += p1;
-            }
-        l[0] = l[0] * a[0] + ls[0];
-        l[1] = l[1] * a[1] + ls[1];
-    };
-    auto rescale = [&](const float (&a)[2]) {
-#pragma unroll
-        for (int ch = 0; ch < CHUNKS; ++ch)
-#pragma unroll
-            for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
-    };
-    // acc += p · v for half h of buffer b (one group)
-    auto values = [&](const uint32_t (&pa)[4][4], int b, int h) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int ch = 0; ch < CHUNKS; ++ch)
-                wgmma_values(acc[ch], pa[kk],
-                             n_major(s.at + s.v(b, h) + ch * CHUNK_BYTES + kk * 16 * 128));
-        wg_commit();
-    };
     wg_issue_q<CHUNKS>(s, q, row0, rows, head, hq, d, wg);  // lands with the first tile's group
     // the slots of the block's rows, in the order of their first rows (for_each_slot's walk)
     unsigned long long done = 0;
@@ -344,18 +295,17 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
             }
         }
         const AppendRun run = run_of(positions, slots, rows, slot, row0 + i);
-        sp_now[0] = Span(rw[0], slot, 0, max_ctx);
-        sp_now[1] = Span(rw[1], slot, 0, max_ctx);
-        const int t0 = lo / TILE_POS * TILE_POS;  // a KV block's first position
+        const Span sp[2] = {Span(rw[0], slot, 0, max_ctx), Span(rw[1], slot, 0, max_ctx)};
+        const int t0 = lo / TILE_POS * TILE_POS;
         auto issue = [&](int b, int st) {
             wg_issue_tile<CHUNKS>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot,
                                   run, st, lo, hi, kvh, hkv, d, max_ctx);
         };
         issue(0, t0);
-        for (int st = t0, it = 0; st <= hi; st += WG_TILE, ++it) {
+        for (int st = t0, it = 0; st <= hi; st += TILE_POS, ++it) {
             const int b = it & 1;
-            if (st + WG_TILE <= hi) {
-                issue(b ^ 1, st + WG_TILE);
+            if (st + TILE_POS <= hi) {
+                issue(b ^ 1, st + TILE_POS);
                 cp_async_wait<1>();
             } else {
                 cp_async_wait<0>();
@@ -363,29 +313,71 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
             fence_proxy_async();  // this thread's copies seen by the wgmmas
             __syncthreads();      // every thread's, and q's
             if (active) {
-                // the scores of both KV blocks first, so that the second's run while the first
-                // is weighed, and the first's values while the second is weighed
-                const bool two = st + TILE_POS <= hi;  // block-uniform
-                float sc0[32], sc1[32];
-                uint32_t pa0[4][4], pa1[4][4];
-                float a[2];
+                // the scores of the warpgroup's 64 rows and the tile's 64 positions
+                float sc[32];
                 wg_fence();
-                scores(sc0, b, 0);
-                if (two) scores(sc1, b, 1);
-                if (two) wg_wait<1>(); else wg_wait<0>();
-                weigh(sc0, st, pa0, a);
-                rescale(a);
-                wg_fence();
-                values(pa0, b, 0);
-                if (two) {
-                    wg_wait<1>();  // the second block's scores (its values may still run)
-                    weigh(sc1, st + TILE_POS, pa1, a);
-                    wg_wait<0>();  // the first block's values are in acc
-                    rescale(a);
-                    wg_fence();
-                    values(pa1, b, 1);
+#pragma unroll
+                for (int kk = 0; kk < 4 * CHUNKS; ++kk) {
+                    const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
+                    wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b) + off),
+                                 kk > 0);
                 }
-                wg_wait<0>();
+                wg_commit();
+                wg_wait_all();
+                float mt[2] = {-INFINITY, -INFINITY};
+                if (whole_tile(sp, st)) {  // every row of the warp attends to every position
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
+                        sc[i] *= c;
+                        mt[(i & 3) >> 1] = fmaxf(mt[(i & 3) >> 1], sc[i]);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) {
+                        const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+                        sc[i] = sp[h].has(pos) ? sc[i] * c : -INFINITY;
+                        mt[h] = fmaxf(mt[h], sc[i]);
+                    }
+                }
+                float a[2], mc[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float mn = fmaxf(m[h], quad_max(mt[h]));
+                    a[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
+                    mc[h] = mn == -INFINITY ? 0.0f : mn;
+                    m[h] = mn;
+                }
+                // acc times 1 is acc, every bit (the warp's rows whose max stayed skip it)
+                if (!__all_sync(0xffffffffu, a[0] == 1.0f && a[1] == 1.0f)) {
+#pragma unroll
+                    for (int ch = 0; ch < CHUNKS; ++ch)
+#pragma unroll
+                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+                }
+                float ls[2] = {0.0f, 0.0f};
+                uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {  // word r: n8 tile 2 kk + r / 2, row half r % 2
+                        const int ni = 2 * kk + r / 2, h = r % 2;
+                        float p0, p1;
+                        pa[kk][r] = round_pair(exp2f(sc[4 * ni + 2 * h] - mc[h]),
+                                              exp2f(sc[4 * ni + 2 * h + 1] - mc[h]), p0, p1);
+                        ls[h] += p0;
+                        ls[h] += p1;
+                    }
+                l[0] = l[0] * a[0] + ls[0];
+                l[1] = l[1] * a[1] + ls[1];
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int ch = 0; ch < CHUNKS; ++ch)
+                        wgmma_values(acc[ch], pa[kk],
+                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
+                wg_commit();
+                wg_wait_all();
             }
             __syncthreads();  // every warpgroup is done with the buffer before it is refilled
         }
