@@ -407,6 +407,51 @@ def check_online_attention_bound(hq: int, hkv: int, d: int, P: Any, F: Any,
         assert x.tobytes() == y.tobytes(), name
 
 
+def check_online_attention_far_scores(P: Any, F: Any, runner: Runner) -> None:
+    """The online prefill attention where a row's scores span far more than f32's exponent
+    (keys scaled from -4 to 4 along a 160-row prompt, scale 1: a row's largest and smallest
+    scores some 700 apart in log2 units), so that most weights fall below 2^-126 of the row's
+    largest (sm_90's kernel flushes those to zero, the reference keeps them subnormal) and
+    some are exactly zero: within the dtype's tolerance of the reference, all finite, with no
+    more than 1 % of the outputs off the reference's bits; and within the relation's declared
+    bound of the two-pass kernel."""
+    rel = P.relation("online_prefill_attention")
+    fam, lhs_fam = P.family("kv_append_attention_online"), P.family("kv_append_attention")
+    point, lhs = prefill_point(fam), prefill_point(lhs_fam)
+    rows, hq, hkv, d = 160, 8, 2, 64
+    sizes = {**sizes_for(fam, rows), "hq": hq, "hkv": hkv, "d": d, "slots": 1, "max_ctx": 256}
+    host, device = inputs(fam, point, sizes, seed=5)
+    names = [port.name for port in fam.inputs]
+    rng = np.random.default_rng(5)
+    q = np.abs(rng.standard_normal((rows, hq, d))) + 0.5  # every q · k the sign of the key's
+    k = np.linspace(-4, 4, rows)[:, None, None] * (np.abs(rng.standard_normal((rows, hkv, d)))
+                                                   + 0.5)
+    positions, slots = np.arange(rows, dtype=np.int32), np.zeros(rows, np.int32)
+    for name, x in (("q", q), ("k", k), ("positions", positions), ("slots", slots)):
+        stored = x if x.dtype.kind == "i" else _stored(x, "bf16")
+        host[names.index(name)], device[name] = stored, (stored.copy(),)
+    attrs = {"window": 0, "scale": 1.0}
+    # the case is what it claims: weights below 2^-126 of their row's largest, and below 2^-149
+    qs, ks = (np.asarray(host[names.index(n)], np.float32) for n in ("q", "k"))
+    # the first q head of each kv head against its keys, in log2 units
+    s2 = np.einsum("rhd,jhd->hrj", qs[:, ::hq // hkv], ks) * np.log2(np.e)
+    s2 = np.where(np.tril(np.ones((rows, rows), bool)), s2, -np.inf)
+    below = s2 - s2.max(axis=-1, keepdims=True)
+    assert ((below < -126) & (below > -149)).any() and (below[np.isfinite(below)] < -149).any()
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **{**kwargs(fam, point), **attrs})
+    fresh = {n: tuple(None if x is None else np.copy(x) for x in v) for n, v in device.items()}
+    got = runner(fam, point, sizes, fresh, attrs)
+    assert np.isfinite(got[0].astype(np.float32)).all()
+    compare(point, fam, ref, got)
+    moved = float(np.mean(got[0].view(np.uint16) != ref[0].view(np.uint16)))
+    assert moved < 0.01, f"{point}: {moved:.1%} of the outputs differ from the reference's bits"
+    mag = magnitude(rel, lhs_fam, lhs, [np.copy(h) for h in host], attrs)[0]
+    fresh = {n: tuple(None if x is None else np.copy(x) for x in v) for n, v in device.items()}
+    two_pass = runner(lhs_fam, lhs, sizes, fresh, attrs)
+    assert_within_bound(rel, two_pass[0], got[0], {"max_ctx": sizes["max_ctx"]},
+                        "on scores past f32's range", mag)
+
+
 GEMM = {"act": "bf16", "shape": "gemm", "k_block": 256, "across": "sequential"}
 """The prefill GEMM point's parameters other than the weight format."""
 

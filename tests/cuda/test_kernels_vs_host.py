@@ -34,6 +34,7 @@ from tests.kernel_cases import (  # noqa: E402
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
     check_online_attention_bound,
+    check_online_attention_far_scores,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -467,6 +468,11 @@ def test_online_prefill_attention_holds_its_declared_bound_on_device(gpu, hq, hk
     check_online_attention_bound(hq, hkv, d, P, F,
                                  lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev,
                                                                             attrs=attrs))
+
+
+def test_online_prefill_attention_on_scores_past_f32_s_range_on_device(gpu):
+    check_online_attention_far_scores(
+        P, F, lambda f, p, sz, dev, attrs=None: _run_gpu(gpu, f, p, sz, dev, attrs=attrs))
 
 
 MULTI_ROW_CASES = (

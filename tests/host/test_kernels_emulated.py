@@ -39,6 +39,7 @@ from tests.kernel_cases import (
     check_gemv_mma_mxfp4_scales,
     check_mma_gemv_bound,
     check_online_attention_bound,
+    check_online_attention_far_scores,
     check_prefill_attention,
     check_relation,
     check_row_invariance,
@@ -549,6 +550,10 @@ def test_online_prefill_attention_without_tensor_cores_matches_reference(build_d
 @pytest.mark.parametrize("hq,hkv,d", sampled([(8, 2, 64), (16, 8, 128)], keep=[0]))
 def test_online_prefill_attention_holds_its_declared_bound(build_dir, hq, hkv, d):
     check_online_attention_bound(hq, hkv, d, P, F, _runner(build_dir))
+
+
+def test_online_prefill_attention_on_scores_past_f32_s_range(build_dir):
+    check_online_attention_far_scores(P, F, _runner(build_dir))
 
 
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -272,6 +273,15 @@ void simt::asm_stmt(const char* tmpl, std::initializer_list<Out> outs,
     }
     if (t == "mov.u32 %0, %%dynamic_smem_size;") {
         std::memcpy(outs.begin()[0].p, &dynamic_bytes, 4);
+    } else if (t == "ex2.approx.ftz.f32 %0, %1;") {
+        // 2^x, subnormal inputs and results flushed to (signed) zero; the hardware's
+        // approximation (2 ulp) is its own, as an MMA's order is
+        float x, y;
+        std::memcpy(&x, &in[0], 4);
+        if (std::fpclassify(x) == FP_SUBNORMAL) x = std::copysign(0.0f, x);
+        y = std::exp2(x);
+        if (std::fpclassify(y) == FP_SUBNORMAL) y = 0.0f;
+        std::memcpy(outs.begin()[0].p, &y, 4);
     } else if (t == "mov.u64 %0, %%globaltimer;") {
         if (resident) {  // a spin loop reads the clock: let the other blocks run
             yield();
