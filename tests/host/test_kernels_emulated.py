@@ -556,6 +556,29 @@ def test_online_prefill_attention_on_scores_past_f32_s_range(build_dir):
     check_online_attention_far_scores(P, F, _runner(build_dir))
 
 
+F_SM80 = realization("sm_80", presentation=P)
+
+
+@pytest.mark.parametrize("check", ["tiles", "bound", "far_scores"])
+def test_the_mma_sync_online_prefill_attention_of_the_classes_without_wgmma(build_dir, check):
+    """attention_online.cu, the online softmax of sm_80 and the classes that have mma.sync but
+    not sm_90's wgmma (which sm_90's attention_wgmma.cu shadows), on the same cases as sm_90's:
+    tiles, blocks and slots against the reference, the relation's bound against the two-pass
+    kernel, and scores past f32's range."""
+    fam = P.family("kv_append_attention_online")
+    assert F_SM80.realize(prefill_point(fam)).source == "cuda/common/attention_online.cu"
+
+    def runner(f, p, sz, dev, attrs=None):
+        return run(build_dir, f, p, sz, dev, attrs, F_=F_SM80)
+
+    if check == "tiles":
+        check_prefill_attention(fam, 16, 8, 128, 100, runner, F_SM80)
+    elif check == "bound":
+        check_online_attention_bound(16, 8, 128, P, F_SM80, runner)
+    else:
+        check_online_attention_far_scores(P, F_SM80, runner)
+
+
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
 @pytest.mark.parametrize("hq,hkv", sampled([(8, 8), (16, 8), (32, 8), (12, 4)], keep=[0, 3]))
 def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_dir, family, hq,

@@ -13,7 +13,8 @@
 //   m' = max(m, max_j s_j), a = 2^(m - m');
 //   p_j = 2^(s_j - m') rounded to bf16, l = l a + sum p_j (the lane's positions, in order),
 //   acc = acc a + sum p_j v_j by MMAs on the rounded p_j;
-// then o = acc / l (the four lanes of a row summed), rounded to act. Against the declared
+// then o = acc / l (the four lanes of a row summed), rounded to act; 2^x is the multi-function
+// unit's, flushed to zero below 2^-126 (online_block, attention_prefill.cuh). Against the declared
 // two-pass order (attention_prefill.cu) this computes each score once and runs a third of the
 // p·v MMAs, so the relation online_prefill_attention is bounded: exp's weights lose their bits
 // past bf16's eight.
@@ -28,16 +29,14 @@
 static_assert(KV_BLOCK == TILE_POS, "the online softmax's blocks are the 64-position tiles");
 #define ONLINE_HEAD_DIM 128  // one slice: the warp's q fragments and output in registers
 
-// s[ni][e] = q · k for the warp's 16 rows and the tile's 64 positions (n8 tile ni, the MMA's
-// accumulator layout: row g + 8 (e / 2), position 8 ni + 2 t + e % 2), q's fragments held by
-// the warp (qa[kk]: head_dim columns 16 kk .. 16 kk + 15), keys from shared memory.
+// s[4 ni + e] = q · k for the warp's 16 rows and the tile's 64 positions (n8 tile ni, the
+// MMA's accumulator layout: row g + 8 (e / 2), position 8 ni + 2 t + e % 2), q's fragments held
+// by the warp (qa[kk]: head_dim columns 16 kk .. 16 kk + 15), keys from shared memory.
 __device__ __forceinline__ void tile_dots(const bf16* keys, const uint32_t (&qa)[8][4], int d,
-                                          float (&sc)[8][4]) {
+                                          float (&sc)[32]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[ni][e] = 0.0f;
+    for (int i = 0; i < 32; ++i) sc[i] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < ONLINE_HEAD_DIM / 16; ++kk) {
         if (16 * kk >= d) break;
@@ -46,18 +45,10 @@ __device__ __forceinline__ void tile_dots(const bf16* keys, const uint32_t (&qa)
             uint32_t b[4];
             ldmatrix_x4(b, keys + (16 * j + (lane & 7) + ((lane >> 4) << 3)) * KPITCH(d) +
                                16 * kk + ((lane >> 3) & 1) * 8);
-            mma_bf16(sc[2 * j], qa[kk], b[0], b[1]);
-            mma_bf16(sc[2 * j + 1], qa[kk], b[2], b[3]);
+            mma_bf16(*reinterpret_cast<float(*)[4]>(sc + 8 * j), qa[kk], b[0], b[1]);
+            mma_bf16(*reinterpret_cast<float(*)[4]>(sc + 8 * j + 4), qa[kk], b[2], b[3]);
         }
     }
-}
-
-// Two f32 values rounded to bf16, as one A operand word; r0, r1 the rounded values.
-__device__ __forceinline__ uint32_t pack_bf16(float x0, float x1, float& r0, float& r1) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    r0 = __low2float(h);
-    r1 = __high2float(h);
-    return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 __device__ __forceinline__ void attend_online(const act_t* q, const act_t* k_cache,
@@ -108,72 +99,31 @@ __device__ __forceinline__ void attend_online(const act_t* q, const act_t* k_cac
             if (__all_sync(0xffffffffu, !(sp[0].from <= st + TILE_POS - 1 && sp[0].to >= st) &&
                                             !(sp[1].from <= st + TILE_POS - 1 && sp[1].to >= st)))
                 return;
-            float sc[8][4];
+            float sc[32], a[2];
+            uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
             tile_dots(tile.k, qa, d, sc);
-            const bool whole = whole_tile(sp, st);
-            float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int ni = 0; ni < 8; ++ni)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int h = e / 2, pos = st + 8 * ni + 2 * t + e % 2;
-                    sc[ni][e] = whole || sp[h].has(pos) ? sc[ni][e] * c : -INFINITY;
-                    mt[h] = fmaxf(mt[h], sc[ni][e]);
-                }
-            float a[2], mc[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float mn = fmaxf(m[h], quad_max(mt[h]));
-                // no position of the row yet: its state stays zero, and p = 2^(-inf) = 0
-                a[h] = mn == -INFINITY ? 1.0f : exp2f(m[h] - mn);
-                mc[h] = mn == -INFINITY ? 0.0f : mn;
-                m[h] = mn;
-            }
-            if (!__all_sync(0xffffffffu, a[0] == 1.0f && a[1] == 1.0f)) {
+            online_block(sc, sp, st, c, m, l, a, pa);
+            if (!online_keeps(a)) {
 #pragma unroll
                 for (int ni = 0; ni < ONLINE_HEAD_DIM / 8; ++ni)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[ni][e] *= a[e / 2];
             }
-            float ls[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {  // positions 16 kk .. 16 kk + 15
-                uint32_t pa[4];               // the weights as the A operand: n8 tiles 2 kk, 2 kk + 1
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {  // A word r: n8 tile 2 kk + r / 2, row half r % 2
-                    const int ni = 2 * kk + r / 2, h = r % 2;
-                    float p0, p1;
-                    pa[r] = pack_bf16(exp2f(sc[ni][2 * h] - mc[h]),
-                                      exp2f(sc[ni][2 * h + 1] - mc[h]), p0, p1);
-                    ls[h] += p0;
-                    ls[h] += p1;
-                }
 #pragma unroll
                 for (int nj = 0; nj < ONLINE_HEAD_DIM / 16; ++nj) {  // columns 16 nj ..
                     if (16 * nj >= d) break;
                     uint32_t b[4];
                     const int pos = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
                     ldmatrix_x4_trans(b, tile.v + pos * VPITCH + 16 * nj + (lane >> 4) * 8);
-                    mma_bf16(acc[2 * nj], pa, b[0], b[1]);
-                    mma_bf16(acc[2 * nj + 1], pa, b[2], b[3]);
+                    mma_bf16(acc[2 * nj], pa[kk], b[0], b[1]);
+                    mma_bf16(acc[2 * nj + 1], pa[kk], b[2], b[3]);
                 }
             }
-            l[0] = l[0] * a[0] + ls[0];
-            l[1] = l[1] * a[1] + ls[1];
         });
     });
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float lsum = quad_sum(l[h]);
-        if (!rw[h].live) continue;
-        act_t* orow = o + ((long)(wrow0 + g + 8 * h) * hq + head) * d;
-#pragma unroll
-        for (int ni = 0; ni < ONLINE_HEAD_DIM / 8; ++ni) {
-            if (8 * ni >= d) break;
-            orow[8 * ni + 2 * t] = act_store(acc[ni][2 * h] / lsum);
-            orow[8 * ni + 2 * t + 1] = act_store(acc[ni][2 * h + 1] / lsum);
-        }
-    }
+    online_store(acc, l, rw, o, wrow0, hq, head, d);
 }
 
 // grid (hkv, ceil(rows / 16 RT), 1), block 32 G RT (G = hq / hkv; the table's RT is

@@ -1,6 +1,7 @@
 // Metrale CUDA: what the prefill attention kernels share (attention_prefill.cu, the declared
-// two-pass order; attention_online.cu, the online softmax): the rows a block takes, the key and
-// value tiles through shared memory, the kv_append of a block's rows, the launch checks.
+// two-pass order; attention_online.cu and sm_90's attention_wgmma.cu, the online softmax): the
+// rows a block takes, the key and value tiles through shared memory, the kv_append of a block's
+// rows, the online softmax's step, the launch checks.
 //
 // A block takes one kv head and RT tiles of 16 rows of the launch (RT = blockDim.x / 32 G, with
 // G = hq / hkv): warp w computes q head kv_head * G + w % G for the rows of tile w / G, so the
@@ -275,14 +276,14 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// body(slot, lo, hi, run) for each slot the block's rows hold, in the order of their first rows
-// (every thread walks the same sequence): [lo, hi] the positions some row of the slot attends
-// to, run its AppendRun (kv_append entries, k_new given) for issue_kv_tile.
+// body(slot, lo, hi, run) for each slot the rows [row0, row0 + block_rows) of the launch hold
+// (at most 64), in the order of their first rows (every thread walks the same sequence): [lo,
+// hi] the positions some row of the slot attends to, run its AppendRun (kv_append entries,
+// k_new given) for issue_kv_tile.
 template <class Body>
-__device__ __forceinline__ void for_each_slot(const int* positions, const int* slots, int rows,
-                                              int window, int G, const act_t* k_new,
-                                              Body body) {
-    const int block_rows = block_row_count(G), row0 = block_row0(G);
+__device__ __forceinline__ void for_each_slot_of(int row0, int block_rows, const int* positions,
+                                                 const int* slots, int rows, int window,
+                                                 const act_t* k_new, Body body) {
     unsigned long long done = 0;
     for (int i = 0; i < block_rows; ++i) {
         if (done >> i & 1ull) continue;
@@ -302,6 +303,113 @@ __device__ __forceinline__ void for_each_slot(const int* positions, const int* s
                                     : AppendRun{false, false, 0};
         body(slot, lo, hi, run);
     }
+}
+
+// for_each_slot_of the block's rows (block_row0, block_row_count).
+template <class Body>
+__device__ __forceinline__ void for_each_slot(const int* positions, const int* slots, int rows,
+                                              int window, int G, const act_t* k_new,
+                                              Body body) {
+    for_each_slot_of(block_row0(G), block_row_count(G), positions, slots, rows, window, k_new,
+                     body);
+}
+
+// ------------------------------------------------------------------ the online softmax
+
+// 2^x by the multi-function unit, a result below 2^-126 flushed to zero: exp2f's handling of
+// subnormal results (a compare and two multiplies a value) measured a seventh of sm_90's online
+// kernel's instructions a tile. A weight below 2^-126 of its row's largest weighs at most that
+// much of a value, inside online_prefill_attention's bound.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two f32 values rounded to bf16, as one A operand word; r0, r1 the rounded values.
+__device__ __forceinline__ uint32_t pack_bf16(float x0, float x1, float& r0, float& r1) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    r0 = __low2float(h);
+    r1 = __high2float(h);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// One KV block of the online softmax (attention_online.cu's order) for a warp's 16 rows, the
+// lane's two: its scores sc (register 4 ni + e: n8 tile ni, element e, as an MMA accumulates
+// them) taken to log2 units by c and masked where a row does not attend (a warp whose rows all
+// attend to the whole block skips the masks); the rows' running max m; the factor a their
+// earlier sums and outputs take; the weights p = 2^(s - m) rounded to bf16 as A fragments
+// (pa[kk]: positions 16 kk .. 16 kk + 15), summed into l in the lane's order. A row with no
+// position yet keeps its state (a = 1, p = 2^(-inf) = 0).
+__device__ __forceinline__ void online_block(float (&sc)[32], const Span (&sp)[2], int st,
+                                             float c, float (&m)[2], float (&l)[2],
+                                             float (&a)[2], uint32_t (&pa)[4][4]) {
+    const int t = threadIdx.x & 3;
+    float mt[2] = {-INFINITY, -INFINITY};
+    if (whole_tile(sp, st)) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            sc[i] *= c;
+            mt[(i & 3) >> 1] = fmaxf(mt[(i & 3) >> 1], sc[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+            sc[i] = sp[h].has(pos) ? sc[i] * c : -INFINITY;
+            mt[h] = fmaxf(mt[h], sc[i]);
+        }
+    }
+    float mc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float mn = fmaxf(m[h], quad_max(mt[h]));
+        a[h] = mn == -INFINITY ? 1.0f : exp2_ftz(m[h] - mn);
+        mc[h] = mn == -INFINITY ? 0.0f : mn;
+        m[h] = mn;
+    }
+    float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // word r: n8 tile 2 kk + r / 2, row half r % 2
+            const int ni = 2 * kk + r / 2, h = r % 2;
+            float p0, p1;
+            pa[kk][r] = pack_bf16(exp2_ftz(sc[4 * ni + 2 * h] - mc[h]),
+                                  exp2_ftz(sc[4 * ni + 2 * h + 1] - mc[h]), p0, p1);
+            ls[h] += p0;
+            ls[h] += p1;
+        }
+    l[0] = l[0] * a[0] + ls[0];
+    l[1] = l[1] * a[1] + ls[1];
+}
+
+// o = acc / l for the lane's two rows (rw; the warp's rows from row0), l the sum of the four
+// lanes of a row, rounded to act: acc in NT n8 tiles of the MMA's accumulator layout (tile ni:
+// columns 8 ni + 2 t + {0, 1} of rows g, g + 8), the head's d columns of them.
+template <int NT>
+__device__ __forceinline__ void online_store(const float (&acc)[NT][4], const float (&l)[2],
+                                             const RowInfo (&rw)[2], act_t* o, int row0, int hq,
+                                             int head, int d) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float lsum = quad_sum(l[h]);  // every lane, before a row past the launch leaves
+        if (!rw[h].live) continue;
+        act_t* orow = o + ((long)(row0 + g + 8 * h) * hq + head) * d;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+            if (8 * ni >= d) break;
+            orow[8 * ni + 2 * t] = act_store(acc[ni][2 * h] / lsum);
+            orow[8 * ni + 2 * t + 1] = act_store(acc[ni][2 * h + 1] / lsum);
+        }
+    }
+}
+
+// Whether the warp's rows all keep their earlier sums as they are (a = 1): acc times 1 is acc,
+// every bit, so the warp skips the multiplies.
+__device__ __forceinline__ bool online_keeps(const float (&a)[2]) {
+    return __all_sync(0xffffffffu, a[0] == 1.0f && a[1] == 1.0f);
 }
 
 // kv_append for the block's rows: their k, v of its kv head into the cache, 16 bytes a copy

@@ -132,24 +132,6 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// 2^x by the multi-function unit, a result below 2^-126 flushed to zero: exp2f's handling of
-// subnormal results (a compare and two multiplies a value) measured a seventh of a tile's
-// instructions. A weight below 2^-126 of the row's largest weighs at most that much of a value,
-// inside the relation's bound (KERNELS.toml says so).
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two f32 values rounded to bf16, as one A operand word; r0, r1 the rounded values.
-__device__ __forceinline__ uint32_t round_pair(float x0, float x1, float& r0, float& r1) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    r0 = __low2float(h);
-    r1 = __high2float(h);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 // ------------------------------------------------------------------ the tiles
 
 // The global rows of positions [start, start + 64) of `slot` (issue_kv_tile's rule: from k_new
@@ -280,7 +262,7 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
     const int G = hq / hkv;
     const WgSmem s;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3, head_in_group = hg * wgs + wg;
+    const int g = lane >> 2, head_in_group = hg * wgs + wg;
     const bool active = head_in_group < G;  // warpgroup-uniform
     const int head = kvh * G + min(head_in_group, G - 1);
     const int wrow0 = row0 + 16 * warp;
@@ -295,23 +277,8 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
         for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
 
     wg_issue_q<CHUNKS>(s, q, row0, rows, head, hq, d, wg);  // lands with the first tile's group
-    // the slots of the block's rows, in the order of their first rows (for_each_slot's walk)
-    unsigned long long done = 0;
-    for (int i = 0; i < WG_ROWS; ++i) {
-        if (done >> i & 1ull) continue;
-        const RowInfo ri = row_info(row0 + i, rows, positions, slots, window);
-        if (!ri.live) break;
-        const int slot = ri.slot;
-        int lo = ri.lo, hi = ri.p;
-        for (int j = i; j < WG_ROWS; ++j) {
-            const RowInfo rj = row_info(row0 + j, rows, positions, slots, window);
-            if (rj.live && rj.slot == slot) {
-                done |= 1ull << j;
-                lo = min(lo, rj.lo);
-                hi = max(hi, rj.p);
-            }
-        }
-        const AppendRun run = run_of(positions, slots, rows, slot, row0 + i);
+    for_each_slot_of(row0, WG_ROWS, positions, slots, rows, window, k, [&](int slot, int lo,
+                                                                         int hi, AppendRun run) {
         const Span sp[2] = {Span(rw[0], slot, 0, max_ctx), Span(rw[1], slot, 0, max_ctx)};
         const int t0 = lo / TILE_POS * TILE_POS;
         auto issue = [&](int b, int st) {
@@ -341,51 +308,15 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
                 }
                 wg_commit();
                 wg_wait_all();
-                float mt[2] = {-INFINITY, -INFINITY};
-                if (whole_tile(sp, st)) {  // every row of the warp attends to every position
-#pragma unroll
-                    for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
-                        sc[i] *= c;
-                        mt[(i & 3) >> 1] = fmaxf(mt[(i & 3) >> 1], sc[i]);
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 32; ++i) {
-                        const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
-                        sc[i] = sp[h].has(pos) ? sc[i] * c : -INFINITY;
-                        mt[h] = fmaxf(mt[h], sc[i]);
-                    }
-                }
-                float a[2], mc[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float mn = fmaxf(m[h], quad_max(mt[h]));
-                    a[h] = mn == -INFINITY ? 1.0f : exp2_ftz(m[h] - mn);
-                    mc[h] = mn == -INFINITY ? 0.0f : mn;
-                    m[h] = mn;
-                }
-                // acc times 1 is acc, every bit (the warp's rows whose max stayed skip it)
-                if (!__all_sync(0xffffffffu, a[0] == 1.0f && a[1] == 1.0f)) {
+                float a[2];
+                uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
+                online_block(sc, sp, st, c, m, l, a, pa);
+                if (!online_keeps(a)) {
 #pragma unroll
                     for (int ch = 0; ch < CHUNKS; ++ch)
 #pragma unroll
                         for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
                 }
-                float ls[2] = {0.0f, 0.0f};
-                uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {  // word r: n8 tile 2 kk + r / 2, row half r % 2
-                        const int ni = 2 * kk + r / 2, h = r % 2;
-                        float p0, p1;
-                        pa[kk][r] = round_pair(exp2_ftz(sc[4 * ni + 2 * h] - mc[h]),
-                                              exp2_ftz(sc[4 * ni + 2 * h + 1] - mc[h]), p0, p1);
-                        ls[h] += p0;
-                        ls[h] += p1;
-                    }
-                l[0] = l[0] * a[0] + ls[0];
-                l[1] = l[1] * a[1] + ls[1];
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)
@@ -398,19 +329,11 @@ __device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const 
             }
             __syncthreads();  // every warpgroup is done with the buffer before it is refilled
         }
-    }
-    if (!active) return;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float lsum = quad_sum(l[h]);
-        if (!rw[h].live) continue;
-        act_t* orow = o + ((long)(wrow0 + g + 8 * h) * hq + head) * d;
-#pragma unroll
-        for (int i = 0; i < 32 * CHUNKS; ++i) {  // chunk i / 32, its register i % 32
-            const int col = 64 * (i >> 5) + 8 * ((i & 31) >> 2) + 2 * t + (i & 1);
-            if ((i & 3) >> 1 == h && col < d) orow[col] = act_store(acc[i >> 5][i & 31] / lsum);
-        }
-    }
+    });
+    // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
+    if (active)
+        online_store(reinterpret_cast<const float(&)[8 * CHUNKS][4]>(acc), l, rw, o, wrow0, hq,
+                     head, d);
 }
 
 // grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 WGS (WGS = min(2, G), G = hq / hkv, or
