@@ -286,18 +286,28 @@ def prefill_steps(doc: dict[str, Any] | None) -> str:
                 "`python benchmarks/bench_gpu_prefill.py --rows \"\" --steps 512,2048 "
                 "--step-quants bf16 --policies exact,bounded` times them beside transformers' "
                 "eager forward.")
+    # generation's prefill computes the last row's logits alone (`met run`); transformers'
+    # forward, the peer, all of them, as the whole step does
+    last = any(s.get("last_logits_step_s") for s in steps)
     table = []
     for (model, quant, policy), ss in rows.items():
         cells = []
         for n in lengths:
-            t = _median(s.get("step_s") for s in ss if int(s.get("rows", -1)) == n)
-            peer = _median(s.get("hf_eager_s") for s in ss if int(s.get("rows", -1)) == n)
+            at = [s for s in ss if int(s.get("rows", -1)) == n]
+            t = _median(s.get("step_s") for s in at)
+            peer = _median(s.get("hf_eager_s") for s in at)
             cells.append(DASH if t is None else _ms(t) + ("" if peer is None
                                                           else f" (HF {_ms(peer)})"))
+            if last:
+                t_last = _median(s.get("last_logits_step_s") for s in at)
+                cells.append(DASH if t_last is None else _ms(t_last))
         table.append([str(model), quant, policy, *cells])
-    return (_source("gpu_prefill", prefill_command(doc), doc.get("gpu")) + " Whole steps in ms, transformers' eager "
-            "forward in brackets.\n\n" + _table(["model", "weights", "policy",
-                                                  *(f"{n} tokens" for n in lengths)], table))
+    header = [h for n in lengths for h in (f"{n} tokens", f"{n}, last row's logits only")
+              if last or not h.endswith("only")]
+    return (_source("gpu_prefill", prefill_command(doc), doc.get("gpu")) + " Whole steps in ms, "
+            "transformers' eager forward (every row's logits) in brackets; the step that "
+            "generation runs computes the last row's logits only.\n\n"
+            + _table(["model", "weights", "policy", *header], table))
 
 
 def prefill_gemm(doc: dict[str, Any] | None) -> str:

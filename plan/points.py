@@ -3,7 +3,7 @@
 The matmul points are the ones the search chooses by cost: on sm_90, GEMV-shaped for decode
 and GEMM-shaped (tensor cores) for a 64-row prefill.
 
->>> pts = plan_points("tiny-qwen3", "bf16", "sm_90")
+>>> pts = plan_points("qwen3-0.6b", "bf16", "sm_90")
 >>> sorted({p.param("shape") for p in pts if p.family == "qkv"})
 ['gemm', 'gemv']
 >>> any(p.family == "sample" for p in plan_points("tiny-qwen3", "bf16", "host"))

@@ -347,8 +347,12 @@ TENSOR_CORE_BUILDS = [
      "sm_90", WGMMA),
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
      {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
+    # the online softmax: the classes' with mma.sync, and sm_90's own on wgmma
     ("attention_online.cu", ("ACT_BF16", "KV_BLOCK=64"),
-     {"metrale_kv_append_attention_online_prefill"}, "sm_90", MMA_SYNC),
+     {"metrale_kv_append_attention_online_prefill"}, "sm_80", MMA_SYNC),
+    ("sm_90/common/attention_wgmma.cu", ("ACT_BF16", "KV_BLOCK=64"),
+     {"metrale_kv_append_attention_wgmma_online_prefill"}, "sm_90",
+     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"),
 ]
 
 

@@ -261,8 +261,9 @@ def test_a_relation_whose_kernel_cannot_serve_the_sizes_is_declined_and_the_plan
 
 def test_the_bounded_prefill_takes_the_online_attention_where_a_kernel_serves_it():
     """Under the bounded policy the prefill attention is the online softmax (relation
-    online_prefill_attention): sm_90's tensor-core kernel, the cuda class's plain one. The exact
-    policy and decode keep their own attention. At a head dim past the tensor-core kernel's 128
+    online_prefill_attention): sm_90's on wgmma, sm_80's on mma.sync, the cuda class's plain
+    one. The exact
+    policy and decode keep their own attention. At a head dim past the tensor-core kernels' 128
     the relation is declined, saying why, and the two-pass kernel stays."""
     import attrs
 
@@ -271,7 +272,8 @@ def test_the_bounded_prefill_takes_the_online_attention_where_a_kernel_serves_it
     def attention(p):
         return [k for k in p.kernels if "attention" in k.family]
 
-    for hw, entry in (("sm_90", "metrale_kv_append_attention_online_prefill"),
+    for hw, entry in (("sm_90", "metrale_kv_append_attention_wgmma_online_prefill"),
+                      ("sm_80", "metrale_kv_append_attention_online_prefill"),
                       ("cuda", "metrale_kv_append_attention_online")):
         p = plan_for("tiny-llama", "bf16", hw, mode="prefill", rows=40, policy="bounded")
         assert attention(p) and all(k.family == "kv_append_attention_online" and

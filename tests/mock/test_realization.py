@@ -109,11 +109,13 @@ def test_chain_walk_leaf_then_own_common_then_ancestors(tree: Path) -> None:
 def test_every_nvidia_class_resolves_every_point_it_can(tree: Path) -> None:
     for hw in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_120", "sm_121", "cuda"):
         F = realization(hw)
-        for k in F.kernels():  # the common layer's, or (sm_90's GEMMs) the class's own
+        for k in F.kernels():  # the common layer's, or (sm_90's GEMMs and online prefill
+            # attention) the class's own
             assert k.hw == hw and k.provenance in ("cuda", hw)
             assert (SHIPPED / k.source).is_file()
-            assert (k.provenance != "cuda") == (k.source in ("sm_90/common/gemm_wgmma.cu",
-                                                             "sm_90/common/gemm_tma.cu")), k
+            assert (k.provenance != "cuda") == (k.source in (
+                "sm_90/common/gemm_wgmma.cu", "sm_90/common/gemm_tma.cu",
+                "sm_90/common/attention_wgmma.cu")), k
 
 
 # --------------------------------------------------------------------------------- host

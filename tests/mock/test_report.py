@@ -95,6 +95,15 @@ def test_prefill_steps_render_with_their_peer(tmp_path):
         blocks["prefill-steps"]
 
 
+def test_prefill_steps_show_the_last_row_s_step_where_it_was_timed(tmp_path):
+    steps = [{"model": "qwen3-0.6b", "quant": "bf16", "policy": "bounded", "rows": 2048,
+              "step_s": 0.0107, "last_logits_step_s": 0.0091, "hf_eager_s": 0.0277}]
+    (tmp_path / "gpu_prefill.json").write_text(json.dumps({"steps": steps, "cases": []}))
+    block = report.blocks(tmp_path)["prefill-steps"]
+    assert "| model | weights | policy | 2048 tokens | 2048, last row's logits only |" in block
+    assert "| qwen3-0.6b | bf16 | bounded | 10.70 (HF 27.70) | 9.10 |" in block
+
+
 def test_a_marker_naming_no_block_is_an_error():
     with pytest.raises(KeyError, match="no-such"):
         report.render("<!-- report:no-such -->\n<!-- /report:no-such -->\n", {}, "x.md")
