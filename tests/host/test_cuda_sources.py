@@ -345,11 +345,15 @@ TENSOR_CORE_BUILDS = [
      {"metrale_linear_tma", "metrale_linear_add_tma", "metrale_qkv_tma",
       "metrale_gate_up_swiglu_tma", "metrale_linear_wgmma", "metrale_gate_up_swiglu_wgmma"},
      "sm_90", WGMMA),
+    # the prefill attention, two-pass and online: the classes' with mma.sync, and sm_90's own on
+    # wgmma
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),
-     {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_90", MMA_SYNC),
-    # the online softmax: the classes' with mma.sync, and sm_90's own on wgmma
+     {"metrale_attention_prefill", "metrale_kv_append_attention_prefill"}, "sm_80", MMA_SYNC),
     ("attention_online.cu", ("ACT_BF16", "KV_BLOCK=64"),
      {"metrale_kv_append_attention_online_prefill"}, "sm_80", MMA_SYNC),
+    ("sm_90/common/attention_wgmma.cu", ("ACT_BF16", "KV_BLOCK=256"),
+     {"metrale_wgmma_attention_prefill", "metrale_kv_append_wgmma_attention_prefill"}, "sm_90",
+     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"),
     ("sm_90/common/attention_wgmma.cu", ("ACT_BF16", "KV_BLOCK=64"),
      {"metrale_kv_append_attention_wgmma_online_prefill"}, "sm_90",
      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"),
@@ -358,7 +362,7 @@ TENSOR_CORE_BUILDS = [
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source,defs,entries,hw,mma", [
-    pytest.param(*b, marks=nvidia_group(b[3]), id=f"{Path(b[0]).name}-{b[1][-2]}")
+    pytest.param(*b, marks=nvidia_group(b[3]), id=f"{Path(b[0]).name}-{b[1][-2]}-{b[1][-1]}")
     for b in TENSOR_CORE_BUILDS])
 def test_tensor_core_entries_issue_mmas_without_spilling(tmp_path, nvidia_builds, source, defs,
                                                         entries, hw, mma):

@@ -559,20 +559,22 @@ def test_online_prefill_attention_on_scores_past_f32_s_range(build_dir):
 F_SM80 = realization("sm_80", presentation=P)
 
 
-@pytest.mark.parametrize("check", ["tiles", "bound", "far_scores"])
-def test_the_mma_sync_online_prefill_attention_of_the_classes_without_wgmma(build_dir, check):
-    """attention_online.cu, the online softmax of sm_80 and the classes that have mma.sync but
-    not sm_90's wgmma (which sm_90's attention_wgmma.cu shadows), on the same cases as sm_90's:
-    tiles, blocks and slots against the reference, the relation's bound against the two-pass
-    kernel, and scores past f32's range."""
+@pytest.mark.parametrize("check", [*PREFILL_FAMILIES, "bound", "far_scores"])
+def test_the_mma_sync_prefill_attention_of_the_classes_without_wgmma(build_dir, check):
+    """attention_prefill.cu and attention_online.cu, the prefill attention of sm_80 and the
+    classes that have mma.sync but not sm_90's wgmma (which sm_90's attention_wgmma.cu shadows),
+    on the same cases as sm_90's: each family's tiles, blocks and slots against the reference,
+    the online relation's bound against the two-pass kernel, and scores past f32's range."""
     fam = P.family("kv_append_attention_online")
     assert F_SM80.realize(prefill_point(fam)).source == "cuda/common/attention_online.cu"
+    assert F_SM80.realize(prefill_point(P.family("attention"))).source == \
+        "cuda/common/attention_prefill.cu"
 
     def runner(f, p, sz, dev, attrs=None):
         return run(build_dir, f, p, sz, dev, attrs, F_=F_SM80)
 
-    if check == "tiles":
-        check_prefill_attention(fam, 16, 8, 128, 100, runner, F_SM80)
+    if check in PREFILL_FAMILIES:
+        check_prefill_attention(P.family(check), 16, 8, 128, 100, runner, F_SM80)
     elif check == "bound":
         check_online_attention_bound(16, 8, 128, P, F_SM80, runner)
     else:

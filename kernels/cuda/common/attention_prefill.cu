@@ -170,19 +170,7 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             }
         }
     });
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        if (!rw[h].live) continue;
-        act_t* orow = o + ((long)(wrow0 + g + 8 * h) * hq + ((volatile int*)heads)[warp]) * d +
-                      col0;
-#pragma unroll
-        for (int ni = 0; ni < 16; ++ni)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int c = 8 * ni + 2 * t + e;
-                if (c < ncols) orow[c] = act_store(acc[ni][2 * h + e] / l[h]);
-            }
-    }
+    store_rows(acc, l, rw, o, wrow0, hq, ((volatile int*)heads)[warp], d, col0);
 }
 
 // grid (hkv, ceil(rows / 16 RT), ceil(d / 128)), block 32 G RT (G = hq / hkv; the table's RT is

@@ -384,26 +384,34 @@ __device__ __forceinline__ void online_block(float (&sc)[32], const Span (&sp)[2
     l[1] = l[1] * a[1] + ls[1];
 }
 
-// o = acc / l for the lane's two rows (rw; the warp's rows from row0), l the sum of the four
-// lanes of a row, rounded to act: acc in NT n8 tiles of the MMA's accumulator layout (tile ni:
-// columns 8 ni + 2 t + {0, 1} of rows g, g + 8), the head's d columns of them.
+// o = acc / l for the lane's two rows (rw; the warp's rows from row0), l each row's whole sum,
+// rounded to act: acc in NT n8 tiles of the MMA's accumulator layout (tile ni: columns col0 +
+// 8 ni + 2 t + {0, 1} of rows g, g + 8), those of the head's d columns.
+template <int NT>
+__device__ __forceinline__ void store_rows(const float (&acc)[NT][4], const float (&l)[2],
+                                           const RowInfo (&rw)[2], act_t* o, int row0, int hq,
+                                           int head, int d, int col0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (!rw[h].live) continue;
+        act_t* orow = o + ((long)(row0 + g + 8 * h) * hq + head) * d + col0;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+            if (col0 + 8 * ni >= d) break;
+            orow[8 * ni + 2 * t] = act_store(acc[ni][2 * h] / l[h]);
+            orow[8 * ni + 2 * t + 1] = act_store(acc[ni][2 * h + 1] / l[h]);
+        }
+    }
+}
+
+// The online softmax's rows stored: l the lane's part of each row's sum, the four lanes' summed.
 template <int NT>
 __device__ __forceinline__ void online_store(const float (&acc)[NT][4], const float (&l)[2],
                                              const RowInfo (&rw)[2], act_t* o, int row0, int hq,
                                              int head, int d) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float lsum = quad_sum(l[h]);  // every lane, before a row past the launch leaves
-        if (!rw[h].live) continue;
-        act_t* orow = o + ((long)(row0 + g + 8 * h) * hq + head) * d;
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-            if (8 * ni >= d) break;
-            orow[8 * ni + 2 * t] = act_store(acc[ni][2 * h] / lsum);
-            orow[8 * ni + 2 * t + 1] = act_store(acc[ni][2 * h + 1] / lsum);
-        }
-    }
+    const float lsum[2] = {quad_sum(l[0]), quad_sum(l[1])};
+    store_rows(acc, lsum, rw, o, row0, hq, head, d, 0);
 }
 
 // Whether the warp's rows all keep their earlier sums as they are (a = 1): acc times 1 is acc,

@@ -1,38 +1,44 @@
-// Metrale CUDA, sm_90a: the bounded policy's prefill attention (kv_append_attention_online) on
-// Hopper's warpgroup MMA. A residual of the sm_90 class: it shadows attention_online.cu, whose
+// Metrale CUDA, sm_90a: the prefill attention on Hopper's warpgroup MMA, in both policies'
+// orders: the declared two-pass order (attention and kv_append_attention at their prefill points,
+// attention_prefill.cu's) and the bounded policy's online softmax (kv_append_attention_online,
+// attention_online.cu's). A residual of the sm_90 class: it shadows those two sources, whose
 // warps each bring every key and value of a tile through their registers by ldmatrix for 16
 // query rows; here a warpgroup's wgmmas read them from shared memory themselves for 64.
 //
 // A block takes one kv head, 64 rows of the launch (from its end, as attention_prefill.cuh's
-// blocks do) and WGS = min(2, G) of the head's G q heads, a warpgroup each (grid x: kv head
-// times ceil(G / WGS) head groups; a warpgroup past the group's last head only loads). Keys and
-// values come through shared memory in tiles of 64 positions, two buffers, by cp.async, as
-// 128-byte-swizzled rows of 64 head-dim columns (a head of 128: two such column chunks), which
-// both wgmmas read: the scores s = q · kᵀ take the keys K-major (q's 64 rows, copied once, the
-// A operand), the weighted values acc += p · v take the values N-major (imm-trans-b) and the
-// weights p from the registers the scores left them in (mma.sync's A fragment is the accumulator
-// fragment of two n8 tiles side by side). Rows of the block in different slots are served slot
-// after slot; the positions a launch row appends are read from k, v, not from the cache, and
-// the blocks of the first head group write the block's rows into the cache.
+// blocks do), WGS = min(2, G) of the head's G q heads, a warpgroup each (grid x: kv head times
+// ceil(G / WGS) head groups; a warpgroup past the group's last head only loads), and, in the
+// two-pass order, 128 of the head's output columns (grid z). Keys and values come through shared
+// memory in tiles of 64 positions, two buffers, by cp.async, as 128-byte-swizzled rows of 64
+// head-dim columns (chunks: a head of 128 has two), which the wgmmas read: the scores s = q · kᵀ
+// take q's 64 rows (copied once, the A operand) and the keys K-major, the weighted values
+// acc += p · v the values N-major (imm-trans-b) and the weights p from the registers the scores
+// left them in (mma.sync's A fragment is the accumulator fragment of two n8 tiles side by side).
+// A tile whose positions all come from one array in order (a prompt's own k, v, or the cache's)
+// is copied from a base and a stride; others through a table of rows. Rows of the block in
+// different slots are served slot after slot; the positions a launch row appends are read from
+// k, v, not from the cache, and the blocks of the first head group (and slice) write the block's
+// rows into the cache.
 //
-// Order (declared in KERNELS.toml; the family's semantics, lkb/semantics_attention.py): that of
-// attention_online.cu, the scores' and the values' sums inside one wgmma the hardware's: a row's
-// positions cut at absolute multiples of KV_BLOCK (= the 64-position tile), the blocks left to
-// right, each once; s_j = (q · k_j) * scale * log2(e); m' = max(m, max_j s_j), a = 2^(m - m');
-// p_j = 2^(s_j - m') rounded to bf16, l = l a + sum p_j (the lane's positions, in order),
-// acc = acc a + sum p_j v_j; then o = acc / l (the four lanes of a row summed), rounded to act.
-// 2^x is the multi-function unit's, its results below 2^-126 flushed to zero (exp2_ftz).
-// A position no row of the tile attends to weighs 0 (its score -inf), and a row with none in
-// the tile keeps its state (a = 1, p = 0).
-// Defines: ACT_BF16, KV_BLOCK (64).
+// Orders (declared in KERNELS.toml; the families' semantics, lkb/semantics_attention.py), the
+// sums inside one wgmma the hardware's:
+// - two-pass (wg_attend_exact): attention_prefill.cu's. A row's positions cut at absolute
+//   multiples of KV_BLOCK; for each block, pass 1: s_j = (q · k_j) * scale, m_b = max s_j;
+//   pass 2: the same s_j again, e_j = exp(s_j - m_b), l_b = sum e_j (lane partials, then the
+//   four lanes of the row), acc_b = sum e_j v_j, e_j entering the wgmmas as three bf16 parts
+//   whose sum is e_j exactly; the blocks merge left to right by the log-sum-exp rule, o = acc / l.
+// - online (wg_attend_online): attention_online.cu's, online_block's (attention_prefill.cuh):
+//   KV blocks of 64 (= the tile), each once; 2^x the multi-function unit's, flushed to zero
+//   below 2^-126.
+// Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones).
 #include "attention_prefill.cuh"
 
 #ifndef KV_BLOCK
 #error "define KV_BLOCK"
 #endif
-static_assert(KV_BLOCK == TILE_POS, "the online softmax's blocks are the 64-position tiles");
+static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
 
-#define WG_ROWS 64        // rows of a block: one m64 tile of every warpgroup
+#define WG_ROWS 64  // rows of a block: one m64 tile of every warpgroup
 #ifndef WG_MAX
 #define WG_MAX 2  // warpgroups of a block (q heads it takes)
 #endif
@@ -40,28 +46,46 @@ static_assert(KV_BLOCK == TILE_POS, "the online softmax's blocks are the 64-posi
 #define WG_BLOCKS 1  // blocks an SM (__launch_bounds__)
 #endif
 #define CHUNK_BYTES 8192  // 64 rows (or positions) x 64 head-dim columns of bf16, swizzled
-#define WG_HEAD_DIM 128   // two column chunks
+#define WG_SLICE 128      // output columns of a two-pass block (grid z): two value chunks
 
-// The block's shared memory, 1024-byte aligned: q's rows (WG_MAX x 2 chunks), then two buffers
-// of a key tile (2 chunks), a value tile (2 chunks) and, per position, the global rows its key
-// and value come from (null: zeros) and the launch row appending it (-1: none). KERNELS.toml's
-// launch.shared is 1024 + 8192 (2 WG_MAX + 2 4) + 2 (128 8 + 64 4).
+// The block's shared memory, 1024-byte aligned, for a head of kch = 1, 2 or 4 chunks (d up to
+// 64, 128, 256: the scores' k steps, constants, run over them), vch = min(2, kch) value chunks a
+// block and its wgs warpgroups: q's rows (wgs x kch chunks), two
+// buffers of a key tile (kch chunks) and a value tile (vch), the two-pass order's running
+// outputs (`exact`: 64 rows x 128 f32 a warpgroup, each thread's 64 a column of 128-float rows,
+// read and written once a KV block), then, per buffer and position, the global rows its key and
+// value come from (null: zeros) and the launch row appending it (-1: none). KERNELS.toml's
+// launch.shared is bytes(d, wgs, exact): 1024 + 8192 (wgs kch + 2 (kch + vch)) + exact wgs 32768
+// + 2 1280.
 struct WgSmem {
     unsigned char* base;
     uint32_t at;  // base's shared address
-    __device__ __forceinline__ WgSmem() {
+    int kch, vch, wgs;
+    static __device__ __forceinline__ int chunks(int d) { return d <= 64 ? 1 : d <= 128 ? 2 : 4; }
+    __device__ __forceinline__ explicit WgSmem(int d)
+        : kch(chunks(d)), vch(min(2, kch)), wgs(blockDim.x / 128) {
         extern __shared__ __align__(16) unsigned char smem_raw[];
         const uint32_t raw = smem_addr(smem_raw);
         at = (raw + 1023) & ~1023u;
         base = smem_raw + (at - raw);
     }
-    static constexpr int q_bytes = WG_MAX * 2 * CHUNK_BYTES, tile_bytes = 4 * CHUNK_BYTES;
-    static constexpr int bytes = q_bytes + 2 * tile_bytes + 2 * (128 * 8 + 64 * 4);
-    __device__ __forceinline__ int q(int wg) const { return wg * 2 * CHUNK_BYTES; }
-    __device__ __forceinline__ int k(int b) const { return q_bytes + b * tile_bytes; }
-    __device__ __forceinline__ int v(int b) const { return k(b) + 2 * CHUNK_BYTES; }
-    __device__ __forceinline__ const act_t** rows(int b) const {
-        return (const act_t**)(base + q_bytes + 2 * tile_bytes + b * (128 * 8 + 64 * 4));
+    static __device__ __forceinline__ int bytes(int d, int wgs, bool exact) {
+        const int kc = chunks(d);
+        return 1024 + CHUNK_BYTES * (wgs * kc + 2 * (kc + min(2, kc))) + exact * wgs * 32768 +
+               2 * 1280;
+    }
+    __device__ __forceinline__ int q(int wg) const { return wg * kch * CHUNK_BYTES; }
+    __device__ __forceinline__ int k(int b) const {
+        return (wgs * kch + b * (kch + vch)) * CHUNK_BYTES;
+    }
+    __device__ __forceinline__ int v(int b) const { return k(b) + kch * CHUNK_BYTES; }
+    // warpgroup wg's running outputs (the two-pass entries' alone)
+    __device__ __forceinline__ float* outputs(int wg) const {
+        return (float*)(base + (wgs * kch + 2 * (kch + vch)) * CHUNK_BYTES + wg * 32768);
+    }
+    __device__ __forceinline__ const act_t** rows(int b, bool exact) const {
+        return (const act_t**)(base + (wgs * kch + 2 * (kch + vch)) * CHUNK_BYTES +
+                               exact * wgs * 32768 + b * 1280);
     }
 };
 
@@ -134,52 +158,55 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 // ------------------------------------------------------------------ the tiles
 
+// KP 16-byte pieces of each of the 64 rows kb + j stride into the tile at dst, those at or past
+// d - col0 columns as zeros (of the keys: the scores' k steps run over whole chunks; of the
+// values: their columns past d make outputs never stored): piece thread % KP of every
+// (nt / KP)-th row, the source pointer stepped.
+template <int KP>
+__device__ __forceinline__ void copy_strided(unsigned char* dst, const act_t* kb, long stride,
+                                             int n16) {
+    const int nt = blockDim.x, p = threadIdx.x % KP, j0 = threadIdx.x / KP, step = nt / KP;
+    const int bytes = p < n16 ? 16 : 0;
+    const act_t* src = kb + j0 * stride + 8 * min(p, max(n16 - 1, 0));
+    for (int j = j0; j < TILE_POS; j += step, src += step * stride)
+        cp_async16(dst + wg_piece(j, p), src, bytes);
+}
+
 // The global rows of positions [start, start + 64) of `slot` (issue_kv_tile's rule: from k_new
 // / v_new where a launch row appends the position, else the cache; null outside [lo, hi]), then
-// their keys and values into buffer b, one cp.async group, every thread of the block together:
-// CHUNKS whole chunks of each, zeros past d (the scores' k steps run over whole chunks; the
-// values' columns past d make outputs never stored).
-template <int CHUNKS>
+// their keys (KCH chunks) and, with `with_v`, their values at columns col0 + [0, 64 VCH) into
+// buffer b, one cp.async group, every thread of the block together. A tile whose positions all
+// lie in [lo, hi] and come from one array in order needs no table: position start + j is row j.
+template <int KCH, int VCH>
 __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_t* k_cache,
                                               const act_t* v_cache, const act_t* k_new,
                                               const act_t* v_new, const int* positions,
                                               const int* slots, int rows, int slot,
                                               AppendRun run, int start, int lo, int hi, int kvh,
-                                              int hkv, int d, int max_ctx) {
-    constexpr int KP = 8 * CHUNKS;  // 16-byte pieces of a row in whole chunks
-    const int n16 = d / 8, nt = blockDim.x;
-    // A tile whose positions all lie in [lo, hi] and come from one array in order (a prompt's
-    // rows of k, v, or the cache's) needs no table of rows: position start + j is row j from
-    // kb, vb, stride apart. A thread copies piece p = thread % KP of every (nt / KP)-th row.
+                                              int hkv, int d, int max_ctx, bool with_v,
+                                              int col0) {
+    constexpr int KP = 8 * KCH, VP = 8 * VCH;  // 16-byte pieces of a key row, a value row
+    const int nt = blockDim.x;
     const long stride = (long)hkv * d;
     const act_t *kb = nullptr, *vb = nullptr;
-    const int c0 = start - run.base;  // with run.direct and run.alone: the row appending start
-    if (start >= lo && start + TILE_POS - 1 <= hi && k_new && run.direct && run.alone) {
-        if (c0 >= 0 && c0 + TILE_POS <= rows) {
+    if (start >= lo && start + TILE_POS - 1 <= hi) {
+        const int c0 = start - run.base;  // with run.direct and run.alone: the row appending start
+        if (k_new && run.direct && run.alone && c0 >= 0 && c0 + TILE_POS <= rows) {
             kb = k_new + c0 * stride + (long)kvh * d;
             vb = v_new + c0 * stride + (long)kvh * d;
-        } else if (c0 + TILE_POS <= 0 || c0 >= rows) {
+        } else if (!k_new || (run.direct && run.alone && (c0 + TILE_POS <= 0 || c0 >= rows))) {
             const long at = ((long)slot * max_ctx + start) * stride + (long)kvh * d;
             kb = k_cache + at;
             vb = v_cache + at;
         }
     }
     if (kb) {
-        // the rows a thread copies are a multiple of 8 apart (nt / KP: 8, 16 or 32), so its
-        // piece's place in the swizzle is the same in each: pointers stepped, nothing recomputed
-        const int p = threadIdx.x % KP, j0 = threadIdx.x / KP, step = nt / KP;
-        const int bytes = p < n16 ? 16 : 0;
-        unsigned char* kd = s.base + s.k(b) + wg_piece(j0, p);
-        const act_t* ks = kb + j0 * stride + 8 * min(p, n16 - 1);
-        const long vd = s.v(b) - s.k(b), vs = vb - kb;
-        for (int j = j0; j < TILE_POS; j += step, kd += step * 128, ks += step * stride) {
-            cp_async16(kd, ks, bytes);
-            cp_async16(kd + vd, ks + vs, bytes);
-        }
+        copy_strided<KP>(s.base + s.k(b), kb, stride, d / 8);
+        if (with_v) copy_strided<VP>(s.base + s.v(b), vb + col0, stride, (d - col0) / 8);
         cp_async_commit();
         return;
     }
-    const act_t** krow = s.rows(b);
+    const act_t** krow = s.rows(b, KV_BLOCK > TILE_POS);
     const act_t** vrow = krow + TILE_POS;
     int* src = (int*)(vrow + TILE_POS);
     if (k_new && !run.direct) {  // which rows append the tile's positions: every row scanned
@@ -204,14 +231,16 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
         const long off = r >= 0 ? ((long)r * hkv + kvh) * d
                                 : (((long)slot * max_ctx + pos) * hkv + kvh) * d;
         krow[j] = live ? (r >= 0 ? k_new : k_cache) + off : nullptr;
-        vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off : nullptr;
+        vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off + col0 : nullptr;
     }
     __syncthreads();  // the rows are found, for every thread
-    for (int i = threadIdx.x; i < 2 * TILE_POS * KP; i += nt) {
+    const int n16 = d / 8, v16 = (d - col0) / 8;
+    for (int i = threadIdx.x; i < TILE_POS * (KP + (with_v ? VP : 0)); i += nt) {
         const bool kv = i >= TILE_POS * KP;
-        const int at = kv ? i - TILE_POS * KP : i, j = at / KP, p = at % KP;
+        const int at = kv ? i - TILE_POS * KP : i;
+        const int j = kv ? at / VP : at / KP, p = kv ? at % VP : at % KP;
         const act_t* row = (kv ? vrow : krow)[j];
-        const bool in = row && p < n16;
+        const bool in = row && p < (kv ? v16 : n16);
         cp_async16(s.base + (kv ? s.v(b) : s.k(b)) + wg_piece(j, p), in ? row + 8 * p : k_cache,
                    in ? 16 : 0);
     }
@@ -219,11 +248,11 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
 }
 
 // The rows [row0, row0 + WG_ROWS) of the block, clamped to the launch's last, of q head `head`
-// into warpgroup wg's CHUNKS q chunks, zeros past d (one cp.async group with the first tile's).
-template <int CHUNKS>
+// into warpgroup wg's KCH q chunks, zeros past d (one cp.async group with the first tile's).
+template <int KCH>
 __device__ __forceinline__ void wg_issue_q(const WgSmem& s, const act_t* q, int row0, int rows,
                                            int head, int hq, int d, int wg) {
-    constexpr int KP = 8 * CHUNKS;
+    constexpr int KP = 8 * KCH;
     const int n16 = d / 8, t = threadIdx.x & 127;
     for (int i = t; i < WG_ROWS * KP; i += 128) {
         const int r = i / KP, p = i % KP;
@@ -231,6 +260,41 @@ __device__ __forceinline__ void wg_issue_q(const WgSmem& s, const act_t* q, int 
                    q + ((long)min(row0 + r, rows - 1) * hq + head) * d + 8 * min(p, n16 - 1),
                    p < n16 ? 16 : 0);
     }
+}
+
+// body(b, st) for the tiles of positions [t0, t1) in steps of 64, every thread of the block
+// together, once each tile has landed in buffer b (over_tiles' pipeline: the next tile's copies
+// issued before this one's body runs, the block met before a buffer is refilled).
+template <class Issue, class Body>
+__device__ __forceinline__ void wg_over_tiles(int t0, int t1, Issue issue, Body body) {
+    issue(0, t0);
+    for (int st = t0, it = 0; st < t1; st += TILE_POS, ++it) {
+        const int b = it & 1;
+        if (st + TILE_POS < t1) {
+            issue(b ^ 1, st + TILE_POS);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();  // this thread's copies seen by the wgmmas
+        __syncthreads();      // every thread's, and q's
+        body(b, st);
+        __syncthreads();      // every warpgroup is done with the buffer before it is refilled
+    }
+}
+
+// The scores of the warpgroup's 64 rows and buffer b's 64 positions over KCH chunks of the head,
+// into sc (register 4 ni + e: n8 tile ni, element e), their wgmmas waited for.
+template <int KCH>
+__device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4 * KCH; ++kk) {
+        const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
+        wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b) + off), kk > 0);
+    }
+    wg_commit();
+    wg_wait_all();
 }
 
 // kv_append of the block's rows (its kv head), 16 bytes a copy, every thread of the block.
@@ -248,92 +312,95 @@ __device__ __forceinline__ void wg_append_rows(const act_t* k, const act_t* v, a
     }
 }
 
-// ------------------------------------------------------------------ the kernel
+// The block's place: its kv head, head group, first row; the warpgroup's q head and whether it
+// has one (warpgroup-uniform), the warp's first row and the lane's two rows.
+struct WgPlace {
+    int kvh, hg, row0, wg, head, wrow0;
+    bool active;
+    RowInfo rw[2];
+    __device__ __forceinline__ WgPlace(int G, int wgs, const int* positions, const int* slots,
+                                       int rows, int window) {
+        const int groups = (G + wgs - 1) / wgs, lane = threadIdx.x & 31;
+        kvh = blockIdx.x / groups;
+        hg = blockIdx.x % groups;
+        row0 = (int)(gridDim.y - 1 - blockIdx.y) * WG_ROWS;
+        wg = threadIdx.x >> 7;
+        const int in_group = hg * wgs + wg;
+        active = in_group < G;
+        head = kvh * G + min(in_group, G - 1);
+        wrow0 = row0 + 16 * ((threadIdx.x >> 5) & 3);
+        rw[0] = row_info(wrow0 + (lane >> 2), rows, positions, slots, window);
+        rw[1] = row_info(wrow0 + (lane >> 2) + 8, rows, positions, slots, window);
+    }
+};
 
-// The attention of the block's rows, its head dim in CHUNKS chunks of 64 columns (a constant, so
-// that every wgmma's registers are known where it is issued).
-template <int CHUNKS>
-__device__ __forceinline__ void wg_attend(const act_t* k, const act_t* v, const act_t* q,
-                                          const act_t* k_cache, const act_t* v_cache,
-                                          const int* positions, const int* slots, act_t* o,
-                                          int rows, int hq, int hkv, int d, int max_ctx,
-                                          float scale, int window, int kvh, int hg, int wgs,
-                                          int row0) {
-    const int G = hq / hkv;
-    const WgSmem s;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, head_in_group = hg * wgs + wg;
-    const bool active = head_in_group < G;  // warpgroup-uniform
-    const int head = kvh * G + min(head_in_group, G - 1);
-    const int wrow0 = row0 + 16 * warp;
-    const RowInfo rw[2] = {row_info(wrow0 + g, rows, positions, slots, window),
-                           row_info(wrow0 + g + 8, rows, positions, slots, window)};
+// A launch these entries cannot serve: a head past max_d or not whole k steps, a block that is
+// not 1 to min(WG_MAX, G) warpgroups (the two-pass entries: one past a head of 128), a grid
+// short of the heads, rows or slices, or less dynamic shared memory than the tiles take. WGS is
+// the table's; one warpgroup a block, or two, gives the same bytes.
+__device__ __forceinline__ bool wg_launch_ok(int rows, int hq, int hkv, int d, int max_d,
+                                             int slices, bool exact) {
+    if (d % 16 || d > max_d || hq % hkv || blockDim.x % 128) return false;
+    const int G = hq / hkv, wgs = blockDim.x / 128;
+    return wgs >= 1 && wgs <= min(WG_MAX, G) && (!exact || wgs == 1 || d <= 128) &&
+           (int)gridDim.x == hkv * ((G + wgs - 1) / wgs) && (long)gridDim.y * WG_ROWS >= rows &&
+           (int)gridDim.z == slices && dynamic_smem_bytes() >= (unsigned)WgSmem::bytes(d, wgs,
+                                                                                      exact);
+}
+
+// ------------------------------------------------------------------ online
+
+// The online softmax of the block's rows, the head in CH chunks (a constant, so that every
+// wgmma's registers are known where it is issued).
+template <int CH>
+__device__ __forceinline__ void wg_attend_online(const act_t* k, const act_t* v, const act_t* q,
+                                                 const act_t* k_cache, const act_t* v_cache,
+                                                 const int* positions, const int* slots,
+                                                 act_t* o, int rows, int hq, int hkv, int d,
+                                                 int max_ctx, float scale, int window,
+                                                 const WgPlace& at) {
+    const WgSmem s(d);
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
-
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CHUNKS][32];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
 #pragma unroll
-    for (int ch = 0; ch < CHUNKS; ++ch)
+    for (int ch = 0; ch < CH; ++ch)
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
-
-    wg_issue_q<CHUNKS>(s, q, row0, rows, head, hq, d, wg);  // lands with the first tile's group
-    for_each_slot_of(row0, WG_ROWS, positions, slots, rows, window, k, [&](int slot, int lo,
-                                                                         int hi, AppendRun run) {
-        const Span sp[2] = {Span(rw[0], slot, 0, max_ctx), Span(rw[1], slot, 0, max_ctx)};
-        const int t0 = lo / TILE_POS * TILE_POS;
+    wg_issue_q<CH>(s, q, at.row0, rows, at.head, hq, d, at.wg);
+    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+                     [&](int slot, int lo, int hi, AppendRun run) {
+        const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
         auto issue = [&](int b, int st) {
-            wg_issue_tile<CHUNKS>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot,
-                                  run, st, lo, hi, kvh, hkv, d, max_ctx);
+            wg_issue_tile<CH, CH>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot, run,
+                                  st, lo, hi, at.kvh, hkv, d, max_ctx, true, 0);
         };
-        issue(0, t0);
-        for (int st = t0, it = 0; st <= hi; st += TILE_POS, ++it) {
-            const int b = it & 1;
-            if (st + TILE_POS <= hi) {
-                issue(b ^ 1, st + TILE_POS);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
+        wg_over_tiles(lo / TILE_POS * TILE_POS, hi + 1, issue, [&](int b, int st) {
+            if (!at.active) return;
+            float sc[32], a[2];
+            uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
+            wg_scores<CH>(s, at.wg, b, sc);
+            online_block(sc, sp, st, c, m, l, a, pa);
+            if (!online_keeps(a)) {
+#pragma unroll
+                for (int ch = 0; ch < CH; ++ch)
+#pragma unroll
+                    for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
             }
-            fence_proxy_async();  // this thread's copies seen by the wgmmas
-            __syncthreads();      // every thread's, and q's
-            if (active) {
-                // the scores of the warpgroup's 64 rows and the tile's 64 positions
-                float sc[32];
-                wg_fence();
+            wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4 * CHUNKS; ++kk) {
-                    const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
-                    wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b) + off),
-                                 kk > 0);
-                }
-                wg_commit();
-                wg_wait_all();
-                float a[2];
-                uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
-                online_block(sc, sp, st, c, m, l, a, pa);
-                if (!online_keeps(a)) {
+            for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-                    for (int ch = 0; ch < CHUNKS; ++ch)
-#pragma unroll
-                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
-                }
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int ch = 0; ch < CHUNKS; ++ch)
-                        wgmma_values(acc[ch], pa[kk],
-                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
-                wg_commit();
-                wg_wait_all();
-            }
-            __syncthreads();  // every warpgroup is done with the buffer before it is refilled
-        }
+                for (int ch = 0; ch < CH; ++ch)
+                    wgmma_values(acc[ch], pa[kk],
+                                 n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
+            wg_commit();
+            wg_wait_all();
+        });
     });
     // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
-    if (active)
-        online_store(reinterpret_cast<const float(&)[8 * CHUNKS][4]>(acc), l, rw, o, wrow0, hq,
-                     head, d);
+    if (at.active)
+        online_store(reinterpret_cast<const float(&)[8 * CH][4]>(acc), l, at.rw, o, at.wrow0, hq,
+                     at.head, d);
 }
 
 // grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 WGS (WGS = min(2, G), G = hq / hkv, or
@@ -345,22 +412,203 @@ metrale_kv_append_attention_wgmma_online_prefill(
     const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq, int hkv, int d,
     int max_ctx, float scale, int window) {
     grid_dependency_sync();
-    // WGS is the table's min(2, G); one warpgroup a block, or two, gives the same bytes
-    const int G = hq / hkv, wgs = blockDim.x / 128, groups = (G + wgs - 1) / wgs;
-    if (d % 16 || d > WG_HEAD_DIM || hq % hkv || blockDim.x % 128 || wgs < 1 ||
-        wgs > min(WG_MAX, G) ||
-        (int)gridDim.x != hkv * groups || (long)gridDim.y * WG_ROWS < rows || gridDim.z != 1 ||
-        dynamic_smem_bytes() < WgSmem::bytes + 1024)
-        __trap();
-    const int kvh = blockIdx.x / groups, hg = blockIdx.x % groups;
-    const int row0 = (int)(gridDim.y - 1 - blockIdx.y) * WG_ROWS;
-    if (hg == 0)
-        wg_append_rows(k, v, k_cache, v_cache, positions, slots, row0, rows, kvh, hkv, d,
+    if (KV_BLOCK != TILE_POS || !wg_launch_ok(rows, hq, hkv, d, 2 * 64, 1, false)) __trap();
+    const WgPlace at(hq / hkv, blockDim.x / 128, positions, slots, rows, window);
+    if (at.hg == 0)
+        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
                        max_ctx);
     if (d > 64)
-        wg_attend<2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d, max_ctx,
-                     scale, window, kvh, hg, wgs, row0);
+        wg_attend_online<2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                            max_ctx, scale, window, at);
     else
-        wg_attend<1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d, max_ctx,
-                     scale, window, kvh, hg, wgs, row0);
+        wg_attend_online<1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                            max_ctx, scale, window, at);
+}
+
+// ------------------------------------------------------------------ two-pass
+
+// Three bf16 parts of x whose sum is x (f32 has 24 significant bits; each part takes the next 8,
+// rounded, so the remainders fit), as the hi, mid and lo halves of the A operand words.
+__device__ __forceinline__ void split3(float x0, float x1, uint32_t& hi, uint32_t& mid,
+                                       uint32_t& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float r0 = x0 - __low2float(h), r1 = x1 - __high2float(h);
+    const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - __low2float(m), r1 - __high2float(m));
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+    mid = *reinterpret_cast<const uint32_t*>(&m);
+    lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// The two-pass attention of the block's rows at output columns col0 + [0, 64 VCH), the head's
+// scores over KCH chunks (constants, as wg_attend_online's).
+template <int KCH, int VCH>
+__device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, const act_t* q,
+                                                const act_t* k_cache, const act_t* v_cache,
+                                                const int* positions, const int* slots, act_t* o,
+                                                int rows, int hq, int hkv, int d, int max_ctx,
+                                                float scale, int window, const WgPlace& at,
+                                                int col0) {
+    const WgSmem s(d);
+    const int t = threadIdx.x & 3;
+    float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
+    // the running outputs in shared memory, register 32 ch + i of the fragment at acc[128 (32 ch
+    // + i)]: in registers beside the block's own sums they spilled (ptxas, sm_90a)
+    float* acc = s.outputs(at.wg) + (threadIdx.x & 127);
+#pragma unroll
+    for (int i = 0; i < 32 * VCH; ++i) acc[128 * i] = 0.0f;
+    wg_issue_q<KCH>(s, q, at.row0, rows, at.head, hq, d, at.wg);
+    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+                     [&](int slot, int lo, int hi, AppendRun run) {
+        auto issue = [&](bool with_v) {
+            return [&, with_v](int b, int st) {
+                wg_issue_tile<KCH, VCH>(s, b, k_cache, v_cache, k, v, positions, slots, rows,
+                                        slot, run, st, lo, hi, at.kvh, hkv, d, max_ctx, with_v,
+                                        col0);
+            };
+        };
+        for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
+            const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
+            const Span sp[2] = {Span(at.rw[0], slot, b0, KV_BLOCK),
+                                Span(at.rw[1], slot, b0, KV_BLOCK)};
+            // pass 1: the block's max score of each row
+            float mb[2] = {-INFINITY, -INFINITY};
+            wg_over_tiles(t0, t1, issue(false), [&](int b, int st) {
+                if (!at.active) return;
+                float sc[32];
+                wg_scores<KCH>(s, at.wg, b, sc);
+                const bool whole = whole_tile(sp, st);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
+                    const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+                    if (whole || sp[h].has(pos)) mb[h] = fmaxf(mb[h], sc[i] * scale);
+                }
+            });
+            mb[0] = quad_max(mb[0]);
+            mb[1] = quad_max(mb[1]);
+            // pass 2: exponentials, their sum and the values they weigh
+            float lb[2] = {0.0f, 0.0f}, ab[VCH][32];
+#pragma unroll
+            for (int ch = 0; ch < VCH; ++ch)
+#pragma unroll
+                for (int i = 0; i < 32; ++i) ab[ch][i] = 0.0f;
+            wg_over_tiles(t0, t1, issue(true), [&](int b, int st) {
+                if (!at.active) return;
+                float sc[32];
+                wg_scores<KCH>(s, at.wg, b, sc);
+                const bool whole = whole_tile(sp, st);
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                    const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+                    // exp of every score, then the mask (a masked score's exp is dropped)
+                    const float ex = expf(sc[i] * scale - mb[h]);
+                    sc[i] = whole || sp[h].has(pos) ? ex : 0.0f;
+                    lb[h] += sc[i];
+                }
+                // positions 16 kk .. 16 kk + 15 at a time: their parts (12 registers, not 48)
+                // live until their wgmmas are done
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    uint32_t a[3][4];  // e's parts as A fragments
+#pragma unroll
+                    for (int r = 0; r < 4; ++r)  // word r: n8 tile 2 kk + r / 2, row half r % 2
+                        split3(sc[8 * kk + 4 * (r / 2) + 2 * (r % 2)],
+                               sc[8 * kk + 4 * (r / 2) + 2 * (r % 2) + 1], a[0][r], a[1][r],
+                               a[2][r]);
+                    wg_fence();
+#pragma unroll
+                    for (int ch = 0; ch < VCH; ++ch)
+#pragma unroll
+                        for (int part = 0; part < 3; ++part)
+                            wgmma_values(ab[ch], a[part],
+                                         n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 2048));
+                    wg_commit();
+                    wg_wait_all();
+                }
+            });
+            // the block merges into the running state, left to right, for the rows it has
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float lsum = quad_sum(lb[h]);
+                if (mb[h] == -INFINITY) continue;  // no position of this row in the block
+                // the row's first block: l is 0 until then, and at least 1 after (exp(0) counts)
+                const bool first = l[h] == 0.0f;
+                float ar = 1.0f, bw = 1.0f;
+                if (first) {
+                    m[h] = mb[h];
+                    l[h] = lsum;
+                } else {
+                    const float mn = fmaxf(m[h], mb[h]);
+                    ar = expf(m[h] - mn);
+                    bw = expf(mb[h] - mn);
+                    l[h] = l[h] * ar + lsum * bw;
+                    m[h] = mn;
+                }
+#pragma unroll
+                for (int ch = 0; ch < VCH; ++ch)
+#pragma unroll
+                    for (int i = 0; i < 32; ++i)
+                        if ((i & 3) >> 1 == h) {
+                            float& x = acc[128 * (32 * ch + i)];
+                            x = first ? ab[ch][i] : x * ar + ab[ch][i] * bw;
+                        }
+            }
+        }
+    });
+    if (!at.active) return;
+    float out[8 * VCH][4];
+#pragma unroll
+    for (int i = 0; i < 32 * VCH; ++i) out[i / 4][i % 4] = acc[128 * i];
+    store_rows(out, l, at.rw, o, at.wrow0, hq, at.head, d, col0);
+}
+
+// The two-pass attention's launch, kv_append first where k_new is given (by the blocks of the
+// first head group and slice).
+__device__ __forceinline__ void wg_two_pass(const act_t* k, const act_t* v, const act_t* q,
+                                            act_t* k_cache, act_t* v_cache, const int* positions,
+                                            const int* slots, act_t* o, int rows, int hq, int hkv,
+                                            int d, int max_ctx, float scale, int window) {
+    if (KV_BLOCK == TILE_POS ||
+        !wg_launch_ok(rows, hq, hkv, d, 4 * 64, (d + WG_SLICE - 1) / WG_SLICE, true))
+        __trap();
+    const WgPlace at(hq / hkv, blockDim.x / 128, positions, slots, rows, window);
+    if (k && at.hg == 0 && blockIdx.z == 0)
+        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
+                       max_ctx);
+    const int col0 = blockIdx.z * WG_SLICE;
+    if (d <= 64)
+        wg_attend_exact<1, 1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                              max_ctx, scale, window, at, col0);
+    else if (d <= 128)
+        wg_attend_exact<2, 2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                              max_ctx, scale, window, at, col0);
+    else
+        wg_attend_exact<4, 2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
+                              max_ctx, scale, window, at, col0);
+}
+
+// grid (hkv ceil(G / WGS), ceil(rows / 64), ceil(d / 128)), block 128 WGS (as the online
+// entry's). attention at its prefill point: the cache holds every position.
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+metrale_wgmma_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
+                                const act_t* __restrict__ v_cache,
+                                const int* __restrict__ positions, const int* __restrict__ slots,
+                                act_t* __restrict__ o, int rows, int hq, int hkv, int d,
+                                int max_ctx, float scale, int window) {
+    grid_dependency_sync();
+    wg_two_pass(nullptr, nullptr, q, const_cast<act_t*>(k_cache), const_cast<act_t*>(v_cache),
+                positions, slots, o, rows, hq, hkv, d, max_ctx, scale, window);
+}
+
+// kv_append then attention (the same grid): every block reads the positions the launch appends
+// from k, v.
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+metrale_kv_append_wgmma_attention_prefill(
+    const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
+    act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
+    const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq, int hkv, int d,
+    int max_ctx, float scale, int window) {
+    grid_dependency_sync();
+    wg_two_pass(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d, max_ctx, scale,
+                window);
 }
