@@ -355,6 +355,20 @@ def _site_choice(alts: Mapping[int, float], margin: float) -> int:
     return best if alts[best] < alts[0] * (1 - margin) else 0
 
 
+def _shape_choice(totals: list[float], margin: float) -> int:
+    """The matmul point of a cut (an index of the allowed points' costs) as a site's
+    alternative is chosen: the cheapest, where it is at least ``margin`` cheaper than the first
+    allowed (the priority order's), else the first, so that a cut whose points cost about the
+    same keeps its choice as records come and go.
+
+    >>> inf = float("inf")
+    >>> [_shape_choice(t, 0.02) for t in ([46.3, 46.2], [54.9, 52.3], [inf, 5.0])]
+    [0, 1, 1]
+    """
+    best = min(range(len(totals)), key=lambda i: (totals[i], i))
+    return best if totals[best] < totals[0] * (1 - margin) else 0
+
+
 def _search_shape(ev: _Evaluator, margin: float = MARGIN
                   ) -> tuple[frozenset, float, list[Site], str]:
     boxes_of: dict[Signature, set[int]] = {}
@@ -439,7 +453,7 @@ def _search(config: Any, quant: str, mode: str, rows: int, act: str, context: in
     circuit = _cut(config, quant, mode, rows, act, logits)
     sizes = {**circuit.sizes(context), "context": context}
     model = CostModel.of(T, sizes, device)
-    best = None
+    found = []
     tried = []
     per_shape = []
     rewrites = 0
@@ -450,8 +464,7 @@ def _search(config: Any, quant: str, mode: str, rows: int, act: str, context: in
         rewrites += len(ev.runs) + ev.parts
         tried.append((shape, total))
         per_shape.append((shape, tuple(sites)))
-        if best is None or total < best[1]:
-            best = (shape, total, skip, sites, note)
-    shape, total, skip, sites, note = best
+        found.append((shape, total, skip, sites, note))
+    shape, total, skip, sites, note = found[_shape_choice([t for _, t in tried], margin)]
     return Choice(shape, skip, rows, tuple(sites), total, rewrites, time.perf_counter() - t0,
                   note, tuple(tried), tuple(per_shape))

@@ -107,13 +107,13 @@ def test_a_bit_identical_relation_bounded_on_the_class_states_no_bound():
     than printing a zero bound."""
     from metrale.plan.printers import plan_json, summary_lines
 
-    p = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64, policy="bounded")
+    p = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=512, policy="bounded")
     assert any(a.relation == "dequant_linear" and a.numerics == "bounded" for a in p.applied)
     assert not p.exact and p.bound == (math.inf, math.inf)
     assert "per-kernel bound: not stated" in "\n".join(summary_lines(p))
     assert plan_json(p)["bound"] == {"stated": False, "rel": None, "abs_times_magnitude": None,
                                      "scope": "per kernel"}
-    exact = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=64)
+    exact = plan_for("tiny-llama", "fp8", "sm_90", mode="prefill", rows=512)
     # under the exact policy the GEMM-shaped fusion is declined; the search may still take
     # the GEMV-shaped matmuls, where dequant_linear holds bit for bit
     assert exact.exact and all(a.numerics == "bit_identical" for a in exact.applied)
@@ -223,21 +223,20 @@ def test_a_plan_says_when_it_gives_the_last_rows_logits_only():
 
 
 def test_a_plan_whose_launch_the_class_cannot_serve_is_refused_naming_the_kernel():
-    """sm_90's prefill attention serves at most 8 q heads per kv head; a model with 16 is
-    refused when planned, not trapped on the device, and the generic cuda class plans it. The
-    fused kv_append_attention is declined at those sizes, so the refusal names the attention
-    kernel left unfused, which has the same limit."""
+    """sm_90's prefill attention takes whole k steps of 16 head-dim columns; a model with a head
+    of 24 is refused when planned, not trapped on the device, and the generic cuda class plans
+    it. The fused kv_append_attention is declined at those sizes, so the refusal names the
+    attention kernel left unfused, which has the same limit."""
     import attrs
 
     from metrale.lkb.errors import LaunchError
     from metrale.plan.config import ModelConfig
 
-    wide = attrs.evolve(ModelConfig.load("tiny-llama"), num_attention_heads=16,
-                        num_key_value_heads=1)
+    wide = attrs.evolve(ModelConfig.load("tiny-llama"), head_dim=24)
     with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
         plan_for(wide, "bf16", "sm_90", mode="prefill", rows=40)
     assert e.value.key.startswith("kernel #") and "attention[act=bf16,mode=prefill" in e.value.key
-    assert e.value.expected == "hq // hkv <= 8" and "hq=16" in e.value.found
+    assert e.value.expected == "d % 16 == 0" and "d=24" in e.value.found
     assert plan_for(wide, "bf16", "cuda", mode="prefill", rows=40).kernel_count > 0
     assert plan_for(wide, "bf16", "sm_90", mode="decode", rows=1).kernel_count > 0
 
