@@ -14,15 +14,15 @@ and p·v pair of a row and each position it sees, times heads and head dim).
 instance an earlier revision's, ``git archive REV kernels | tar -x -C /tmp/base``, then
 ``--baseline /tmp/base/kernels``) on the same inputs, with its own launch rule, and says whether
 its output bytes equal this tree's: a change that claims to keep the bytes is checked here on
-the device, not only on the emulation. ``--row-tiles 1,2,4`` also runs this tree's kernel with
-blocks of that many tiles of 16 rows (the launch rule's choice is the kernel's own), and says
-the same of each. ``--online`` also runs the bounded policy's online-softmax point
-(kv_append_attention_online, variant ``online``; its row tiles as ``online_rt<N>``; with
-``--baseline``, the baseline folder's as ``baseline_online``, its bytes compared with
-``online``'s).
+the device, not only on the emulation. ``--warpgroups 1,2`` also runs this tree's kernel (sm_90's
+wgmma blocks) with that many warpgroups a block, each a q head (the launch rule's choice is the
+kernel's own), and says the same of each. ``--online`` also runs the bounded policy's
+online-softmax point (kv_append_attention_online, variant ``online``; its block sizes as
+``online_wg<N>``; with ``--baseline``, the baseline folder's as ``baseline_online``, its bytes
+compared with ``online``'s).
 
 Run on the lent GPU: ``python3 benchmarks/bench_gpu_prefill_attention.py [--rows 512,2048]
-[--baseline DIR] [--row-tiles 1,2,4]``. Writes ``benchmarks/results/gpu_prefill_attention.json``.
+[--baseline DIR] [--warpgroups 1,2]``. Writes ``benchmarks/results/gpu_prefill_attention.json``.
 """
 
 from __future__ import annotations
@@ -94,15 +94,15 @@ def timed(cp: Any, launch: Any) -> float:
     return statistics.median(times)
 
 
-def row_tile_launch(shape: tuple, sizes: dict[str, int], rt: int) -> tuple | None:
-    """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``rt`` tiles of
-    16 rows, the group's warps for each; None where that is the table's own or more than the
-    kernel's 8 warps a block."""
-    (gx, _, gz), (bx, _, _), shared = shape
-    threads = 32 * (sizes["hq"] // sizes["hkv"]) * rt
-    if threads > 256 or threads == bx:
+def warpgroup_launch(shape: tuple, sizes: dict[str, int], wgs: int) -> tuple | None:
+    """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``wgs``
+    warpgroups, a q head each (grid x: the kv heads times ceil(G / wgs) head groups); None where
+    that is the table's own or more than the group's heads or the kernel's two."""
+    (_, gy, gz), (bx, _, _), shared = shape
+    g = sizes["hq"] // sizes["hkv"]
+    if wgs > min(2, g) or 128 * wgs == bx:
         return None
-    return (gx, -(-sizes["rows"] // (16 * rt)), gz), (threads, 1, 1), shared
+    return (sizes["hkv"] * -(-g // wgs), gy, gz), (128 * wgs, 1, 1), shared
 
 
 def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> tuple:
@@ -117,11 +117,11 @@ def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> t
 
 
 def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
-         row_tiles: list[int]) -> dict:
+         warpgroups: list[int]) -> dict:
     """One model's heads at ``rows``: each variant (name -> (function, kernel)) and the peer;
-    this tree's kernels (``tree``, and ``online`` where given) also at each block of
-    ``row_tiles`` tiles of 16 rows (``tree_rt<N>``, ``online_rt<N>``, where the group's warps for
-    them fit a block), which must give the same bytes as the table's blocks."""
+    this tree's kernels (``tree``, and ``online`` where given) also with blocks of each of
+    ``warpgroups`` warpgroups (``tree_wg<N>``, ``online_wg<N>``, where the group has the heads),
+    which must give the same bytes as the table's blocks."""
     from metrale.plan.config import ModelConfig
 
     config = ModelConfig.load(model)
@@ -146,10 +146,10 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
         if own not in variants:
             continue
         fn, kernel = variants[own]
-        for rt in row_tiles:
-            shape = row_tile_launch(kernel.launch_for(sizes), sizes, rt)
+        for wgs in warpgroups:
+            shape = warpgroup_launch(kernel.launch_for(sizes), sizes, wgs)
             if shape is not None:
-                runs.append((f"{own}_rt{rt}", fn, kernel, shape))
+                runs.append((f"{own}_wg{wgs}", fn, kernel, shape))
     for name, fn, kernel, (grid, block, shared) in runs:
         o = torch.empty(rows, hq, d, device="cuda", dtype=torch.bfloat16)
         o.view(torch.int16).fill_(-1)  # poison: NaN bits
@@ -182,8 +182,8 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
     for name, o in outputs.items():
         out[name]["max_rel_err_vs_peer"] = float((o.float() - ref).abs().max()) / top
         out[name]["vs_peer"] = t / out[name]["seconds"]
-    for name, o in outputs.items():  # a row-tile variant against its kernel's table blocks
-        own = (name.split("_rt")[0] if "_rt" in name else "tree" if name == "baseline" else
+    for name, o in outputs.items():  # a block-size variant against its kernel's table blocks
+        own = (name.split("_wg")[0] if "_wg" in name else "tree" if name == "baseline" else
                "online" if name == "baseline_online" else name)
         if name != own:
             out[name][f"bytes_equal_to_{own}"] = bool(torch.equal(
@@ -196,8 +196,8 @@ def main() -> None:
     ap.add_argument("--rows", default="512,2048")
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--baseline", type=Path, help="another kernels folder's kernel, beside")
-    ap.add_argument("--row-tiles", default="",
-                    help="also this tree's kernels with blocks of these many 16-row tiles")
+    ap.add_argument("--warpgroups", default="",
+                    help="also this tree's kernels with blocks of these many warpgroups")
     ap.add_argument("--online", action="store_true",
                     help=f"also the bounded policy's {ONLINE} point (variant `online`)")
     args = ap.parse_args()
@@ -220,7 +220,7 @@ def main() -> None:
         for model in args.models.split(","):
             for rows in (int(r) for r in args.rows.split(",")):
                 c = case(cp, torch, model, rows, variants,
-                         [int(t) for t in args.row_tiles.split(",") if t])
+                         [int(t) for t in args.warpgroups.split(",") if t])
                 results.append(c)
                 print(f"{model:<13} rows {rows:>5}: peer {c['peer']['seconds'] * 1e6:8.1f} us "
                       f"{c['peer']['tflops']:5.1f} TFLOP/s", flush=True)

@@ -1,7 +1,7 @@
 """benchmarks/bench_gpu_prefill_attention.py's wiring, checked where there is no GPU: the kernel
-it times takes every argument from the buffers and numbers the script makes, its row-tile
-variants are the launches the table would give at other row tiles, and a baseline kernels folder
-brings its own launch rule."""
+it times takes every argument from the buffers and numbers the script makes, its block-size
+variants are the launches of other warpgroups a block, and a baseline kernels folder brings its
+own launch rule."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def sizes_of(model: str, rows: int) -> dict[str, int]:
 @pytest.mark.parametrize("model", ["qwen3-0.6b", "llama-3.1-8b"])
 def test_every_argument_comes_from_the_script(model):
     kernel = bench.realized(None)
-    assert kernel.entry == "metrale_kv_append_attention_prefill", kernel
+    assert kernel.entry == "metrale_kv_append_wgmma_attention_prefill", kernel
     names = ["k", "v", "q", "k_cache", "v_cache", "positions", "slots", "o"]
     ptrs = {n: Buffer(0x1000 * (i + 1)) for i, n in enumerate(names)}
     sizes = sizes_of(model, 2048)
@@ -54,37 +54,34 @@ def test_every_argument_comes_from_the_script(model):
 
 @pytest.mark.parametrize("model,rows", [("qwen3-0.6b", 2048), ("llama-3.1-8b", 2048),
                                         ("qwen3-0.6b", 40)])
-def test_row_tile_variants_are_the_launches_of_other_row_tiles(model, rows):
-    """Each variant covers the rows with blocks of rt tiles of 16 rows and the group's warps for
-    each; the table's own choice, and blocks past 8 warps, are left out."""
+def test_warpgroup_variants_are_the_launches_of_other_block_sizes(model, rows):
+    """Each variant takes the group's heads wgs at a time, a warpgroup each, over the same rows
+    and slices; the table's own choice (two warpgroups), and more than the group's heads or two,
+    are left out."""
     kernel = bench.realized(None)
     sizes = sizes_of(model, rows)
     g = sizes["hq"] // sizes["hkv"]
     own = kernel.launch_for(sizes)
-    assert own[1][0] == 32 * g * max(1, 4 // g)  # at least four warps a block
-    for rt in (1, 2, 4, 8):
-        shape = bench.row_tile_launch(own, sizes, rt)
-        if 32 * g * rt == own[1][0] or 32 * g * rt > 256:
-            assert shape is None, (rt, shape)
-            continue
-        (gx, gy, gz), (threads, _, _), shared = shape
-        assert (gx, gz, shared) == (own[0][0], own[0][2], own[2])
-        assert threads == 32 * g * rt and (gy - 1) * 16 * rt < rows <= gy * 16 * rt
+    assert own[1][0] == 256 and own[0][0] == sizes["hkv"] * -(-g // 2)
+    assert bench.warpgroup_launch(own, sizes, 2) is None
+    assert bench.warpgroup_launch(own, sizes, 3) is None
+    (gx, gy, gz), (threads, _, _), shared = bench.warpgroup_launch(own, sizes, 1)
+    assert (gy, gz, shared) == (own[0][1], own[0][2], own[2]) == (-(-rows // 64), 1, own[2])
+    assert threads == 128 and gx == sizes["hkv"] * g
 
 
 def test_a_baseline_folder_brings_its_own_launch_rule(tmp_path):
-    """A kernels folder with another launch rule for the point (here, version 25's one warp a
-    q head and no row tiles) realizes with that rule, beside this tree's."""
+    """A kernels folder with another launch rule for the point (here, one warpgroup a block)
+    realizes with that rule, beside this tree's."""
     base = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), base)
-    table = base / "cuda" / "common" / "KERNELS.toml"
+    table = base / "sm_90" / "common" / "KERNELS.toml"
     text = table.read_text()
-    mine = '"32 * (hq // hkv) * max(1, 4 // (hq // hkv))"'
+    mine = 'wgs = "min(min(2, hq // hkv), 1 + max(0, 256 - d) // 128)"'
     assert text.count(mine) == 2
-    table.write_text(text.replace(mine, '"32 * (hq // hkv)"').replace(
-        '"ceil(rows / (16 * max(1, 4 // (hq // hkv))))"', '"ceil(rows / 16)"'))
+    table.write_text(text.replace(mine, 'wgs = "1"'))
     sizes = sizes_of("qwen3-0.6b", 2048)
     theirs, ours = bench.realized(base), bench.realized(None)
     assert theirs.entry == ours.entry
-    assert theirs.launch_for(sizes)[:2] == ((8, 128, 1), (64, 1, 1))
-    assert ours.launch_for(sizes)[:2] == ((8, 64, 1), (128, 1, 1))
+    assert theirs.launch_for(sizes)[:2] == ((16, 32, 1), (128, 1, 1))
+    assert ours.launch_for(sizes)[:2] == ((8, 32, 1), (256, 1, 1))

@@ -603,20 +603,23 @@ def test_bad_then_launches_are_named(tree: Path, then: str, words: str) -> None:
 
 
 def test_the_prefill_attention_refuses_shapes_it_cannot_serve_before_launching() -> None:
-    """attention_prefill.cu traps on a group of more than 8 q heads or a head_dim that is not a
-    multiple of 16 up to 256; its tables' limits turn that into a typed error when the launch is
-    bound, naming the point and the limit."""
-    F = realization("sm_90")
+    """The two-pass prefill attention traps on a head_dim that is not a multiple of 16 up to 256
+    (and sm_80's mma.sync kernels on a group of more than 8 q heads); the tables' limits turn that
+    into a typed error when the launch is bound, naming the point and the limit."""
     P = Presentation.load()
-    for family in ("attention", "kv_append_attention"):
-        k = F.realize(P.family(family).point(act="bf16", mode="prefill", kv_block=256))
-        base = {"rows": 40, "hq": 32, "hkv": 8, "d": 128, "max_ctx": 64, "slots": 1}
-        assert k.launch_for(base)[1] == (128, 1, 1)
-        for bad, limit in (({"hq": 64, "hkv": 4}, "hq // hkv <= 8"), ({"d": 72}, "d % 16 == 0"),
-                           ({"d": 512}, "d <= 256"), ({"hq": 12, "hkv": 8}, "hq % hkv == 0")):
-            with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
-                k.launch_for({**base, **bad})
-            assert e.value.key == str(k.point) and e.value.expected == limit
+    for hw, threads, limits in (
+            ("sm_90", 256, ()),
+            ("sm_80", 128, (({"hq": 64, "hkv": 4}, "hq // hkv <= 8"),))):
+        F = realization(hw)
+        for family in ("attention", "kv_append_attention"):
+            k = F.realize(P.family(family).point(act="bf16", mode="prefill", kv_block=256))
+            base = {"rows": 40, "hq": 32, "hkv": 8, "d": 128, "max_ctx": 64, "slots": 1}
+            assert k.launch_for(base)[1] == (threads, 1, 1)
+            for bad, limit in (*limits, ({"d": 72}, "d % 16 == 0"), ({"d": 512}, "d <= 256"),
+                               ({"hq": 12, "hkv": 8}, "hq % hkv == 0")):
+                with pytest.raises(LaunchError, match="cannot serve these sizes") as e:
+                    k.launch_for({**base, **bad})
+                assert e.value.key == str(k.point) and e.value.expected == limit
 
 
 @pytest.mark.parametrize("limit,words", [
