@@ -58,9 +58,10 @@ SITE_LIMIT = 6
 """Sites of more matches than this keep the priority order (2^6 = 64 alternatives each)."""
 MARGIN = 0.02
 """A site leaves the priority order's choice only for an alternative at least this much
-cheaper (a fraction of the site's cost): below it the difference is inside what the analytic
-model's figures and a measurement's repeatability can tell apart, and the presentation's
-priorities (the order its authors measured) decide."""
+cheaper (a fraction of the site's cost), and a cut its first matmul point only for another at
+least this much cheaper: below it the difference is inside what the analytic model's figures and
+a measurement's repeatability can tell apart, and the presentation's priorities (the order its
+authors measured) decide."""
 ROUNDS = 4
 """Enumerations repeated at most this often as chained matches are uncovered."""
 ALTERNATIVE = ("applied", "overlap", "skipped")

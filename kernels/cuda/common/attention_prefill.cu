@@ -149,24 +149,12 @@ __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache
             for (int h = 0; h < 2; ++h) {
                 const float lsum = quad_sum(lb[h]);
                 if (mb[h] == -INFINITY) continue;  // no position of this row in the block
-                // the row's first block: l is 0 until then, and at least 1 after (exp(0) counts)
-                const bool first = l[h] == 0.0f;
-                float a = 1.0f, bw = 1.0f;
-                if (first) {
-                    m[h] = mb[h];
-                    l[h] = lsum;
-                } else {
-                    const float mn = fmaxf(m[h], mb[h]);
-                    a = expf(m[h] - mn);
-                    bw = expf(mb[h] - mn);
-                    l[h] = l[h] * a + lsum * bw;
-                    m[h] = mn;
-                }
+                const BlockMerge f = merge_block(mb[h], lsum, m[h], l[h]);
 #pragma unroll
                 for (int ni = 0; ni < 16; ++ni)
 #pragma unroll
                     for (int e = 2 * h; e < 2 * h + 2; ++e)
-                        acc[ni][e] = first ? ab[ni][e] : acc[ni][e] * a + ab[ni][e] * bw;
+                        acc[ni][e] = f.first ? ab[ni][e] : acc[ni][e] * f.ar + ab[ni][e] * f.bw;
             }
         }
     });

@@ -414,6 +414,30 @@ __device__ __forceinline__ void online_store(const float (&acc)[NT][4], const fl
     store_rows(acc, lsum, rw, o, row0, hq, head, d, 0);
 }
 
+// The two-pass order's merge of a KV block into a row's running max m and sum l (the
+// log-sum-exp rule, left to right), given the block's max mb and the four lanes' summed lsum of
+// its exponentials: whether it is the row's first block (l is 0 until then, and at least 1
+// after: exp(0) counts), where the block's outputs become the running ones as they are, else
+// the factors ar of the running outputs and bw of the block's.
+struct BlockMerge {
+    bool first;
+    float ar, bw;
+};
+__device__ __forceinline__ BlockMerge merge_block(float mb, float lsum, float& m, float& l) {
+    BlockMerge f{l == 0.0f, 1.0f, 1.0f};
+    if (f.first) {
+        m = mb;
+        l = lsum;
+    } else {
+        const float mn = fmaxf(m, mb);
+        f.ar = expf(m - mn);
+        f.bw = expf(mb - mn);
+        l = l * f.ar + lsum * f.bw;
+        m = mn;
+    }
+    return f;
+}
+
 // Whether the warp's rows all keep their earlier sums as they are (a = 1): acc times 1 is acc,
 // every bit, so the warp skips the multiplies.
 __device__ __forceinline__ bool online_keeps(const float (&a)[2]) {

@@ -42,9 +42,6 @@ static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-p
 #ifndef WG_MAX
 #define WG_MAX 2  // warpgroups of a block (q heads it takes)
 #endif
-#ifndef WG_BLOCKS
-#define WG_BLOCKS 1  // blocks an SM (__launch_bounds__)
-#endif
 #define CHUNK_BYTES 8192  // 64 rows (or positions) x 64 head-dim columns of bf16, swizzled
 #define WG_SLICE 128      // output columns of a two-pass block (grid z): two value chunks
 
@@ -405,7 +402,7 @@ __device__ __forceinline__ void wg_attend_online(const act_t* k, const act_t* v,
 
 // grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 WGS (WGS = min(2, G), G = hq / hkv, or
 // 1): kv_append, then attention. A launch it cannot serve traps (loud).
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
 metrale_kv_append_attention_wgmma_online_prefill(
     const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
     act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
@@ -531,26 +528,14 @@ __device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, 
             for (int h = 0; h < 2; ++h) {
                 const float lsum = quad_sum(lb[h]);
                 if (mb[h] == -INFINITY) continue;  // no position of this row in the block
-                // the row's first block: l is 0 until then, and at least 1 after (exp(0) counts)
-                const bool first = l[h] == 0.0f;
-                float ar = 1.0f, bw = 1.0f;
-                if (first) {
-                    m[h] = mb[h];
-                    l[h] = lsum;
-                } else {
-                    const float mn = fmaxf(m[h], mb[h]);
-                    ar = expf(m[h] - mn);
-                    bw = expf(mb[h] - mn);
-                    l[h] = l[h] * ar + lsum * bw;
-                    m[h] = mn;
-                }
+                const BlockMerge f = merge_block(mb[h], lsum, m[h], l[h]);
 #pragma unroll
                 for (int ch = 0; ch < VCH; ++ch)
 #pragma unroll
                     for (int i = 0; i < 32; ++i)
                         if ((i & 3) >> 1 == h) {
                             float& x = acc[128 * (32 * ch + i)];
-                            x = first ? ab[ch][i] : x * ar + ab[ch][i] * bw;
+                            x = f.first ? ab[ch][i] : x * f.ar + ab[ch][i] * f.bw;
                         }
             }
         }
@@ -589,7 +574,7 @@ __device__ __forceinline__ void wg_two_pass(const act_t* k, const act_t* v, cons
 
 // grid (hkv ceil(G / WGS), ceil(rows / 64), ceil(d / 128)), block 128 WGS (as the online
 // entry's). attention at its prefill point: the cache holds every position.
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
 metrale_wgmma_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                                 const act_t* __restrict__ v_cache,
                                 const int* __restrict__ positions, const int* __restrict__ slots,
@@ -602,7 +587,7 @@ metrale_wgmma_attention_prefill(const act_t* __restrict__ q, const act_t* __rest
 
 // kv_append then attention (the same grid): every block reads the positions the launch appends
 // from k, v.
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, WG_BLOCKS)
+extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
 metrale_kv_append_wgmma_attention_prefill(
     const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
     act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,

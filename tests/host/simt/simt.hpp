@@ -22,11 +22,12 @@
 // and a wait on a phase not yet complete hands the thread on, as a spin would. The MMA sums its 16
 // products in double, adds the accumulator and rounds once to f32 (the hardware's order inside an
 // MMA is its own). A wgmma (sm_90a) is a thread's own work here: it reads its operands from shared
-// memory through their descriptors (the 128-byte swizzle applied) and writes its accumulator
-// registers only at the wgmma.wait_group that completes its group, so a kernel that reads the
-// registers before that wait, or stores over a stage before it, sees it (a cp.async refill lands
-// later still, so a stage refilled that way one wait early goes unseen). __trap stops the launch,
-// which then reports it.
+// memory through their descriptors (the 128-byte swizzle applied; A of the register form from the
+// warp's lanes, exchanged at the issue) and writes its accumulator registers only at the
+// wgmma.wait_group that completes its group, so a kernel that reads the registers before that
+// wait, or stores over a stage before it, sees it (a cp.async refill lands later still, so a
+// stage refilled that way one wait early goes unseen). __trap stops the launch, which then
+// reports it.
 //
 // Fibers rather than OS threads: a barrier is then a function call and a context switch, where an
 // OS thread per CUDA thread made each one a futex wait and wake across the machine's cores (on two
