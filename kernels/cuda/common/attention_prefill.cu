@@ -21,19 +21,6 @@
 #endif
 static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
 
-// Three bf16 parts of x whose sum is x (f32 has 24 significant bits; each part takes the next 8,
-// rounded, so the remainders fit), as the hi, mid and lo halves of the A operand words.
-__device__ __forceinline__ void split3(float x0, float x1, uint32_t& hi, uint32_t& mid,
-                                       uint32_t& lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float r0 = x0 - __low2float(h), r1 = x1 - __high2float(h);
-    const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - __low2float(m), r1 - __high2float(m));
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    mid = *reinterpret_cast<const uint32_t*>(&m);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 __device__ __forceinline__ void attend_tile(const act_t* q, const act_t* k_cache,
                                             const act_t* v_cache, const int* positions,
                                             const int* slots, const act_t* k_new,

@@ -424,19 +424,6 @@ metrale_kv_append_attention_wgmma_online_prefill(
 
 // ------------------------------------------------------------------ two-pass
 
-// Three bf16 parts of x whose sum is x (f32 has 24 significant bits; each part takes the next 8,
-// rounded, so the remainders fit), as the hi, mid and lo halves of the A operand words.
-__device__ __forceinline__ void split3(float x0, float x1, uint32_t& hi, uint32_t& mid,
-                                       uint32_t& lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    const float r0 = x0 - __low2float(h), r1 = x1 - __high2float(h);
-    const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - __low2float(m), r1 - __high2float(m));
-    hi = *reinterpret_cast<const uint32_t*>(&h);
-    mid = *reinterpret_cast<const uint32_t*>(&m);
-    lo = *reinterpret_cast<const uint32_t*>(&l);
-}
-
 // The two-pass attention of the block's rows at output columns col0 + [0, 64 VCH), the head's
 // scores over KCH chunks (constants, as wg_attend_online's).
 template <int KCH, int VCH>
