@@ -171,7 +171,9 @@ class Realization:
                 _, headers, _, digest = self.source(table.source_path)
                 return table.kernel(point, hw=self.name, provenance=folder.owner,
                                     source_hash=digest, headers=headers, shadow=later,
-                                    residual_kind=kind), ""
+                                    residual_kind=kind,
+                                    multiprocessors=self.hw.device.multiprocessors
+                                    if self.hw.device else 0), ""
         if passed_over:
             return None, f"{point}: " + "; ".join(passed_over)
         return None, f"no kernel for {point} in {self._chain_words()}"

@@ -121,6 +121,9 @@ class DeviceInfo:
     hbm_bandwidth_gbs: float = attrs.field(converter=float)
     nominal: bool = False
     """True when the bandwidth is a placeholder, not a device's figure."""
+    multiprocessors: int = 0
+    """Its streaming multiprocessors (optional; 0: not given): the ``sms`` a launch formula
+    reads when plans are made for the class (the loader binds the running device's)."""
 
     @property
     def hbm_bytes_per_s(self) -> float:
@@ -471,8 +474,11 @@ def _read_device(data: Any, path: Path, errors: list[MetraleError],
     name = f.take("name", str)
     bw = _number(f, "hbm_bandwidth_gbs", positive=True)
     nominal = f.take("nominal", bool, default=False)
+    sms = f.take("multiprocessors", int, default=0)
+    if sms is not None and sms < 0:
+        f.fail("multiprocessors", "must not be negative", ">= 0", repr(sms))
     f.close()
-    return DeviceInfo(name, bw, nominal) if f.ok else None
+    return DeviceInfo(name, bw, nominal, sms) if f.ok else None
 
 
 def _read_cost(data: Any, path: Path, errors: list[MetraleError]) -> CostInfo | None:

@@ -61,6 +61,10 @@ TRANSPORTS = ("all_gather",)
 ``all_gather`` puts every rank's input ``x`` [rows, n], in rank order, into the kernel's
 first argument as ``[ranks, rows, n]``, before the kernel runs."""
 NO_REASON = "no reason given"
+DEVICE_SIZE = "sms"
+"""The one size a launch formula may read that the running device gives, not the plan: its
+streaming multiprocessors (a persistent kernel's grid). Plans are made at the class device's
+count (``Kernel.multiprocessors``); the loader binds the device's own."""
 
 def box_numbers(box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
     """The numbers a kernel's launch formulas read at one box of a plan: the circuit's
@@ -211,6 +215,9 @@ class Kernel:
     """Port -> elements this kernel really moves, as a launch formula: where its tiling reads a
     port other than its family's ``traffic`` says (a prefill attention reads each cached row
     once per tile of query rows, not once per row). Unlisted ports keep the family's."""
+    multiprocessors: int = 0
+    """The ``sms`` its launch formulas read unless the sizes bind it: the class's device's
+    (HARDWARE.toml's ``[device] multiprocessors``); the loader binds the running device's."""
 
     @property
     def key(self) -> str:
@@ -243,7 +250,8 @@ class Kernel:
         """``sizes`` plus the point's numeric parameters, ``P_bytes`` for each parameter P that
         names a dtype (its element's bytes: ``act_bytes`` is 2 at ``act = "bf16"``) and the
         ``values`` formulas."""
-        env: dict[str, int | float] = {}
+        env: dict[str, int | float] = {DEVICE_SIZE: self.multiprocessors} \
+            if self.multiprocessors else {}
         for k, v in self.point.params:
             if isinstance(v, int | float) and not isinstance(v, bool):
                 env[k] = v
@@ -420,15 +428,17 @@ class KernelTable:
         return tuple(out)
 
     def kernel(self, point: Point, *, hw: str, provenance: str, source_hash: str,
-               headers: tuple[str, ...], shadow: bool, residual_kind: str) -> Kernel:
-        """The kernel this table gives ``point`` on ``hw``."""
+               headers: tuple[str, ...], shadow: bool, residual_kind: str,
+               multiprocessors: int = 0) -> Kernel:
+        """The kernel this table gives ``point`` on ``hw`` (whose device has
+        ``multiprocessors``, 0 where its class does not say)."""
         return Kernel(point, hw, provenance, self.source_path, self.entry,
                       self.defines_at(point), self.launch, self.args, self.values,
                       self.reduction_at(point), self.row_invariant, shadow,
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
                       self.name, headers, self.dependent_launch, self.limits, self.then,
-                      self.transport, self.traffic)
+                      self.transport, self.traffic, multiprocessors)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -444,7 +454,8 @@ def _allowed_names(fam: Family, values: Mapping[str, str]) -> frozenset[str]:
     # P_bytes where every value of parameter P names a dtype (Kernel.sizes binds it)
     dtypes = {f"{p}_bytes" for p, vs in fam.domains.items()
               if vs and all(isinstance(v, str) and DType.named(v) for v in vs)}
-    return family_dims(fam) | set(fam.attrs) | set(fam.domains) | set(values) | dtypes
+    return (family_dims(fam) | set(fam.attrs) | set(fam.domains) | set(values) | dtypes
+            | {DEVICE_SIZE})
 
 
 def _str_list(f: Fields, key: str, default: Any = None) -> tuple[str, ...] | None:

@@ -25,11 +25,17 @@ import attrs
 import numpy as np
 
 from metrale.lkb.errors import LaunchError
-from metrale.realize.kernel import box_numbers, tensor_map_box
+from metrale.realize.kernel import DEVICE_SIZE, box_numbers, tensor_map_box
 from metrale.runtime.backend import TensorMap
 
 SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
 """The NumPy type a scalar kernel argument of each kind is passed as."""
+
+
+def device_sizes(backend: Any) -> dict[str, int]:
+    """The sizes the running device binds in launch formulas (``DEVICE_SIZE``: its
+    multiprocessors)."""
+    return {DEVICE_SIZE: backend.limits.multiprocessors}
 
 
 @attrs.frozen
@@ -127,6 +133,7 @@ class BoundKernel:
                numbers: Mapping[str, int | float], stream: Any = None) -> None:
         """Launch with the kernel's own launch rule at ``numbers``, then its ``then``
         launches (those it makes there)."""
+        numbers = {**numbers, **device_sizes(backend)}
         for entry, _, (grid, block, shared) in self.kernel.launches_for(numbers):
             handle, args = self.call(entry)
             backend.launch(handle, grid, block, shared, self.pack(pointers, numbers, args),
@@ -306,7 +313,7 @@ class CudaPlanLoader:
         out = []
         for k in plan.launches:
             fam = P.family(k.family)
-            numbers = box_numbers(k.box, fam, sizes)
+            numbers = {**box_numbers(k.box, fam, sizes), **device_sizes(backend)}
             env = k.kernel.sizes(numbers)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))

@@ -348,6 +348,32 @@ def test_gemm_rows_have_the_same_bytes_in_either_block_size(build_dir, family, d
     check_row_invariance(fam, point, _runner(build_dir), rows, part, dims)
 
 
+@pytest.mark.parametrize("family,dims", [("linear", {"k": 800, "n": 300}),
+                                         ("gate_up_swiglu", {"k": 288, "n": 136}),
+                                         ("qkv", {"k": 544, "nq": 136, "nk": 24, "nv": 40})],
+                         ids=case_id)
+def test_tma_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
+    """gemm_tma.cu's blocks take the launch's tiles in turn, so a grid smaller than the tiles
+    (one block, three) gives the bytes of the table's grid (a block a tile): the stages and their
+    barriers' phases run on from one tile to the next (five stages against 13, 5 and 9 k-tiles a
+    tile: each phase parity taken more than once), and a k-block's partial lands in the
+    accumulator set of its parity (odd and even counts of k-blocks: 4, 2, 3)."""
+    fam = P.family(family)
+    point = matmul_point(fam, "gemm", "bf16")
+    kernel = F.realize(point)
+    sizes = {**sizes_for(fam, 200), **dims}
+    ((entry, _, (grid, block, shared)),) = kernel.launches_for(sizes)
+    assert entry.endswith("_tma") and grid[0] * grid[1] >= 6, (entry, grid)
+    _, device = inputs(fam, point, sizes, seed=5)
+    want = run(build_dir, fam, point, sizes, device)
+    for blocks in (1, 3):
+        got = run(build_dir, fam, point, sizes, device,
+                  launch_shape=((blocks, 1, 1), block, shared))
+        for w, g in zip(want, got, strict=True):
+            assert np.isfinite(g.astype(np.float32)).all()
+            assert w.tobytes() == g.tobytes(), (family, blocks)
+
+
 @pytest.mark.parametrize("weight", ["bf16", "fp8"])
 def test_gemm_of_many_column_tiles_at_few_rows_does_not_split_k(build_dir, weight):
     """Up to 64 rows with 264 column tiles or more, k is not split (one launch does it all, the

@@ -245,6 +245,15 @@ def test_wrong_types_named(tmp_path: Path) -> None:
     assert "must be positive" in str(errs["device.hbm_bandwidth_gbs"])
 
 
+def test_a_device_s_multiprocessors_are_optional_and_not_negative(tmp_path: Path) -> None:
+    text = class_toml("a")
+    assert load_hardware(tree(tmp_path / "ok", {"a": text})).get("a").device.multiprocessors == 0
+    bad = text.replace("hbm_bandwidth_gbs = 100", "hbm_bandwidth_gbs = 100\nmultiprocessors = -4")
+    errs = {e.key: e for e in errors_of(tree(tmp_path / "bad", {"a": bad}))}
+    assert "must not be negative" in str(errs["device.multiprocessors"])
+    assert HW.get("sm_90").device.multiprocessors == 132
+
+
 def test_all_violations_reported_together(tmp_path: Path) -> None:
     root = tree(tmp_path, {
         "a": class_toml("a").replace("warp_size", "warpsize"),

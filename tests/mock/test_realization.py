@@ -717,3 +717,33 @@ def test_a_kernel_s_workspace_counts_its_then_launches_scratch_too() -> None:
     numbers = {"rows": 8, "k": 1280, "n": 40}
     ws = bound.scratch_bytes(numbers)
     assert set(ws) == {"ws"} and ws["ws"] == kernel.sizes(numbers)["ws"] > 16
+
+
+def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it() -> None:
+    # sm_90's bf16 GEMM past 64 rows launches one block an SM, or one a tile where they are
+    # fewer: the class's device's multiprocessors while plans are made, the running device's
+    # (its backend's limits) when a loader binds the launch
+    from metrale.runtime.backend import DeviceLimits, HostKernel, TensorMap
+    from metrale.runtime.cuda_loader import BoundKernel, parse_args
+    from metrale.runtime.mock_backend import MockBackend
+
+    point = next(p for p in P.family("linear").points
+                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
+                                       "k_block": 256, "across": "sequential"})
+    kernel = realization("sm_90").realize(point)
+    assert kernel.multiprocessors == 132
+    big, small = {"rows": 2048, "k": 4096, "n": 4096}, {"rows": 130, "k": 64, "n": 256}
+    assert kernel.launch_for(big)[0] == (132, 1, 1)
+    assert kernel.launch_for({**big, "sms": 114})[0] == (114, 1, 1)
+    assert kernel.launch_for(small)[0] == (4, 1, 1)  # 2 row tiles x 2 column tiles
+    be = MockBackend(DeviceLimits(multiprocessors=7))
+    handle = be.kernel(be.module({kernel.entry: HostKernel(None, len(kernel.args))}, "k.bin"),
+                       kernel.entry)
+    bound = BoundKernel(kernel, handle, parse_args(kernel.args))
+    run = {"rows": 1024, "k": 64, "n": 1024}  # 64 tiles
+    x, w, y = be.alloc(1024 * 64 * 2, "x"), be.alloc(1024 * 64 * 2, "w"), be.alloc(2 << 20, "y")
+    maps = {"x": TensorMap(x, 1024, 64, "bf16", (64, 128)),
+            "w": TensorMap(w, 1024, 64, "bf16", (64, 128))}
+    bound.launch(be, {**maps, "y": y}, run)
+    (launch,) = [c for c in be.calls if c.op == "launch"]
+    assert launch.args[1] == (7, 1, 1)

@@ -32,6 +32,7 @@
 //   below 2^-126.
 // Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones).
 #include "attention_prefill.cuh"
+#include "wgmma.cuh"
 
 #ifndef KV_BLOCK
 #error "define KV_BLOCK"
@@ -94,27 +95,9 @@ __device__ __forceinline__ int wg_piece(int r, int p) {
 
 // ------------------------------------------------------------------ wgmma
 
-// Descriptors of a 128-byte-swizzled operand at shared address `at` (1024-byte aligned, plus 32
-// bytes a k step of a K-major one): 8-row groups 1024 bytes apart; an N-major one's 64-column
-// chunks CHUNK_BYTES apart (its leading offset).
-__device__ __forceinline__ uint64_t k_major(uint32_t at) {
-    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-__device__ __forceinline__ uint64_t n_major(uint32_t at) {
-    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)(CHUNK_BYTES >> 4) << 16 |
-           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-__device__ __forceinline__ void wg_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(0) : "memory");
-}
+// The descriptor of an N-major operand (the values) at shared address `at`: its 64-column
+// chunks CHUNK_BYTES apart.
+__device__ __forceinline__ uint64_t n_major(uint32_t at) { return swizzled_desc(at, CHUNK_BYTES); }
 
 // d = a · bᵀ (+ d when add): a 64 x 16 K-major slice of q, a 64 x 16 K-major slice of keys.
 __device__ __forceinline__ void wgmma_scores(float (&d)[32], uint64_t a, uint64_t b, int add) {
@@ -146,11 +129,6 @@ __device__ __forceinline__ void wgmma_values(float (&d)[32], const uint32_t (&a)
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)
                  : "memory");
-}
-
-// cp.async's writes made visible to the wgmmas (the async proxy) that read them.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // ------------------------------------------------------------------ the tiles
@@ -273,7 +251,7 @@ __device__ __forceinline__ void wg_over_tiles(int t0, int t1, Issue issue, Body 
         } else {
             cp_async_wait<0>();
         }
-        fence_proxy_async();  // this thread's copies seen by the wgmmas
+        fence_async_shared();  // this thread's copies seen by the wgmmas
         __syncthreads();      // every thread's, and q's
         body(b, st);
         __syncthreads();      // every warpgroup is done with the buffer before it is refilled
@@ -284,14 +262,14 @@ __device__ __forceinline__ void wg_over_tiles(int t0, int t1, Issue issue, Body 
 // into sc (register 4 ni + e: n8 tile ni, element e), their wgmmas waited for.
 template <int KCH>
 __device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
-    wg_fence();
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4 * KCH; ++kk) {
         const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
-        wgmma_scores(sc, k_major(s.at + s.q(wg) + off), k_major(s.at + s.k(b) + off), kk > 0);
+        wgmma_scores(sc, operand_desc(s.at + s.q(wg) + off), operand_desc(s.at + s.k(b) + off), kk > 0);
     }
-    wg_commit();
-    wg_wait_all();
+    wgmma_commit();
+    wgmma_wait<0>();
 }
 
 // kv_append of the block's rows (its kv head), 16 bytes a copy, every thread of the block.
@@ -383,15 +361,15 @@ __device__ __forceinline__ void wg_attend_online(const act_t* k, const act_t* v,
 #pragma unroll
                     for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
             }
-            wg_fence();
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
                 for (int ch = 0; ch < CH; ++ch)
                     wgmma_values(acc[ch], pa[kk],
                                  n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
-            wg_commit();
-            wg_wait_all();
+            wgmma_commit();
+            wgmma_wait<0>();
         });
     });
     // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
@@ -499,15 +477,15 @@ __device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, 
                         split3(sc[8 * kk + 4 * (r / 2) + 2 * (r % 2)],
                                sc[8 * kk + 4 * (r / 2) + 2 * (r % 2) + 1], a[0][r], a[1][r],
                                a[2][r]);
-                    wg_fence();
+                    wgmma_fence();
 #pragma unroll
                     for (int ch = 0; ch < VCH; ++ch)
 #pragma unroll
                         for (int part = 0; part < 3; ++part)
                             wgmma_values(ab[ch], a[part],
                                          n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 2048));
-                    wg_commit();
-                    wg_wait_all();
+                    wgmma_commit();
+                    wgmma_wait<0>();
                 }
             });
             // the block merges into the running state, left to right, for the rows it has

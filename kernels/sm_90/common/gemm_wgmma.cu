@@ -37,6 +37,7 @@
 //
 // Defines: ACT_BF16, WEIGHT_*, K_BLOCK, OUT_F32 (lm_head: f32 logits).
 #include "mma_weights.cuh"
+#include "wgmma.cuh"
 
 #if !defined(ACT_BF16)
 #error "gemm_wgmma.cu takes bf16 activations (KERNELS.toml's `when`)"
@@ -92,32 +93,6 @@ struct Block {
 // Where the 16-byte piece p of tile row r lies in its stage: 128-byte rows, the piece index
 // exchanged with the row's place in its 8-row group (the 128-byte swizzle).
 __device__ __forceinline__ int swizzled(int r, int p) { return r * 128 + ((p ^ (r & 7)) << 4); }
-
-// The descriptor of a K-major operand at shared address `at` (1024-byte aligned, plus 32 bytes a
-// k step of 16): 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t operand_desc(uint32_t at) {
-    return (uint64_t)((at & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-
-// The descriptor of the operand `bytes` further on: its address field, in 16-byte units, is the
-// low 14 bits, and shared memory (under 256 KiB) never carries out of them.
-__host__ __device__ constexpr uint64_t desc_step(uint32_t bytes) { return bytes >> 4; }
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// cp.async's writes made visible to the wgmmas (the async proxy) that read them.
-__device__ __forceinline__ void fence_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 // d = a · bᵀ (+ d when add) for a 64 x 16 activation slice and a 128 x 16 weight slice.
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b, int add) {
