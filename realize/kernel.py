@@ -510,7 +510,8 @@ def _check_formula(f: Fields, where: str, text: str, names: frozenset[str],
         return
     for n in sorted(used - names):
         f._fail(f.key(where), f"unknown size {n!r} in {what}",
-                "a dim, attr or parameter of the family, P_bytes of a dtype parameter P, or a "
+                "a dim, attr or parameter of the family, P_bytes of a dtype parameter P, "
+                f"{DEVICE_SIZE} (the device's multiprocessors), or a "
                 "name in `values`", repr(text),
                 nearest(n, names))
 

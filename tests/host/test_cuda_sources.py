@@ -192,7 +192,9 @@ def test_kernel_fields_are_valid(name):
         assert all(ty in ARG_TYPES and arg in names for arg, _, ty in then_args), then["args"]
         assert len({arg for arg, _, _ in then_args}) == len(then_args)
     for p in mine:
-        env = {**fam["example"], **fam.get("attrs", {}), **p}
+        # `sms`, the running device's multiprocessors: H100's and H200's 132 (any count gives
+        # a launch: persistent grids are min(sms, tiles))
+        env = {"sms": 132, **fam["example"], **fam.get("attrs", {}), **p}
         env |= {f"{k}_bytes": dt.element_size_bits / 8 for k, v in p.items()
                 if isinstance(v, str) and (dt := DType.named(v)) is not None}
         for v, f in t.get("values", {}).items():  # in order: a launch formula may read them
