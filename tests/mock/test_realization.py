@@ -720,9 +720,9 @@ def test_a_kernel_s_workspace_counts_its_then_launches_scratch_too() -> None:
 
 
 def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it() -> None:
-    # sm_90's bf16 GEMM past 64 rows launches one block an SM, or one a tile where they are
-    # fewer: the class's device's multiprocessors while plans are made, the running device's
-    # (its backend's limits) when a loader binds the launch
+    # sm_90's bf16 GEMM past 64 rows with k < 2048 launches one block an SM, or one a tile where
+    # they are fewer: the class's device's multiprocessors while plans are made, the running
+    # device's (its backend's limits) when a loader binds the launch; from k = 2048 a block a tile
     from metrale.runtime.backend import DeviceLimits, HostKernel, TensorMap
     from metrale.runtime.cuda_loader import BoundKernel, parse_args
     from metrale.runtime.mock_backend import MockBackend
@@ -732,10 +732,11 @@ def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it(
                                        "k_block": 256, "across": "sequential"})
     kernel = realization("sm_90").realize(point)
     assert kernel.multiprocessors == 132
-    big, small = {"rows": 2048, "k": 4096, "n": 4096}, {"rows": 130, "k": 64, "n": 256}
+    big, small = {"rows": 2048, "k": 1024, "n": 4096}, {"rows": 130, "k": 64, "n": 256}
     assert kernel.launch_for(big)[0] == (132, 1, 1)
     assert kernel.launch_for({**big, "sms": 114})[0] == (114, 1, 1)
     assert kernel.launch_for(small)[0] == (4, 1, 1)  # 2 row tiles x 2 column tiles
+    assert kernel.launch_for({**big, "k": 2048})[0] == (16 * 32, 1, 1)  # a block a tile
     be = MockBackend(DeviceLimits(multiprocessors=7))
     handle = be.kernel(be.module({kernel.entry: HostKernel(None, len(kernel.args))}, "k.bin"),
                        kernel.entry)
