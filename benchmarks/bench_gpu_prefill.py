@@ -15,7 +15,9 @@ the median over several replays of a CUDA graph of back-to-back launches.
 
 Then whole prefill steps (``--steps 512,2048``): the sm_90 plan's prefill of one prompt, against
 the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt, and the
-same prompt keeping only the last row's logits.
+same prompt keeping only the last row's logits. ``--kernels-dirs A,B`` plans the same steps over
+variant kernel folders too (copies of ``kernels/`` with an edited launch rule or source), each
+right after the shipped folder's, in the same process: an A/B of a kernel change on whole steps.
 
 With ``--variants``, instead: gemm.cu built with each of GEMM_VARIANTS' defines (tile shape,
 stages, where the k-blocks' sum lives, blocks per SM), and sm_90's own wgmma GEMM with each of
@@ -608,27 +610,32 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
 
 
 def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
-                   graphs: bool = True) -> Any:
+                   graphs: bool = True, kernels_dir: str | None = None) -> Any:
     """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
-    under ``policy``; its prefills replay a captured graph, as the engine's do (``graphs``
-    False: launched one by one from the host)."""
+    under ``policy`` over ``kernels_dir`` (None: the shipped folder); its prefills replay a
+    captured graph, as the engine's do (``graphs`` False: launched one by one from the host)."""
     from metrale.plan.config import ModelConfig
     from metrale.runtime.engine import Engine, pooled_weights
 
     return Engine(ModelConfig.load(model), quant, pooled_weights(model, quant), hardware="sm_90",
                   backend=None, loader=None, act="bf16", max_ctx=max_ctx, slots=1,
-                  blocking=False, debug=False, graphs=graphs, fuse=True, policy=policy)
+                  blocking=False, debug=False, graphs=graphs, fuse=True, policy=policy,
+                  kernels_dir=kernels_dir)
 
 
 def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: list[str],
                   hf: bool, kernels: bool = False, records: list | None = None,
-                  policies: tuple[str, ...] = ("exact",)) -> list[dict]:
+                  policies: tuple[str, ...] = ("exact",),
+                  kernels_dirs: tuple[str, ...] = ()) -> list[dict]:
     """Whole prefill steps on the sm_90 plans under each of ``policies`` (random weights, one
     sequence from position 0), against the tensor-core floor of their FLOPs and, in bf16,
     transformers' forward (which, like the first timing, gives every row's logits; once a
     model and length); then the plan with the last row's only. With ``kernels`` (or
     ``records``), the longest prompt's kernels one by one (step_kernels), each point once a
-    model and quant: a later policy's plan times only the kernels it adds."""
+    model and quant: a later policy's plan times only the kernels it adds. Each of
+    ``kernels_dirs`` (variant kernel folders) plans the same steps again, right after the
+    shipped folder's, its rows marked ``kernels_dir`` (neither its kernels timed alone nor
+    recorded)."""
     from metrale.plan.config import ModelConfig
     from metrale.runtime.bench import time_prefill
 
@@ -637,8 +644,9 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
     for model in models:
         config = ModelConfig.load(model)
         timed: dict[str, set[str]] = {}  # quant -> points whose kernels its steps have timed
-        for quant, policy in ((q, p) for q in quants for p in policies):
-            eng = prefill_engine(model, quant, max(lengths), policy)
+        for quant, policy, folder in ((q, p, f) for q in quants for p in policies
+                                      for f in (None, *kernels_dirs)):
+            eng = prefill_engine(model, quant, max(lengths), policy, kernels_dir=folder)
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
                 last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")
@@ -650,6 +658,8 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                        "last_logits_step_s": last.step_s, "launches": t.launches, "flops": flops,
                        "tflops": flops / t.step_s / 1e12,
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
+                if folder is not None:
+                    row["kernels_dir"] = folder
                 if hf and quant == "bf16":
                     if (model, rows) not in hf_seconds:
                         hf_seconds[model, rows] = hf_prefill(torch, model, rows)
@@ -658,12 +668,13 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                 out.append(row)
                 peer = (f", HF eager {row['hf_eager_s'] * 1e3:.2f} ms (x{row['vs_hf_eager']:.2f})"
                         if "hf_eager_s" in row else "")
-                print(f"prefill {model:<13} {quant:<6} {policy:<7} {rows:>5} tokens: "
+                print(f"prefill {model:<13} {quant:<6} {policy:<7} {rows:>5} tokens"
+                      + (f" [{folder}]" if folder else "") + ": "
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
                       f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
                       f"last row's logits only {last.step_s * 1e3:.2f} ms; launched from the "
                       f"host {host.step_s * 1e3:.2f} ms", flush=True)
-                if (kernels or records is not None) and rows == max(lengths):
+                if (kernels or records is not None) and rows == max(lengths) and folder is None:
                     done = timed.setdefault(quant, set())
                     row["kernels"] = step_kernels(eng, config, rows, t.step_s, records,
                                                   skip=frozenset(done))
@@ -691,6 +702,10 @@ def main() -> None:
     ap.add_argument("--policies", default="exact",
                     help="plan the steps under each of these policies (exact, bounded)")
     ap.add_argument("--no-hf", action="store_true", help="no transformers peer for the steps")
+    ap.add_argument("--kernels-dirs", default="",
+                    help="variant kernel folders (comma-separated: copies of kernels/ with an "
+                         "edited table or source) whose plans' steps are timed right after the "
+                         "shipped folder's, in the same process")
     ap.add_argument("--kernels", action="store_true",
                     help="time each kernel of the longest prefill step alone")
     ap.add_argument("--variants", action="store_true",
@@ -751,7 +766,8 @@ def main() -> None:
     steps = prefill_steps(torch, args.models.split(","),
                           [int(r) for r in args.steps.split(",") if r],
                           args.step_quants.split(","), not args.no_hf, args.kernels,
-                          records, tuple(args.policies.split(","))) if args.steps else []
+                          records, tuple(args.policies.split(",")),
+                          tuple(filter(None, args.kernels_dirs.split(",")))) if args.steps else []
     path = write_result(args.name, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                     .decode(), "copy_rate": rate, "tensor_peak": TENSOR_PEAK,
                                     "launches": LAUNCHES, "repeats": REPEATS,

@@ -275,7 +275,9 @@ def prefill_command(doc: dict[str, Any] | None) -> str:
 
 
 def prefill_steps(doc: dict[str, Any] | None) -> str:
-    steps = [s for s in (doc or {}).get("steps", []) if isinstance(s, dict)]
+    # a variant kernel folder's steps (--kernels-dirs) are an experiment's, not the shipped plans'
+    steps = [s for s in (doc or {}).get("steps", [])
+             if isinstance(s, dict) and not s.get("kernels_dir")]
     rows: dict[tuple, list] = {}
     for s in steps:
         key = (s.get("model"), s.get("quant", "bf16"), s.get("policy") or "exact")

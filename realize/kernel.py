@@ -23,6 +23,7 @@ Templates: ``{p}`` is the parameter's value as written, ``{P}`` its upper-cased 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +66,14 @@ DEVICE_SIZE = "sms"
 """The one size a launch formula may read that the running device gives, not the plan: its
 streaming multiprocessors (a persistent kernel's grid). Plans are made at the class device's
 count (``Kernel.multiprocessors``); the loader binds the device's own."""
+
+
+@functools.cache
+def _reads_device_size(rule: LaunchRule) -> bool:
+    """Whether a launch rule's formulas read ``DEVICE_SIZE`` (once per rule: plans bind the same
+    few rules at every layer)."""
+    return any(DEVICE_SIZE in formula_names(f) for f in (*rule.grid, *rule.block, rule.shared))
+
 
 def box_numbers(box: Any, fam: Any, sizes: Mapping[str, int]) -> dict[str, int | float]:
     """The numbers a kernel's launch formulas read at one box of a plan: the circuit's
@@ -304,6 +313,13 @@ class Kernel:
             raise LaunchError(f"kernel {self.entry} on {self.hw} is a host callable; it is "
                               "called, not launched", key=str(self.point))
         env = self.sizes(sizes)
+        if DEVICE_SIZE not in env and any(
+                _reads_device_size(r) for r in (self.launch, *(t.launch for t in self.then))):
+            raise LaunchError(f"kernel {self.entry} on {self.hw}: its launch reads the device's "
+                              f"multiprocessors ({DEVICE_SIZE}), which nothing gives",
+                              key=str(self.point),
+                              expected=f"[device] multiprocessors in {self.hw}'s HARDWARE.toml "
+                              "(plans), or a running device's (the loader)", found="none")
         for limit in self.limits:
             if not limit_holds(limit, env, key=str(self.point)):
                 used = ", ".join(f"{n}={env[n]}" for n in sorted(limit_names(limit)))

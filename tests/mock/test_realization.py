@@ -7,6 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
+import attrs
 import pytest
 
 from metrale.lkb.diagram import Box, Diagram
@@ -748,3 +749,17 @@ def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it(
     bound.launch(be, {**maps, "y": y}, run)
     (launch,) = [c for c in be.calls if c.op == "launch"]
     assert launch.args[1] == (7, 1, 1)
+
+
+def test_a_launch_that_reads_the_multiprocessors_names_where_they_come_from() -> None:
+    # a class whose [device] gives no multiprocessors plans no launch that reads them: the
+    # error says where the count comes from, not only that a size is unbound
+    point = next(p for p in P.family("linear").points
+                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
+                                       "k_block": 256, "across": "sequential"})
+    kernel = attrs.evolve(realization("sm_90").realize(point), multiprocessors=0)
+    sizes = {"rows": 2048, "k": 1024, "n": 4096}
+    with pytest.raises(LaunchError, match=r"multiprocessors \(sms\)") as e:
+        kernel.launch_for(sizes)
+    assert "HARDWARE.toml" in str(e.value) and e.value.key == str(point)
+    assert kernel.launch_for({**sizes, "sms": 8})[0] == (8, 1, 1)

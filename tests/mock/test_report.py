@@ -95,6 +95,16 @@ def test_prefill_steps_render_with_their_peer(tmp_path):
         blocks["prefill-steps"]
 
 
+def test_a_variant_folder_s_prefill_steps_stay_out_of_the_table(tmp_path):
+    # bench_gpu_prefill.py --kernels-dirs: an experiment's rows beside the shipped plans'
+    steps = [{"model": "qwen3-0.6b", "quant": "bf16", "policy": "exact", "rows": 2048,
+              "step_s": t, **({"kernels_dir": "/tmp/k"} if t > 0.02 else {})}
+             for t in (0.0134, 0.0281)]
+    (tmp_path / "gpu_prefill.json").write_text(json.dumps({"steps": steps, "cases": []}))
+    block = report.blocks(tmp_path)["prefill-steps"]
+    assert "| qwen3-0.6b | bf16 | exact | 13.40 |" in block and "28.10" not in block
+
+
 def test_prefill_steps_show_the_last_row_s_step_where_it_was_timed(tmp_path):
     steps = [{"model": "qwen3-0.6b", "quant": "bf16", "policy": "bounded", "rows": 2048,
               "step_s": 0.0107, "last_logits_step_s": 0.0091, "hf_eager_s": 0.0277}]
