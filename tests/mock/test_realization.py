@@ -763,3 +763,15 @@ def test_a_launch_that_reads_the_multiprocessors_names_where_they_come_from() ->
         kernel.launch_for(sizes)
     assert "HARDWARE.toml" in str(e.value) and e.value.key == str(point)
     assert kernel.launch_for({**sizes, "sms": 8})[0] == (8, 1, 1)
+
+
+def test_the_tma_gemm_refuses_a_launch_without_k() -> None:
+    # its blocks loop over a tile's k-blocks until the last closes: with no k there is none, so
+    # such a launch must never reach the device (its `splits` formula refuses it, typed)
+    point = next(p for p in P.family("linear").points
+                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
+                                       "k_block": 256, "across": "sequential"})
+    kernel = realization("sm_90").realize(point)
+    with pytest.raises(LaunchError, match="division by zero"):
+        kernel.launches_for({"rows": 256, "k": 0, "n": 128})
+    assert kernel.launches_for({"rows": 256, "k": 8, "n": 128})[0][0] == "metrale_linear_tma"
