@@ -42,7 +42,23 @@ from metrale.lkb.vendor import Vendor
 FORMATS = ("ptx", "cubin", "host")
 NVCC_FLAGS = ("-std=c++17", "-O3")
 """Flags every nvcc compile gets besides -arch and the defines (part of the compiler identity)."""
-NVRTC_FLAGS = ("-std=c++17",)
+_STDINT = ("#pragma once\n"
+           "typedef signed char int8_t;\ntypedef short int16_t;\ntypedef int int32_t;\n"
+           "typedef long long int64_t;\ntypedef unsigned char uint8_t;\n"
+           "typedef unsigned short uint16_t;\ntypedef unsigned int uint32_t;\n"
+           "typedef unsigned long long uint64_t;\ntypedef long long intptr_t;\n"
+           "typedef unsigned long long uintptr_t;\n")
+_HOST = ("#pragma once\n"
+         "#define INFINITY __int_as_float(0x7f800000)\n"
+         "__host__ __device__ constexpr int metrale_nvrtc_ctz(unsigned x, int n = 0) {\n"
+         "    return (x & 1u) || n == 31 ? n : metrale_nvrtc_ctz(x >> 1, n + 1);\n}\n"
+         "#define __builtin_ctz(x) metrale_nvrtc_ctz(x)\n")
+NVRTC_SYSTEM_HEADERS = {"stdint.h": _STDINT, "cstdint": _STDINT, "metrale_nvrtc_host.h": _HOST}
+"""What nvcc's host side gives the kernels and NVRTC, which reads no system header, does not,
+as headers in memory: the fixed-width integers of the device's LP64 model; and, included before
+every source (``NVRTC_FLAGS``), math.h's INFINITY and GCC's count of trailing zeros (a
+constexpr, as the templates use it). A project header of the same name would take precedence."""
+NVRTC_FLAGS = ("-std=c++17", "--pre-include=metrale_nvrtc_host.h")
 """Flags every NVRTC compile gets besides the arch and the defines (NVRTC optimizes by default)."""
 COMPILE_TIMEOUT_S = 600
 
@@ -443,7 +459,9 @@ class NvidiaTarget:
             _, ver = self._nvrtc_lib(what)
             real = Path(what.library).resolve().name if Path(what.library).is_absolute() \
                 else what.library
-            return f"nvrtc {ver} ({real}, {what.origin}) {self.output} {' '.join(NVRTC_FLAGS)}"
+            shim = hashlib.sha256(repr(sorted(NVRTC_SYSTEM_HEADERS.items())).encode())
+            return (f"nvrtc {ver} ({real}, {what.origin}) {self.output} {' '.join(NVRTC_FLAGS)}"
+                    f" shim {shim.hexdigest()[:12]}")
         raise CompileError(f"no NVIDIA compiler: {what}")
 
     def _nvrtc_lib(self, found: _Nvrtc) -> tuple[Any, str]:
@@ -509,6 +527,7 @@ class NvidiaTarget:
     def _nvrtc_compile(self, found: _Nvrtc, source: str, arch: str, flags: list[str], file: str,
                        entry: str | None, headers: dict[str, str]) -> Binary:
         lib, _ = self._nvrtc_lib(found)
+        headers = {**NVRTC_SYSTEM_HEADERS, **headers}
         target = arch if self.output == "cubin" else "compute_" + arch[len("sm_"):]
         opts = [f"--gpu-architecture={target}", *NVRTC_FLAGS, *flags,
                 *(f"-I{d}" for d in found.include_dirs)]

@@ -154,3 +154,25 @@ def test_nvrtc(output: str) -> None:
         t.compile(SOURCE.replace("*=", "*= ="), "sm_90a", {"SCALE": 2}, name="s",
                   headers=HEADERS)
     assert "s.cu(4): error" in info.value.log and "   4 | " in str(info.value)
+
+
+HOST_SOURCE = """\
+#include <stdint.h>
+template <int R>
+__device__ int shift() { constexpr int s = __builtin_ctz(R); return s; }
+extern "C" __global__ void host_bits(float* x, uint64_t* n) {
+    x[0] = INFINITY;
+    n[0] = (uint64_t)shift<8>() + (5 - __builtin_ctz(4u));
+}
+"""
+
+
+@pytest.mark.parametrize("compiler", [
+    pytest.param("nvcc", marks=needs_nvcc), pytest.param("nvrtc", marks=needs_nvrtc)])
+def test_what_the_kernels_take_from_the_host_side_compiles_with_either_compiler(compiler):
+    """The kernels include <stdint.h> and use math.h's INFINITY and GCC's __builtin_ctz (in
+    constant expressions, where nvcc folds it), which nvcc's host side gives them: NVRTC, which reads no system
+    header, is given them in memory (compute.NVRTC_SYSTEM_HEADERS)."""
+    b = NvidiaTarget("ptx", compiler=compiler).compile(HOST_SOURCE, "sm_90a", {}, name="host",
+                                                       entry="host_bits")
+    assert b.entries == ("host_bits",)
