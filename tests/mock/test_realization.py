@@ -24,6 +24,7 @@ from metrale.realize.kernel import LaunchRule
 from metrale.realize.relations import STATUSES, relation_on, relations_on
 from metrale.runtime.cuda_loader import Arg
 from metrale.testing import functor_laws
+from tests.kernel_cases import matmul_point
 
 SHIPPED = default_kernels_dir()
 COMMON_TOML = (SHIPPED / "cuda" / "common" / "KERNELS.toml").read_text()
@@ -707,9 +708,7 @@ def test_a_kernel_s_workspace_counts_its_then_launches_scratch_too() -> None:
     # workspace a caller must allocate though the TMA entry itself takes none
     from metrale.runtime.cuda_loader import BoundKernel, parse_args
 
-    point = next(p for p in P.family("linear").points
-                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
-                                       "k_block": 256, "across": "sequential"})
+    point = matmul_point(P.family("linear"), "gemm", "bf16")
     kernel = realization("sm_90").realize(point)
     assert kernel.entry == "metrale_linear_tma", kernel.entry
     then = tuple(("handle", parse_args(t.args)) for t in kernel.then)
@@ -728,9 +727,7 @@ def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it(
     from metrale.runtime.cuda_loader import BoundKernel, parse_args
     from metrale.runtime.mock_backend import MockBackend
 
-    point = next(p for p in P.family("linear").points
-                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
-                                       "k_block": 256, "across": "sequential"})
+    point = matmul_point(P.family("linear"), "gemm", "bf16")
     kernel = realization("sm_90").realize(point)
     assert kernel.multiprocessors == 132
     big, small = {"rows": 2048, "k": 1024, "n": 4096}, {"rows": 130, "k": 64, "n": 256}
@@ -754,9 +751,7 @@ def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it(
 def test_a_launch_that_reads_the_multiprocessors_names_where_they_come_from() -> None:
     # a class whose [device] gives no multiprocessors plans no launch that reads them: the
     # error says where the count comes from, not only that a size is unbound
-    point = next(p for p in P.family("linear").points
-                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
-                                       "k_block": 256, "across": "sequential"})
+    point = matmul_point(P.family("linear"), "gemm", "bf16")
     kernel = attrs.evolve(realization("sm_90").realize(point), multiprocessors=0)
     sizes = {"rows": 2048, "k": 1024, "n": 4096}
     with pytest.raises(LaunchError, match=r"multiprocessors \(sms\)") as e:
@@ -768,9 +763,7 @@ def test_a_launch_that_reads_the_multiprocessors_names_where_they_come_from() ->
 def test_the_tma_gemm_refuses_a_launch_without_k() -> None:
     # its blocks loop over a tile's k-blocks until the last closes: with no k there is none, so
     # such a launch must never reach the device (its `splits` formula refuses it, typed)
-    point = next(p for p in P.family("linear").points
-                 if dict(p.params) == {"act": "bf16", "weight": "bf16", "shape": "gemm",
-                                       "k_block": 256, "across": "sequential"})
+    point = matmul_point(P.family("linear"), "gemm", "bf16")
     kernel = realization("sm_90").realize(point)
     with pytest.raises(LaunchError, match="division by zero"):
         kernel.launches_for({"rows": 256, "k": 0, "n": 128})
