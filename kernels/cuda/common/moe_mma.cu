@@ -1,6 +1,6 @@
 // Metrale CUDA: the experts' projections on tensor cores: moe_gate_up_swiglu, moe_down,
-// moe_gate_up_clamp and moe_down_bias at their `gemv_mma` points, which only the bounded
-// relations mma_gemv_moe_* reach (FUSIONS.toml).
+// moe_gate_up_clamp, topk_moe_gate_up_clamp and moe_down_bias at their `gemv_mma` points, which
+// only the bounded relations mma_gemv_* reach (FUSIONS.toml).
 //
 // Each (row, slot) is one GEMV of its expert's weight rows, reduced as gemv_mma.cuh reduces the
 // dense ones: a block owns 16 output columns of one (row, slot) (T tiles of them: the gate and up
@@ -116,18 +116,14 @@ metrale_moe_down_bias_gemv_mma(const act_t* __restrict__ h, const int* __restric
 }
 
 // h[r, s, j] = clamped_swiglu(round(round(gate) + bgu), round(round(up) + bgu)) with gate and up
-// expert ids[r, s]'s rows 2j and 2j + 1 of wgu [e, 2n, k] (transformers' interleaving).
-extern "C" __global__ void GATE_UP_BOUNDS
-metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
-                                   const void* __restrict__ wgu, const void* __restrict__ wgu_scale,
-                                   const float* __restrict__ wgu_global,
-                                   const __nv_bfloat16* __restrict__ bgu, act_t* __restrict__ h,
-                                   int rows, int top_k, int e, int n, int k, float limit,
-                                   float alpha) {
-    const int rs = blockIdx.y, n0 = blockIdx.x * GROUP;
-    if (rs >= rows * top_k) return;
-    const long base = moe_expert(ids, rs, e) * 2 * n;
-    const WeightRef w = weight_ref(wgu, wgu_scale, wgu_global);
+// expert ex's rows 2j and 2j + 1 of wgu [e, 2n, k] (transformers' interleaving), rs = r * top_k + s.
+__device__ __forceinline__ void gate_up_clamp_mma(const act_t* __restrict__ x, long ex, int rs,
+                                                  WeightRef w,
+                                                  const __nv_bfloat16* __restrict__ bgu,
+                                                  act_t* __restrict__ h, int top_k, int n, int k,
+                                                  float limit, float alpha) {
+    const int n0 = blockIdx.x * GROUP;
+    const long base = ex * 2 * n;
     gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(w, base + 2 * min(n0 + m, n - 1) + j, k); },
@@ -140,4 +136,39 @@ metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __res
     const float u = act_round(__fadd_rn(act_round(moe_dot<2>(k, 1, m, w, row + 1)),
                                         __bfloat162float(bgu[row + 1])));
     h[(long)rs * n + n0 + m] = act_store(clamped_swiglu(g, u, limit, alpha));
+}
+
+extern "C" __global__ void GATE_UP_BOUNDS
+metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
+                                   const void* __restrict__ wgu, const void* __restrict__ wgu_scale,
+                                   const float* __restrict__ wgu_global,
+                                   const __nv_bfloat16* __restrict__ bgu, act_t* __restrict__ h,
+                                   int rows, int top_k, int e, int n, int k, float limit,
+                                   float alpha) {
+    const int rs = blockIdx.y;
+    if (rs >= rows * top_k) return;
+    gate_up_clamp_mma(x, moe_expert(ids, rs, e), rs, weight_ref(wgu, wgu_scale, wgu_global), bgu,
+                      h, top_k, n, k, limit, alpha);
+}
+
+// topk_moe_gate_up_clamp on tensor cores: each block makes its row's selection (routed_expert;
+// the biased logits after the k-blocks' partials in dynamic shared memory), then the projection
+// above for its slot's expert.
+extern "C" __global__ void GATE_UP_BOUNDS
+metrale_topk_moe_gate_up_clamp_gemv_mma(const float* __restrict__ logits,
+                                        const __nv_bfloat16* __restrict__ bias,
+                                        const act_t* __restrict__ x, const void* __restrict__ wgu,
+                                        const void* __restrict__ wgu_scale,
+                                        const float* __restrict__ wgu_global,
+                                        const __nv_bfloat16* __restrict__ bgu,
+                                        float* __restrict__ weights, int* __restrict__ ids,
+                                        act_t* __restrict__ h, int rows, int top_k, int e, int n,
+                                        int k, float limit, float alpha) {
+    const int rs = blockIdx.y;
+    if (rs >= rows * top_k) return;
+    const int parts = (k + K_BLOCK - 1) / K_BLOCK * 256;  // floats: KERNELS.toml's 1024 bytes each
+    if (dynamic_smem_bytes() < (unsigned)(4 * (parts + e))) __trap();
+    const int ex = routed_expert(logits, bias, weights, ids, rs, e, top_k, gemv_mma_part + parts);
+    gate_up_clamp_mma(x, ex, rs, weight_ref(wgu, wgu_scale, wgu_global), bgu, h, top_k, n, k,
+                      limit, alpha);
 }
