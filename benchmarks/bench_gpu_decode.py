@@ -139,9 +139,9 @@ def metrale_line(r: dict) -> str:
             f"{r['floor_s'] * 1e3:.3f} ms (copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
             f"{r['floor_s'] / r['step_s']:.0%} of floor | predicted "
             f"{r['predicted_s'] * 1e3:.3f} ms ({r['predicted_s'] / r['step_s'] - 1:+.1%})")
-    if "without_step_s" in r:
-        line += (f" | without {r['without']} {r['without_step_s'] * 1e3:.3f} ms "
-                 f"({r['without_launches']} launches)")
+    for w in r.get("without", []):
+        line += (f" | without {w['relations']} {w['step_s'] * 1e3:.3f} ms "
+                 f"({w['launches']} launches)")
     if "plain_step_s" in r:
         line += f" | plain launches {r['plain_step_s'] * 1e3:.3f} ms"
     return line
@@ -343,9 +343,9 @@ def main() -> None:
                     help="record evidence (each kernel at batch 1) for sm_90 in the evidence store")
     ap.add_argument("--plain-too", action="store_true",
                     help="also time each bf16 step with plain (not dependent) launches")
-    ap.add_argument("--without", default="",
-                    help="relations (comma-separated) whose effect to measure: each step is "
-                         "also timed planned without them, in the same run")
+    ap.add_argument("--without", action="append", default=[], metavar="RELATIONS",
+                    help="comma-separated relations: each step is also timed planned without "
+                         "them, in the same run (repeatable: one variant each)")
     ap.add_argument("--kernels-dirs", default="",
                     help="kernels folders (comma-separated; variants of the shipped one) whose "
                          "plans are also timed, each step and its kernels, in the same run")
@@ -358,7 +358,7 @@ def main() -> None:
                          "which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    without = without_relations(args.without)
+    withouts = [(names, without_relations(names)) for names in args.without]
     variants = {folder: folder for folder in filter(None, args.kernels_dirs.split(","))}
     if args.priority_too:
         import tempfile
@@ -405,11 +405,12 @@ def main() -> None:
                               f"predicted {v['predicted_s'] * 1e3:.3f})", flush=True)
                         if "kernels" in v:
                             print_kernels(v["kernels"], v["step_s"])
-                    if without is not None:
+                    for names, presentation in withouts:
                         w = metrale_step(model, quant, batch, rng, policy=policy,
-                                         presentation=without)
-                        m["without"] = args.without
-                        m["without_step_s"], m["without_launches"] = w["step_s"], w["launches"]
+                                         presentation=presentation)
+                        m.setdefault("without", []).append(
+                            {"relations": names, "step_s": w["step_s"],
+                             "launches": w["launches"], "logits_sha256": w["logits_sha256"]})
                     r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
                          "copy_floor_s": m["bytes"] / rate}
                     rows.append(r)
