@@ -8,7 +8,7 @@
 // kernels reduce through warp_dots (gemv.cuh), one warp per (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
 // 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
 // metrale.lkb.semantics_moe_clamp; topk_moe_gate_up_clamp's blocks each make the row's
-// selection first (moe_clamp.cuh's routed_expert); moe_down_bias adds the expert's bias to its
+// selection first (router.cuh's routed_expert); moe_down_bias adds the expert's bias to its
 // down projection.
 // Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap.
 // Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (the router's and expert kernels).
@@ -21,6 +21,7 @@
 #define MOE_EXPERTS 1
 #endif
 #include "moe_clamp.cuh"
+#include "router.cuh"
 
 #ifndef WARPS
 #define WARPS 4
@@ -119,7 +120,9 @@ metrale_topk_moe_gate_up_clamp(const float* __restrict__ logits,
     const int rs = blockIdx.y;
     if (rs >= rows * top_k) return;  // the whole block: no barrier left behind
     if (dynamic_smem_bytes() < (unsigned)(4 * e)) __trap();
-    const int ex = routed_expert(logits, bias, weights, ids, rs, e, top_k, biased);
+    const int ex = routed_expert(weights, ids, rs, e, top_k, [&](int row, float* w, int* id) {
+        biased_topk_softmax(logits, bias, biased, row, e, top_k, w, id);
+    });
     if (col >= n) return;
     gate_up_clamp_column(x, ex, col, rs, weight_ref(wgu, wgu_scale, wgu_global), bgu, h, top_k, n,
                          k, limit, alpha);
