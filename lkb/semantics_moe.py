@@ -187,39 +187,6 @@ def moe_gate_up_swiglu(x: np.ndarray, ids: np.ndarray, wg: np.ndarray, wu: np.nd
     return (h,)
 
 
-def _ex_softmax_topk_moe_gate_up(rng, rows, act):
-    (x, _, wg, wu), params = _ex_moe_gate_up(rng, rows, act)
-    return (_rand(rng, (rows, 6), F32, 2.0), x, wg, wu), {**params, "top_k": 2,
-                                                           "renormalize": True}
-
-
-def _softmax_topk_matvec_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    return _softmax_topk_orders(p) + _matvec_orders(p)
-
-
-@semantics("softmax_topk_moe_gate_up_swiglu", rows=(0, 1),
-           orders=_softmax_topk_matvec_orders, example=_ex_softmax_topk_moe_gate_up)
-def softmax_topk_moe_gate_up_swiglu(logits: np.ndarray, x: np.ndarray, wg: np.ndarray,
-                                    wu: np.ndarray, *, top_k: int, renormalize: bool,
-                                    k_block: int, across: str = "sequential",
-                                    act: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`softmax_topk` then :func:`moe_gate_up_swiglu` of the experts it chose, byte for
-    byte the two calls: the router's selection made where the experts' projection reads it.
-    Returns (f32 weights, i32 ids, act h).
-
-    >>> x = np.ones((1, 2), np.float32)
-    >>> w = np.stack([np.full((1, 2), v, np.float32) for v in (0.5, 1.0)])
-    >>> p, ids, h = softmax_topk_moe_gate_up_swiglu(
-    ...     np.array([[0.0, 1.0]], np.float32), x, w, w, top_k=1, renormalize=True, k_block=2,
-    ...     act="f32")
-    >>> p.tolist(), ids.tolist(), h.tolist()
-    ([[1.0]], [[1]], [[[3.5231881141662598]]])
-    """
-    weights, ids = softmax_topk(logits, top_k=top_k, renormalize=renormalize)
-    (h,) = moe_gate_up_swiglu(x, ids, wg, wu, k_block=k_block, across=across, act=act)
-    return weights, ids, h
-
-
 def _ex_moe_down(rng, rows, act):
     ids, _ = _ex_moe(rng, rows, act)
     return (_rand(rng, (rows, 2, 24), act), ids, _rand(rng, (6, 64, 24), F32, 0.2)), {

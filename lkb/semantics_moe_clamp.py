@@ -179,41 +179,6 @@ def moe_gate_up_clamp(x: np.ndarray, ids: np.ndarray, wgu: np.ndarray, bgu: np.n
     return (h,)
 
 
-def _ex_topk_moe_gate_up_clamp(rng, rows, act):
-    (x, _, wgu, bgu), params = _ex_moe_gate_up_clamp(rng, rows, act)
-    logits, bias = _rand(rng, (rows, 6), F32, 2.0), _rand(rng, (6,), F32)
-    return (logits, bias, x, wgu, bgu), {**params, "top_k": 2}
-
-
-def _topk_matvec_orders(p: Mapping[str, Any]) -> tuple[Reduction, ...]:
-    return _router_orders(p) + _matvec_orders(p)
-
-
-@semantics("topk_moe_gate_up_clamp", rows=(0, 2), orders=_topk_matvec_orders,
-           example=_ex_topk_moe_gate_up_clamp)
-def topk_moe_gate_up_clamp(logits: np.ndarray, bias: np.ndarray, x: np.ndarray,
-                           wgu: np.ndarray, bgu: np.ndarray, *, top_k: int, k_block: int,
-                           across: str = "sequential", act: str, limit: float,
-                           alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`topk_softmax` then :func:`moe_gate_up_clamp` of the experts it chose, byte for
-    byte the two calls: the router's selection made where the experts' projection reads it.
-    Returns (f32 weights, i32 ids, act h).
-
-    >>> x = np.ones((1, 2), np.float32)
-    >>> wgu = np.array([[[1.0, 1.0], [0.5, 0.5]], [[0.0, 0.0], [0.0, 0.0]]], np.float32)
-    >>> w, ids, h = topk_moe_gate_up_clamp(np.array([[3.0, 1.0]], np.float32),
-    ...                                    np.zeros(2, np.float32), x, wgu,
-    ...                                    np.zeros((2, 2), np.float32), top_k=1, k_block=2,
-    ...                                    act="f32", limit=7.0, alpha=1.0)
-    >>> w.tolist(), ids.tolist(), h.tolist()
-    ([[1.0]], [[0]], [[[3.5231881141662598]]])
-    """
-    weights, ids = topk_softmax(logits, bias, top_k=top_k)
-    (h,) = moe_gate_up_clamp(x, ids, wgu, bgu, k_block=k_block, across=across, act=act,
-                             limit=limit, alpha=alpha)
-    return weights, ids, h
-
-
 def _ex_moe_down_bias(rng, rows, act):
     ids, _ = _ex_moe(rng, rows, act)
     return (_rand(rng, (rows, 2, 24), act), ids, _rand(rng, (6, 64, 24), F32, 0.2),

@@ -1,9 +1,10 @@
 // Metrale CUDA: the MoE router and expert kernels (softmax, topk, softmax_topk,
-// moe_gate_up_swiglu, softmax_topk_moe_gate_up_swiglu, moe_down, moe_combine).
+// moe_gate_up_swiglu, moe_down, moe_combine).
 //
-// Router kernels: one warp per row, e = the number of experts (any size), router.cuh's
-// selections. Expert kernels reduce through warp_dot (gemv.cuh), one warp per (row, slot,
-// column); softmax_topk_moe_gate_up_swiglu's blocks each make the row's selection first.
+// Router kernels: one warp per row, e = the number of experts (any size). The softmax
+// denominator: lane partials left to right, then the warp tree. top-k: k rounds of a warp
+// argmax, ties to the lower id; renormalization sums the selected weights left to right.
+// Expert kernels reduce through warp_dot (gemv.cuh), one warp per (row, slot, column).
 // Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap: a device
 // fault the runtime raises, never an output silently left unwritten.
 // Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (expert kernels); RENORMALIZE (top-k).
@@ -14,12 +15,64 @@
     defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
 #include "gemv.cuh"
 #define MOE_EXPERTS 1
+#else
+#include "metrale.cuh"
 #endif
-#include "router.cuh"
 
 #ifndef WARPS
 #define WARPS 4
 #endif
+#ifndef MAX_TOP_K
+#define MAX_TOP_K 32
+#endif
+
+// Softmax of one row into p (may alias nothing); every lane takes e / 32 entries.
+__device__ __forceinline__ void warp_softmax(const float* l, float* p, int e) {
+    const int lane = threadIdx.x & 31;
+    float m = -INFINITY;
+    for (int i = lane; i < e; i += 32) m = fmaxf(m, l[i]);
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int i = lane; i < e; i += 32) s += expf(l[i] - m);
+    s = warp_sum(s);
+    for (int i = lane; i < e; i += 32) p[i] = expf(l[i] - m) / s;
+}
+
+// The top_k of p (in global memory), descending, ties to the lower id.
+__device__ __forceinline__ void warp_topk(const float* p, int e, int top_k, float* w, int* ids) {
+    const int lane = threadIdx.x & 31;
+    float chosen[MAX_TOP_K];
+    int last_id = -1;
+    float last_v = INFINITY;
+    for (int j = 0; j < top_k && j < MAX_TOP_K; ++j) {
+        // the best entry strictly after (last_v, last_id) in the order (value desc, id asc)
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < e; i += 32) {
+            const float v = p[i];
+            const bool after = v < last_v || (v == last_v && i > last_id);
+            if (after && (v > bv || (v == bv && i < bi))) { bv = v; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        chosen[j] = bv;
+        last_v = bv;
+        last_id = bi;
+        if (lane == 0) ids[j] = bi;
+    }
+#if defined(RENORMALIZE)
+    float total = chosen[0];
+    for (int j = 1; j < top_k; ++j) total = total + chosen[j];
+    for (int j = 0; j < top_k; ++j) chosen[j] = chosen[j] / total;
+#endif
+    if (lane == 0)
+        for (int j = 0; j < top_k; ++j) w[j] = chosen[j];
+}
+
 // grid (rows), block 32.
 extern "C" __global__ void __launch_bounds__(32)
 metrale_softmax(const float* __restrict__ logits, float* __restrict__ p, int rows, int e) {
@@ -71,22 +124,8 @@ metrale_moe_combine(const act_t* __restrict__ y, const float* __restrict__ weigh
 }
 
 #if defined(MOE_EXPERTS)
-// h[r, s] = swiglu of expert ex's gate and up projections of x[r] (wg, wu [e, n, k]) for the
-// warp's column, rs = r * top_k + s.
-__device__ __forceinline__ void gate_up_swiglu_column(const act_t* __restrict__ x, long ex,
-                                                      int col, int rs, WeightRef g, WeightRef u,
-                                                      act_t* __restrict__ h, int top_k, int n,
-                                                      int k) {
-    const act_t* xr = x + (long)(rs / top_k) * k;
-    const long wrow = ex * n + col;
-    const WeightRef w[2] = {weight_rows(g, wrow, k), weight_rows(u, wrow, k)};
-    float gu[2];
-    warp_dots<2>(xr, w, k, gu);
-    const float gd = act_round(gu[0]), ud = act_round(gu[1]);
-    if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(silu_mul(gd, ud));
-}
-
-// h[r, s] for expert ids[r, s]. grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
+// h[r, s] = swiglu of expert ids[r, s]'s gate and up projections of x[r]; wg, wu [e, n, k].
+// grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ ids,
                            const void* __restrict__ wg, const void* __restrict__ wg_scale,
@@ -100,31 +139,14 @@ metrale_moe_gate_up_swiglu(const act_t* __restrict__ x, const int* __restrict__ 
     if (col >= n || rs >= rows * top_k) return;
     const int ex = ids[rs];
     if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
-    gate_up_swiglu_column(x, ex, col, rs, weight_ref(wg, wg_scale, wg_global),
-                          weight_ref(wu, wu_scale, wu_global), h, top_k, n, k);
-}
-
-// softmax_topk_moe_gate_up_swiglu: each block makes its row's selection (router.cuh's
-// routed_expert, softmax_topk's code), then the columns above for its slot's expert.
-// grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS, dynamic shared memory e floats.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
-metrale_softmax_topk_moe_gate_up_swiglu(
-    const float* __restrict__ logits, const act_t* __restrict__ x, const void* __restrict__ wg,
-    const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
-    const void* __restrict__ wu, const void* __restrict__ wu_scale,
-    const float* __restrict__ wu_global, float* __restrict__ weights, int* __restrict__ ids,
-    act_t* __restrict__ h, int rows, int top_k, int e, int n, int k) {
-    extern __shared__ float probs[];
-    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;  // the whole block: no barrier left behind
-    if (dynamic_smem_bytes() < (unsigned)(4 * e)) __trap();
-    const int ex = routed_expert(weights, ids, rs, e, top_k, [&](int row, float* w, int* id) {
-        softmax_topk_row(logits, probs, row, e, top_k, w, id);
-    });
-    if (col >= n) return;
-    gate_up_swiglu_column(x, ex, col, rs, weight_ref(wg, wg_scale, wg_global),
-                          weight_ref(wu, wu_scale, wu_global), h, top_k, n, k);
+    const act_t* xr = x + (long)(rs / top_k) * k;
+    const long wrow = (long)ex * n + col;
+    const WeightRef w[2] = {weight_rows(weight_ref(wg, wg_scale, wg_global), wrow, k),
+                            weight_rows(weight_ref(wu, wu_scale, wu_global), wrow, k)};
+    float gu[2];
+    warp_dots<2>(xr, w, k, gu);
+    const float g = act_round(gu[0]), u = act_round(gu[1]);
+    if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(silu_mul(g, u));
 }
 
 // y[r, s] = h[r, s] · wd[ids[r, s]]ᵀ; h [rows, top_k, n], wd [e, k, n], y [rows, top_k, k]:

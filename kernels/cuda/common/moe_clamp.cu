@@ -1,5 +1,5 @@
 // Metrale CUDA: gpt-oss's mixture of experts (topk_softmax, router_topk_softmax,
-// moe_gate_up_clamp, topk_moe_gate_up_clamp, moe_down_bias).
+// moe_gate_up_clamp, moe_down_bias).
 //
 // topk_softmax: one warp per row; the biased logits l = logits + bias go to dynamic shared
 // memory (e floats), top_k rounds of a warp argmax pick them (descending, ties to the lower
@@ -7,9 +7,7 @@
 // w_j = e_j / sum; router_topk_softmax makes the logits too, a warp an expert. The expert
 // kernels reduce through warp_dots (gemv.cuh), one warp per (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
 // 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
-// metrale.lkb.semantics_moe_clamp; topk_moe_gate_up_clamp's blocks each make the row's
-// selection first (router.cuh's routed_expert); moe_down_bias adds the expert's bias to its
-// down projection.
+// metrale.lkb.semantics_moe_clamp; moe_down_bias adds the expert's bias to its down projection.
 // Inputs a kernel cannot serve (top_k > MAX_TOP_K, an expert id outside [0, e)) trap.
 // Defines: ACT_*, WEIGHT_*, K_BLOCK, ACROSS_* (the router's and expert kernels).
 #if !defined(ACT_BF16) && !defined(ACT_F32)
@@ -18,14 +16,59 @@
 #if defined(WEIGHT_BF16) || defined(WEIGHT_F32) || defined(WEIGHT_FP8) || \
     defined(WEIGHT_MXFP4) || defined(WEIGHT_NVFP4)
 #include "gemv.cuh"
-#define MOE_EXPERTS 1
-#endif
 #include "moe_clamp.cuh"
-#include "router.cuh"
+#define MOE_EXPERTS 1
+#else
+#include "metrale.cuh"
+#endif
 
 #ifndef WARPS
 #define WARPS 4
 #endif
+#ifndef MAX_TOP_K
+#define MAX_TOP_K 32
+#endif
+
+// One warp's top_k of the biased logits l (e floats in shared memory) and the softmax over just
+// those, into w_row and ids_row: top_k rounds of a warp argmax (descending, ties to the lower
+// id), then e_j = exp(v_j - v_0), their sum left to right, w_j = e_j / sum.
+__device__ __forceinline__ void topk_softmax_warp(const float* biased, int e, int top_k,
+                                                  float* __restrict__ w_row,
+                                                  int* __restrict__ ids_row) {
+    const int lane = threadIdx.x & 31;
+    float chosen[MAX_TOP_K];
+    int last_id = -1;
+    float last_v = INFINITY;
+    for (int j = 0; j < top_k; ++j) {
+        // the best entry strictly after (last_v, last_id) in the order (value desc, id asc)
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < e; i += 32) {
+            const float v = biased[i];
+            const bool after = v < last_v || (v == last_v && i > last_id);
+            if (after && (v > bv || (v == bv && i < bi))) { bv = v; bi = i; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        chosen[j] = bv;
+        last_v = bv;
+        last_id = bi;
+        if (lane == 0) ids_row[j] = bi;
+    }
+    const float top = chosen[0];
+    float total = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        chosen[j] = expf(chosen[j] - top);
+        total = j ? __fadd_rn(total, chosen[j]) : chosen[j];
+    }
+    if (lane == 0)
+        for (int j = 0; j < top_k; ++j) w_row[j] = chosen[j] / total;
+}
+
 // grid (rows), block 32; the biased logits live in dynamic shared memory (e floats).
 extern "C" __global__ void __launch_bounds__(32)
 metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __restrict__ bias,
@@ -67,25 +110,7 @@ metrale_router_topk_softmax(const act_t* __restrict__ x, const __nv_bfloat16* __
         topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
 }
 
-// h[r, s, j] from expert ex's rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n], j the
-// warp's column (rs = r * top_k + s).
-__device__ __forceinline__ void gate_up_clamp_column(const act_t* __restrict__ x, long ex, int col,
-                                                     int rs, WeightRef ref,
-                                                     const __nv_bfloat16* __restrict__ bgu,
-                                                     act_t* __restrict__ h, int top_k, int n,
-                                                     int k, float limit, float alpha) {
-    const act_t* xr = x + (long)(rs / top_k) * k;
-    const long wrow = ex * 2 * n + 2 * col;
-    const WeightRef w[2] = {weight_rows(ref, wrow, k), weight_rows(ref, wrow + 1, k)};
-    float gu[2];
-    warp_dots<2>(xr, w, k, gu);
-    const float g = act_round(__fadd_rn(act_round(gu[0]), __bfloat162float(bgu[wrow])));
-    const float u = act_round(__fadd_rn(act_round(gu[1]), __bfloat162float(bgu[wrow + 1])));
-    if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(clamped_swiglu(g, u, limit,
-                                                                                 alpha));
-}
-
-// h[r, s, j] from expert ids[r, s]'s rows 2j (gate), 2j + 1 (up).
+// h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
 // grid (ceil(n / WARPS), rows * top_k), block 32 * WARPS.
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_moe_gate_up_clamp(const act_t* __restrict__ x, const int* __restrict__ ids,
@@ -99,33 +124,16 @@ metrale_moe_gate_up_clamp(const act_t* __restrict__ x, const int* __restrict__ i
     if (col >= n || rs >= rows * top_k) return;
     const int ex = ids[rs];
     if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
-    gate_up_clamp_column(x, ex, col, rs, weight_ref(wgu, wgu_scale, wgu_global), bgu, h, top_k, n,
-                         k, limit, alpha);
-}
-
-// topk_moe_gate_up_clamp: each block makes its row's selection (routed_expert), then
-// moe_gate_up_clamp's columns of the expert of its slot. grid (ceil(n / WARPS), rows * top_k),
-// block 32 * WARPS, dynamic shared memory e floats.
-extern "C" __global__ void __launch_bounds__(32 * WARPS)
-metrale_topk_moe_gate_up_clamp(const float* __restrict__ logits,
-                               const __nv_bfloat16* __restrict__ bias,
-                               const act_t* __restrict__ x, const void* __restrict__ wgu,
-                               const void* __restrict__ wgu_scale,
-                               const float* __restrict__ wgu_global,
-                               const __nv_bfloat16* __restrict__ bgu, float* __restrict__ weights,
-                               int* __restrict__ ids, act_t* __restrict__ h, int rows, int top_k,
-                               int e, int n, int k, float limit, float alpha) {
-    extern __shared__ float biased[];
-    const int col = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;  // the whole block: no barrier left behind
-    if (dynamic_smem_bytes() < (unsigned)(4 * e)) __trap();
-    const int ex = routed_expert(weights, ids, rs, e, top_k, [&](int row, float* w, int* id) {
-        biased_topk_softmax(logits, bias, biased, row, e, top_k, w, id);
-    });
-    if (col >= n) return;
-    gate_up_clamp_column(x, ex, col, rs, weight_ref(wgu, wgu_scale, wgu_global), bgu, h, top_k, n,
-                         k, limit, alpha);
+    const act_t* xr = x + (long)(rs / top_k) * k;
+    const long wrow = (long)ex * 2 * n + 2 * col;
+    const WeightRef ref = weight_ref(wgu, wgu_scale, wgu_global);
+    const WeightRef w[2] = {weight_rows(ref, wrow, k), weight_rows(ref, wrow + 1, k)};
+    float gu[2];
+    warp_dots<2>(xr, w, k, gu);
+    const float g = act_round(__fadd_rn(act_round(gu[0]), __bfloat162float(bgu[wrow])));
+    const float u = act_round(__fadd_rn(act_round(gu[1]), __bfloat162float(bgu[wrow + 1])));
+    if ((threadIdx.x & 31) == 0) h[(long)rs * n + col] = act_store(clamped_swiglu(g, u, limit,
+                                                                                 alpha));
 }
 
 // y[r, s] = round(round(h[r, s] · wd[e]ᵀ) + bd[e]), e = ids[r, s]; wd [e, k, n], bd [e, k].

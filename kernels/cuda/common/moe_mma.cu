@@ -1,7 +1,6 @@
 // Metrale CUDA: the experts' projections on tensor cores: moe_gate_up_swiglu, moe_down,
-// moe_gate_up_clamp, moe_down_bias, and the gate/up entries that make the router's selection
-// themselves (softmax_topk_moe_gate_up_swiglu, topk_moe_gate_up_clamp; router.cuh) at their
-// `gemv_mma` points, which only the bounded relations mma_gemv_* reach (FUSIONS.toml).
+// moe_gate_up_clamp and moe_down_bias at their `gemv_mma` points, which only the bounded
+// relations mma_gemv_moe_* reach (FUSIONS.toml).
 //
 // Each (row, slot) is one GEMV of its expert's weight rows, reduced as gemv_mma.cuh reduces the
 // dense ones: a block owns 16 output columns of one (row, slot) (T tiles of them: the gate and up
@@ -14,8 +13,7 @@
 // The expert id comes from the router's launch, so a block waits for it (grid_dependency_sync)
 // before its first weight load; an id outside [0, e) traps. Row-invariant: a (row, slot)'s
 // outputs are made of its own activation row and expert by the same instructions whatever the
-// other rows hold. Defines: ACT_BF16, WEIGHT_*, K_BLOCK; RENORMALIZE
-// (softmax_topk_moe_gate_up_swiglu).
+// other rows hold. Defines: ACT_BF16, WEIGHT_*, K_BLOCK.
 //
 // Four warps a block, not the dense entries' eight, and for mxfp4 gate/up entries registers for
 // six blocks a multiprocessor: an expert's GEMV has few k-blocks (gpt-oss-20b's 2880 columns are
@@ -33,7 +31,6 @@
 #endif
 #include "gemv_mma.cuh"
 #include "moe_clamp.cuh"
-#include "router.cuh"
 
 // The expert of (row, slot) rs, once the launch that wrote it has finished.
 __device__ __forceinline__ long moe_expert(const int* ids, int rs, int e) {
@@ -49,28 +46,24 @@ __device__ __forceinline__ int moe_column(int c0, int n) {
     return m < GROUP && r == 0 && c0 + m < n ? m : -1;
 }
 
-// Floats of the k-blocks' partials in dynamic shared memory (KERNELS.toml's 1024 bytes each),
-// after which an entry that makes the router's selection keeps its e floats; a launch with less
-// shared memory than both traps.
-__device__ __forceinline__ int routed_parts(int k, int e) {
-    const int parts = (k + K_BLOCK - 1) / K_BLOCK * 256;
-    if (dynamic_smem_bytes() < (unsigned)(4 * (parts + e))) __trap();
-    return parts;
-}
-
 // Tile j's finished dot for column m: the k-blocks summed in order, times the row's factor.
 template <int T>
 __device__ __forceinline__ float moe_dot(int k, int j, int m, WeightRef w, long row) {
     return scaled(gemv_mma_sum<T>(gemv_mma_part, k, j, m, 0), row_factor(weight_rows(w, row, 0)));
 }
 
-// h[r, s] = silu(round(x[r] · wg[ex]ᵀ)) · round(x[r] · wu[ex]ᵀ); wg, wu [e, n, k], rs = r * top_k + s.
-__device__ __forceinline__ void gate_up_swiglu_mma(const act_t* __restrict__ x, long ex, int rs,
-                                                   WeightRef g, WeightRef u,
-                                                   act_t* __restrict__ h, int top_k, int n,
-                                                   int k) {
-    const int n0 = blockIdx.x * GROUP;
-    const long base = ex * n;
+// h[r, s] = silu(round(x[r] · wg[e]ᵀ)) · round(x[r] · wu[e]ᵀ), e = ids[r, s]; wg, wu [e, n, k].
+extern "C" __global__ void GATE_UP_BOUNDS
+metrale_moe_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
+                                    const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                                    const float* __restrict__ wg_global,
+                                    const void* __restrict__ wu, const void* __restrict__ wu_scale,
+                                    const float* __restrict__ wu_global, act_t* __restrict__ h,
+                                    int rows, int top_k, int e, int n, int k) {
+    const int rs = blockIdx.y, n0 = blockIdx.x * GROUP;
+    if (rs >= rows * top_k) return;
+    const long base = moe_expert(ids, rs, e) * n;
+    const WeightRef g = weight_ref(wg, wg_scale, wg_global), u = weight_ref(wu, wu_scale, wu_global);
     gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(j ? u : g, base + min(n0 + m, n - 1), k); },
@@ -80,40 +73,6 @@ __device__ __forceinline__ void gate_up_swiglu_mma(const act_t* __restrict__ x, 
     const long row = base + n0 + m;
     const float gd = moe_dot<2>(k, 0, m, g, row), ud = moe_dot<2>(k, 1, m, u, row);
     h[(long)rs * n + n0 + m] = act_store(silu_mul(act_round(gd), act_round(ud)));
-}
-
-// h[r, s] for expert ids[r, s].
-extern "C" __global__ void GATE_UP_BOUNDS
-metrale_moe_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
-                                    const void* __restrict__ wg, const void* __restrict__ wg_scale,
-                                    const float* __restrict__ wg_global,
-                                    const void* __restrict__ wu, const void* __restrict__ wu_scale,
-                                    const float* __restrict__ wu_global, act_t* __restrict__ h,
-                                    int rows, int top_k, int e, int n, int k) {
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;
-    gate_up_swiglu_mma(x, moe_expert(ids, rs, e), rs, weight_ref(wg, wg_scale, wg_global),
-                       weight_ref(wu, wu_scale, wu_global), h, top_k, n, k);
-}
-
-// softmax_topk_moe_gate_up_swiglu on tensor cores: each block makes its row's selection
-// (routed_expert; the probabilities after the k-blocks' partials in dynamic shared memory),
-// then the projection above for its slot's expert.
-extern "C" __global__ void GATE_UP_BOUNDS
-metrale_softmax_topk_moe_gate_up_swiglu_gemv_mma(
-    const float* __restrict__ logits, const act_t* __restrict__ x, const void* __restrict__ wg,
-    const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
-    const void* __restrict__ wu, const void* __restrict__ wu_scale,
-    const float* __restrict__ wu_global, float* __restrict__ weights, int* __restrict__ ids,
-    act_t* __restrict__ h, int rows, int top_k, int e, int n, int k) {
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;
-    const int parts = routed_parts(k, e);
-    const int ex = routed_expert(weights, ids, rs, e, top_k, [&](int row, float* w, int* id) {
-        softmax_topk_row(logits, gemv_mma_part + parts, row, e, top_k, w, id);
-    });
-    gate_up_swiglu_mma(x, ex, rs, weight_ref(wg, wg_scale, wg_global),
-                       weight_ref(wu, wu_scale, wu_global), h, top_k, n, k);
 }
 
 // y[r, s] = h[r, s] · wd[e]ᵀ, e = ids[r, s]; h [rows, top_k, n], wd [e, k, n]: the reduction
@@ -157,14 +116,18 @@ metrale_moe_down_bias_gemv_mma(const act_t* __restrict__ h, const int* __restric
 }
 
 // h[r, s, j] = clamped_swiglu(round(round(gate) + bgu), round(round(up) + bgu)) with gate and up
-// expert ex's rows 2j and 2j + 1 of wgu [e, 2n, k] (transformers' interleaving), rs = r * top_k + s.
-__device__ __forceinline__ void gate_up_clamp_mma(const act_t* __restrict__ x, long ex, int rs,
-                                                  WeightRef w,
-                                                  const __nv_bfloat16* __restrict__ bgu,
-                                                  act_t* __restrict__ h, int top_k, int n, int k,
-                                                  float limit, float alpha) {
-    const int n0 = blockIdx.x * GROUP;
-    const long base = ex * 2 * n;
+// expert ids[r, s]'s rows 2j and 2j + 1 of wgu [e, 2n, k] (transformers' interleaving).
+extern "C" __global__ void GATE_UP_BOUNDS
+metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
+                                   const void* __restrict__ wgu, const void* __restrict__ wgu_scale,
+                                   const float* __restrict__ wgu_global,
+                                   const __nv_bfloat16* __restrict__ bgu, act_t* __restrict__ h,
+                                   int rows, int top_k, int e, int n, int k, float limit,
+                                   float alpha) {
+    const int rs = blockIdx.y, n0 = blockIdx.x * GROUP;
+    if (rs >= rows * top_k) return;
+    const long base = moe_expert(ids, rs, e) * 2 * n;
+    const WeightRef w = weight_ref(wgu, wgu_scale, wgu_global);
     gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(w, base + 2 * min(n0 + m, n - 1) + j, k); },
@@ -177,40 +140,4 @@ __device__ __forceinline__ void gate_up_clamp_mma(const act_t* __restrict__ x, l
     const float u = act_round(__fadd_rn(act_round(moe_dot<2>(k, 1, m, w, row + 1)),
                                         __bfloat162float(bgu[row + 1])));
     h[(long)rs * n + n0 + m] = act_store(clamped_swiglu(g, u, limit, alpha));
-}
-
-extern "C" __global__ void GATE_UP_BOUNDS
-metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __restrict__ ids,
-                                   const void* __restrict__ wgu, const void* __restrict__ wgu_scale,
-                                   const float* __restrict__ wgu_global,
-                                   const __nv_bfloat16* __restrict__ bgu, act_t* __restrict__ h,
-                                   int rows, int top_k, int e, int n, int k, float limit,
-                                   float alpha) {
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;
-    gate_up_clamp_mma(x, moe_expert(ids, rs, e), rs, weight_ref(wgu, wgu_scale, wgu_global), bgu,
-                      h, top_k, n, k, limit, alpha);
-}
-
-// topk_moe_gate_up_clamp on tensor cores: each block makes its row's selection (routed_expert;
-// the biased logits after the k-blocks' partials in dynamic shared memory), then the projection
-// above for its slot's expert.
-extern "C" __global__ void GATE_UP_BOUNDS
-metrale_topk_moe_gate_up_clamp_gemv_mma(const float* __restrict__ logits,
-                                        const __nv_bfloat16* __restrict__ bias,
-                                        const act_t* __restrict__ x, const void* __restrict__ wgu,
-                                        const void* __restrict__ wgu_scale,
-                                        const float* __restrict__ wgu_global,
-                                        const __nv_bfloat16* __restrict__ bgu,
-                                        float* __restrict__ weights, int* __restrict__ ids,
-                                        act_t* __restrict__ h, int rows, int top_k, int e, int n,
-                                        int k, float limit, float alpha) {
-    const int rs = blockIdx.y;
-    if (rs >= rows * top_k) return;
-    const int parts = routed_parts(k, e);
-    const int ex = routed_expert(weights, ids, rs, e, top_k, [&](int row, float* w, int* id) {
-        biased_topk_softmax(logits, bias, gemv_mma_part + parts, row, e, top_k, w, id);
-    });
-    gate_up_clamp_mma(x, ex, rs, weight_ref(wgu, wgu_scale, wgu_global), bgu, h, top_k, n, k,
-                      limit, alpha);
 }
