@@ -139,9 +139,10 @@ def metrale_line(r: dict) -> str:
             f"{r['floor_s'] * 1e3:.3f} ms (copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
             f"{r['floor_s'] / r['step_s']:.0%} of floor | predicted "
             f"{r['predicted_s'] * 1e3:.3f} ms ({r['predicted_s'] / r['step_s'] - 1:+.1%})")
-    for w in r.get("without", []):
+    for w in r.get("without", []):  # a bit-identical relation left out leaves the logits' bytes
+        same = "same" if w["logits_sha256"] == r["logits_sha256"] else "other"
         line += (f" | without {w['relations']} {w['step_s'] * 1e3:.3f} ms "
-                 f"({w['launches']} launches)")
+                 f"({w['launches']} launches, {same} logits)")
     if "plain_step_s" in r:
         line += f" | plain launches {r['plain_step_s'] * 1e3:.3f} ms"
     return line
