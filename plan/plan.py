@@ -147,6 +147,19 @@ class Plan:
         return self.bytes_moved / self.bandwidth
 
     @property
+    def cost_floor_s(self) -> float:
+        """The floor on the device the plan is costed for (:attr:`cost_device`: an engine's
+        own, where the class knows it as its device or one of its ``[[peers]]``), else
+        :attr:`floor_s`: what a step timed on that device is held to.
+
+        >>> p = plan_for("tiny-llama", "bf16", "sm_90", device="NVIDIA H100 80GB HBM3")
+        >>> round(p.cost_floor_s / p.floor_s, 3)  # the H200's 4300 GB/s over the H100's 3030
+        1.419
+        """
+        dev = self.hw_target.hw.device_named(self.cost_device) if self.hw_target else None
+        return self.bytes_moved / dev.hbm_bytes_per_s if dev is not None else self.floor_s
+
+    @property
     def predicted_us(self) -> float:
         """The predicted step time: the sum of the kernels' predicted costs, microseconds."""
         return sum(k.cost.us for k in self.kernels if k.cost is not None)

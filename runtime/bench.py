@@ -36,8 +36,8 @@ across copies totalling four times it."""
 
 @attrs.frozen
 class StepTiming:
-    """A decode or prefill step: median seconds, the plan's floor and bytes, launches, graph or
-    not."""
+    """A decode or prefill step: median seconds, the plan's floor on the device that ran it
+    (:attr:`~metrale.plan.plan.Plan.cost_floor_s`) and bytes, launches, graph or not."""
 
     model: str
     quant: str
@@ -112,7 +112,7 @@ def time_decode(engine: Any, rows: int, *, steps: int = 100, warmup: int = 10) -
     plan = engine.plan("decode", rows)
     step = median_wall(prog.run, steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, engine.max_ctx - 1,
-                      step, plan.floor_s, plan.bytes_moved, len(prog.launches),
+                      step, plan.cost_floor_s, plan.bytes_moved, len(prog.launches),
                       prog._graph is not None)
 
 
@@ -134,7 +134,7 @@ def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
     plan = engine.plan("prefill", rows, logits)
     step = median_wall(lambda: prog.run(replay=replay), steps, warmup)
     return StepTiming(engine.config.name, engine.quant, engine.hardware, rows, rows - 1, step,
-                      plan.floor_s, plan.bytes_moved, len(prog.launches),
+                      plan.cost_floor_s, plan.bytes_moved, len(prog.launches),
                       prog.captured and replay)
 
 
