@@ -44,12 +44,14 @@ from metrale.runtime.bench import median_wall  # noqa: E402
 CONTEXT = 1024
 
 
-def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, *,
+def decode_engine(model: str, quant: str, batch: int, *, seed: int = 0,
                   dependent: bool = True, graphs: bool = True,
                   policy: str = "exact", presentation: Any = None,
                   kernels_dir: str | None = None) -> tuple[Any, Any]:
     """An sm_90 engine for ``batch`` decode rows at position ``CONTEXT`` with random weights and
-    a full cache of random values (never time on zeros), planned under ``policy``; with it, the
+    a full cache of random values drawn from ``seed`` (never time on zeros; every engine of a run
+    gets the same, so plans that agree bit for bit give the same logits), planned under
+    ``policy``; with it, the
     backend the caller owns (None: the engine's own, with dependent launches where the class
     has them). ``presentation``: the LKB to plan over (None: the shipped one); ``kernels_dir``:
     the kernels folder to realize it with (None: the shipped one)."""
@@ -71,6 +73,7 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
                  hardware="sm_90", backend=backend, loader=loader, act="bf16",
                  max_ctx=CONTEXT + 1, slots=batch, blocking=False, debug=False, graphs=graphs,
                  fuse=True, policy=policy, presentation=presentation, kernels_dir=kernels_dir)
+    rng = np.random.default_rng(seed)
     for name, ptr in eng.externals.items():
         if name.startswith("kv."):
             vals = rng.standard_normal(ptr.nbytes // 2).astype(np.float32) * 0.5
@@ -78,8 +81,8 @@ def decode_engine(model: str, quant: str, batch: int, rng: np.random.Generator, 
     return eng, backend
 
 
-def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
-                 kernels: bool = False, records: list | None = None,
+def metrale_step(model: str, quant: str, batch: int, kernels: bool = False,
+                 records: list | None = None,
                  dependent: bool = True, policy: str = "exact",
                  presentation: Any = None, kernels_dir: str | None = None) -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
@@ -88,7 +91,7 @@ def metrale_step(model: str, quant: str, batch: int, rng: np.random.Generator,
     the class's floor) is added there."""
     from metrale.runtime.bench import kernel_times, time_decode
 
-    eng, backend = decode_engine(model, quant, batch, rng, dependent=dependent, policy=policy,
+    eng, backend = decode_engine(model, quant, batch, dependent=dependent, policy=policy,
                                  presentation=presentation, kernels_dir=kernels_dir)
     t = time_decode(eng, batch, steps=200)
     program = eng.program("decode", batch)
@@ -358,7 +361,6 @@ def main() -> None:
                     help="seconds into the peers (which run after every Metrale step) after "
                          "which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
-    rng = np.random.default_rng(0)
     withouts = [(names, without_relations(names)) for names in args.without]
     variants = {folder: folder for folder in filter(None, args.kernels_dirs.split(","))}
     if args.priority_too:
@@ -390,24 +392,26 @@ def main() -> None:
                 if quant != "bf16" and batch not in map(int, args.quant_batches.split(",")):
                     continue
                 for policy in args.policies.split(","):
-                    m = metrale_step(model, quant, batch, rng, args.kernels,
+                    m = metrale_step(model, quant, batch, args.kernels,
                                      records if args.record and batch == 1 else None,
                                      policy=policy)
                     if args.plain_too and quant == "bf16":
-                        m["plain_step_s"] = metrale_step(model, quant, batch, rng,
+                        m["plain_step_s"] = metrale_step(model, quant, batch,
                                                          dependent=False,
                                                          policy=policy)["step_s"]
                     for name, folder in variants.items():
-                        v = metrale_step(model, quant, batch, rng, args.kernels, policy=policy,
+                        v = metrale_step(model, quant, batch, args.kernels, policy=policy,
                                          kernels_dir=folder)
                         m.setdefault("variants", {})[name] = v
+                        same = "same" if v["logits_sha256"] == m["logits_sha256"] else "other"
                         print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {name}: "
                               f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches; "
-                              f"predicted {v['predicted_s'] * 1e3:.3f})", flush=True)
+                              f"predicted {v['predicted_s'] * 1e3:.3f}; {same} logits)",
+                              flush=True)
                         if "kernels" in v:
                             print_kernels(v["kernels"], v["step_s"])
                     for names, presentation in withouts:
-                        w = metrale_step(model, quant, batch, rng, policy=policy,
+                        w = metrale_step(model, quant, batch, policy=policy,
                                          presentation=presentation)
                         m.setdefault("without", []).append(
                             {"relations": names, "step_s": w["step_s"],

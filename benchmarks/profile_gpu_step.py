@@ -78,7 +78,6 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
     profiler on; the plan's label and point of each profiled launch, in order, go to
     ``launches`` (JSON)."""
     import cupy
-    import numpy as np
     from bench_gpu_decode import decode_engine
     from bench_gpu_prefill import prefill_engine
 
@@ -88,8 +87,7 @@ def child(model: str, quant: str, batch: int, launches: Path, policy: str = "exa
         eng = prefill_engine(model, quant, prefill, policy, graphs=False)
         prog = prefill_program(eng, prefill)
     else:
-        eng, _ = decode_engine(model, quant, batch, np.random.default_rng(0), graphs=False,
-                               policy=policy)
+        eng, _ = decode_engine(model, quant, batch, graphs=False, policy=policy)
         prog = decode_program(eng, batch)
     prog.run()
     families = [ln.kernel.family for ln in prog.launches]

@@ -51,7 +51,7 @@ def test_every_metrale_step_is_timed_and_saved_before_the_first_peer(monkeypatch
     events: list[tuple] = []
     clock = iter(range(0, 1000, 100))  # each perf_counter read 100 s later
 
-    def step(model, quant, batch, rng, *a, policy="exact", **k):
+    def step(model, quant, batch, *a, policy="exact", **k):
         events.append(("step", model, batch, policy))
         return {"step_s": 1e-3 * batch, "launches": 9, "floor_s": 5e-4, "predicted_s": 1e-3,
                 "bytes": 4e9}
@@ -84,3 +84,19 @@ def test_every_metrale_step_is_timed_and_saved_before_the_first_peer(monkeypatch
     out = capsys.readouterr().out
     assert out.index("llama-3.1-8b   bf16   bounded b=8: metrale") < out.index("peers of metrale")
     assert "HF+compile 3.00 ms (3.00x ours)" in out
+
+
+def test_each_variant_prints_its_step_and_whether_its_logits_are_the_shipped_plans():
+    """A variant without a bit-identical relation must give the shipped plan's logits, byte for
+    byte (every engine of a run draws its cache from the same seed); its line says whether it
+    did."""
+    row = {"model": "qwen3-0.6b", "quant": "bf16", "policy": "exact", "batch": 1,
+           "step_s": 0.001, "launches": 199, "floor_s": 0.0003, "copy_floor_s": 0.00031,
+           "predicted_s": 0.0011, "logits_sha256": "a",
+           "without": [{"relations": "qkv_concat", "step_s": 0.0012, "launches": 255,
+                        "logits_sha256": "a"},
+                       {"relations": "mma_gemv_linear", "step_s": 0.0009, "launches": 199,
+                        "logits_sha256": "b"}]}
+    line = bench.metrale_line(row)
+    assert "| without qkv_concat 1.200 ms (255 launches, same logits)" in line
+    assert "| without mma_gemv_linear 0.900 ms (199 launches, other logits)" in line
