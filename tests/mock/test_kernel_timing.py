@@ -57,3 +57,23 @@ def test_a_difference_lost_in_noise_gives_the_upper_bound(monkeypatch):
     ln = attrs.make_class("L", ["handle", "grid", "block", "shared_mem"])(
         _kernel(be), (1, 1, 1), (32, 1, 1), 0)
     assert bench._time_launches(be, [ln], [[(buf, 64, 7)]], 10) == pytest.approx(40e-6 / 20)
+
+
+def test_every_family_reading_expert_weights_takes_its_experts_as_a_routed_input():
+    """Kernel timings keep a kernel's weights out of L2 by rotating them, and an expert kernel's
+    by routing each timed copy's ids to other experts (``expert_ids_arg``): that needs the ids as
+    an input the family ranges by the experts. A family whose expert-indexed weights are chosen
+    inside the kernel (the router folded into the gate/up launch, tried and reverted) had every
+    timed repeat read the same experts from L2, and was priced 3.7 µs under a step that measured
+    no faster; so every family with a weight of experts' matrices (``[e, n, k]``) ranges an
+    input by ``e``. (The routers read every expert's row: ``[e, k]`` and ``[e]`` are theirs.)"""
+    from metrale.lkb.presentation import Presentation
+
+    experts = [f for f in Presentation.load().generators
+               if any(p.name in f.weights and p.dims[:1] == ("e",) and len(p.dims) == 3
+                      for p in f.inputs)]
+    assert {f.name for f in experts} >= {"moe_gate_up_swiglu", "moe_down", "moe_gate_up_clamp",
+                                         "moe_down_bias"}
+    unrouted = [f.name for f in experts
+                if not any(dict(f.ranges).get(p.name) == "e" for p in f.inputs)]
+    assert not unrouted, unrouted
