@@ -21,8 +21,11 @@ under each policy, the bounded plans running the GEMV-shaped matmuls on tensor c
 as evidence, at batch 1; ``--kernels-dirs A,B`` also times the plans realized from variant
 kernel folders, an A/B of compile-time choices in one run; ``--priority-too`` the plans made
 without the shipped time records, the analytic model's and the priorities' choices, an A/B of
-what ``met tune``'s records chose). After the steps it prints each
-quantized step against the bf16 step.
+what ``met tune``'s records chose); ``--without R1,R2`` (repeatable) the plans made without
+those relations, each line saying whether its logits are the shipped plan's bytes, and with
+``--rounds N`` the shipped step and those variants timed N times in turn, medians kept (engines
+of one run differ by about 2 %). After the steps it prints each quantized step against the
+bf16 step.
 """
 
 from __future__ import annotations
@@ -135,16 +138,42 @@ def without_relations(names: str) -> Any:
     return Presentation(P.generators, tuple(r for r in P.relations if r.name not in drop))
 
 
+def interleaved_rounds(m: dict, rounds: int, cell: tuple[str, str, int, str],
+                       presentations: list) -> None:
+    """Time the shipped step of ``cell`` (model, quant, batch, policy) and each variant
+    (planned over one of ``presentations``) again in turn until each has ``rounds`` figures,
+    then keep each one's median as its ``step_s`` and every figure under ``step_s_rounds``: an
+    A/B whose difference is near the spread between engines (about 2 % on an H100) reads the
+    medians of interleaved rounds, not one engine each."""
+    model, quant, batch, policy = cell
+    m["step_s_rounds"] = [m["step_s"]]
+    for w in m["without"]:
+        w["step_s_rounds"] = [w["step_s"]]
+    for _ in range(rounds - 1):
+        for d, presentation in zip((m, *m["without"]), (None, *presentations)):
+            d["step_s_rounds"].append(metrale_step(model, quant, batch, policy=policy,
+                                                   presentation=presentation)["step_s"])
+    for d in (m, *m["without"]):
+        d["step_s"] = float(np.median(d["step_s_rounds"]))
+
+
+def _spread(d: dict) -> str:
+    """`` (median of N: lo-hi ms)`` where ``d`` was timed in rounds, else nothing."""
+    t = d.get("step_s_rounds")
+    return (f" (median of {len(t)}: {min(t) * 1e3:.3f}-{max(t) * 1e3:.3f} ms)"
+            if t and len(t) > 1 else "")
+
+
 def metrale_line(r: dict) -> str:
     """One cell's Metrale figures as the run prints them."""
     line = (f"{r['model']:<14} {r['quant']:<6} {r['policy']:<7} b={r['batch']}: metrale "
-            f"{r['step_s'] * 1e3:7.3f} ms ({r['launches']} launches) | floor "
+            f"{r['step_s'] * 1e3:7.3f} ms{_spread(r)} ({r['launches']} launches) | floor "
             f"{r['floor_s'] * 1e3:.3f} ms (copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
             f"{r['floor_s'] / r['step_s']:.0%} of floor | predicted "
             f"{r['predicted_s'] * 1e3:.3f} ms ({r['predicted_s'] / r['step_s'] - 1:+.1%})")
     for w in r.get("without", []):  # a bit-identical relation left out leaves the logits' bytes
         same = "same" if w["logits_sha256"] == r["logits_sha256"] else "other"
-        line += (f" | without {w['relations']} {w['step_s'] * 1e3:.3f} ms "
+        line += (f" | without {w['relations']} {w['step_s'] * 1e3:.3f} ms{_spread(w)} "
                  f"({w['launches']} launches, {same} logits)")
     if "plain_step_s" in r:
         line += f" | plain launches {r['plain_step_s'] * 1e3:.3f} ms"
@@ -350,6 +379,10 @@ def main() -> None:
     ap.add_argument("--without", action="append", default=[], metavar="RELATIONS",
                     help="comma-separated relations: each step is also timed planned without "
                          "them, in the same run (repeatable: one variant each)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --without: time the shipped step and each variant this many "
+                         "times in turn (A B A B ..., a new engine each), keeping each one's "
+                         "median: engines of one run differ by about 2 %%")
     ap.add_argument("--kernels-dirs", default="",
                     help="kernels folders (comma-separated; variants of the shipped one) whose "
                          "plans are also timed, each step and its kernels, in the same run")
@@ -416,6 +449,9 @@ def main() -> None:
                         m.setdefault("without", []).append(
                             {"relations": names, "step_s": w["step_s"],
                              "launches": w["launches"], "logits_sha256": w["logits_sha256"]})
+                    if withouts and args.rounds > 1:
+                        interleaved_rounds(m, args.rounds, (model, quant, batch, policy),
+                                           [presentation for _, presentation in withouts])
                     r = {"model": model, "quant": quant, "policy": policy, "batch": batch, **m,
                          "copy_floor_s": m["bytes"] / rate}
                     rows.append(r)

@@ -100,3 +100,39 @@ def test_each_variant_prints_its_step_and_whether_its_logits_are_the_shipped_pla
     line = bench.metrale_line(row)
     assert "| without qkv_concat 1.200 ms (255 launches, same logits)" in line
     assert "| without mma_gemv_linear 0.900 ms (199 launches, other logits)" in line
+
+
+def test_rounds_time_the_shipped_step_and_each_variant_in_turn_and_keep_medians(monkeypatch,
+                                                                                capsys):
+    """``--rounds 3`` with two variants: A B C, then A B C twice more (a new engine each, in
+    that order), each one's median kept as its step and its figures beside it."""
+    calls: list[str | None] = []
+    times = iter([5, 9, 7, 4, 8, 7, 6, 10, 7])  # ms: A B C, A B C, A B C
+
+    def step(model, quant, batch, *a, policy="exact", presentation=None, **k):
+        calls.append(None if presentation is None else ",".join(sorted(
+            {r.name for r in full} - {r.name for r in presentation.relations})))
+        return {"step_s": next(times) * 1e-3, "launches": 9, "floor_s": 5e-4,
+                "predicted_s": 1e-3, "bytes": 4e9, "logits_sha256": "h"}
+
+    from metrale.lkb.presentation import Presentation
+
+    full = Presentation.load().relations
+    saved: list[dict] = []
+    monkeypatch.setattr(bench, "metrale_step", step)
+    monkeypatch.setattr(bench, "device_copy_rate", lambda: 4e12)
+    monkeypatch.setattr(bench, "write_result", lambda name, d: saved.append(d) or Path("/r.json"))
+    monkeypatch.setattr(sys, "argv", ["bench", "qwen3-0.6b", "--batches", "1", "--no-hf",
+                                      "--without", "qkv_concat", "--without", "add_rmsnorm",
+                                      "--rounds", "3"])
+    bench.main()
+    assert calls == [None, "qkv_concat", "add_rmsnorm"] * 3
+    row = saved[-1]["rows"][0]
+    assert row["step_s_rounds"] == pytest.approx([5e-3, 4e-3, 6e-3])
+    assert row["step_s"] == pytest.approx(5e-3)
+    b, c = row["without"]
+    assert b["step_s_rounds"] == pytest.approx([9e-3, 8e-3, 10e-3])
+    assert (b["step_s"], c["step_s"]) == pytest.approx((9e-3, 7e-3))
+    out = capsys.readouterr().out
+    assert "5.000 ms (median of 3: 4.000-6.000 ms)" in out
+    assert "without qkv_concat 9.000 ms (median of 3: 8.000-10.000 ms) (9 launches, same" in out
