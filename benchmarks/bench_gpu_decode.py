@@ -157,6 +157,12 @@ def interleaved_rounds(m: dict, rounds: int, cell: tuple[str, str, int, str],
         d["step_s"] = float(np.median(d["step_s_rounds"]))
 
 
+def _logits_word(variant: dict, shipped: dict) -> str:
+    """``same`` where a variant's logits are the shipped plan's bytes (as a bit-identical
+    relation left out must leave them), else ``other``."""
+    return "same" if variant["logits_sha256"] == shipped["logits_sha256"] else "other"
+
+
 def _spread(d: dict) -> str:
     """`` (median of N: lo-hi ms)`` where ``d`` was timed in rounds, else nothing."""
     t = d.get("step_s_rounds")
@@ -171,10 +177,9 @@ def metrale_line(r: dict) -> str:
             f"{r['floor_s'] * 1e3:.3f} ms (copy-rate floor {r['copy_floor_s'] * 1e3:.3f}) -> "
             f"{r['floor_s'] / r['step_s']:.0%} of floor | predicted "
             f"{r['predicted_s'] * 1e3:.3f} ms ({r['predicted_s'] / r['step_s'] - 1:+.1%})")
-    for w in r.get("without", []):  # a bit-identical relation left out leaves the logits' bytes
-        same = "same" if w["logits_sha256"] == r["logits_sha256"] else "other"
+    for w in r.get("without", []):
         line += (f" | without {w['relations']} {w['step_s'] * 1e3:.3f} ms{_spread(w)} "
-                 f"({w['launches']} launches, {same} logits)")
+                 f"({w['launches']} launches, {_logits_word(w, r)} logits)")
     if "plain_step_s" in r:
         line += f" | plain launches {r['plain_step_s'] * 1e3:.3f} ms"
     return line
@@ -436,10 +441,10 @@ def main() -> None:
                         v = metrale_step(model, quant, batch, args.kernels, policy=policy,
                                          kernels_dir=folder)
                         m.setdefault("variants", {})[name] = v
-                        same = "same" if v["logits_sha256"] == m["logits_sha256"] else "other"
                         print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {name}: "
                               f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches; "
-                              f"predicted {v['predicted_s'] * 1e3:.3f}; {same} logits)",
+                              f"predicted {v['predicted_s'] * 1e3:.3f}; "
+                              f"{_logits_word(v, m)} logits)",
                               flush=True)
                         if "kernels" in v:
                             print_kernels(v["kernels"], v["step_s"])
