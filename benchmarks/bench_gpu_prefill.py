@@ -59,7 +59,7 @@ from bench_gpu_variants import (  # noqa: E402
     time_graph,
 )
 
-from metrale.realize.kernel import tensor_map_box  # noqa: E402
+from metrale.realize.kernel import tensor_map_box, workspace_bytes  # noqa: E402
 from metrale.runtime.cuda_driver import DriverLauncher, encode_tensor_map  # noqa: E402
 
 TENSOR_PEAK = 989.4e12
@@ -147,9 +147,21 @@ def shadowed(family: str, weight: str) -> Any:
 
 
 def wgmma_own(family: str, weight: str) -> bool:
-    """Whether sm_90 runs ``family`` in ``weight`` on gemm_wgmma.cu (whose WGMMA_VARIANTS the
-    variants time); bf16 past 64 rows runs gemm_tma.cu."""
-    return realized(family, weight).source == "sm_90/common/gemm_wgmma.cu"
+    """Whether sm_90 runs ``family`` in ``weight`` on gemm_wgmma.cu's blocks (whose
+    WGMMA_VARIANTS the variants time): every format but bf16, up to the threshold past which
+    gemm_tma.cu takes the fp8 and fp4 weights made bf16 (bf16 past 64 rows runs it)."""
+    return weight != "bf16" and realized(family, weight).source.startswith("sm_90/")
+
+
+def wgmma_kernel(kernel: Any) -> Any:
+    """``kernel`` (sm_90's GEMM of a quantized or f32 weight) as gemm_wgmma.cu's launches alone,
+    at any rows: the launch converting each tile in shared memory as its own, its combine after
+    it, and no weight made bf16 first (``tma`` 0), for the variants to rebuild and time."""
+    if kernel.entry.endswith("_wgmma"):
+        return kernel
+    own, *rest = (t for t in kernel.then if "_wgmma" in t.entry)
+    return attrs.evolve(kernel, entry=own.entry, launch=own.launch, args=own.args,
+                        then=tuple(rest), values=(*kernel.values, ("tma", "0")), scratch=())
 
 
 def gemm_cu(family: str, weight: str) -> Any:
@@ -266,19 +278,23 @@ class Built:
 
         env = self.kernel.sizes(sizes)
         chain = launch_chain(self.kernel, sizes, lambda: self.launch_shape(sizes))
-        scratch = max((int(env[a.partition(":")[0]]) for _e, args, _s, _o in chain for a in args
-                       if a.endswith(":scratch")), default=0)
-        work = cp.zeros(max(scratch, 1), cp.uint8)  # kept alive by the closure below
+        slices = self.kernel.workspace(sizes)  # each scratch argument's slice of one workspace
+        work = cp.zeros(max(workspace_bytes(slices), 1), cp.uint8)  # kept alive by the closure
         null = np.uint64(0)
 
         def value(arg: str, ty: str) -> Any:
             if ty == "ptr":
                 return null if ptrs.get(arg) is None else ptrs[arg]
-            if (box := tensor_map_box(ty)) is not None:  # the buffer's tensor map, encoded
+            if (box := tensor_map_box(ty)) is not None and arg in slices:  # a scratch tensor's
+                s = slices[arg]
+                return encode_tensor_map(work.data.ptr + s.offset, s.rows, s.cols, s.dtype, box)
+            if box is not None:  # the buffer's tensor map, encoded
                 a = ptrs[arg]
                 return encode_tensor_map(a.data.ptr, a.size // a.shape[-1], a.shape[-1], "bf16",
                                          box)
-            return work if ty == "scratch" else np.int32(env[arg])
+            if ty == "scratch":
+                return work[slices[arg].offset:slices[arg].end]
+            return np.int32(env[arg])
 
         calls = []
         for entry, args, (grid, block, shared), own in chain:
@@ -499,7 +515,8 @@ def bench_variants(cp: Any, torch: Any, tmp: Path, rate: float, formats: list[st
             if not runs_in(family, fmt):
                 continue
             lc = Launch(cp, torch, tmp, family, dims, fmt)
-            own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, lc.gemm.kernel, v, fmt))
+            own = [(f"wgmma {v}".strip(), WgmmaVariant(cp, tmp, wgmma_kernel(lc.gemm.kernel), v,
+                                                       fmt))
                    for v in (WGMMA_VARIANTS if wgmma_own(family, fmt) else [])]
             for v, built in [(v, Variant(cp, tmp, gemm_cu(family, fmt), v, fmt))
                              for v in gemm_variants] + own:

@@ -57,6 +57,56 @@ def tensor_map_box(kind: str) -> tuple[int, int] | None:
     m = _TMAP.fullmatch(kind)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
+SCRATCH_DTYPES = {"bf16": 2, "f32": 4, "u8": 1}
+"""The element types of a table's ``scratch`` tensors, with their bytes (those a tensor map
+describes)."""
+WORKSPACE_ALIGN = 1024
+"""Where a scratch tensor may start in the program's workspace: a multiple of this many bytes."""
+
+
+@attrs.frozen
+class ScratchTensor:
+    """A tensor in the program's workspace that a kernel's launches share (KERNELS.toml's
+    ``scratch``): one launch writes it, a later one reads it, through a ``scratch`` argument (its
+    bytes) or a ``tmap(C,R)`` one (its tensor map). ``shape`` is two formulas of the launch's
+    sizes, rows and columns; 0 rows where the kernel does not make it."""
+
+    name: str
+    dtype: str
+    shape: tuple[str, str] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class WorkspaceSlice:
+    """Where one scratch argument of a kernel lies in the program's workspace: ``offset`` and
+    ``nbytes``; for a scratch tensor also its ``rows``, ``cols`` and ``dtype`` (a byte scratch
+    has 0, 0 and ``""``)."""
+
+    offset: int
+    nbytes: int
+    rows: int = 0
+    cols: int = 0
+    dtype: str = ""
+
+    @property
+    def end(self) -> int:
+        """The workspace bytes it needs: its offset and its bytes."""
+        return self.offset + self.nbytes
+
+
+def workspace_bytes(slices: Mapping[str, WorkspaceSlice]) -> int:
+    """The bytes a workspace must have to hold every one of ``slices``.
+
+    >>> workspace_bytes({"ws": WorkspaceSlice(0, 16), "wb": WorkspaceSlice(1024, 64, 2, 16, "bf16")})
+    1088
+    """
+    return max((s.end for s in slices.values()), default=0)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
 TRANSPORTS = ("all_gather",)
 """The rank group's operations a collective's kernel table may name (``transport``):
 ``all_gather`` puts every rank's input ``x`` [rows, n], in rank order, into the kernel's
@@ -227,6 +277,8 @@ class Kernel:
     multiprocessors: int = 0
     """The ``sms`` its launch formulas read unless the sizes bind it: the class's device's
     (HARDWARE.toml's ``[device] multiprocessors``); the loader binds the running device's."""
+    scratch: tuple[ScratchTensor, ...] = ()
+    """Tensors its launches share in the program's workspace (:meth:`workspace` places them)."""
 
     @property
     def key(self) -> str:
@@ -270,6 +322,32 @@ class Kernel:
         for name, formula in self.values:
             env[name] = eval_formula(formula, env, key=f"values.{name}")
         return env
+
+    def workspace(self, sizes: Mapping[str, int | float]) -> dict[str, WorkspaceSlice]:
+        """Where each scratch argument of its launches lies in the program's workspace at these
+        sizes: byte scratches (a ``values`` formula's bytes) from offset 0, where the program's
+        other kernels' lie too (a workspace serves its launches in stream order); then the
+        ``scratch`` tensors, in the table's order, each at a multiple of ``WORKSPACE_ALIGN``.
+
+        >>> from metrale.realize.functor import realization
+        >>> k = realization("sm_90").realize(Point("linear", (("act", "bf16"),
+        ...     ("weight", "fp8"), ("shape", "gemm"), ("k_block", 256), ("across", "sequential"))))
+        >>> k.workspace({"rows": 1024, "k": 4096, "n": 1024})
+        {'ws': WorkspaceSlice(offset=0, nbytes=16, rows=0, cols=0, dtype=''), 'wb': WorkspaceSlice(offset=1024, nbytes=8388608, rows=1024, cols=4096, dtype='bf16')}
+        """  # noqa: E501
+        env = self.sizes(sizes)
+        tensors = {t.name for t in self.scratch}
+        out = {name: WorkspaceSlice(0, int(env[name])) for _, args in self.calls for a in args
+               for name, _, ty in (a.partition(":"),) if ty == "scratch" and name not in tensors}
+        at = _aligned(workspace_bytes(out))
+        for t in self.scratch:
+            rows, cols = (_integral(eval_formula(f, env, key=f"scratch.{t.name}.shape[{i}]"), 0,
+                                    f, f"scratch.{t.name}.shape[{i}]")
+                          for i, f in enumerate(t.shape))
+            out[t.name] = WorkspaceSlice(at, rows * cols * SCRATCH_DTYPES[t.dtype], rows, cols,
+                                         t.dtype)
+            at = _aligned(out[t.name].end)
+        return out
 
     def launch_for(self, sizes: Mapping[str, int | float]
                    ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
@@ -385,6 +463,7 @@ class KernelTable:
     then: tuple[ThenLaunch, ...] = ()
     transport: str = ""
     traffic: tuple[tuple[str, str], ...] = ()
+    scratch: tuple[ScratchTensor, ...] = ()
 
     @property
     def source_path(self) -> str:
@@ -454,7 +533,7 @@ class KernelTable:
                       bool(residual_kind), residual_kind,
                       (self.reason or NO_REASON) if residual_kind else "", source_hash,
                       self.name, headers, self.dependent_launch, self.limits, self.then,
-                      self.transport, self.traffic, multiprocessors)
+                      self.transport, self.traffic, multiprocessors, self.scratch)
 
 
 _EXAMPLE = KernelTable("k", "f", (), "k.cu", "k", (), (), LaunchRule(("1",) * 3, ("1",) * 3),
@@ -598,6 +677,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     then_raw = f.take("then", list, default=[])
     transport = f.take("transport", str, default="")
     traffic = _str_table(f, "traffic", default={})
+    scratch_raw = f.take("scratch", dict, default={})
     f.close()
     domains = family.domains
     if transport and transport not in TRANSPORTS:
@@ -650,7 +730,9 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     launch = _read_launch(launch_raw, f, names)
     for i, limit in enumerate(limits or ()):
         _check_formula(f, f"limits[{i}]", limit, names, what="limit")
-    _check_args(f, args or (), family, values or {})
+    scratch = _read_scratch(scratch_raw or {}, f, names, family)
+    tensors = frozenset(t.name for t in scratch)
+    _check_args(f, args or (), family, values or {}, tensors)
     ports = [p.name for p in family.inputs + family.outputs]
     for port, formula in (traffic or {}).items():
         if port not in ports:
@@ -661,8 +743,14 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
     then: list[ThenLaunch] = []
     for i, raw_t in enumerate(then_raw or []):
         taken = {entry, *(t.entry for t in then)}
-        if (t := _read_then(raw_t, f, i, names, family, values or {}, taken)) is not None:
+        if (t := _read_then(raw_t, f, i, names, family, values or {}, taken,
+                            tensors)) is not None:
             then.append(t)
+    used = {a.partition(":")[0] for a in (*(args or ()), *(a for t in then for a in t.args))}
+    for t in scratch:
+        if t.name not in used:
+            f.fail(f"scratch.{t.name}", "a scratch tensor no launch takes",
+                   "an argument of one of the kernel's launches", "none")
     if row_inv and not family.row_invariant:
         f.fail("row_invariant", "claims row-invariance its family does not have", "false",
                "true")
@@ -672,7 +760,7 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
                         tuple((defines or {}).items()), fixed, launch, args,
                         tuple((values or {}).items()), reduction, row_inv, requires, reason,
                         folder, str(file), bool(dependent), tuple(limits or ()), tuple(then),
-                        transport or "", tuple((traffic or {}).items()))
+                        transport or "", tuple((traffic or {}).items()), scratch)
     claimed = [p for p in family.points if table.claims(p)]
     for p in claimed:
         _check_reduction(f, table, family, p)
@@ -680,7 +768,8 @@ def read_table(name: str, raw: Any, family: Family, file: Path, folder: str, sou
 
 
 def _read_then(raw: Any, f: Fields, i: int, names: frozenset[str], fam: Family,
-               values: Mapping[str, str], taken: set[str | None]) -> ThenLaunch | None:
+               values: Mapping[str, str], taken: set[str | None],
+               tensors: frozenset[str] = frozenset()) -> ThenLaunch | None:
     """One ``then`` launch: ``{entry, launch, args}``, checked as the table's own are; its entry
     is none of ``taken`` (the kernel's launches are told apart by their entries)."""
     if not isinstance(raw, dict):
@@ -697,25 +786,65 @@ def _read_then(raw: Any, f: Fields, i: int, names: frozenset[str], fam: Family,
         tf.fail("entry", "launched twice", "an entry the kernel does not launch already",
                 repr(entry))
     launch = _read_launch(launch_raw, tf, names)
-    _check_args(tf, args or (), fam, values)
+    _check_args(tf, args or (), fam, values, tensors)
     if not tf.ok or entry is None or launch is None or args is None:
         f.ok = False
         return None
     return ThenLaunch(entry, launch, args)
 
 
-def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[str, str]) -> None:
+def _read_scratch(raw: Mapping[str, Any], f: Fields, names: frozenset[str],
+                  fam: Family) -> tuple[ScratchTensor, ...]:
+    """The ``scratch`` tensors: ``NAME = { dtype = "bf16", shape = ["ROWS", "COLS"] }``, each
+    named apart from the family's ports and the table's sizes."""
+    out = []
+    taken = names | {p.name for p in fam.inputs + fam.outputs}
+    for name, spec in raw.items():
+        where = f"scratch.{name}"
+        if not re.fullmatch(r"[A-Za-z_]\w*", name) or name in taken:
+            f.fail(where, "a scratch tensor's name is a new identifier",
+                   "a name no port, size or value of the table has", repr(name))
+            continue
+        if not isinstance(spec, dict):
+            f.fail(where, "wrong type", "a table { dtype, shape }", type(spec).__name__)
+            continue
+        sf = Fields(spec, f.file, f.key(where), f.errors)
+        dtype = sf.take("dtype", str)
+        shape = _str_list(sf, "shape")
+        sf.close()
+        if dtype is not None and dtype not in SCRATCH_DTYPES:
+            sf._fail(sf.key("dtype"), "unknown scratch dtype",
+                     "one of " + ", ".join(SCRATCH_DTYPES), repr(dtype),
+                     nearest(dtype, SCRATCH_DTYPES))
+        if shape is not None and len(shape) != 2:
+            sf.fail("shape", "two formulas (rows, columns)", "2 strings", f"{len(shape)}")
+        elif shape is not None:
+            for i, text in enumerate(shape):
+                _check_formula(sf, f"shape[{i}]", text, names)
+        if sf.ok and dtype is not None and shape is not None:
+            out.append(ScratchTensor(name, dtype, shape))
+        else:
+            f.ok = False
+    return tuple(out)
+
+
+def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[str, str],
+                tensors: frozenset[str] = frozenset()) -> None:
+    """Each ``name:type`` names something the launch can pass: a port, attr, dim or value; a
+    ``scratch`` argument a ``values`` formula's bytes or a scratch tensor; a ``tmap(C,R)`` an
+    input port or a scratch tensor."""
     ports = {p.name for p in fam.inputs + fam.outputs}
-    names = ports | set(fam.attrs) | family_dims(fam) | set(values) | {
+    names = ports | set(fam.attrs) | family_dims(fam) | set(values) | set(tensors) | {
         f"{w}_{s}" for w in fam.weights for s in ("scale", "global")}
     seen = set()
     for i, a in enumerate(args):
         arg, _, ty = a.partition(":")
         box = tensor_map_box(ty)
         if box is not None:
-            if arg not in {p.name for p in fam.inputs}:
-                f._fail(f.key(f"args[{i}]"), "a tensor map describes an input port",
-                        "an input of " + fam.name, repr(a))
+            if arg not in {p.name for p in fam.inputs} | tensors:
+                f._fail(f.key(f"args[{i}]"), "a tensor map describes an input port or a "
+                        "scratch tensor", "an input of " + fam.name + " or a name in `scratch`",
+                        repr(a))
             if not 1 <= box[0] <= 256 or not 1 <= box[1] <= 256:
                 f._fail(f.key(f"args[{i}]"), "a tensor map's box is 1..256 by 1..256",
                         "tmap(C,R) within it", repr(a))
@@ -726,9 +855,12 @@ def _check_args(f: Fields, args: tuple[str, ...], fam: Family, values: Mapping[s
         if arg not in names:
             f._fail(f.key(f"args[{i}]"), "argument is not a port, attr, dim or value",
                     "a name of " + fam.name, repr(a), nearest(arg, names))
-        if ty == "scratch" and arg not in values:
+        if ty == "scratch" and arg not in values and arg not in tensors:
             f._fail(f.key(f"args[{i}]"), "a scratch argument needs its bytes",
-                    f"a formula values.{arg}", repr(a))
+                    f"a formula values.{arg} or a tensor scratch.{arg}", repr(a))
+        elif arg in tensors and ty != "scratch" and box is None:
+            f._fail(f.key(f"args[{i}]"), "a scratch tensor is passed as its bytes or its "
+                    "tensor map", f"{arg}:scratch or {arg}:tmap(C,R)", repr(a))
         if arg in seen:
             f._fail(f.key(f"args[{i}]"), "duplicate argument", "distinct names", repr(a))
         seen.add(arg)

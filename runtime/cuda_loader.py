@@ -7,8 +7,9 @@ step, in parallel, through :meth:`CudaPlanLoader.prepare`: then this is a cache 
 with ``GpuBackend.module`` and looked up by entry. Arguments follow the kernel's ``args`` list
 (``name:type``): ports by buffer pointer (a weight ``w`` brings ``w_scale`` and
 ``w_global``, null where its format has none), dims, attributes and ``values`` formulas by
-number, and a ``scratch`` argument by the pointer of a zeroed workspace of its ``values``
-formula's bytes (:meth:`BoundKernel.scratch_bytes`).
+number, a ``scratch`` argument by the pointer of its slice of one zeroed workspace (a
+``values`` formula's bytes, or a table's ``scratch`` tensor; :meth:`BoundKernel.workspace`),
+and a ``tmap(C,R)`` argument by the tensor map of its port, or of its scratch tensor there.
 
 >>> spec = parse_args(("x:ptr", "w:ptr", "w_scale:ptr", "rows:i32", "eps:f32"))
 >>> [(a.name, a.kind) for a in spec]
@@ -25,7 +26,7 @@ import attrs
 import numpy as np
 
 from metrale.lkb.errors import LaunchError
-from metrale.realize.kernel import DEVICE_SIZE, box_numbers, tensor_map_box
+from metrale.realize.kernel import DEVICE_SIZE, WorkspaceSlice, box_numbers, tensor_map_box
 from metrale.runtime.backend import TensorMap
 
 SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "f32": np.float32}
@@ -82,19 +83,18 @@ class BoundKernel:
                           key=str(self.kernel.point), expected="one of "
                           + ", ".join(self.kernel.entries), found=entry)
 
-    def scratch_bytes(self, numbers: Mapping[str, int | float]) -> dict[str, int]:
-        """Bytes of each ``scratch`` argument of its launches, its own and its ``then`` ones',
-        at these sizes (empty when none has one)."""
-        env = self.kernel.sizes(numbers)
-        return {a.name: int(env[a.name]) for a in (*self.args, *(a for _, t in self.then for a in t))
-                if a.kind == "scratch"}
+    def workspace(self, numbers: Mapping[str, int | float]) -> dict[str, WorkspaceSlice]:
+        """Where each scratch argument of its launches, its own and its ``then`` ones', lies in
+        one workspace at these sizes (``Kernel.workspace``; empty when none has one)."""
+        return self.kernel.workspace(numbers)
 
     def pack(self, pointers: Mapping[str, Any], numbers: Mapping[str, int | float],
              args: tuple[Arg, ...] | None = None) -> tuple:
         """The argument tuple of ``args`` (default: the kernel's own): pointers by name
-        (``None`` → null; a scratch argument's workspace too, which the caller allocates
-        zeroed; a ``tmap`` argument's ``TensorMap``, whose pointer a ``ptr`` argument of the
-        same name takes), numbers by name."""
+        (``None`` → null; a scratch argument's slice of the workspace too, which the caller
+        allocates zeroed and slices as :meth:`workspace` says; a ``tmap`` argument's
+        ``TensorMap``, whose pointer a ``ptr`` argument of the same name takes), numbers by
+        name."""
         env = self.kernel.sizes(numbers)
         out: list[Any] = []
         for a in self.args if args is None else args:
@@ -107,11 +107,13 @@ class BoundKernel:
                 out.append(pointers[a.name])
             elif a.kind == "scratch":
                 if pointers.get(a.name) is None:
+                    nbytes = self.kernel.workspace(numbers)[a.name].nbytes
                     raise LaunchError(f"no workspace for scratch argument {a.name} of "
                                       f"{self.kernel.entry}", key=str(self.kernel.point),
-                                      expected=f"a zeroed buffer of {int(env[a.name])} bytes",
+                                      expected=f"a zeroed buffer of {nbytes} bytes",
                                       found="none")
-                out.append(pointers[a.name])
+                ptr = pointers[a.name]  # a scratch tensor given as its map: the map's bytes
+                out.append(ptr.ptr if isinstance(ptr, TensorMap) else ptr)
             elif a.kind == "ptr":
                 if a.name not in pointers and not a.name.endswith(("_scale", "_global")):
                     raise LaunchError(f"no buffer for argument {a.name} of {self.kernel.entry}",
@@ -315,6 +317,7 @@ class CudaPlanLoader:
             fam = P.family(k.family)
             numbers = {**box_numbers(k.box, fam, sizes), **device_sizes(backend)}
             env = k.kernel.sizes(numbers)
+            work = k.kernel.workspace(numbers)
             port_buffer = dict(zip((p.name for p in (*fam.inputs, *fam.outputs)),
                                    (*k.inputs, *k.outputs)))
             if k.kernel.transport:  # the rank group's part first, into the kernel's scratch
@@ -330,7 +333,9 @@ class CudaPlanLoader:
                             base, _, part = a.name.rpartition("_")
                             names.append(("part", f"{port_buffer[base]}_{part}"))
                     elif a.kind == "scratch":  # the program's workspace, zeroed, stream order
-                        names.append(("scratch", int(env[a.name])))
+                        names.append(("scratch", work[a.name].nbytes, work[a.name].offset))
+                    elif a.kind == "tmap" and a.name in work:  # a scratch tensor's map
+                        names.append(("scratch_map", work[a.name], a.box))
                     elif a.kind == "tmap":  # the port's tensor, described for the copy engine
                         names.append(("tmap", port_buffer[a.name], a.box))
                     else:
@@ -354,7 +359,7 @@ class CudaPlanLoader:
                               found=k.kernel.transport)
         src = port_buffer["x"]
         nbytes = specs[src].nbytes
-        scratch = ("scratch", int(env[k.kernel.args[0].partition(":")[0]]))
+        scratch = ("scratch", int(env[k.kernel.args[0].partition(":")[0]]), 0)
         comm = self.comm
         if backend.binary_format == "host":
             def gather(x: np.ndarray, gathered: np.ndarray) -> None:

@@ -172,6 +172,15 @@ def _root(name: str, by_name: Mapping[str, Buffer]) -> str:
 # -- loaders ----------------------------------------------------------------------------------
 
 
+def _workspace_end(name: Any) -> int:
+    """The workspace bytes a launch argument needs (0 for one that is not in the workspace)."""
+    if isinstance(name, tuple) and name[0] == "scratch":
+        return name[2] + name[1]
+    if isinstance(name, tuple) and name[0] == "scratch_map":
+        return name[1].end
+    return 0
+
+
 def tensor_map(ptr: DevicePtr, spec: ArgSpec, box: tuple[int, int]) -> TensorMap:
     """The tensor map of a buffer of ``spec`` (its shape as rows x its last dim) at ``ptr``.
 
@@ -197,9 +206,11 @@ class Launch:
 
     ``arg_names`` holds buffer names (bound to pointers at run time), ``("part", name)`` for a
     binding beside the buffers (a weight's scales), ``("tmap", name, box)`` for a tensor map of
-    a buffer (``runtime.backend.TensorMap``), ``("scratch", nbytes)`` for the program's
-    workspace (zeroed when allocated, shared by the launches in stream order: a kernel leaves
-    the zero bytes it relies on zero), or plain numbers (dims, attributes).
+    a buffer (``runtime.backend.TensorMap``), ``("scratch", nbytes, offset)`` for bytes of the
+    program's workspace (zeroed when allocated, shared by the launches in stream order: a kernel
+    leaves the zero bytes it relies on zero), ``("scratch_map", slice, box)`` for the tensor map
+    of a scratch tensor there (``realize.kernel.WorkspaceSlice``), or plain numbers (dims,
+    attributes).
     """
 
     kernel: PlannedKernel
@@ -397,8 +408,8 @@ class Program:
                                     expected=f"{self.specs[name].nbytes} bytes",
                                     found=f"{ptr.nbytes} bytes")
             self.launches = self.loader.load(backend, plan, self.specs)
-            work = max((n[1] for ln in self.launches for n in ln.arg_names
-                        if isinstance(n, tuple) and n[0] == "scratch"), default=0)
+            work = max((_workspace_end(n) for ln in self.launches for n in ln.arg_names),
+                       default=0)
             if work:
                 self._workspace = self._alloc(work, "workspace")
                 backend.memset(self._workspace, 0)
@@ -420,15 +431,21 @@ class Program:
 
     def _resolve(self, ln: Launch) -> tuple[Any, ...]:
         """Launch arguments: buffer names become pointers; a ``("part", name)`` is a weight's
-        scale or global scale (null, ``0``, where it has none); a ``("scratch", nbytes)`` the
-        workspace; numbers pass as they are."""
+        scale or global scale (null, ``0``, where it has none); a ``("scratch", nbytes,
+        offset)`` those bytes of the workspace, a ``("scratch_map", slice, box)`` the tensor map
+        of that slice; numbers pass as they are."""
         out: list[Any] = []
         for n in ln.arg_names:
             if isinstance(n, str):
                 out.append(self.ptrs[n].take(self.specs[n].nbytes))
             elif isinstance(n, tuple) and n[0] == "scratch":
                 assert self._workspace is not None
-                out.append(self._workspace.take(n[1]))
+                out.append((self._workspace + n[2]).take(n[1]))
+            elif isinstance(n, tuple) and n[0] == "scratch_map":
+                assert self._workspace is not None
+                s = n[1]
+                out.append(TensorMap((self._workspace + s.offset).take(s.nbytes), s.rows, s.cols,
+                                     s.dtype, n[2]))
             elif isinstance(n, tuple) and n[0] == "tmap":
                 out.append(tensor_map(self.ptrs[n[1]], self.specs[n[1]], n[2]))
             elif isinstance(n, tuple):

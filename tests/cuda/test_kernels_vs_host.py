@@ -19,6 +19,7 @@ from metrale.lkb.presentation import Presentation  # noqa: E402
 from metrale.lkb.quant import QuantFormat  # noqa: E402
 from metrale.lkb.semantics import SEMANTICS  # noqa: E402
 from metrale.realize.functor import realization  # noqa: E402
+from metrale.realize.kernel import workspace_bytes  # noqa: E402
 from metrale.runtime.backend import TensorMap  # noqa: E402
 from metrale.runtime.cuda_loader import CudaLoader  # noqa: E402
 from metrale.runtime.cupy_backend import CupyBackend  # noqa: E402
@@ -86,10 +87,12 @@ def _points() -> list[tuple[Family, Point]]:
 
 
 def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict,
-             launches: int = 1, attrs: dict | None = None):
+             launches: int = 1, attrs: dict | None = None,
+             launch: tuple[str, tuple] | None = None):
     """The outputs of ``launches`` launches (outputs poisoned before each, one zeroed workspace
     for the kernel's scratch arguments across them), as host arrays; ``attrs`` overrides the
-    family's example attributes."""
+    family's example attributes; ``launch`` (entry, (grid, block, shared)) makes that one
+    launch of any entry of the kernel's chain in place of the rule's launches."""
     backend, loader = gpu
     bound = loader.bind(F.realize(point))
     params = point.as_dict()
@@ -123,16 +126,25 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
         backend.memset(ptr, 0xFF, nbytes)  # poison: NaN for floats, -1 for ints
         ptrs[port.name] = ptr
         outs.append((port, ptr))
+    numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
+    # one zeroed workspace, each scratch argument at its slice (a scratch tensor as its map
+    # where a launch takes that), as the executor lays them out
+    slices = bound.workspace(numbers)
+    if slices:
+        work = backend.alloc(max(workspace_bytes(slices), 1), label="workspace")
+        owned.append(work)
+        backend.memset(work, 0)
+        for name, s in slices.items():
+            ptrs[name] = (work + s.offset).take(s.nbytes)
     for a in (*bound.args, *(a for _, args in bound.then for a in args)):
         if a.kind == "tmap" and not isinstance(ptrs[a.name], TensorMap):  # its array's map
+            if a.name in slices:
+                s = slices[a.name]
+                ptrs[a.name] = TensorMap(ptrs[a.name], s.rows, s.cols, s.dtype, a.box)
+                continue
             arr = np.asarray(device[a.name][0])
             ptrs[a.name] = TensorMap(ptrs[a.name], arr.size // arr.shape[-1], arr.shape[-1],
                                      "bf16", a.box)
-    numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
-    for name, nbytes in bound.scratch_bytes(numbers).items():
-        ptrs[name] = backend.alloc(nbytes, label=name)
-        owned.append(ptrs[name])
-        backend.memset(ptrs[name], 0, nbytes)
     kernel = F.realize(point)
     if kernel.transport:  # a collective of one rank: its transport gathers its own x alone
         assert kernel.transport == "all_gather" and numbers["ranks"] == 1, kernel
@@ -145,7 +157,11 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
             x = np.ascontiguousarray(device["x"][0])
             backend.copy_h2d(ptrs[kernel.args[0].partition(":")[0]],
                              x.view(np.uint8).reshape(-1))
-        bound.launch(backend, ptrs, numbers)
+        if launch is None:
+            bound.launch(backend, ptrs, numbers)
+        else:
+            handle, args = bound.call(launch[0])
+            backend.launch(handle, *launch[1], bound.pack(ptrs, numbers, args))
         backend.synchronize()
     results = []
     for port, ptr in outs:
@@ -348,8 +364,16 @@ GEMM_SHAPES = [
 ]
 
 
+# past 384 rows (the quantized tables' threshold) an fp8 or fp4 weight is made bf16 first
+GEMM_TMA_SHAPES = [
+    ("linear", {"rows": 400, "k": 1056, "n": 200}),
+    ("gate_up_swiglu", {"rows": 390, "k": 1056, "n": 100}),
+    ("qkv", {"rows": 520, "k": 1024, "nq": 264, "nk": 72, "nv": 72}),
+]
+
+
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("family,dims", GEMM_SHAPES, ids=case_id)
+@pytest.mark.parametrize("family,dims", GEMM_SHAPES + GEMM_TMA_SHAPES, ids=case_id)
 def test_gemm_at_prefill_shapes_matches_reference(gpu, family, dims, weight):
     """The tensor-core GEMM over many tiles with ragged edges in rows, columns and k."""
     check_gemm(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
@@ -386,6 +410,29 @@ def test_gemm_rows_have_the_same_bytes_in_either_block_size(gpu, family, dims, w
     skip_unless_k_fits(weight, dims["k"])
     check_row_invariance(fam, matmul_point(fam, "gemm", weight), lambda *a: _run_gpu(gpu, *a),
                          rows, part, dims)
+
+
+@pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", GEMM_TMA_SHAPES, ids=case_id)
+def test_quantized_weights_made_bf16_first_give_the_tiles_conversion_bytes_on_device(
+        gpu, family, dims, weight):
+    """Past its threshold a quantized GEMM makes its weights bf16 in the workspace and runs the
+    Tensor Memory Accelerator's blocks on them; gemm_wgmma.cu launched alone at the same rows
+    converts each tile in shared memory instead: the same bytes on the hardware."""
+    fam = P.family(family)
+    skip_unless_k_fits(weight, dims["k"])
+    point = matmul_point(fam, "gemm", weight)
+    kernel = F.realize(point)
+    sizes = {**sizes_for(fam, dims["rows"]), **dims, "sms": 132}
+    assert [e for e, _, _ in kernel.launches_for(sizes)] == list(kernel.entries[:2])
+    _, device = inputs(fam, point, sizes, seed=17)
+    got = _run_gpu(gpu, fam, point, sizes, device)
+    wgmma = kernel.then[1]
+    want = _run_gpu(gpu, fam, point, sizes, device,
+                    launch=(wgmma.entry, wgmma.launch.bind({**kernel.sizes(sizes), "tma": 0})))
+    for port, w, g in zip(fam.outputs, want, got, strict=True):
+        assert np.isfinite(g.astype(np.float32)).all(), port.name
+        assert w.tobytes() == g.tobytes(), f"{point}: {port.name}"
 
 
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])

@@ -21,9 +21,10 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         if not bench.runs_in(family, weight):
             continue
         kernel = bench.realized(family, weight, shape)
-        assert kernel.entry.endswith(("_mma", "_wgmma", "_tma")) == (shape == "gemm"), kernel
+        assert any(e.endswith(("_mma", "_wgmma", "_tma")) for e in kernel.entries) == (
+            shape == "gemm"), kernel
         if shape == "gemm":  # sm_90's own GEMM (wgmma), timed beside the gemm.cu one it shadows
-            own = "gemm_tma.cu" if weight == "bf16" else "gemm_wgmma.cu"
+            own = "gemm_wgmma.cu" if weight == "f32" else "gemm_tma.cu"
             assert kernel.source == f"sm_90/common/{own}", kernel
             shadowed = bench.shadowed(family, weight)
             assert shadowed.entry.endswith("_mma") and shadowed.source == "cuda/common/gemm.cu"
@@ -31,6 +32,7 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         buffers = {"x", "r", *bench.OUT_PORTS[family]}
         for port in bench.WEIGHT_PORTS[family]:
             buffers |= {port, f"{port}_scale", f"{port}_global"}
+        tensors = {t.name for t in kernel.scratch}  # in the workspace the launcher makes
         for rows in (8, 64, 2048):
             sizes = {"rows": rows, **dims}
             env = kernel.sizes(sizes)  # the sizes and the table's values (a workspace's bytes)
@@ -38,15 +40,18 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
             # the kernel's own entry launches on its variant's tile only where it is launched:
             # past one row a GEMV's first launch is its multi-row entry (the script raised there)
             # (bf16's own gemm entry, gemm_tma.cu's, launches past 64 rows: up to 64 its first
-            # launch is gemm_wgmma.cu's one-warpgroup block, a `then` of the table)
-            made = rows == 1 if shape == "gemv" else weight != "bf16" or rows > 64
+            # launch is gemm_wgmma.cu's one-warpgroup block, a `then` of the table; fp8's and
+            # fp4's, the weight made bf16, past a few hundred)
+            made = rows == 1 if shape == "gemv" else (
+                rows > 64 if weight == "bf16" else rows > 512 or weight == "f32")
             assert [own for *_, own in chain] == [
                 i == 0 and made for i in range(len(chain))], chain
             for entry, args, (grid, block, shared), _own in chain:
                 for arg in args:
                     name, _, ty = arg.partition(":")
                     ported = ty == "ptr" or ty.startswith("tmap(")  # a buffer, or its tensor map
-                    assert (name in buffers) if ported else (name in env), (entry, arg)
+                    assert (name in buffers | tensors) if ported else (
+                        name in env or name in tensors), (entry, arg)
                 assert min(grid) >= 1 and block[0] % 32 == 0 and shared >= 0
         assert len(bench.widths(family, dims)) == len(bench.WEIGHT_PORTS[family])
 
@@ -120,8 +125,9 @@ def test_wgmma_variants_launch_as_the_table_with_their_stages_shared_memory(weig
     exactly as KERNELS.toml launches the source's own choice."""
     family = "linear" if weight == "f32" else "gate_up_swiglu"
     sizes = {"rows": rows, "k": 4096, "n": 14336}
-    kernel = bench.realized(family, weight)
+    kernel = bench.wgmma_kernel(bench.realized(family, weight))
     want = kernel.launch_for(sizes)
+    assert kernel.entry.endswith("_wgmma") and not kernel.scratch, kernel
     warpgroups = want[1][0] // 128
     assert warpgroups == (1 if rows <= 64 and weight != "f32" else 2)
     for defines in ("", "STAGES=2", "STAGES=5", "SMALL_STAGES=6", "RAW_SMALL=0"):
@@ -162,8 +168,14 @@ def test_a_built_kernel_launches_its_then_launches_on_one_workspace(monkeypatch)
             return Fn(name)
 
     class Zeros:
-        def __init__(self, n, dtype):
-            self.nbytes = n
+        def __init__(self, n, dtype, at=0):
+            self.nbytes, self.at = n, at
+
+        def __getitem__(self, s):  # a slice of the workspace: its start and bytes
+            return Zeros(s.stop - s.start, None, s.start)
+
+        def __eq__(self, other):
+            return (self.at, self.nbytes) == (other.at, other.nbytes)
 
     b = bench.Built.__new__(bench.Built)
     b.kernel, b.module, b.fn = kernel, Module(), Fn(kernel.entry)

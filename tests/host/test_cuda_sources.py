@@ -36,7 +36,7 @@ OWN = {name: (toml.parent, doc) for toml in sorted(KERNELS.glob("sm_*/common/KER
        for doc in [read_toml(toml)] for name in doc.get("kernel", {})}
 FIELDS = {"family", "when", "source", "entry", "defines", "fixed", "launch", "values", "args",
           "reduction", "row_invariant", "dependent_launch", "requires", "limits", "then",
-          "transport", "traffic"}
+          "transport", "traffic", "scratch"}
 
 
 def table(name: str) -> tuple[dict, Path, bool]:
@@ -171,13 +171,16 @@ def test_kernel_fields_are_valid(name):
     names = port_names(family) | set(fam.get("attrs", {})) | set(fam["example"])
     names |= {f"{w}_{s}" for w in weights for s in ("scale", "global")}
     names |= set(t.get("values", {}))
+    tensors = set(t.get("scratch", {}))  # tensors in the workspace: as bytes or a tensor map
+    assert not tensors & names, tensors & names
+    names |= tensors
     arg_names = []
     for a in t["args"]:
         arg, _, ty = a.partition(":")
         assert ty in ARG_TYPES or re.fullmatch(r"tmap\(\d+,\d+\)", ty), a
         assert arg in names, a
-        if ty == "scratch":  # a workspace's bytes come from a formula
-            assert arg in t.get("values", {}), a
+        if ty == "scratch":  # a workspace's bytes come from a formula, or a scratch tensor's
+            assert arg in t.get("values", {}) or arg in tensors, a
         arg_names.append(arg)
     assert len(set(arg_names)) == len(arg_names)
     # every port is an argument of the kernel's launch or of a launch after it (a sink read
@@ -189,7 +192,8 @@ def test_kernel_fields_are_valid(name):
     for then in t.get("then", []):  # a launch after the kernel's own: its names are the table's
         assert set(then) == {"entry", "launch", "args"}, then
         then_args = [a.partition(":") for a in then["args"]]
-        assert all(ty in ARG_TYPES and arg in names for arg, _, ty in then_args), then["args"]
+        assert all((ty in ARG_TYPES or re.fullmatch(r"tmap\(\d+,\d+\)", ty)) and arg in names
+                   for arg, _, ty in then_args), then["args"]
         assert len({arg for arg, _, _ in then_args}) == len(then_args)
     for p in mine:
         # `sms`, the running device's multiprocessors: H100's and H200's 132 (any count gives
@@ -209,8 +213,11 @@ def test_kernel_fields_are_valid(name):
             assert evaluate(launch["shared"], env) >= 0
             made += min(dims[:3]) >= 1
         assert made >= 1, (name, p)
-        for f in t.get("values", {}).values():
-            assert evaluate(f, env) >= 1
+        for f in t.get("values", {}).values():  # sizes, or a switch between launches (0, 1)
+            assert evaluate(f, env) >= 0
+        for spec in t.get("scratch", {}).values():  # a scratch tensor: a dtype, rows, columns
+            assert set(spec) == {"dtype", "shape"} and len(spec["shape"]) == 2, spec
+            assert all(evaluate(f, env) >= 0 for f in spec["shape"]), spec
         # reduction orders: the semantics' own, in describe()'s words; the within-block order
         # may differ from the reference's (then it is named or left unstated)
         want = reduction_orders(fam.get("semantics", family), **p)
@@ -339,14 +346,16 @@ TENSOR_CORE_BUILDS = [
     *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
         "metrale_gate_up_swiglu_mma"}, "sm_80", MMA_SYNC) for w in WEIGHTS),
-    *(("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
-       {"metrale_linear_wgmma", "metrale_linear_add_wgmma", "metrale_qkv_wgmma",
-        "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA) for w in WEIGHTS if w != "BF16"),
-    # bf16: the Tensor Memory Accelerator's entries, and gemm_wgmma.cu's (its `then`) with them
-    ("sm_90/common/gemm_tma.cu", ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=256"),
-     {"metrale_linear_tma", "metrale_linear_add_tma", "metrale_qkv_tma",
-      "metrale_gate_up_swiglu_tma", "metrale_linear_wgmma", "metrale_gate_up_swiglu_wgmma"},
-     "sm_90", WGMMA),
+    # f32 weights: gemm_wgmma.cu alone
+    ("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", "WEIGHT_F32", "K_BLOCK=256"),
+     {"metrale_linear_wgmma"}, "sm_90", WGMMA),
+    # the other formats: the Tensor Memory Accelerator's entries, and gemm_wgmma.cu's (their
+    # `then`) with them
+    *(("sm_90/common/gemm_tma.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
+       {"metrale_linear_tma", "metrale_linear_add_tma", "metrale_qkv_tma",
+        "metrale_gate_up_swiglu_tma", "metrale_linear_wgmma", "metrale_linear_add_wgmma",
+        "metrale_qkv_wgmma", "metrale_gate_up_swiglu_wgmma"}, "sm_90", WGMMA)
+      for w in WEIGHTS if w != "F32"),
     # the prefill attention, two-pass and online: the classes' with mma.sync, and sm_90's own on
     # wgmma
     ("attention_prefill.cu", ("ACT_BF16", "KV_BLOCK=256"),

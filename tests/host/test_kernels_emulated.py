@@ -22,7 +22,7 @@ from metrale.lkb.family import Family, Point
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.semantics import SEMANTICS
 from metrale.realize.functor import realization
-from metrale.realize.kernel import tensor_map_box
+from metrale.realize.kernel import tensor_map_box, workspace_bytes
 from metrale.runtime.backend import DevicePtr, TensorMap
 from metrale.runtime.host_backend import host_tensor_map
 from tests.host import simt
@@ -111,7 +111,10 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
         outs.append(arrays[port.name])
     numbers = {**sizes, **dict(fam.attr_examples), **(attrs or {})}
     env = kernel.sizes(numbers)
-    scratch: dict[str, np.ndarray] = {}  # one workspace per name, shared by the launches
+    # one zeroed workspace for the kernel's scratch arguments, each at its slice, as the
+    # executor lays them out
+    slices = kernel.workspace(numbers)
+    work = np.zeros(max(workspace_bytes(slices), 1), np.uint8)
     launches = kernel.launches_for(numbers)
     if launch_shape is not None:
         assert len(launches) == 1, f"{kernel.entry}: a launch shape for each of its launches"
@@ -121,19 +124,24 @@ def run(build_dir, fam: Family, point: Point, sizes: dict[str, int], device: dic
     gathered = None
     if kernel.transport:  # a collective of one rank: its transport gathers its own x alone
         assert kernel.transport == "all_gather" and numbers["ranks"] == 1, kernel
-        name = kernel.args[0].partition(":")[0]
-        gathered = scratch.setdefault(name, np.zeros(int(env[name]), np.uint8))
+        s = slices[kernel.args[0].partition(":")[0]]
+        gathered = work[s.offset:s.end]
         x = arrays["x"].reshape(-1).view(np.uint8)
         gathered[:x.size] = x
     for entry, args, shape in launches:
         values = []
         for a in args:
             name, _, ty = a.partition(":")
+            box = tensor_map_box(ty)
             if ty == "scratch":
-                values.append(scratch.setdefault(name, np.zeros(int(env[name]), np.uint8)))
+                values.append(work[slices[name].offset:slices[name].end])
             elif ty == "ptr":
                 values.append(arrays.get(name))
-            elif (box := tensor_map_box(ty)) is not None:  # the port's array, as the host maps it
+            elif box is not None and name in slices:  # a scratch tensor's map
+                s = slices[name]
+                tmap = TensorMap(DevicePtr(0, s.nbytes), s.rows, s.cols, s.dtype, box)
+                values.append(host_tensor_map(work[s.offset:s.end], tmap))
+            elif box is not None:  # the port's array, as the host maps it
                 arr = arrays[name]
                 tmap = TensorMap(DevicePtr(0, arr.nbytes), arr.size // arr.shape[-1],
                                  arr.shape[-1], "bf16", box)
@@ -374,6 +382,40 @@ def test_tma_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
             assert w.tobytes() == g.tobytes(), (family, blocks)
 
 
+@pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family,dims", [("linear", {"k": 544, "n": 136}),
+                                         ("linear_add", {"k": 288, "n": 40}),
+                                         ("lm_head", {"k": 288, "n": 72}),
+                                         ("gate_up_swiglu", {"k": 288, "n": 72}),
+                                         ("qkv", {"k": 288, "nq": 136, "nk": 24, "nv": 40})],
+                         ids=case_id)
+def test_quantized_weights_made_bf16_first_give_the_bytes_of_the_tiles_conversion(
+        build_dir, family, dims, weight):
+    """Past its threshold a quantized GEMM makes its weights bf16 in the workspace and runs the
+    Tensor Memory Accelerator's blocks on them (gemm_tma.cu); gemm_wgmma.cu, launched alone at
+    the same rows, converts each tile in shared memory instead. The outputs are the same bytes
+    (the same wgmmas on the same bf16 operands, fp8's row scale and nvfp4's global scale on the
+    finished sum), and within the dtype's tolerance of the reference semantics."""
+    fam = P.family(family)
+    point = matmul_point(fam, "gemm", weight)
+    kernel = F.realize(point)
+    rows = next(r for r in range(65, 1024) if kernel.sizes({**sizes_for(fam, r), **dims})["tma"])
+    sizes = {**sizes_for(fam, rows + 5), **dims}
+    assert rows + 5 > 256 and [e for e, _, _ in kernel.launches_for(sizes)] == list(
+        kernel.entries[:2]), kernel.entries
+    host, device = inputs(fam, point, sizes, seed=rows)
+    got = run(build_dir, fam, point, sizes, device)
+    wgmma = kernel.then[1]  # gemm_wgmma.cu's blocks of two warpgroups, as below the threshold
+    shape = wgmma.launch.bind({**kernel.sizes(sizes), "tma": 0})
+    assert shape[1][0] == 256, shape
+    want = run(build_dir, fam, point, sizes, device, launch=(wgmma.entry, shape))
+    for w, g in zip(want, got, strict=True):
+        assert np.isfinite(g.astype(np.float32)).all()
+        assert w.tobytes() == g.tobytes(), (family, weight)
+    ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
+    compare(point, fam, ref, got)
+
+
 @pytest.mark.parametrize("weight", ["bf16", "fp8"])
 def test_gemm_of_many_column_tiles_at_few_rows_does_not_split_k(build_dir, weight):
     """Up to 64 rows with 264 column tiles or more, k is not split (one launch does it all, the
@@ -512,18 +554,18 @@ def test_shared_memory_past_the_launch_size_faults(build_dir):
     kernel = F.realize(point)
     sizes = {"rows": 16, "k": 544, "n": 128}
     _, device = inputs(fam, point, sizes, seed=2)
-    grid, block, shared = kernel.launch_for(sizes)
+    # up to its threshold of rows the quantized chain's first launch made is gemm_wgmma.cu's
+    ((entry, _, (grid, block, shared)), _combine) = kernel.launches_for(sizes)
     env = kernel.sizes(sizes)
-    assert grid[2] == env["splits"] == 3
+    assert entry == "metrale_linear_wgmma" and grid[2] == env["splits"] == 3
     assert shared == 4 * (8192 + 16384) + 2 * 128 * 32 + 1024
     args = [device["x"][0], device["w"][0], device["w"][1], None,
             np.empty((16, 128), ml_dtypes.bfloat16), 16, 544, 128,
             np.zeros(env["ws"] // 4, np.float32), env["splits"]]
     lib = library(build_dir, point)
-    assert lib.run(kernel.entry, grid, block, shared, args) == 0
-    assert kernel.source == "sm_90/common/gemm_wgmma.cu", kernel
-    assert lib.run(kernel.entry, grid, block, shared - 1024, args) == 0
-    assert lib.run(kernel.entry, grid, block, shared - 2048, args) == 2
+    assert lib.run(entry, grid, block, shared, args) == 0
+    assert lib.run(entry, grid, block, shared - 1024, args) == 0
+    assert lib.run(entry, grid, block, shared - 2048, args) == 2
 
 
 @pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),

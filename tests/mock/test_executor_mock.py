@@ -118,7 +118,7 @@ class _ScratchLoader:
             self.seen.append((work.nbytes, bytes(np.asarray(work).view(np.uint8))))
 
         k = backend.kernel(backend.module({"tick": (1, tick)}), "tick")
-        return base + tuple(Launch(ln.kernel, k, (1, 1, 1), (1, 1, 1), 0, (("scratch", n),))
+        return base + tuple(Launch(ln.kernel, k, (1, 1, 1), (1, 1, 1), 0, (("scratch", n, 0),))
                             for ln, n in zip(base[:2], (100, 40)))
 
 

@@ -20,7 +20,7 @@ from metrale.realize.evidence import hash_source
 from metrale.realize.formula import eval_formula, formula_names
 from metrale.realize.functor import realization
 from metrale.realize.hardware import default_kernels_dir
-from metrale.realize.kernel import LaunchRule
+from metrale.realize.kernel import WORKSPACE_ALIGN, LaunchRule, WorkspaceSlice
 from metrale.realize.relations import STATUSES, relation_on, relations_on
 from metrale.runtime.cuda_loader import Arg
 from metrale.testing import functor_laws
@@ -315,7 +315,7 @@ def refusal(tree: Path, tables: str) -> tuple[str, str]:
     """The errors sm_90's realization raises with ``tables`` as its own KERNELS.toml (over
     norm.cu), and that file's path as they name it."""
     add_folder(tree, "sm_90/common", tables, {"norm.cu": NORM})
-    with pytest.raises(ManyErrors) as info:
+    with pytest.raises((ManyErrors, ConfigError)) as info:  # one error raises alone
         realization("sm_90", kernels_dir=tree)
     return str(info.value), str(tree / "sm_90" / "common" / "KERNELS.toml")
 
@@ -325,7 +325,53 @@ def test_a_scratch_argument_needs_a_formula_for_its_bytes(tree: Path) -> None:
     assert "work:scratch" in bad
     text, where = refusal(tree, bad)
     assert (f"{where}: kernel.rmsnorm.args[3]: a scratch argument needs its bytes "
-            "(expected a formula values.work") in text
+            "(expected a formula values.work or a tensor scratch.work") in text
+
+
+def test_a_scratch_tensor_lies_after_the_byte_scratch_in_one_workspace(tree: Path) -> None:
+    """``scratch = { NAME = { dtype, shape } }``: a tensor the kernel's launches share in the
+    program's workspace, passed as its bytes (``NAME:scratch``) or its tensor map
+    (``NAME:tmap(C,R)``). It lies past the byte scratches (``values``' bytes, from offset 0), at
+    a multiple of WORKSPACE_ALIGN, each after the one before; its shape's formulas read the
+    launch's sizes, and 0 rows take no bytes."""
+    from metrale.runtime.cuda_loader import parse_args
+
+    table = table_text("rmsnorm", values='{ ws = "3 * rows + 1" }',
+                       scratch='{ t = { dtype = "bf16", shape = ["rows", "h"] }, '
+                               'u = { dtype = "u8", shape = ["min(1, rows - 2)", "h"] } }')
+    table = table.replace('"y:ptr",', '"y:ptr", "ws:scratch", "t:scratch", "u:tmap(64,8)",')
+    add_folder(tree, "sm_90/common", table, {"norm.cu": NORM})
+    kernel = realization("sm_90", kernels_dir=tree).realize(RMS_BF16)
+    assert [a.kind for a in parse_args(kernel.args)][3:6] == ["scratch", "scratch", "tmap"]
+    work = kernel.workspace({"rows": 3, "h": 100})
+    assert work == {"ws": WorkspaceSlice(0, 10),
+                    "t": WorkspaceSlice(WORKSPACE_ALIGN, 3 * 100 * 2, 3, 100, "bf16"),
+                    "u": WorkspaceSlice(2 * WORKSPACE_ALIGN, 100, 1, 100, "u8")}
+    assert kernel.workspace({"rows": 2, "h": 100})["u"].nbytes == 0
+
+
+@pytest.mark.parametrize("scratch,args,message", [
+    ('{ t = { dtype = "f16", shape = ["rows", "h"] } }', '"t:scratch"',
+     "kernel.rmsnorm.scratch.t.dtype: unknown scratch dtype (expected one of bf16, f32, u8"),
+    ('{ t = { dtype = "bf16", shape = ["rows"] } }', '"t:scratch"',
+     "kernel.rmsnorm.scratch.t.shape: two formulas (rows, columns)"),
+    ('{ t = { dtype = "bf16", shape = ["rowz", "h"] } }', '"t:scratch"',
+     "kernel.rmsnorm.scratch.t.shape[0]: unknown size 'rowz' in formula"),
+    ('{ t = { dtype = "bf16", shape = ["rows", "h"] } }', '"t:ptr"',
+     "kernel.rmsnorm.args[3]: a scratch tensor is passed as its bytes or its tensor map"),
+    ('{ t = { dtype = "bf16", shape = ["rows", "h"] } }', "",
+     "kernel.rmsnorm.scratch.t: a scratch tensor no launch takes"),
+    ('{ x = { dtype = "bf16", shape = ["rows", "h"] } }', "",
+     "kernel.rmsnorm.scratch.x: a scratch tensor's name is a new identifier"),
+    ('{ t = { dtype = "bf16", shape = ["rows", "h"], align = 16 } }', '"t:scratch"',
+     "kernel.rmsnorm.scratch.t.align: unknown key"),
+], ids=["dtype", "shape", "size", "ptr", "unused", "port", "key"])
+def test_a_scratch_tensor_is_refused_by_file_and_key(tree: Path, scratch: str, args: str,
+                                                     message: str) -> None:
+    table = table_text("rmsnorm", scratch=scratch).replace('"y:ptr",', f'"y:ptr", {args},'
+                                                           if args else '"y:ptr",')
+    text, where = refusal(tree, table)
+    assert f"{where}: {message}" in text, text
 
 
 def test_a_tensor_map_argument_describes_an_input_in_a_box_it_can_copy(tree: Path) -> None:
@@ -339,8 +385,8 @@ def test_a_tensor_map_argument_describes_an_input_in_a_box_it_can_copy(tree: Pat
     assert parse_args(kernel.args)[0] == Arg("x", "tmap", (64, 128))
     text, where = refusal(tree, table_text("rmsnorm").replace('"y:ptr"', '"y:tmap(64,128)"')
                           + table_text("add").replace('"a:ptr"', '"a:tmap(64,512)"'))
-    assert (f"{where}: kernel.rmsnorm.args[2]: a tensor map describes an input port "
-            "(expected an input of rmsnorm") in text
+    assert (f"{where}: kernel.rmsnorm.args[2]: a tensor map describes an input port or a "
+            "scratch tensor (expected an input of rmsnorm or a name in `scratch`") in text
     assert "kernel.add.args[0]: a tensor map's box is 1..256 by 1..256" in text
 
 
@@ -477,7 +523,7 @@ def test_a_launch_without_its_workspace_is_refused_naming_it() -> None:
                "scale": 0.125, "window": 0}
     # a record of (m, l, 2 unused, 64 partials) floats for each of 2 rows x 8 q heads x 10 chunks
     # of 64 positions
-    assert bound.scratch_bytes(numbers) == {"work": 2 * 8 * 10 * 68 * 4}
+    assert bound.workspace(numbers) == {"work": WorkspaceSlice(0, 2 * 8 * 10 * 68 * 4)}
     ptrs = {n: 1 for n in ("q", "k_cache", "v_cache", "positions", "slots", "o")}
     with pytest.raises(LaunchError, match="no workspace for scratch argument work"):
         bound.pack(ptrs, numbers)
@@ -501,28 +547,44 @@ def test_decode_attention_launches_its_merge_after_it_on_the_same_workspace() ->
         assert {"work:scratch", "o:ptr"} <= set(a0) & set(a1)
 
 
-@pytest.mark.parametrize("rows,combined", [(16, True), (64, True), (65, False), (2048, False)])
-def test_a_wgmma_gemm_makes_its_combine_launch_only_when_k_is_split(rows: int,
-                                                                     combined: bool) -> None:
-    """Up to 64 rows the wgmma GEMM splits k over its grid and a second launch sums the splits;
-    above, k is not split and that launch (a grid of 0 there) is not made at all."""
+@pytest.mark.parametrize("weight,threshold", [("fp8", 384), ("nvfp4", 384), ("mxfp4", 256)])
+@pytest.mark.parametrize("rows,made", [(16, "split"), (64, "split"), (65, "wgmma"),
+                                       ("at", "wgmma"), ("past", "tma"), (2048, "tma")])
+def test_a_quantized_gemm_makes_the_launches_its_rows_call_for(weight: str, threshold: int,
+                                                               rows: int | str, made: str) -> None:
+    """A quantized GEMM's chain: the weight made bf16, the Tensor Memory Accelerator's matmul on
+    it, gemm_wgmma.cu's matmul, its combine of k splits. Past the table's threshold the first
+    two are made and the others have empty grids; up to it gemm_wgmma.cu's, which up to 64 rows
+    splits k over its grid and sums the splits in the combine launch (above, k is not split and
+    the combine is not made at all). Every launch of the chain is its own entry."""
     from metrale.runtime.cuda_loader import BoundKernel, parse_args
 
+    rows = {"at": threshold, "past": threshold + 1}.get(rows, rows)  # type: ignore[arg-type]
     F = realization("sm_90")
-    for family in ("linear", "linear_add", "qkv", "gate_up_swiglu"):
+    for family in ("linear", "linear_add", "qkv", "gate_up_swiglu", "lm_head"):
         point = next(p for p in P.family(family).points if dict(p.params)["shape"] == "gemm"
-                     and dict(p.params)["act"] == "bf16" and dict(p.params)["weight"] == "fp8")
+                     and dict(p.params)["act"] == "bf16" and dict(p.params)["weight"] == weight)
         k = F.realize(point)
-        numbers = {"rows": rows, "k": 4096, "n": 4096, "nq": 4096, "nk": 1024, "nv": 1024}
-        launches = k.launches_for(numbers)
-        assert k.entries == (k.entry, k.entry + "_combine"), k.entries
-        assert [e for e, _, _ in launches] == list(k.entries[:1 + combined]), (family, rows)
-        assert (k.sizes(numbers)["splits"] > 1) == combined
+        numbers = {"rows": rows, "k": 4096, "n": 4096, "nq": 4096, "nk": 1024, "nv": 1024,
+                   "sms": 132}
+        dequant, tma, wgmma, combine = k.entries
+        assert dequant.startswith("metrale_weight") and tma.endswith("_tma"), k.entries
+        assert wgmma.endswith("_wgmma") and combine == wgmma + "_combine", k.entries
+        want = {"split": [wgmma, combine], "wgmma": [wgmma], "tma": [dequant, tma]}[made]
+        assert [e for e, _, _ in k.launches_for(numbers)] == want, (family, rows)
+        assert (k.sizes(numbers)["splits"] > 1) == (made == "split")
         bound = BoundKernel(k, "own", parse_args(k.args),
                             tuple(("then", parse_args(t.args)) for t in k.then))
-        assert bound.call(k.entry + "_combine")[0] == "then"
+        assert bound.call(combine)[0] == "then" and bound.call(dequant)[0] == "own"
         with pytest.raises(LaunchError, match="makes no launch of metrale_rmsnorm"):
             bound.call("metrale_rmsnorm")
+        scratch = [w for w in k.workspace(numbers).values() if w.dtype]
+        assert len(scratch) == {"qkv": 3, "gate_up_swiglu": 2}.get(family, 1)
+        assert all(w.nbytes == (w.rows * 4096 * 2 if made == "tma" else 0) for w in scratch)
+    # rows of a k that is not whole 16-byte rows of bf16 cannot be copied by tensor map
+    odd = F.realize(matmul_point(P.family("linear"), "gemm", weight))
+    assert [e for e, _, _ in odd.launches_for({"rows": 2048, "k": 1036, "n": 256, "sms": 132})
+            ] == ["metrale_linear_wgmma"] or weight != "fp8"
 
 
 @pytest.mark.parametrize("rows", [1, 9])
@@ -715,8 +777,8 @@ def test_a_kernel_s_workspace_counts_its_then_launches_scratch_too() -> None:
     bound = BoundKernel(kernel, None, parse_args(kernel.args), then)
     assert not any(a.kind == "scratch" for a in bound.args)
     numbers = {"rows": 8, "k": 1280, "n": 40}
-    ws = bound.scratch_bytes(numbers)
-    assert set(ws) == {"ws"} and ws["ws"] == kernel.sizes(numbers)["ws"] > 16
+    ws = bound.workspace(numbers)
+    assert set(ws) == {"ws"} and ws["ws"].nbytes == kernel.sizes(numbers)["ws"] > 16
 
 
 def test_a_persistent_grid_reads_the_multiprocessors_of_the_device_that_runs_it() -> None:

@@ -1,7 +1,8 @@
-// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations and bf16 weights past 64
-// rows, their tiles copied by the Tensor Memory Accelerator (tma.cuh) and consumed by warpgroups
-// that wait on barriers, not on each other. A residual of the sm_90 class beside gemm_wgmma.cu,
-// whose entries serve the launches this one does not (up to 64 rows; KERNELS.toml's `then`).
+// Metrale CUDA, sm_90a: the GEMM-shaped points with bf16 activations past 64 rows (quantized
+// weights: past the tables' `tma` threshold), their tiles copied by the Tensor Memory Accelerator
+// (tma.cuh) and consumed by warpgroups that wait on barriers, not on each other. A residual of
+// the sm_90 class beside gemm_wgmma.cu, whose entries serve the launches this one does not (up to
+// 64 rows, or the threshold; KERNELS.toml's `then`).
 //
 // A block of three warpgroups computes a 128 x 128 tile of y = x · wᵀ (gate_up_swiglu: 128 x 64,
 // gate and up rows side by side): warpgroups 0 and 1 consume, as gemm_wgmma.cu's two warpgroups
@@ -14,14 +15,23 @@
 // 256 threads copy every tile by cp.async between block-wide barriers, which held its tensor
 // pipe about half busy (Nsight Compute, Llama-3.1-8B's 2048-row prefill on an H100).
 //
+// fp8 and fp4 weights are made bf16 first, whole, into the program's workspace (the tables'
+// `scratch` tensors) by the launch before (metrale_weights_bf16 below), exactly as gemm_wgmma.cu
+// makes each tile bf16 in shared memory (weight8_planes), and copied from there as bf16 weights
+// are: the same operands in the same wgmmas. In gemm_wgmma.cu every consumer thread converts its
+// share of each tile between its wgmmas, which held those launches at 1.4-1.7x the bf16 one's
+// time at 2048 rows (H100); here a quantized matmul costs the bf16 one plus a pass over its
+// weights at the memory's rate.
+//
 // Order (declared in KERNELS.toml, "wgmma"): gemm_wgmma.cu's: k in blocks of K_BLOCK, a block's
-// partial from zero in k order, the partials combined sequentially in f32.
-// Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK; TMA_STAGES (5: 160 KiB of stages).
+// partial from zero in k order, the partials combined sequentially in f32; fp8's row scale and
+// nvfp4's global scale multiply the finished sum.
+// Defines: ACT_BF16, WEIGHT_* (not f32), K_BLOCK; TMA_STAGES (5: 160 KiB of stages).
 #include "gemm_wgmma.cu"
 #include "tma.cuh"
 
-#if !defined(WEIGHT_BF16)
-#error "gemm_tma.cu takes bf16 weights (KERNELS.toml's `when`)"
+#if defined(WEIGHT_F32)
+#error "gemm_tma.cu takes bf16, fp8 and fp4 weights (KERNELS.toml's `when`)"
 #endif
 #ifndef TMA_STAGES
 #define TMA_STAGES 5
@@ -200,30 +210,37 @@ __device__ __forceinline__ void tma_plain(const TensorMap& xm, int rows, int k, 
               });
 }
 
-// bf16 weights: the epilogues' weight (its row factor is 1) need not be read.
-__device__ __forceinline__ WeightRef no_weight() { return weight_ref(nullptr, nullptr, nullptr); }
+// What an epilogue reads of a weight: its row factor (fp8's row scale, nvfp4's global scale; 1
+// for bf16 and mxfp4, whose scale and global are null), not its data, which came by tensor map.
+__device__ __forceinline__ WeightRef factors(const void* scale, const float* global) {
+    return weight_ref(nullptr, scale, global);
+}
 
 // block 384; grid (ceil(rows / 128), ceil(n / 128), 1), or fewer blocks (tma_tiles).
 // y = x · wᵀ.
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_linear_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap w,
+                   const void* __restrict__ w_scale, const float* __restrict__ w_global,
                    out_t* __restrict__ y, int rows, int k, int n) {
+    const WeightRef wf = factors(w_scale, w_global);
     tma_plain(x, rows, k, (n + BN - 1) / BN,
               [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
               [&](int, int row, int col, float s) {
-        plain_out(s, row, col, rows, n, no_weight(), [&](long i, float d) { y[i] = out_store(d); });
+        plain_out(s, row, col, rows, n, wf, [&](long i, float d) { y[i] = out_store(d); });
     });
 }
 
 // y = round(round(x · wᵀ) + r), as linear then add.
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_linear_add_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap w,
+                       const void* __restrict__ w_scale, const float* __restrict__ w_global,
                        const act_t* __restrict__ r, act_t* __restrict__ y, int rows, int k,
                        int n) {
+    const WeightRef wf = factors(w_scale, w_global);
     tma_plain(x, rows, k, (n + BN - 1) / BN,
               [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
               [&](int, int row, int col, float s) {
-        plain_out(s, row, col, rows, n, no_weight(), [&](long i, float d) {
+        plain_out(s, row, col, rows, n, wf, [&](long i, float d) {
             y[i] = act_store(act_round(d) + act_load(r[i]));
         });
     });
@@ -233,9 +250,13 @@ metrale_linear_add_tma(const __grid_constant__ TensorMap x, const __grid_constan
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_qkv_tma(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap wq,
                 const __grid_constant__ TensorMap wk, const __grid_constant__ TensorMap wv,
+                const void* __restrict__ wq_scale, const float* __restrict__ wq_global,
+                const void* __restrict__ wk_scale, const float* __restrict__ wk_global,
+                const void* __restrict__ wv_scale, const float* __restrict__ wv_global,
                 act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v, int rows,
                 int k, int nq, int nk, int nv) {
-    const QkvTiles qt{no_weight(), no_weight(), no_weight(), q, k_, v, nq, nk, nv};
+    const QkvTiles qt{factors(wq_scale, wq_global), factors(wk_scale, wk_global),
+                      factors(wv_scale, wv_global), q, k_, v, nq, nk, nv};
     const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tv = (nv + BN - 1) / BN;
     tma_plain(x, rows, k, tq + tk + tv,
               [&](int c, int& n0, const TensorMap*& map) {
@@ -257,8 +278,11 @@ metrale_qkv_tma(const __grid_constant__ TensorMap x, const __grid_constant__ Ten
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_gate_up_swiglu_tma(const __grid_constant__ TensorMap x,
                            const __grid_constant__ TensorMap wg,
-                           const __grid_constant__ TensorMap wu, act_t* __restrict__ h, int rows,
-                           int k, int n) {
+                           const __grid_constant__ TensorMap wu,
+                           const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
+                           const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
+                           act_t* __restrict__ h, int rows, int k, int n) {
+    const WeightRef gf = factors(wg_scale, wg_global), uf = factors(wu_scale, wu_global);
     grid_dependency_sync();
     check_tma_launch(rows, k);
     const Tiles tl(rows, (n + BN / 2 - 1) / (BN / 2));
@@ -274,6 +298,74 @@ metrale_gate_up_swiglu_tma(const __grid_constant__ TensorMap x,
 #pragma unroll
                   for (int i = 0; i < 32; ++i)
                       gate_up_out(sum[i], sum[i + 32], m0 + pl.row(i), n0 + pl.col(i), rows, n,
-                                  no_weight(), no_weight(), h);
+                                  gf, uf, h);
               });
 }
+
+#if !defined(WEIGHT_BF16)
+// ------------------------------------------------------------------ quantized weights, bf16 first
+// One to three weights of n rows (qkv: nq, nk, nv) and k columns (k a multiple of 8: the tables
+// launch these only where the tensor maps can copy the result) made bf16, row-major, each into
+// its scratch tensor: blockIdx.y picks the weight, and a block makes DEQUANT_PIECES x 256 pieces
+// of 8 columns, thread t the pieces t, t + 256, ... of the block's (so each load and store of a
+// warp is one run of bytes), each as gemm_wgmma.cu's tiles make it (weight8_fetch,
+// weight8_planes). Weights are written by no launch, so a thread loads its raw pieces before it
+// waits for the previous launch; it stores after, since that launch may still read the
+// workspace (the previous matmul's copies).
+// block 256; grid (ceil(n k / (8 DEQUANT_PIECES 256)) for the longest weight, weights, 1).
+constexpr int DEQUANT_PIECES = 2;
+
+// weight w's n rows into out (the grid's x blocks; y picked the weight)
+__device__ __forceinline__ void weight_bf16(WeightRef w, bf16* out, int n, int k) {
+    const int per_row = k / 8;
+    const long first = (long)blockIdx.x * blockDim.x * DEQUANT_PIECES + threadIdx.x;
+    const long pieces = (long)n * per_row;
+    WeightRaw8 raw[DEQUANT_PIECES];
+#pragma unroll
+    for (int j = 0; j < DEQUANT_PIECES; ++j) {
+        const long p = first + (long)j * blockDim.x;
+        if (p < pieces)
+            raw[j] = weight8_fetch(weight_rows(w, p / per_row, k), int(p % per_row) * 8, k);
+    }
+    grid_dependency_sync();
+#pragma unroll
+    for (int j = 0; j < DEQUANT_PIECES; ++j) {
+        const long p = first + (long)j * blockDim.x;
+        if (p >= pieces) break;
+        uint4 planes[PARTS];
+        weight8_planes(raw[j], planes);
+        *(uint4*)(out + p * 8) = planes[0];  // row p / per_row, column 8 (p % per_row)
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_weight_bf16(const void* __restrict__ w, const void* __restrict__ w_scale,
+                    const float* __restrict__ w_global, bf16* __restrict__ wb, int n, int k) {
+    weight_bf16(weight_ref(w, w_scale, w_global), wb, n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_weights2_bf16(const void* __restrict__ wg, const void* __restrict__ wg_scale,
+                      const float* __restrict__ wg_global, const void* __restrict__ wu,
+                      const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
+                      bf16* __restrict__ wgb, bf16* __restrict__ wub, int n, int k) {
+    const bool up = blockIdx.y == 1;
+    weight_bf16(up ? weight_ref(wu, wu_scale, wu_global) : weight_ref(wg, wg_scale, wg_global),
+                up ? wub : wgb, n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+metrale_weights3_bf16(const void* __restrict__ wq, const void* __restrict__ wq_scale,
+                      const float* __restrict__ wq_global, const void* __restrict__ wk,
+                      const void* __restrict__ wk_scale, const float* __restrict__ wk_global,
+                      const void* __restrict__ wv, const void* __restrict__ wv_scale,
+                      const float* __restrict__ wv_global, bf16* __restrict__ wqb,
+                      bf16* __restrict__ wkb, bf16* __restrict__ wvb, int k, int nq, int nk,
+                      int nv) {
+    const int i = blockIdx.y;
+    weight_bf16(i == 0   ? weight_ref(wq, wq_scale, wq_global)
+                : i == 1 ? weight_ref(wk, wk_scale, wk_global)
+                         : weight_ref(wv, wv_scale, wv_global),
+                i == 0 ? wqb : i == 1 ? wkb : wvb, i == 0 ? nq : i == 1 ? nk : nv, k);
+}
+#endif
