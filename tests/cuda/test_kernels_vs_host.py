@@ -435,6 +435,16 @@ def test_quantized_weights_made_bf16_first_give_the_tiles_conversion_bytes_on_de
         assert w.tobytes() == g.tobytes(), f"{point}: {port.name}"
 
 
+@pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("part", [slice(300, 310), slice(100, 164)], ids=["10", "64"])
+def test_quantized_gemm_rows_keep_their_bytes_across_the_threshold_on_device(gpu, weight, part):
+    """Rows of a launch past the threshold (weights made bf16 first) have the bytes they have
+    launched alone below it (gemm_wgmma.cu, k split over the grid), on the hardware."""
+    fam = P.family("linear")
+    check_row_invariance(fam, matmul_point(fam, "gemm", weight), lambda *a: _run_gpu(gpu, *a),
+                         400, part, {"k": 1056, "n": 200})
+
+
 @pytest.mark.parametrize("weight", ["bf16", "mxfp4"])
 def test_gemm_is_exact_where_every_sum_is(gpu, weight):
     check_gemm_exact(weight, 150, 1280, 200, P, lambda *a: _run_gpu(gpu, *a))

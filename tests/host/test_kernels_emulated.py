@@ -416,6 +416,21 @@ def test_quantized_weights_made_bf16_first_give_the_bytes_of_the_tiles_conversio
     compare(point, fam, ref, got)
 
 
+@pytest.mark.parametrize("weight", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("part", [slice(300, 310), slice(100, 164)], ids=["10", "64"])
+def test_quantized_gemm_rows_keep_their_bytes_across_the_threshold(build_dir, weight, part):
+    """Rows of a launch past the threshold (their weights made bf16 first, gemm_tma.cu) have the
+    bytes they have launched alone, below it: gemm_wgmma.cu's blocks of one warpgroup, k split
+    over the grid and the splits summed in k order. The exact plans stay row-invariant across
+    the switch."""
+    fam = P.family("linear")
+    point = matmul_point(fam, "gemm", weight)
+    dims = {"k": 544, "n": 136}
+    assert F.realize(point).launches_for({**sizes_for(fam, 400), **dims})[0][0].startswith(
+        "metrale_weight")
+    check_row_invariance(fam, point, _runner(build_dir), 400, part, dims)
+
+
 @pytest.mark.parametrize("weight", ["bf16", "fp8"])
 def test_gemm_of_many_column_tiles_at_few_rows_does_not_split_k(build_dir, weight):
     """Up to 64 rows with 264 column tiles or more, k is not split (one launch does it all, the
