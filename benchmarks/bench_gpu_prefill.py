@@ -667,6 +667,10 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
             for rows in lengths:
                 t = time_prefill(eng, rows, steps=5, warmup=2)
                 last = time_prefill(eng, rows, steps=5, warmup=2, logits="last")
+                # the same weights and prompt give the same hash exactly when the plans' kernels
+                # agree bit for bit (the last row's logits read every row through attention): how
+                # an A/B of kernel folders checks a bit-identical change
+                logits = eng.prefill_program(rows, logits="last").read("logits")
                 host = time_prefill(eng, rows, steps=5, warmup=2, replay=False)
                 flops = prefill_flops(config, rows)
                 row = {"model": model, "quant": quant, "policy": policy, "rows": rows,
@@ -674,7 +678,10 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                        "graph": t.graph, "host_launched_step_s": host.step_s,
                        "last_logits_step_s": last.step_s, "launches": t.launches, "flops": flops,
                        "tflops": flops / t.step_s / 1e12,
-                       "of_tensor_floor": flops / TENSOR_PEAK / t.step_s}
+                       "of_tensor_floor": flops / TENSOR_PEAK / t.step_s,
+                       "last_logits_finite": bool(np.isfinite(logits).all()),
+                       "last_logits_sha256": hashlib.sha256(
+                           np.ascontiguousarray(logits).tobytes()).hexdigest()}
                 if folder is not None:
                     row["kernels_dir"] = folder
                 if hf and quant == "bf16":
@@ -690,7 +697,9 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                       f"{t.step_s * 1e3:8.2f} ms, {row['tflops']:5.0f} TFLOP/s "
                       f"({row['of_tensor_floor']:.0%} of the tensor floor){peer}; "
                       f"last row's logits only {last.step_s * 1e3:.2f} ms; launched from the "
-                      f"host {host.step_s * 1e3:.2f} ms", flush=True)
+                      f"host {host.step_s * 1e3:.2f} ms; last row's logits "
+                      f"{row['last_logits_sha256'][:12]}"
+                      + ("" if row["last_logits_finite"] else " NOT FINITE"), flush=True)
                 if (kernels or records is not None) and rows == max(lengths) and folder is None:
                     done = timed.setdefault(quant, set())
                     row["kernels"] = step_kernels(eng, config, rows, t.step_s, records,
