@@ -15,9 +15,11 @@ the median over several replays of a CUDA graph of back-to-back launches.
 
 Then whole prefill steps (``--steps 512,2048``): the sm_90 plan's prefill of one prompt, against
 the tensor-core floor of its FLOPs and transformers' eager forward over the same prompt, and the
-same prompt keeping only the last row's logits. ``--kernels-dirs A,B`` plans the same steps over
-variant kernel folders too (copies of ``kernels/`` with an edited launch rule or source), each
-right after the shipped folder's, in the same process: an A/B of a kernel change on whole steps.
+same prompt keeping only the last row's logits, whose SHA-256 each step's row keeps.
+``--kernels-dirs A,B`` plans the same steps over variant kernel folders too (copies of
+``kernels/`` with an edited launch rule or source), each right after the shipped folder's, in the
+same process: an A/B of a kernel change on whole steps, the hashes equal where it is
+bit-identical.
 
 With ``--variants``, instead: gemm.cu built with each of GEMM_VARIANTS' defines (tile shape,
 stages, where the k-blocks' sum lives, blocks per SM), and sm_90's own wgmma GEMM with each of
