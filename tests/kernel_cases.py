@@ -499,6 +499,19 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
+def gemm_prefill(eng: Any, rows: int) -> None:
+    """Make ``eng``'s ``rows``-token prefill the plan whose matmuls take their gemm points (as
+    ``met tune`` imposes an alternative): a tiny model's plan, chosen by cost, runs the GEMVs."""
+    from metrale.plan.plan import plan_for
+    from metrale.plan.search import alternatives
+
+    chosen = eng.plan("prefill", rows)
+    gemm = next(c for c in alternatives(chosen.choice) if c.shape == "gemm")
+    eng.use_plan(plan_for(eng.config, eng.quant, eng.hardware, mode="prefill", rows=rows,
+                          act=eng.act, context=eng.max_ctx, policy=eng.policy,
+                          cache_slots=eng.slots, choice=gemm))
+
+
 def cancelling(fam: Family, host: list, device: dict, k: int, gain: float) -> None:
     """Make every dot of a matmul-like call cancel, in place: the reduced activation's second
     half the negated first (times ``gain``, exact in bf16 for a power of two), each weight row's

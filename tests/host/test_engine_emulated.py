@@ -1,8 +1,8 @@
 """Whole models with the sm_90 plans on the CUDA emulation (tests/host/simt) against the host
 backend's reference plans: prefill (8 tokens: GEMV points; 40 tokens: the tensor-core GEMM and
-attention; 100 tokens of bf16: the GEMM fed by the Tensor Memory Accelerator) and decode steps
-replayed from the captured graph, logits within the bf16 tolerance. The device runs the same
-comparison in tests/cuda/test_engine_gpu.py."""
+attention; 100 tokens of bf16: the GEMM fed by the Tensor Memory Accelerator; 260 of mxfp4: its
+weights made bf16 first) and decode steps replayed from the captured graph, logits within the
+bf16 tolerance. The device runs the same comparison in tests/cuda/test_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from metrale.runtime.engine import Engine
 from metrale.runtime.host_backend import HostBackend
 from tests.host import simt
+from tests.kernel_cases import gemm_prefill
 
 ok, why = simt.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
@@ -86,3 +87,19 @@ def test_a_long_bf16_prompt_reaches_the_tensor_memory_accelerator_gemm(build_dir
         launched = {e for k in emu.plan("prefill", len(prompt)).launches for e in k.launched}
         assert {"metrale_qkv_tma", "metrale_gate_up_swiglu_tma"} <= launched, launched
         _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama bf16 100-token prefill")
+
+
+def test_a_long_mxfp4_prompt_makes_its_weights_bf16_first(build_dir):
+    """Past 256 rows an mxfp4 GEMM makes its weights bf16 into the program's workspace and runs
+    gemm_tma.cu on them: a 260-token prompt's prefill on its gemm points runs that chain through
+    the whole runtime (the scratch tensors' slices of the workspace, their tensor maps, the
+    emulated copies) and matches the host's."""
+    prompt = [(37 * i + 11) % 251 for i in range(260)]
+    with Engine.load("tiny-llama", hardware="sm_90", quant="mxfp4", max_ctx=272,
+                     backend=HostBackend(), loader=simt.plan_loader(build_dir)) as emu, \
+            Engine.load("tiny-llama", hardware="host", quant="mxfp4", max_ctx=272) as host:
+        gemm_prefill(emu, len(prompt))
+        launched = {e for k in emu.plan("prefill", len(prompt)).launches for e in k.launched}
+        assert {"metrale_weights3_bf16", "metrale_qkv_tma", "metrale_weights2_bf16",
+                "metrale_gate_up_swiglu_tma"} <= launched, launched
+        _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama mxfp4 260-token prefill")
