@@ -474,6 +474,12 @@ class Program:
         return self.placement.arena_bytes
 
     @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the program's workspace (its kernels' scratch, a quantized prefill's weights
+        made bf16 among them); 0 where no kernel takes one."""
+        return 0 if self._workspace is None else self._workspace.nbytes
+
+    @property
     def naive_bytes(self) -> int:
         """Bytes one allocation per activation would cost."""
         return self.placement.naive_bytes

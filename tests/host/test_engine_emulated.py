@@ -103,3 +103,7 @@ def test_a_long_mxfp4_prompt_makes_its_weights_bf16_first(build_dir):
         assert {"metrale_weights3_bf16", "metrale_qkv_tma", "metrale_weights2_bf16",
                 "metrale_gate_up_swiglu_tma"} <= launched, launched
         _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama mxfp4 260-token prefill")
+        # its workspace holds the largest weights made bf16 (gate and up, 128 x 64 each), and the
+        # engine counts it: in its memory figures and in the kept prefills' budget
+        work = emu.program("prefill", len(prompt)).workspace_bytes
+        assert work >= 2 * 128 * 64 * 2 and emu.memory()["workspaces"] >= work

@@ -162,6 +162,22 @@ def test_prefill_programs_are_bounded_and_results_unchanged():
         assert again.tobytes() == first.tobytes()
 
 
+def test_the_prefill_budget_counts_each_program_s_workspace_too(monkeypatch):
+    """A prefill program's workspace (a quantized prefill holds its weights made bf16 there)
+    counts toward PREFILL_ARENA_BYTES with its arena: programs whose arenas fit the budget but
+    whose workspaces do not are closed, the newest kept."""
+    from metrale.runtime import engine as engine_module
+    from metrale.runtime.executor import Program
+
+    monkeypatch.setattr(Program, "workspace_bytes", property(lambda self: 1 << 20))
+    monkeypatch.setattr(engine_module, "PREFILL_ARENA_BYTES", (1 << 20) + (1 << 19))
+    with engine_module.Engine.load("tiny-llama", max_ctx=32) as eng:
+        eng.prefill([1, 2, 3])
+        eng.prefill([1, 2, 3, 4])
+        assert [k for k in eng._programs if k[0] == "prefill"] == [("prefill", 4, "all", False)]
+        assert eng.memory()["workspaces"] >= 1 << 20
+
+
 def test_prefill_programs_past_the_arena_budget_close_and_keep_their_plans(monkeypatch):
     """Past PREFILL_ARENA_BYTES only the newest prefill program stays; a closed program's plan
     is kept, so the rebuild plans nothing and gives the same bytes."""
