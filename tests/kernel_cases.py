@@ -499,17 +499,20 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
-def gemm_prefill(eng: Any, rows: int) -> None:
-    """Make ``eng``'s ``rows``-token prefill the plan whose matmuls take their gemm points (as
-    ``met tune`` imposes an alternative): a tiny model's plan, chosen by cost, runs the GEMVs."""
+def use_shape(eng: Any, mode: str, rows: int, shape: str) -> None:
+    """Make ``eng``'s ``rows``-row step of ``mode`` the plan whose matmuls take their ``shape``
+    points, every relation applied in the presentation's priority order (as ``met tune`` imposes
+    an alternative), whatever the evidence the engine's store holds would choose: a tiny model's
+    prefill, chosen by cost, runs the GEMVs; a device's store with other records may plan a
+    bounded decode on the gemm points."""
     from metrale.plan.plan import plan_for
     from metrale.plan.search import alternatives
 
-    chosen = eng.plan("prefill", rows)
-    gemm = next(c for c in alternatives(chosen.choice) if c.shape == "gemm")
-    eng.use_plan(plan_for(eng.config, eng.quant, eng.hardware, mode="prefill", rows=rows,
+    chosen = eng.plan(mode, rows)
+    alt = next(c for c in alternatives(chosen.choice) if c.shape == shape and not c.skip)
+    eng.use_plan(plan_for(eng.config, eng.quant, eng.hardware, mode=mode, rows=rows,
                           act=eng.act, context=eng.max_ctx, policy=eng.policy,
-                          cache_slots=eng.slots, choice=gemm))
+                          cache_slots=eng.slots if mode == "prefill" else None, choice=alt))
 
 
 def cancelling(fam: Family, host: list, device: dict, k: int, gain: float) -> None:

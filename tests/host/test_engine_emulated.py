@@ -12,7 +12,7 @@ import pytest
 from metrale.runtime.engine import Engine
 from metrale.runtime.host_backend import HostBackend
 from tests.host import simt
-from tests.kernel_cases import gemm_prefill
+from tests.kernel_cases import use_shape
 
 ok, why = simt.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"no host emulation: {why}")
@@ -98,7 +98,7 @@ def test_a_long_mxfp4_prompt_makes_its_weights_bf16_first(build_dir):
     with Engine.load("tiny-llama", hardware="sm_90", quant="mxfp4", max_ctx=272,
                      backend=HostBackend(), loader=simt.plan_loader(build_dir)) as emu, \
             Engine.load("tiny-llama", hardware="host", quant="mxfp4", max_ctx=272) as host:
-        gemm_prefill(emu, len(prompt))
+        use_shape(emu, "prefill", len(prompt), "gemm")
         launched = {e for k in emu.plan("prefill", len(prompt)).launches for e in k.launched}
         assert {"metrale_weights3_bf16", "metrale_qkv_tma", "metrale_weights2_bf16",
                 "metrale_gate_up_swiglu_tma"} <= launched, launched
