@@ -24,8 +24,9 @@ without the shipped time records, the analytic model's and the priorities' choic
 what ``met tune``'s records chose); ``--without R1,R2`` (repeatable) the plans made without
 those relations, each line saying whether its logits are the shipped plan's bytes, and with
 ``--rounds N`` the shipped step and those variants timed N times in turn, medians kept (engines
-of one run differ by about 2 %). After the steps it prints each quantized step against the
-bf16 step.
+of one run differ by about 2 %); ``--name NAME`` writes ``benchmarks/results/NAME.json`` (a
+run beside the committed one). After the steps it prints each quantized step against the bf16
+step.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import cache_keyword, device_copy_rate, write_result  # noqa: E402
+from _common import cache_keyword, device_copy_rate, result_name, write_result  # noqa: E402
 
 from metrale.runtime.bench import median_wall  # noqa: E402
 
@@ -395,6 +396,9 @@ def main() -> None:
                     help="also time each step planned without the shipped time records (the "
                          "analytic model and the priorities), in the same run; the evidence "
                          "store's records still count, so run it where the store holds none")
+    ap.add_argument("--name", default="gpu_decode", type=result_name,
+                    help="the results file's stem (benchmarks/results/NAME.json): a run of "
+                         "other models or another card beside the committed one")
     ap.add_argument("--deadline", type=float, default=300,
                     help="seconds into the peers (which run after every Metrale step) after "
                          "which torch.compile peers are skipped (device time)")
@@ -416,8 +420,8 @@ def main() -> None:
     records: list = []
 
     def save() -> Path:  # after each cell and each peer: a run cut short keeps what it timed
-        return write_result("gpu_decode", {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
-                                           "rows": rows})
+        return write_result(args.name, {"copy_rate_bytes_per_s": rate, "context": CONTEXT,
+                                        "rows": rows})
 
     # Metrale's steps first, every model and batch, then the peers: the peers' processes (and
     # torch.compile's minutes) come last, so that a device call that runs out of time still

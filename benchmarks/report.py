@@ -85,7 +85,8 @@ class Decode:
 
     @property
     def command(self) -> str:
-        """The command that measures the cells this run holds."""
+        """The command that measures the cells this run holds (with ``--name`` where the run
+        has a results file of its own)."""
         policies = _order((k[3] for k in self.rows), POLICIES)
         peered = _order(k[0] for k, rs in self.rows.items() for r in rs
                         if any(r.get(f) is not None for f in ("eager_s", "compiled_s")))
@@ -98,7 +99,12 @@ class Decode:
                            if quant_batches and quant_batches != [1] else []),
                          *([] if peers else ["--no-hf"]),
                          *(["--peer-models", ",".join(peered)]
-                           if peers and peered != self.models else [])])
+                           if peers and peered != self.models else []),
+                         *([f"--name {self.name}"] if self.name != "gpu_decode" else [])])
+
+    @property
+    def name(self) -> str:
+        return self.doc.get("benchmark") or "gpu_decode"
 
     def get(self, model: str, batch: int, quant: str, policy: str, field: str) -> float | None:
         rows = [r for r in self.rows.get((model, batch, quant, policy), ())
@@ -190,6 +196,32 @@ def decode_peers(doc: dict[str, Any] | None) -> str:
     return (_source("gpu_decode", d.command) + " In brackets: the peer's time over "
             "Metrale's.\n\n" + _table(["model", "batch", "Metrale exact bf16 ms",
                                        *(n for _, n in fields)], rows))
+
+
+def decode_run(doc: dict[str, Any] | None, name: str) -> str:
+    """A decode run of a results file of its own (a model measured beside the committed run):
+    each step with its floor, its share of the floor and the peers of the same run."""
+    d = Decode(doc)
+    if not d.rows:
+        return f"No result is committed (`benchmarks/results/{name}.json`)."
+    fields = (("eager_s", "HF eager"), ("compiled_s", "HF + torch.compile"))
+    rows = []
+    for model, batch, quant, policy in d.rows:
+        step, floor = (d.get(model, batch, quant, policy, f) for f in ("step_s", "floor_s"))
+        peers = [d.get(model, batch, quant, policy, f) for f, _ in fields]
+        rows.append([model, str(batch), quant, policy, _ms(step, 3), _ms(floor, 3),
+                     DASH if step is None or not floor else f"{floor / step:.0%}",
+                     *(DASH if c is None or step is None else f"{_ms(c, 2)} ({c / step:.1f}×)"
+                       for c in peers),
+                     DASH if (n := d.get(model, batch, quant, policy, "launches")) is None
+                     else f"{n:.0f}"])
+    copy = d.doc.get("copy_rate_bytes_per_s")
+    rate = f" The device-to-device copy in the same run moved {copy / 1e12:.2f} TB/s." if copy \
+        else ""
+    return (_source(name, d.command, d.doc.get("gpu")) + rate + " Steps in ms; the peers run "
+            "transformers' model in bf16 (in brackets: the peer's time over Metrale's).\n\n"
+            + _table(["model", "batch", "weights", "policy", "step ms", "HBM floor ms",
+                      "of the floor", *(n for _, n in fields), "launches"], rows))
 
 
 def decode_chart(doc: dict[str, Any] | None) -> str:
@@ -520,6 +552,8 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
             "prefill-attention": prefill_attention(load("gpu_prefill_attention", results)),
             "sass-mix": sass_mix(load("sass_mix", results)),
             "cold-start": cold_start(load("cold_start", results)),
+            "decode-gpt-oss": decode_run(load("gpu_decode_gpt_oss", results),
+                                         "gpu_decode_gpt_oss"),
             "host": host(results)}
 
 
@@ -537,7 +571,8 @@ def outputs(results: Path = RESULTS, root: Path = ROOT) -> dict[Path, str]:
     """What each generated file should hold."""
     generated = blocks(results)
     out = {p: render(p.read_text(encoding="utf-8"), generated, p)
-           for p in (root / "README.md", root / "docs" / "performance.md") if p.is_file()}
+           for p in (root / "README.md", root / "docs" / "performance.md",
+                     root / "docs" / "models.md") if p.is_file()}
     out[root / "docs" / "decode.svg"] = decode_chart(load("gpu_decode", results))
     return out
 

@@ -74,6 +74,24 @@ def test_a_new_decode_run_of_another_shape_renders(tmp_path):
     assert "qwen3-30b-a3b" not in labels  # nothing finite to draw
 
 
+def test_a_decode_run_of_its_own_renders_with_its_name_card_and_peers(tmp_path):
+    """A run written with --name (gpt-oss-20b beside the committed run): its command says the
+    name, the block names the card, and each step stands against its floor and the peers."""
+    rows = [_row("gpt-oss-20b", 1, "mxfp4", p, s, floor_s=0.0012, launches=219, eager_s=0.04,
+                 compiled_s=0.02) for p, s in (("exact", 0.0026), ("bounded", 0.0024))]
+    (tmp_path / "gpu_decode_gpt_oss.json").write_text(json.dumps(
+        {"benchmark": "gpu_decode_gpt_oss", "gpu": "NVIDIA H100 80GB HBM3",
+         "copy_rate_bytes_per_s": 3.0e12, "rows": rows}))
+    block = report.blocks(tmp_path)["decode-gpt-oss"]
+    assert "(NVIDIA H100 80GB HBM3)" in block and "moved 3.00 TB/s" in block
+    command = block.split("reproduce with `")[1].split("`")[0]
+    assert command == ("python benchmarks/bench_gpu_decode.py gpt-oss-20b --batches 1 "
+                       "--quants mxfp4 --policies exact,bounded --name gpu_decode_gpt_oss")
+    assert ("| gpt-oss-20b | 1 | mxfp4 | bounded | 2.400 | 1.200 | 50% | 40.00 (16.7×) "
+            "| 20.00 (8.3×) | 219 |") in block
+    assert "No result is committed" in report.blocks(tmp_path / "none")["decode-gpt-oss"]
+
+
 def test_missing_results_say_so(tmp_path):
     blocks = report.blocks(tmp_path)
     assert "No decode result is committed" in blocks["decode-summary"]
