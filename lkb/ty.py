@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import operator
 import threading
+import types
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
@@ -46,6 +47,13 @@ def parse_expression(text: str) -> ast.expr:
     in threads) can fail with ``SystemError: AST constructor recursion depth mismatch``."""
     with _PARSE_LOCK:
         return ast.parse(text, mode="eval").body
+
+
+def compile_expression(source: str) -> types.CodeType:
+    """``compile(source, ..., "eval")``, one thread at a time as ``parse_expression`` parses
+    (compiling parses the text in the same shared state)."""
+    with _PARSE_LOCK:
+        return compile(source, "<formula>", "eval")
 
 
 @lru_cache(maxsize=4096)

@@ -39,7 +39,7 @@ Views cost nothing. A measured time is in microseconds; its record's metric name
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -173,7 +173,12 @@ def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
     work tiles the rows (a GEMV's blocks of rows, a GEMM's row tiles), over that launch's grid at
     the fewest rows it runs for. The launch doing the work is the kernel's own, or, where its
     grid is empty at these rows, the first of its chain that runs (a multi-row GEMV entry, which
-    runs from 2 or 9 rows on). 1 for a host callable or where no grid depends on the rows."""
+    runs from 2 or 9 rows on). 1 for a host callable or where no grid depends on the rows.
+
+    The fewest rows are found by bisection: a launch's grid is empty below a row count, above
+    one, or both (the tables' launch rules: ``min(1, rows // 9)``, ``1 - min(1, rows - 1)``),
+    so the rows up to ``rows`` at which the launch runs are those from some count on
+    (tests/mock/test_cost.py holds every table's rules to that against the scan row by row)."""
     if kernel is None or kernel.launch is None or "rows" not in numbers:
         return 1.0
     rows = int(numbers["rows"])
@@ -186,10 +191,26 @@ def _row_tiles(kernel: Any, numbers: Mapping[str, int | float]) -> float:
         i = next((i for i, g in enumerate(here) if g), None)
         if i is None:
             return 1.0
-        base = next(b for r in range(1, rows + 1) if (b := grids(r)[i]) > 0)
+        return max(1.0, here[i] / grids(first_rows(lambda r: grids(r)[i] > 0, rows))[i])
     except Exception:  # noqa: BLE001 - a kernel that cannot launch here is refused elsewhere
         return 1.0
-    return max(1.0, here[i] / base)
+
+
+def first_rows(runs: Callable[[int], bool], rows: int) -> int:
+    """The fewest rows r <= ``rows`` at which ``runs(r)``, given ``runs(rows)`` and that the
+    rows at which it runs are those from some count on: bisection, about log2(rows) calls
+    where a scan from 1 took up to ``rows`` (a 2,048-row prefill's GEMM chain launches from 65).
+
+    >>> first_rows(lambda r: r >= 65, 2048), first_rows(lambda r: True, 1)
+    (65, 1)
+    """
+    if runs(1):
+        return 1
+    lo, hi = 1, rows  # runs(lo) is false, runs(hi) true
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if runs(mid) else (mid, hi)
+    return hi
 
 
 def _flops(fam: Family, env: Mapping[str, int | float]) -> float:

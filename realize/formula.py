@@ -17,11 +17,12 @@ from __future__ import annotations
 import ast
 import functools
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
 from metrale.lkb.errors import ConfigError, LaunchError, nearest
-from metrale.lkb.ty import parse_expression
+from metrale.lkb.ty import compile_expression, parse_expression
 
 __all__ = ["eval_formula", "formula_names", "limit_holds", "limit_names", "parse_formula"]
 
@@ -30,6 +31,7 @@ _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lamb
         ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b,
         ast.Mod: lambda a, b: a % b}
 _FORMULA_WORDS = "only numbers, names, + - * / // %, ceil, floor, min, max"
+_NUMBERS = frozenset((int, float))  # the sizes' types the compiled formulas take (bool is not)
 
 
 def parse_formula(text: Any, file: object = None, key: str = "") -> ast.expr:
@@ -73,6 +75,39 @@ def formula_names(text: str, file: object = None, key: str = "") -> frozenset[st
     return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in funcs)
 
 
+@functools.lru_cache(maxsize=4096)
+def _compiled(text: str) -> tuple[Any, Any] | None:
+    """A checked formula as a Python function of the sizes, and a function reading the sizes it
+    reads (a tuple; KeyError when one is missing); None when it is not a formula or does not
+    compile (nesting past the compiler's limit). The function is the tree itself, each name
+    read from the mapping and each call one of ``_FUNCS``, so it computes what the walk
+    (``_walk``) computes, operation for operation: a plan binds a few hundred formulas a few
+    hundred thousand times, and walking the tree was most of the planning time."""
+    tree = _checked_tree(text)
+    if tree is None:
+        return None
+    names = formula_names(text)
+
+    class Sizes(ast.NodeTransformer):
+        def visit_Call(self, n: ast.Call) -> ast.Call:
+            n.args = [self.visit(a) for a in n.args]
+            return n  # its function name stays a name: one of _FUNCS, the globals below
+
+        def visit_Name(self, n: ast.Name) -> ast.expr:
+            return ast.Subscript(ast.Name("sizes", ast.Load()), ast.Constant(n.id), ast.Load())
+
+    try:
+        body = ast.unparse(Sizes().visit(parse_expression(text)))
+        code = compile_expression(f"lambda sizes: {body}")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    fn = eval(code, {"__builtins__": {}, **_FUNCS})  # noqa: S307
+    if not names:
+        return fn, lambda sizes: ()
+    get = operator.itemgetter(*sorted(names))
+    return fn, (get if len(names) > 1 else lambda sizes: (get(sizes),))
+
+
 def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
                  key: str = "") -> int | float:
     """Evaluate a launch formula; ``/`` is true division, so ``ceil(n / 4)`` rounds up.
@@ -80,6 +115,19 @@ def eval_formula(text: str, env: Mapping[str, int | float], file: object = None,
     >>> eval_formula("max(1, rows // 2) + k % 3", {"rows": 5, "k": 7})
     3
     """
+    fast = _compiled(text) if isinstance(text, str) else None
+    if fast is not None:
+        fn, read = fast
+        try:
+            if _NUMBERS.issuperset(map(type, read(env))):
+                return fn(env)
+        except (LookupError, ArithmeticError, ValueError, TypeError, RecursionError):
+            pass  # the walk says what went wrong, and where
+    return _walk(text, env, file, key)
+
+
+def _walk(text: str, env: Mapping[str, int | float], file: object, key: str) -> int | float:
+    """``eval_formula`` by walking the tree: every bad formula and size, its typed error."""
     tree = parse_formula(text, file, key)
 
     def ev(n: ast.expr) -> int | float:

@@ -340,3 +340,52 @@ def test_met_plan_costs_snapshot(capsys, analytic: Path) -> None:
     out = capsys.readouterr().out
     snap = SNAPSHOTS / "plan_costs_tiny_qwen3_sm90.txt"
     assert out == snap.read_text(encoding="utf-8")
+
+
+ROW_SAMPLE = (*range(1, 72), 120, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 520)
+
+
+@pytest.mark.parametrize("hw", ["sm_80", "sm_90", "sm_120"])
+def test_a_launch_runs_from_a_row_count_on_so_row_tiles_may_bisect(hw: str) -> None:
+    """The cost model finds the fewest rows at which a launch runs by bisection (first_rows),
+    which holds only where the rows a launch runs at, up to any count, are those from some
+    count on. Every table's rules keep to that: at each family's example sizes, each launch of
+    each kernel's chain, row by row (every count to 71, then around the tables' thresholds), is
+    empty, then runs, then may be empty again, and never empty between two counts it runs at.
+    The example sizes are small, and some rules choose by them (a GEMV's columns past 1024), so
+    each kernel is also checked with its matrices at Llama-3.1-8B's width."""
+    from metrale.lkb.errors import LaunchError
+    from metrale.lkb.presentation import Presentation
+    from metrale.realize.functor import realization
+
+    F, P = realization(hw), Presentation.load()
+    checked = 0
+    for fam in P.generators:
+        if "rows" not in dict(fam.example):
+            continue
+        attrs = {a: v for a, v in fam.attr_examples
+                 if isinstance(v, int | float) and not isinstance(v, bool)}
+        example = dict(fam.example)
+        wide = {**example, **{d: 4096 for d in ("k", "n", "nq", "h") if d in example},
+                **({"n2": 8192} if "n2" in example else {})}
+        for point in fam.points:
+            kernel = F.realize(point)
+            if kernel is None or kernel.launch is None:
+                continue
+            for dims in (example, wide):
+                runs: list[tuple[bool, ...] | None] = []
+                for r in ROW_SAMPLE:
+                    sizes = {**attrs, **dims, "rows": r}
+                    if "slots" in sizes:
+                        sizes["slots"] = max(sizes["slots"], r)
+                    try:
+                        runs.append(tuple(0 not in s[0] for s in kernel.chain_shapes(sizes)))
+                    except LaunchError:
+                        runs.append(None)
+                for i in range(1 + len(kernel.then)):
+                    at = [j for j, ran in enumerate(runs) if ran is not None and ran[i]]
+                    gaps = [ROW_SAMPLE[j] for j in range(at[0], at[-1] + 1)
+                            if runs[j] is not None and not runs[j][i]] if at else []
+                    assert not gaps, (hw, kernel.entry, i, gaps)
+                    checked += bool(at)
+    assert checked > 200, checked
