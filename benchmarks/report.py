@@ -104,6 +104,7 @@ class Decode:
 
     @property
     def name(self) -> str:
+        """The run's results file stem (``bench_gpu_decode.py --name``)."""
         return self.doc.get("benchmark") or "gpu_decode"
 
     def get(self, model: str, batch: int, quant: str, policy: str, field: str) -> float | None:

@@ -4,7 +4,9 @@ A KERNELS.toml table gives its launch shape, workspace bytes and limits as formu
 family's dims, attributes and parameters; this module parses and evaluates them, refusing
 anything but numbers, names, arithmetic and a few functions (hand-written: about 40 lines of
 ``ast`` walking; no library evaluates a restricted expression language without also allowing
-attribute access).
+attribute access). A formula that passes that check is also compiled once into a Python
+function of the sizes (no builtins, each name a lookup in the sizes), which evaluates it; the
+walk gives the typed error wherever that function cannot.
 
 >>> eval_formula("ceil(n / 4) * 2", {"n": 1030}), sorted(formula_names("hq // hkv * d"))
 (516, ['d', 'hkv', 'hq'])
@@ -83,8 +85,7 @@ def _compiled(text: str) -> tuple[Any, Any] | None:
     read from the mapping and each call one of ``_FUNCS``, so it computes what the walk
     (``_walk``) computes, operation for operation: a plan binds a few hundred formulas a few
     hundred thousand times, and walking the tree was most of the planning time."""
-    tree = _checked_tree(text)
-    if tree is None:
+    if len(text) > 500 or _checked_tree(text) is None:  # parse_formula's refusals: the walk's
         return None
     names = formula_names(text)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 
 from metrale.lkb.errors import LaunchError
@@ -38,3 +39,13 @@ def test_the_fast_path_serves_numbers_and_leaves_the_rest_to_the_walk() -> None:
                  "found 'n // m')")
     assert "size 'n' is not a number" in _outcome(formula.eval_formula, "n + 1", {"n": True})[1]
     assert "size 'm' is not bound" in _outcome(formula.eval_formula, "n + m", {"n": 1})[1]
+
+
+def test_a_formula_past_500_characters_is_refused_as_the_walk_refuses_it() -> None:
+    """The compiled path takes only what parse_formula takes: a long formula, arithmetic all
+    the same, is a ConfigError naming the file and key, not a number."""
+    from metrale.lkb.errors import ConfigError
+
+    long = " + ".join(["n"] * 200)
+    with pytest.raises(ConfigError, match="not a launch formula"):
+        formula.eval_formula(long, {"n": 1}, file="KERNELS.toml", key="launch.shared")
