@@ -61,6 +61,10 @@ class TuneRow:
     """Whether the plan after differs from the plan before (other kernels)."""
     pruned: int = 0
     """Alternatives not timed: predicted at more than ``PRUNE`` times the plan before."""
+    kernels_out: tuple[str, ...] = ()
+    """The kernels (``family (entry)``) the plan before launched and the tuned plan does not."""
+    kernels_in: tuple[str, ...] = ()
+    """The kernels the tuned plan launches and the plan before did not."""
 
     @property
     def slower(self) -> bool:
@@ -145,10 +149,29 @@ def tune(model: str, hardware: str, *, quant: str = "bf16", rows: Sequence[int] 
             after = make()
             eng.use_plan(after)
             step_after = _step(eng, mode, r, steps, time_decode, time_prefill)
+        gone, came = kernel_changes(before, after)
         out.append(TuneRow(r, before.bucket, before.predicted_us, step_before * 1e6,
                            after.predicted_us, step_after * 1e6, len(alts), len(timed),
-                           len(records) if record else 0, after != before, pruned))
+                           len(records) if record else 0, after != before, pruned, gone, came))
     return out
+
+
+def kernel_changes(before: Any, after: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What tuning changed in a plan: the kernels (``family (entry)``, each once however many
+    layers launch it) that ``before`` launches and ``after`` does not, and the reverse.
+
+    >>> from metrale.plan.plan import plan_for
+    >>> exact, bounded = (plan_for("tiny-llama", "bf16", "sm_90", policy=p)
+    ...                   for p in ("exact", "bounded"))
+    >>> kernel_changes(exact, bounded)
+    (('qkv (metrale_qkv)',), ('qkv (metrale_qkv_gemv_mma)',))
+    """
+    def kernels(p: Any) -> set[str]:
+        return {f"{k.family} ({k.kernel.entry})" if k.kernel is not None and k.kernel.entry
+                else k.family for k in p.launches}
+
+    b, a = kernels(before), kernels(after)
+    return tuple(sorted(b - a)), tuple(sorted(a - b))
 
 
 def _step(eng: Any, mode: str, rows: int, steps: int, time_decode: Any, time_prefill: Any
@@ -236,17 +259,24 @@ def slower_notes(rows: Sequence[TuneRow], plan: str) -> list[str]:
     the records chose it by its kernels timed alone, which the step does not bear out; ``plan``
     is the ``met plan`` command that shows the plan's records, less its rows.
 
-    >>> r = TuneRow(1, 1, 900.0, 884.2, 814.0, 935.8, 48, 49, 49, True)
+    >>> r = TuneRow(1, 1, 900.0, 884.2, 814.0, 935.8, 48, 49, 49, True,
+    ...             kernels_out=("qkv (metrale_qkv)",), kernels_in=("qkv (metrale_qkv_gemv_mma)",))
     >>> print(slower_notes([r], "met plan qwen3-0.6b --quant mxfp4")[0])
-    rows 1: the tuned plan measured 5.8% slower than the plan before it (884.2 → 935.8 µs), though its kernels timed alone chose it; `met plan qwen3-0.6b --quant mxfp4 --rows 1 --costs` shows each kernel's record
+    rows 1: the tuned plan measured 5.8% slower than the plan before it (884.2 → 935.8 µs), though its kernels timed alone chose it: it runs qkv (metrale_qkv_gemv_mma) where the plan before ran qkv (metrale_qkv); `met plan qwen3-0.6b --quant mxfp4 --rows 1 --costs` shows each kernel's record
     >>> slower_notes([attrs.evolve(r, measured_after_us=890.0)], "met plan m")
     []
     """
+    def swap(r: TuneRow) -> str:
+        if not (r.kernels_in or r.kernels_out):
+            return ""
+        return (f": it runs {', '.join(r.kernels_in) or 'no other kernel'} where the plan "
+                f"before ran {', '.join(r.kernels_out) or 'no other kernel'}")
+
     return [f"rows {r.rows}: the tuned plan measured "
             f"{r.measured_after_us / r.measured_before_us - 1:.1%} slower than the plan before "
             f"it ({r.measured_before_us:.1f} → {r.measured_after_us:.1f} µs), though its kernels "
-            f"timed alone chose it; `{plan} --rows {r.rows} --costs` shows each kernel's record"
-            for r in rows if r.slower]
+            f"timed alone chose it{swap(r)}; `{plan} --rows {r.rows} --costs` shows each "
+            "kernel's record" for r in rows if r.slower]
 
 
 def _costs_arg(p: argparse.ArgumentParser) -> None:

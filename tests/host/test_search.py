@@ -241,6 +241,9 @@ def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore
     assert row["recorded"] == row["kernels_timed"] > 0 and row["alternatives"] >= 2
     assert len(timings) == row["kernels_timed"]
     assert row["measured_before_us"] > 0 and row["measured_after_us"] > 0
+    # what tuning swapped is named (a plan whose kernels differ is a changed plan)
+    assert isinstance(row["kernels_in"], list) and isinstance(row["kernels_out"], list)
+    assert row["changed"] or not (row["kernels_in"] or row["kernels_out"])
     records = _store.records("host")  # in the store; the kernels folder is left as it was
     assert len(records) == row["recorded"]
     assert all(r.metric.startswith("time@") and r.unit == "us" for r in records)
