@@ -56,6 +56,21 @@ def cache_keyword(forward: Any) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+def array_sha256(a: Any) -> str:
+    """The SHA-256 of an array's bytes in C order: two steps' logits hash alike exactly when they
+    are the same bytes (how an A/B of kernel folders tells a bit-identical change).
+
+    >>> import numpy as np
+    >>> array_sha256(np.zeros(2, np.float32)) == array_sha256(np.zeros((1, 2), np.float32))
+    True
+    """
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
 def gpu_name() -> str | None:
     """The GPU this process ran on (CUDA device 0, as CuPy names it), ``None`` on a machine
     without one: results name the card, since an H100's figures are no H200's."""

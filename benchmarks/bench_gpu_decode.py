@@ -32,7 +32,6 @@ step.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import cache_keyword, device_copy_rate, result_name, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    array_sha256,
+    cache_keyword,
+    device_copy_rate,
+    result_name,
+    write_result,
+)
 
 from metrale.runtime.bench import median_wall  # noqa: E402
 
@@ -106,7 +111,7 @@ def metrale_step(model: str, quant: str, batch: int, kernels: bool = False,
            "launches": t.launches, "finite": bool(np.isfinite(logits).all()), "graph": t.graph,
            # the same weights and inputs (fixed seeds) give the same hash exactly when the plans'
            # kernels agree bit for bit: how an A/B of trees checks a bit-identical change
-           "logits_sha256": hashlib.sha256(np.ascontiguousarray(logits).tobytes()).hexdigest()}
+           "logits_sha256": array_sha256(logits)}
     if kernels or records is not None:
         timings = kernel_times(eng, batch)
         out["kernels"] = [{"kernel": k.label, "point": k.point, "count": k.count,

@@ -51,7 +51,7 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import device_copy_rate, result_name, write_result  # noqa: E402
+from _common import array_sha256, device_copy_rate, result_name, write_result  # noqa: E402
 from bench_gpu_variants import (  # noqa: E402
     LAUNCHES,
     REPEATS,
@@ -682,8 +682,7 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                        "tflops": flops / t.step_s / 1e12,
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s,
                        "last_logits_finite": bool(np.isfinite(logits).all()),
-                       "last_logits_sha256": hashlib.sha256(
-                           np.ascontiguousarray(logits).tobytes()).hexdigest()}
+                       "last_logits_sha256": array_sha256(logits)}
                 if folder is not None:
                     row["kernels_dir"] = folder
                 if hf and quant == "bf16":

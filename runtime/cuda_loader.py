@@ -333,7 +333,7 @@ class CudaPlanLoader:
                             base, _, part = a.name.rpartition("_")
                             names.append(("part", f"{port_buffer[base]}_{part}"))
                     elif a.kind == "scratch":  # the program's workspace, zeroed, stream order
-                        names.append(("scratch", work[a.name].nbytes, work[a.name].offset))
+                        names.append(("scratch", work[a.name]))
                     elif a.kind == "tmap" and a.name in work:  # a scratch tensor's map
                         names.append(("scratch_map", work[a.name], a.box))
                     elif a.kind == "tmap":  # the port's tensor, described for the copy engine
@@ -359,7 +359,7 @@ class CudaPlanLoader:
                               found=k.kernel.transport)
         src = port_buffer["x"]
         nbytes = specs[src].nbytes
-        scratch = ("scratch", int(env[k.kernel.args[0].partition(":")[0]]), 0)
+        scratch = ("scratch", WorkspaceSlice(0, int(env[k.kernel.args[0].partition(":")[0]])))
         comm = self.comm
         if backend.binary_format == "host":
             def gather(x: np.ndarray, gathered: np.ndarray) -> None:

@@ -174,9 +174,7 @@ def _root(name: str, by_name: Mapping[str, Buffer]) -> str:
 
 def _workspace_end(name: Any) -> int:
     """The workspace bytes a launch argument needs (0 for one that is not in the workspace)."""
-    if isinstance(name, tuple) and name[0] == "scratch":
-        return name[2] + name[1]
-    if isinstance(name, tuple) and name[0] == "scratch_map":
+    if isinstance(name, tuple) and name[0] in ("scratch", "scratch_map"):
         return name[1].end
     return 0
 
@@ -206,11 +204,10 @@ class Launch:
 
     ``arg_names`` holds buffer names (bound to pointers at run time), ``("part", name)`` for a
     binding beside the buffers (a weight's scales), ``("tmap", name, box)`` for a tensor map of
-    a buffer (``runtime.backend.TensorMap``), ``("scratch", nbytes, offset)`` for bytes of the
-    program's workspace (zeroed when allocated, shared by the launches in stream order: a kernel
-    leaves the zero bytes it relies on zero), ``("scratch_map", slice, box)`` for the tensor map
-    of a scratch tensor there (``realize.kernel.WorkspaceSlice``), or plain numbers (dims,
-    attributes).
+    a buffer (``runtime.backend.TensorMap``), ``("scratch", slice)`` for a slice of the program's
+    workspace (``realize.kernel.WorkspaceSlice``; zeroed when allocated, shared by the launches
+    in stream order: a kernel leaves the zero bytes it relies on zero), ``("scratch_map", slice,
+    box)`` for the tensor map of a scratch tensor there, or plain numbers (dims, attributes).
     """
 
     kernel: PlannedKernel
@@ -431,16 +428,16 @@ class Program:
 
     def _resolve(self, ln: Launch) -> tuple[Any, ...]:
         """Launch arguments: buffer names become pointers; a ``("part", name)`` is a weight's
-        scale or global scale (null, ``0``, where it has none); a ``("scratch", nbytes,
-        offset)`` those bytes of the workspace, a ``("scratch_map", slice, box)`` the tensor map
-        of that slice; numbers pass as they are."""
+        scale or global scale (null, ``0``, where it has none); a ``("scratch", slice)`` that slice
+        of the workspace, a ``("scratch_map", slice, box)`` its tensor map; numbers pass as they
+        are."""
         out: list[Any] = []
         for n in ln.arg_names:
             if isinstance(n, str):
                 out.append(self.ptrs[n].take(self.specs[n].nbytes))
             elif isinstance(n, tuple) and n[0] == "scratch":
                 assert self._workspace is not None
-                out.append((self._workspace + n[2]).take(n[1]))
+                out.append((self._workspace + n[1].offset).take(n[1].nbytes))
             elif isinstance(n, tuple) and n[0] == "scratch_map":
                 assert self._workspace is not None
                 s = n[1]

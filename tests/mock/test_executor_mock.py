@@ -110,6 +110,7 @@ class _ScratchLoader:
         return self.host.spec(buffer)
 
     def load(self, backend, plan, specs):
+        from metrale.realize.kernel import WorkspaceSlice
         from metrale.runtime.executor import Launch
 
         base = self.host.load(backend, plan, specs)
@@ -118,7 +119,8 @@ class _ScratchLoader:
             self.seen.append((work.nbytes, bytes(np.asarray(work).view(np.uint8))))
 
         k = backend.kernel(backend.module({"tick": (1, tick)}), "tick")
-        return base + tuple(Launch(ln.kernel, k, (1, 1, 1), (1, 1, 1), 0, (("scratch", n, 0),))
+        return base + tuple(Launch(ln.kernel, k, (1, 1, 1), (1, 1, 1), 0,
+                                   (("scratch", WorkspaceSlice(0, n)),))
                             for ln, n in zip(base[:2], (100, 40)))
 
 
