@@ -475,6 +475,14 @@ def main() -> None:
                         print_kernels(m["kernels"], m["step_s"])
                     save()
             cells.append((model, batch, ours))
+    if records:  # before the peers: a run cut short in them keeps its records
+        from metrale.realize.evidence import record_evidence
+        from metrale.realize.evidence_store import default_store_path
+
+        added = record_evidence(records)
+        print(f"recorded {added} new evidence records in {default_store_path()} "
+              "(`met evidence export --hardware sm_90 --out kernels/sm_90/EVIDENCE.toml` "
+              "ships them)", flush=True)
     start = time.perf_counter()
     for model, batch, ours in cells:
         if args.no_hf or (args.peer_models and model not in args.peer_models.split(",")):
@@ -490,14 +498,6 @@ def main() -> None:
     path = save()
     print_quant_ratios(rows)
     print(f"wrote {path}")
-    if records:
-        from metrale.realize.evidence import record_evidence
-        from metrale.realize.evidence_store import default_store_path
-
-        added = record_evidence(records)
-        print(f"recorded {added} new evidence records in {default_store_path()} "
-              "(`met evidence export --hardware sm_90 --out kernels/sm_90/EVIDENCE.toml` "
-              "ships them)")
 
 
 if __name__ == "__main__":

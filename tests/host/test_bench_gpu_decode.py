@@ -86,6 +86,33 @@ def test_every_metrale_step_is_timed_and_saved_before_the_first_peer(monkeypatch
     assert "HF+compile 3.00 ms (3.00x ours)" in out
 
 
+def test_records_are_stored_before_the_first_peer(monkeypatch):
+    """``--record`` stores the kernels' records once the Metrale steps are timed, before the
+    peers: a device call cut short in torch.compile keeps them (they were stored last, after
+    the peers, and a peer past the call's limit lost them)."""
+    import metrale.realize.evidence as evidence
+
+    events: list[str] = []
+
+    def step(model, quant, batch, kernels=False, records=None, **k):
+        events.append("step")
+        if records is not None:
+            records.append(f"record of {model} {quant}")
+        return {"step_s": 1e-3, "launches": 9, "floor_s": 5e-4, "predicted_s": 1e-3,
+                "bytes": 4e9}
+
+    monkeypatch.setattr(bench, "metrale_step", step)
+    monkeypatch.setattr(bench, "hf_child", lambda *a: events.append("peers") or {"eager_s": 1.0})
+    monkeypatch.setattr(bench, "device_copy_rate", lambda: 4e12)
+    monkeypatch.setattr(bench, "write_result", lambda name, d: Path(f"/results/{name}.json"))
+    monkeypatch.setattr(evidence, "record_evidence",
+                        lambda records: events.append(f"stored {len(records)}") or len(records))
+    monkeypatch.setattr(sys, "argv", ["bench", "gpt-oss-20b", "--batches", "1", "--quants",
+                                      "mxfp4", "--policies", "exact,bounded", "--record"])
+    bench.main()
+    assert events == ["step", "step", "stored 2", "peers"], events
+
+
 def test_each_variant_prints_its_step_and_whether_its_logits_are_the_shipped_plans():
     """A variant without a bit-identical relation must give the shipped plan's logits, byte for
     byte (every engine of a run draws its cache from the same seed); its line says whether it
