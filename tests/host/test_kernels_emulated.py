@@ -50,11 +50,9 @@ from tests.kernel_cases import (
     matmul_point,
     multi_row_entry,
     prefill_point,
-    reduced_dim,
     relation_cases,
     row_invariant_points,
     sizes_for,
-    skip_unless_k_fits,
     skip_where_the_prefill_kernel_refuses,
     split_linear_cases,
 )
@@ -482,46 +480,6 @@ GEMV_MMA_CASES = [
 def test_gemv_mma_over_groups_matches_reference(build_dir, family, dims, weight):
     """The tensor-core GEMV over row groups, column groups and k-blocks with ragged ends."""
     check_gemm(family, dims, weight, P, F, _runner(build_dir), shape="gemv_mma")
-
-
-# the experts' GEMVs at gpt-oss's k (12 k-blocks: three a warp) and with a ragged last k-block
-STAGED_CASES = [
-    ("moe_gate_up_clamp", {"rows": 2, "top_k": 2, "e": 3, "k": 2880, "n2": 32, "n": 16}),
-    ("moe_gate_up_swiglu", {"rows": 1, "top_k": 2, "e": 3, "k": 544, "n": 24}),
-    ("moe_down_bias", {"rows": 1, "top_k": 2, "e": 3, "n": 2880, "k": 16}),
-    ("moe_down", {"rows": 2, "top_k": 2, "e": 3, "n": 544, "k": 24}),
-]
-
-
-@pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("family,dims", STAGED_CASES, ids=case_id)
-def test_staged_experts_give_the_same_bits_at_every_ring_depth(build_dir, family, dims, weight):
-    """moe_mma.cu's GEMVs wait for their loads in a ring of AHEAD rounds in shared memory
-    (gemv_mma_staged.cuh). The depth moves only when a round's copies are issued, never which
-    fragments an MMA takes: depths 1, 3 and 6 (past a warp's rounds: copies of nothing, zero
-    filled) give the table depth's bits. A launch whose shared memory is one ring slot short of
-    its depth traps rather than writes past it."""
-    fam = P.family(family)
-    point = matmul_point(fam, "gemv_mma", weight)
-    skip_unless_k_fits(weight, dims[reduced_dim(fam)])
-    sizes = {**sizes_for(fam, dims["rows"]), **dims}
-    host, device = inputs(fam, point, sizes, seed=dims["k"] + 5)
-    table = run(build_dir, fam, point, sizes, device)
-    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), table)
-    grid, block, _ = F.realize(point).launch_for({**sizes, **dict(fam.attr_examples)})
-    red = dims[reduced_dim(fam)]
-    tiles = 1 if "down" in family else 2
-    macro = "MOE_DOWN_AHEAD" if tiles == 1 else "MOE_GATE_UP_AHEAD"
-    def shared(depth: int) -> int:  # partials, the activation row, the ring
-        return -(-red // 256) * tiles * 512 + 2 * red + depth * tiles * 4096
-
-    for depth in (1, 3, 6):
-        got = run(build_dir, fam, point, sizes, device, extra=(f"{macro}={depth}",),
-                  launch_shape=(grid, block, shared(depth)))
-        assert [g.tobytes() for g in got] == [t.tobytes() for t in table], (family, depth)
-    with pytest.raises(AssertionError, match=r"refused the launch \(2"):
-        run(build_dir, fam, point, sizes, device, extra=(f"{macro}=3",),
-            launch_shape=(grid, block, shared(3) - 16 * 128))
 
 
 @pytest.mark.parametrize("weight", ["bf16", "fp8", "mxfp4", "nvfp4"])

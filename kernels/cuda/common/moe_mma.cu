@@ -29,28 +29,8 @@
 #if defined(WEIGHT_MXFP4) && !defined(GEMV_MMA_GATE_UP_BLOCKS)
 #define GEMV_MMA_GATE_UP_BLOCKS 6
 #endif
-#include "gemv_mma_staged.cuh"
+#include "gemv_mma.cuh"
 #include "moe_clamp.cuh"
-
-// Rounds of weight loads a lane keeps in flight, in the ring of gemv_mma_staged.cuh (held in
-// registers they were one for the gate/up entries, two for down). KERNELS.toml's launch.shared
-// counts the ring: AHEAD x T x 4 KiB, and the activation row: 2 k bytes.
-#ifndef MOE_GATE_UP_AHEAD
-#define MOE_GATE_UP_AHEAD 2
-#endif
-#ifndef MOE_DOWN_AHEAD
-#define MOE_DOWN_AHEAD 4
-#endif
-
-// The block's staging area (gemv_mma_partials_staged): shared memory past the T tiles' partials
-// of a k-column reduction, checked against the launch's dynamic shared memory (a launch rule out
-// of step with AHEAD traps rather than writes past it).
-template <int T, int AHEAD>
-__device__ __forceinline__ act_t* moe_stage(int k) {
-    const int parts = (k + K_BLOCK - 1) / K_BLOCK * T * GROUP * XROWS;
-    if (dynamic_smem_bytes() < (unsigned)(4 * parts + staged_bytes<T, AHEAD>(1, k))) __trap();
-    return reinterpret_cast<act_t*>(gemv_mma_part + parts);
-}
 
 // The expert of (row, slot) rs, once the launch that wrote it has finished.
 __device__ __forceinline__ long moe_expert(const int* ids, int rs, int e) {
@@ -84,10 +64,10 @@ metrale_moe_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x, const int* __re
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * n;
     const WeightRef g = weight_ref(wg, wg_scale, wg_global), u = weight_ref(wu, wu_scale, wu_global);
-    gemv_mma_partials_staged<2, MOE_GATE_UP_AHEAD>(
+    gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(j ? u : g, base + min(n0 + m, n - 1), k); },
-        gemv_mma_part, moe_stage<2, MOE_GATE_UP_AHEAD>(k));
+        gemv_mma_part);
     const int m = moe_column(n0, n);
     if (m < 0) return;
     const long row = base + n0 + m;
@@ -104,10 +84,9 @@ __device__ __forceinline__ void moe_down_mma(const act_t* h, const int* ids, Wei
     const int rs = blockIdx.y, c0 = blockIdx.x * GROUP;
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * k;
-    gemv_mma_partials_staged<1, MOE_DOWN_AHEAD>(
+    gemv_mma_partials<1, GEMV_MMA_AHEAD>(
         h + (long)rs * n, 1, n,
-        [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part,
-        moe_stage<1, MOE_DOWN_AHEAD>(n));
+        [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part);
     const int m = moe_column(c0, k);
     if (m < 0) return;
     const long row = base + c0 + m;
@@ -149,10 +128,10 @@ metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __res
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * 2 * n;
     const WeightRef w = weight_ref(wgu, wgu_scale, wgu_global);
-    gemv_mma_partials_staged<2, MOE_GATE_UP_AHEAD>(
+    gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(w, base + 2 * min(n0 + m, n - 1) + j, k); },
-        gemv_mma_part, moe_stage<2, MOE_GATE_UP_AHEAD>(k));
+        gemv_mma_part);
     const int m = moe_column(n0, n);
     if (m < 0) return;
     const long row = base + 2 * (n0 + m);
