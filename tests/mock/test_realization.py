@@ -832,3 +832,21 @@ def test_the_tma_gemm_refuses_a_launch_without_k() -> None:
     with pytest.raises(LaunchError, match="division by zero"):
         kernel.launches_for({"rows": 256, "k": 0, "n": 128})
     assert kernel.launches_for({"rows": 256, "k": 8, "n": 128})[0][0] == "metrale_linear_tma"
+
+
+@pytest.mark.parametrize("family", ["attention_sink", "kv_append_attention_sink",
+                                    "rope_kv_append_attention_sink"])
+def test_sink_decode_takes_a_block_a_kv_head_on_full_layers(family):
+    """sm_90's sink decode tables put all of a kv head's query heads in one block on a full layer
+    (window 0), so gpt-oss-20b's full layers at 1,025 cached positions launch 136 blocks, within
+    the 264 two an SM of an H100 or H200 holds; a sliding layer (window 128), whose few chunks of
+    work need the blocks, splits its 8 query heads a kv head four a block."""
+    F = realization("sm_90")
+    point = next(p for p in P.family(family).points
+                 if p.as_dict()["mode"] == "decode" and p.as_dict()["act"] == "bf16")
+    kernel = F.realize(point)
+    shape = {"rows": 1, "hq": 64, "hkv": 8, "d": 64, "half": 32, "slots": 1, "max_ctx": 1025,
+             "max_pos": 1025, "context": 1025, "scale": 0.125}
+    grids = {window: kernel.launches_for({**shape, "window": window})[0][2][0]
+             for window in (0, 128)}
+    assert grids == {0: (8, 1, 17), 128: (16, 1, 17)}, grids
