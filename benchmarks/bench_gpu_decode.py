@@ -18,7 +18,8 @@ Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.
 (``--no-hf`` skips the peers; ``--quants bf16,fp8,mxfp4``; ``--policies exact,bounded`` plans
 under each policy, the bounded plans running the GEMV-shaped matmuls on tensor cores;
 ``--kernels`` times each kernel alone and prints the profile; ``--record`` writes those timings
-as evidence, at batch 1; ``--kernels-dirs A,B`` also times the plans realized from variant
+as evidence, at batch 1 (each kernel's bandwidth against the floor: what ``met plan`` shows as
+measured; the time records that price plans come from ``met tune``); ``--kernels-dirs A,B`` also times the plans realized from variant
 kernel folders, an A/B of compile-time choices in one run; ``--priority-too`` the plans made
 without the shipped time records, the analytic model's and the priorities' choices, an A/B of
 what ``met tune``'s records chose); ``--without R1,R2`` (repeatable) the plans made without
@@ -384,7 +385,8 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true",
                     help="also time each distinct kernel alone and print the profile")
     ap.add_argument("--record", action="store_true",
-                    help="record evidence (each kernel at batch 1) for sm_90 in the evidence store")
+                    help="record evidence (each kernel's bandwidth at batch 1) for sm_90 in the "
+                         "evidence store; the time records that price plans come from met tune")
     ap.add_argument("--plain-too", action="store_true",
                     help="also time each bf16 step with plain (not dependent) launches")
     ap.add_argument("--without", action="append", default=[], metavar="RELATIONS",
