@@ -108,14 +108,18 @@ def cost_info(hw: Any, chain: Iterable[Any] = ()) -> tuple[Any, str]:
 
 
 def shape_of(fam: Family, box: Box, sizes: Mapping[str, int]) -> dict[str, int | float]:
-    """The numbers a kernel's time depends on at ``box``: the family's dims there (and the
-    cached positions, ``context``, where its traffic reads them)."""
+    """The numbers a kernel's time depends on at ``box``: the family's dims there, the cached
+    positions (``context``) where its traffic reads them, and the box's integer attributes (a
+    window, a top-k, a rank count: gpt-oss's sliding and full layers launch one attention point
+    at one size, their windows apart). A float attribute (an eps, a scale) does not move the
+    work and is left out."""
     from metrale.realize.kernel import box_numbers, family_dims
 
     numbers = box_numbers(box, fam, sizes)
     keys = set(family_dims(fam))
     if any("context" in f for _, f in fam.traffic):
         keys.add("context")
+    keys |= {a for a in fam.attrs if type(numbers.get(a)) is int}
     return {k: numbers[k] for k in sorted(keys) if k in numbers}
 
 
@@ -402,10 +406,12 @@ class CostModel:
             found = self._memo[key] = _time_records(self.evidence, self.hw.name, family, point,
                                                     source_hash)
         for r, at in found:
-            if set(at) != set(shape):
+            if not set(at) <= set(shape):
                 continue
+            # a record made before one of the shape's numbers counted (an attribute) matches
+            # whatever its value, a unit further than a record that names it
             d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
-                    or at[k] > 0 else 0.0 for k in shape)
+                    or at[k] > 0 else 0.0 for k in at) + len(set(shape) - set(at))
             rank = (d + self._device_distance(r.device), r.device != self.device,
                     _neg_date(r.date))
             if best is None or rank < best[0]:

@@ -142,6 +142,40 @@ def test_a_time_record_at_the_shape_is_the_cost(kernels: Path) -> None:
     assert "measured" in json.dumps(p.to_json()["cost_sources"])
 
 
+def test_a_sliding_and_a_full_layer_are_priced_by_their_own_records(kernels: Path) -> None:
+    """gpt-oss's sliding and full layers launch one attention point at one size, their windows
+    apart: a time record's shape names the window, so each layer is priced by its own record. A
+    record made before the window counted (its metric without one) still prices both, and a
+    record that names the window comes before it."""
+    fam = "rope_kv_append_attention_sink"
+
+    def attention_costs() -> dict[int, set[float]]:
+        p = plan_for("tiny-gpt-oss", "bf16", "host", kernels_dir=kernels)
+        out: dict[int, set[float]] = {}
+        for k in p.launches:
+            if k.family == fam:
+                window = shape_of(p.hw_target.presentation.family(fam), k.box,
+                                  dict(p.sizes))["window"]
+                out.setdefault(window, set()).add(k.cost.us)
+        return out
+
+    base = plan_for("tiny-gpt-oss", "bf16", "host", kernels_dir=kernels)
+    rows = {}
+    for k in base.launches:
+        if k.family == fam:
+            shape = shape_of(base.hw_target.presentation.family(fam), k.box, dict(base.sizes))
+            rows[shape["window"]] = (k.kernel, shape, 0.5 if shape["window"] else 0.9)
+    assert sorted(rows) == [0, 8], rows  # tiny-gpt-oss: full layers and a window of 8
+    # times below the model's, so the fused attention stays the plan's choice
+    hw = base.hw_target.hw
+    kernel, shape, _ = rows[0]
+    legacy = {n: v for n, v in shape.items() if n != "window"}
+    record_times(time_records([(kernel, legacy, 0.7)], hw, "test CPU", "numpy", "2026-12-01"))
+    assert attention_costs() == {0: {0.7}, 8: {0.7}}
+    record_times(time_records(rows.values(), hw, "test CPU", "numpy", "2026-11-01"))
+    assert attention_costs() == {0: {0.9}, 8: {0.5}}
+
+
 def test_the_device_a_plan_is_costed_for_counts_first(kernels: Path) -> None:
     """An H100's and an H200's records are both sm_90's: a plan costed for one device takes its
     records before the other's, whatever their dates, and the newest of the others' where it has
