@@ -19,8 +19,9 @@ Run on the lent GPU: ``python benchmarks/bench_gpu_decode.py qwen3-0.6b llama-3.
 under each policy, the bounded plans running the GEMV-shaped matmuls on tensor cores;
 ``--kernels`` times each kernel alone and prints the profile; ``--record`` writes those timings
 as evidence, at batch 1 (each kernel's bandwidth against the floor: what ``met plan`` shows as
-measured; the time records that price plans come from ``met tune``); ``--kernels-dirs A,B`` also times the plans realized from variant
-kernel folders, an A/B of compile-time choices in one run; ``--priority-too`` the plans made
+measured; the time records that price plans come from ``met tune``); ``--kernels-dirs A,B``
+also times the plans realized from variant kernel folders, an A/B of compile-time choices in
+one run; ``--priority-too`` the plans made
 without the shipped time records, the analytic model's and the priorities' choices, an A/B of
 what ``met tune``'s records chose); ``--without R1,R2`` (repeatable) the plans made without
 those relations, each line saying whether its logits are the shipped plan's bytes, and with

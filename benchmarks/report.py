@@ -126,6 +126,13 @@ class Decode:
         return f"{_ms(exact)} / {_ms(bounded)}"
 
 
+def _copy_rate(d: Decode) -> str:
+    """The sentence on the run's device-to-device copy rate (nothing where it has none)."""
+    copy = d.doc.get("copy_rate_bytes_per_s")
+    return f" The device-to-device copy in the same run moved {copy / 1e12:.2f} TB/s." if copy \
+        else ""
+
+
 def decode_summary(doc: dict[str, Any] | None) -> str:
     """README's table: per model and batch, each format's step (exact / bounded), the bf16
     floor and the peers."""
@@ -170,10 +177,7 @@ def decode_detail(doc: dict[str, Any] | None) -> str:
                              _ms(floor, 3),
                              DASH if best is None or not floor else f"{best / floor:.2f}×",
                              DASH if launches is None else f"{launches:.0f}"])
-    copy = d.doc.get("copy_rate_bytes_per_s")
-    rate = f" The device-to-device copy in the same run moved {copy / 1e12:.2f} TB/s." if copy \
-        else ""
-    return _source("gpu_decode", d.command) + rate + "\n\n" + _table(header, rows)
+    return _source("gpu_decode", d.command) + _copy_rate(d) + "\n\n" + _table(header, rows)
 
 
 def decode_peers(doc: dict[str, Any] | None) -> str:
@@ -216,11 +220,9 @@ def decode_run(doc: dict[str, Any] | None, name: str) -> str:
                        for c in peers),
                      DASH if (n := d.get(model, batch, quant, policy, "launches")) is None
                      else f"{n:.0f}"])
-    copy = d.doc.get("copy_rate_bytes_per_s")
-    rate = f" The device-to-device copy in the same run moved {copy / 1e12:.2f} TB/s." if copy \
-        else ""
-    return (_source(name, d.command, d.doc.get("gpu")) + rate + " Steps in ms; the peers run "
-            "transformers' model in bf16 (in brackets: the peer's time over Metrale's).\n\n"
+    return (_source(name, d.command, d.doc.get("gpu")) + _copy_rate(d) + " Steps in ms; the "
+            "peers run transformers' model in bf16 (in brackets: the peer's time over "
+            "Metrale's).\n\n"
             + _table(["model", "batch", "weights", "policy", "step ms", "HBM floor ms",
                       "of the floor", *(n for _, n in fields), "launches"], rows))
 
