@@ -47,14 +47,29 @@ def analytic(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _own_evidence_store(tmp_path_factory):
+def evidence_store(tmp_path_factory):
     """Each test reads and records evidence in a store of its own, never the user's nor
     another test's (plans read the store: one test's records would price another's plans;
-    ``$METRALE_EVIDENCE``; subprocesses inherit it)."""
+    ``$METRALE_EVIDENCE``; subprocesses inherit it). A test that looks into it takes it by
+    name: the store (metrale.realize.evidence_store.EvidenceStore, made on first use)."""
+    from metrale.realize.evidence_store import EvidenceStore
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("METRALE_EVIDENCE",
-                  str(tmp_path_factory.mktemp("evidence-store") / "evidence.sqlite"))
-        yield
+        path = tmp_path_factory.mktemp("evidence-store") / "evidence.sqlite"
+        mp.setenv("METRALE_EVIDENCE", str(path))
+        yield EvidenceStore(path)
+
+
+@pytest.fixture
+def kernels(tmp_path):
+    """A copy of the shipped kernels folder, for a test to add records or files to."""
+    import shutil
+
+    from metrale.realize.hardware import default_kernels_dir
+
+    root = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), root)
+    return root
 
 
 FULL_ENV = "METRALE_FULL_TESTS"

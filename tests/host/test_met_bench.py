@@ -55,7 +55,7 @@ def test_record_is_refused_where_kernels_have_no_source(capsys):
     assert "nothing to record" in capsys.readouterr().err
 
 
-def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path, monkeypatch):
+def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path, evidence_store):
     """Records from timings count on the class that ran them, for the source that ran."""
     from metrale.plan.plan import plan_for
 
@@ -70,11 +70,8 @@ def test_evidence_records_make_a_kernel_measured_on_its_class_only(tmp_path, mon
     assert len(records) == 1 and records[0].source_hash == kernel.source_hash
     assert records[0].floor == hw.device.hbm_bytes_per_s / 1e9
     from metrale.realize.evidence import record_evidence
-    from metrale.realize.evidence_store import EvidenceStore
 
-    store = EvidenceStore(tmp_path / "evidence.sqlite")
-    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
-    assert record_evidence(records) == 1 and store.records() == tuple(records)
+    assert record_evidence(records) == 1 and evidence_store.records() == tuple(records)
     statuses = {k.family: k.evidence for k in plan_for("tiny-llama", "bf16", "sm_90",
                                                         kernels_dir=root).launches}
     assert statuses["rmsnorm"] == "measured on sm_90"
@@ -151,18 +148,15 @@ def test_a_device_fault_while_timing_names_the_kernel(monkeypatch):
     assert "unspecified launch failure" in text and "kernel_times" in text
 
 
-def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypatch):
+def test_met_bench_record_writes_to_the_store_not_the_package(evidence_store, monkeypatch):
     """`met bench --record` hands its records, with the shape they measured, to the evidence
     store; the kernels folder (the installed package) is left as it was."""
     import attrs
 
     from metrale import commands
     from metrale.realize.evidence import EvidenceRecord
-    from metrale.realize.evidence_store import EvidenceStore
     from metrale.runtime import bench
 
-    store = EvidenceStore(tmp_path / "evidence.sqlite")
-    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
     made = EvidenceRecord("sm_90", "NVIDIA H200", "add", "add[act=bf16]", "bandwidth", 500.0,
                           4300.0, "GB/s", "2026-12-05", "nvcc test", "ab" * 32)
     shipped = default_kernels_dir() / "sm_90" / "EVIDENCE.toml"
@@ -171,5 +165,5 @@ def test_met_bench_record_writes_to_the_store_not_the_package(tmp_path, monkeypa
     monkeypatch.setattr(commands, "_toolchain", lambda hw: "nvcc test")
     assert main(["bench", "tiny-qwen3", "--steps", "2", "--context", "8", "--record",
                  "--format", "json"]) == 0
-    assert store.records() == (attrs.evolve(made, shape="rows=1,context=8"),)
+    assert evidence_store.records() == (attrs.evolve(made, shape="rows=1,context=8"),)
     assert shipped.read_bytes() == before

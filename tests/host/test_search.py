@@ -4,7 +4,6 @@ policy; ``met tune`` measures, records and re-plans on the host."""
 
 import hashlib
 import itertools
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,29 +19,11 @@ from metrale.plan.lower import lowering
 from metrale.plan.plan import plan_for
 from metrale.plan.search import ALTERNATIVE, SITE_LIMIT, _Evaluator, _search_shape, alternatives
 from metrale.realize.evidence_store import EvidenceStore
-from metrale.realize.hardware import default_kernels_dir
 from metrale.realize.target import target
 from metrale.runtime.engine import random_weights
 from metrale.runtime.executor import Program, bind_externals
 from metrale.runtime.host_backend import HostBackend
 from tests.mock.test_cost import record_family_times
-
-
-@pytest.fixture(autouse=True)
-def _store(tmp_path: Path, monkeypatch) -> EvidenceStore:
-    """Each test records in a store of its own: time records go to the evidence store (never
-    the installed kernels), and one test's records must not price another's plans."""
-    store = EvidenceStore(tmp_path / "evidence.sqlite")
-    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
-    return store
-
-
-@pytest.fixture
-def kernels(tmp_path: Path) -> Path:
-    root = tmp_path / "kernels"
-    shutil.copytree(default_kernels_dir(), root)
-    return root
-
 
 # -- exact against exhaustive enumeration ---------------------------------------------------
 
@@ -227,7 +208,7 @@ def _tune_tiny_llama(kernels: Path, capsys, *extra: str) -> dict:
     return row
 
 
-def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore,
+def test_met_tune_times_records_and_replans(kernels: Path, evidence_store: EvidenceStore,
                                             capsys, monkeypatch) -> None:
     """Each kernel is timed once, at the first alternative that launches it (the alternatives
     share most of their kernels: timing each again took most of a device round)."""
@@ -244,7 +225,7 @@ def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore
     # what tuning swapped is named (a plan whose kernels differ is a changed plan)
     assert isinstance(row["kernels_in"], list) and isinstance(row["kernels_out"], list)
     assert row["changed"] or not (row["kernels_in"] or row["kernels_out"])
-    records = _store.records("host")  # in the store; the kernels folder is left as it was
+    records = evidence_store.records("host")  # in the store; the kernels folder is left as it was
     assert len(records) == row["recorded"]
     assert all(r.metric.startswith("time@") and r.unit == "us" for r in records)
     assert not (kernels / "host" / "EVIDENCE.toml").exists()
@@ -255,7 +236,7 @@ def test_met_tune_times_records_and_replans(kernels: Path, _store: EvidenceStore
 
 
 def test_met_tune_leaves_alternatives_predicted_far_past_the_plan_untimed(
-        kernels: Path, _store: EvidenceStore, capsys, monkeypatch) -> None:
+        kernels: Path, evidence_store: EvidenceStore, capsys, monkeypatch) -> None:
     """An alternative predicted at more than PRUNE times the plan's step is not timed (on
     sm_90 a prefill's 64 GEMV-shaped alternatives at 2,048 rows, predicted at 17 times the GEMM
     plan, whose records then priced 8-row plans); tiny-llama's decode alternatives on the host

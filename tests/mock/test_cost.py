@@ -3,7 +3,6 @@ HARDWARE.toml's [cost] table, each number with its source; the plan JSON carries
 ``met plan --costs`` printout is pinned."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,26 +17,9 @@ from metrale.plan.cost import (
     time_records,
 )
 from metrale.plan.plan import plan_for
-from metrale.realize.evidence_store import EvidenceStore
-from metrale.realize.hardware import default_kernels_dir, load_hardware
+from metrale.realize.hardware import load_hardware
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
-
-
-@pytest.fixture(autouse=True)
-def _store(tmp_path: Path, monkeypatch) -> EvidenceStore:
-    """Each test records in a store of its own: time records go to the evidence store (never
-    the installed kernels), and one test's records must not price another's plans."""
-    store = EvidenceStore(tmp_path / "evidence.sqlite")
-    monkeypatch.setenv("METRALE_EVIDENCE", str(store.path))
-    return store
-
-
-@pytest.fixture
-def kernels(tmp_path: Path) -> Path:
-    root = tmp_path / "kernels"
-    shutil.copytree(default_kernels_dir(), root)
-    return root
 
 
 def record_family_times(root: Path, plan, family: str, us: float, *, hw: str | None = None,
