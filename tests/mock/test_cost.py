@@ -4,6 +4,7 @@ HARDWARE.toml's [cost] table, each number with its source; the plan JSON carries
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,22 +132,22 @@ def test_a_sliding_and_a_full_layer_are_priced_by_their_own_records(kernels: Pat
     record that names the window comes before it."""
     fam = "rope_kv_append_attention_sink"
 
+    def attention_launches(p) -> list[tuple[Any, dict]]:
+        """Each of the plan's attention launches, with its time record's shape."""
+        family = p.hw_target.presentation.family(fam)
+        return [(k, shape_of(family, k.box, dict(p.sizes))) for k in p.launches
+                if k.family == fam]
+
     def attention_costs() -> dict[int, set[float]]:
-        p = plan_for("tiny-gpt-oss", "bf16", "host", kernels_dir=kernels)
         out: dict[int, set[float]] = {}
-        for k in p.launches:
-            if k.family == fam:
-                window = shape_of(p.hw_target.presentation.family(fam), k.box,
-                                  dict(p.sizes))["window"]
-                out.setdefault(window, set()).add(k.cost.us)
+        for k, shape in attention_launches(plan_for("tiny-gpt-oss", "bf16", "host",
+                                                    kernels_dir=kernels)):
+            out.setdefault(shape["window"], set()).add(k.cost.us)
         return out
 
     base = plan_for("tiny-gpt-oss", "bf16", "host", kernels_dir=kernels)
-    rows = {}
-    for k in base.launches:
-        if k.family == fam:
-            shape = shape_of(base.hw_target.presentation.family(fam), k.box, dict(base.sizes))
-            rows[shape["window"]] = (k.kernel, shape, 0.5 if shape["window"] else 0.9)
+    rows = {shape["window"]: (k.kernel, shape, 0.5 if shape["window"] else 0.9)
+            for k, shape in attention_launches(base)}
     assert sorted(rows) == [0, 8], rows  # tiny-gpt-oss: full layers and a window of 8
     # times below the model's, so the fused attention stays the plan's choice
     hw = base.hw_target.hw
