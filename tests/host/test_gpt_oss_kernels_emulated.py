@@ -114,26 +114,29 @@ def test_router_ties_and_every_expert_chosen(build_dir):
     assert got[1].tobytes() == ref[1].tobytes()
 
 
-def test_the_fused_router_gives_the_two_launches_bytes_past_one_expert_a_warp(build_dir):
-    """router_topk_softmax with 72 experts (warps take two or three each) and gpt-oss's k of
-    2880 against lm_head then topk_softmax, each from its own kernel: the same ids and weights,
-    byte for byte, ties and all (rows 1 and 2 repeat row 0's x, so their logits tie)."""
+def test_the_fused_router_gives_the_two_launches_bytes_launch_after_launch(build_dir):
+    """router_topk_softmax (a block an expert, the row's last block selecting) with 72 experts and
+    gpt-oss's k of 2880 against lm_head then topk_softmax, each from its own kernel: the same ids
+    and weights, byte for byte, ties and all (rows 1 and 2 repeat row 0's x, so their logits
+    tie). Three launches in a row on one module, of 3, 2 and 3 rows: each selects right only if
+    the one before left every row's arrival counter at zero."""
     fam, point = _point("router_topk_softmax")
     head, head_point = _point("lm_head", weight="bf16", shape="gemv", out="f32")
     topk, topk_point = _point("topk_softmax")
-    sizes = {"rows": 3, "k": 2880, "e": 72, "top_k": 4}
-    host, device = inputs(fam, point, sizes, seed=3)
-    host[0][1:] = host[0][0]
-    device["x"] = (host[0],)
-    fused = run(build_dir, fam, point, sizes, device, {"top_k": 4})
-    (logits,) = run(build_dir, head, head_point, {"rows": 3, "k": 2880, "n": 72},
-                    {"x": device["x"], "w": device["w"]})
-    two = run(build_dir, topk, topk_point, {"rows": 3, "e": 72, "top_k": 4},
-              {"logits": (logits,), "bias": device["bias"]}, {"top_k": 4})
-    assert [a.tobytes() for a in fused] == [b.tobytes() for b in two]
-    assert fused[1][1].tolist() == fused[1][0].tolist()
-    ref = SEMANTICS[fam.semantics](*host, **{**kwargs(fam, point), "top_k": 4})
-    compare(point, fam, ref, fused)
+    for seed, rows in ((3, 3), (4, 2), (5, 3)):
+        sizes = {"rows": rows, "k": 2880, "e": 72, "top_k": 4}
+        host, device = inputs(fam, point, sizes, seed=seed)
+        host[0][1:] = host[0][0]
+        device["x"] = (host[0],)
+        fused = run(build_dir, fam, point, sizes, device, {"top_k": 4})
+        (logits,) = run(build_dir, head, head_point, {"rows": rows, "k": 2880, "n": 72},
+                        {"x": device["x"], "w": device["w"]})
+        two = run(build_dir, topk, topk_point, {"rows": rows, "e": 72, "top_k": 4},
+                  {"logits": (logits,), "bias": device["bias"]}, {"top_k": 4})
+        assert [a.tobytes() for a in fused] == [b.tobytes() for b in two], seed
+        assert fused[1][1].tolist() == fused[1][0].tolist()
+        ref = SEMANTICS[fam.semantics](*host, **{**kwargs(fam, point), "top_k": 4})
+        compare(point, fam, ref, fused)
 
 
 @pytest.mark.parametrize("quant", ["bf16", "mxfp4"])

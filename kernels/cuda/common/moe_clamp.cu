@@ -4,7 +4,7 @@
 // topk_softmax: one warp per row; the biased logits l = logits + bias go to dynamic shared
 // memory (e floats), top_k rounds of a warp argmax pick them (descending, ties to the lower
 // id), and the softmax runs over the chosen: e_j = exp(v_j - v_0), their sum left to right,
-// w_j = e_j / sum; router_topk_softmax makes the logits too, a warp an expert. The expert
+// w_j = e_j / sum; router_topk_softmax makes the logits too, a block an expert. The expert
 // kernels reduce through warp_dots (gemv.cuh), one warp per (row, slot, column): moe_gate_up_clamp reads expert ids[r, s]'s weight rows 2j (gate) and
 // 2j + 1 (up), adds their biases, and applies the clamped SwiGLU of
 // metrale.lkb.semantics_moe_clamp; moe_down_bias adds the expert's bias to its down projection.
@@ -86,28 +86,55 @@ metrale_topk_softmax(const float* __restrict__ logits, const __nv_bfloat16* __re
 }
 
 #if defined(MOE_EXPERTS)
-// router_topk_softmax: the router's logits and topk_softmax in one launch. Warp w makes the
-// logits of experts w, w + 32, ... by warp_dot, lm_head's dot bit for bit (gemv.cu's columns
-// are warp_dot's whatever their grouping), adds the bias into shared memory (e floats), and after
-// a barrier warp 0 selects as topk_softmax does. grid (rows), block 1024.
-extern "C" __global__ void __launch_bounds__(1024)
+// router_topk_softmax: the router's logits and topk_softmax in one launch, a block a (expert,
+// row). The block's WARPS warps take every WARPS-th load of the expert's weight row
+// (warp_dots_part, the first two asked of L2 before the wait for the previous launch), their
+// k-block partials wait in shared memory, and warp 0 sums them in k-block order (Combine):
+// lm_head's dot bit for bit, as gemv.cu's split entry makes it. The biased logit goes to the
+// workspace (e floats a row); the row's last block to arrive (router_arrivals) reads the row's
+// e logits back from L2 and selects as topk_softmax does, then leaves its counter at zero for
+// the next launch (zero when the module loads; a trap ends the context, counters and all).
+// grid (e, rows), block 32 * WARPS; shared ceil(k / K_BLOCK) + e floats.
+__device__ unsigned router_arrivals[65535];  // one a grid row: gridDim.y's limit
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
 metrale_router_topk_softmax(const act_t* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                             const __nv_bfloat16* __restrict__ bias, float* __restrict__ weights,
-                            int* __restrict__ ids, int rows, int k, int e, int top_k) {
-    extern __shared__ float biased[];
-    const int row = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (row >= rows) return;
+                            int* __restrict__ ids, float* __restrict__ logits, int rows, int k,
+                            int e, int top_k) {
+    extern __shared__ float router_smem[];  // k-block partials, then the row's biased logits
+    __shared__ bool last;
+    const int ex = blockIdx.x, row = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nkb = (k + K_BLOCK - 1) / K_BLOCK;
+    if (ex >= e || row >= rows) return;  // the whole block
     if (top_k > MAX_TOP_K || top_k > e) __trap();  // a selection the kernel cannot serve
-    if (dynamic_smem_bytes() < (unsigned)(4 * e)) __trap();
-    const WeightRef ref = weight_ref(w, nullptr, nullptr);
+    if (dynamic_smem_bytes() < (unsigned)(4 * (nkb + e))) __trap();
+    const WeightRef ws[1] = {weight_rows(weight_ref(w, nullptr, nullptr), ex, k)};
+#pragma unroll
+    for (int q = 0; q < 2; ++q)  // this warp's first two loads
+        weight_prefetch<DOT_CHUNKS>(ws[0], k, K_BLOCK, (warp + q * WARPS) * DOT_CHUNKS * K_BLOCK);
     grid_dependency_sync();
-    for (int j = warp; j < e; j += blockDim.x >> 5) {
-        const float d = warp_dot(x + (long)row * k, weight_rows(ref, j, k), k);
-        if (lane == 0) biased[j] = __fadd_rn(d, __bfloat162float(bias[j]));
+    warp_dots_part<1>(x + (long)row * k, ws, k, warp, WARPS, [&](int, int b, float d) {
+        if (lane == 0) router_smem[b] = d;
+    });
+    __syncthreads();
+    float* row_logits = logits + (long)row * e;
+    if (threadIdx.x == 0) {
+        Combine acc;
+        for (int b = 0; b < nkb; ++b) acc.add(router_smem[b]);
+        row_logits[ex] = __fadd_rn(acc.result(), __bfloat162float(bias[ex]));
+        __threadfence();  // the logit is visible to every block before this block arrives
+        last = atomicAdd(&router_arrivals[row], 1u) == gridDim.x - 1;
     }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float* biased = router_smem + nkb;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) biased[i] = __ldcg(row_logits + i);
     __syncthreads();
     if (warp == 0)
         topk_softmax_warp(biased, e, top_k, weights + (long)row * top_k, ids + (long)row * top_k);
+    if (threadIdx.x == 0) router_arrivals[row] = 0u;
 }
 
 // h[r, s, j] from expert ids[r, s]'s rows 2j, 2j + 1 of wgu [e, 2n, k] and bgu [e, 2n].
