@@ -25,7 +25,7 @@ kernels/sm_90/EVIDENCE.toml`` ships them. Prints; writes nothing.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 MODELS = ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b")
 QUANTS = ("bf16", "fp8", "mxfp4", "nvfp4")
@@ -51,20 +51,20 @@ def awaiting_device(hw: str = "sm_90") -> dict[str, str]:
         return {s["path"]: s["reason"] for s in tomllib.load(f).get("source", [])}
 
 
-def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
-               quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES,
-               awaiting: Iterable[str] = (), steps: Iterable[tuple[str, int, str]] = STEPS
-               ) -> dict[str, list[str]]:
-    """``{plan: [point, ...]}``: every kernel of the plans whose evidence on ``hw`` is not a
-    record of its current source, under the first plan (``"MODEL POLICY QUANT MODE ROWS
-    LOGITS"``) that launches it; plans with none left out, and kernels whose source is one of
-    ``awaiting`` (sources listed as awaiting a device run) too; ``steps``: the (mode, rows,
-    logits) planned."""
+def stale_kernels(hw: str = "sm_90", models: Iterable[str] = MODELS,
+                  quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES,
+                  awaiting: Iterable[str] = (), steps: Iterable[tuple[str, int, str]] = STEPS
+                  ) -> Iterator[tuple[str, str]]:
+    """``(plan, point)``, lazily: each kernel of the plans whose evidence on ``hw`` is not a
+    record of its current source, once, under the first plan (``"MODEL POLICY QUANT MODE ROWS
+    LOGITS"``) that launches it; kernels whose source is one of ``awaiting`` (sources listed
+    as awaiting a device run) left out; ``steps``: the (mode, rows, logits) planned. A caller
+    asking only whether there is one stops planning at the first."""
     awaiting = frozenset(awaiting)
     from metrale.plan.plan import plan_for
 
+    steps = tuple(steps)
     seen: set[str] = set()
-    out: dict[str, list[str]] = {}
     for model in models:
         for policy in policies:
             for quant in quants:
@@ -77,8 +77,18 @@ def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
                                 or k.kernel.source in awaiting):
                             continue
                         seen.add(point)
-                        out.setdefault(f"{model} {policy} {quant} {mode} {rows} {logits}",
-                                       []).append(point)
+                        yield f"{model} {policy} {quant} {mode} {rows} {logits}", point
+
+
+def unmeasured(hw: str = "sm_90", models: Iterable[str] = MODELS,
+               quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES,
+               awaiting: Iterable[str] = (), steps: Iterable[tuple[str, int, str]] = STEPS
+               ) -> dict[str, list[str]]:
+    """``{plan: [point, ...]}``: stale_kernels' pairs grouped by plan; plans with none left
+    out."""
+    out: dict[str, list[str]] = {}
+    for plan, point in stale_kernels(hw, models, quants, policies, awaiting, steps):
+        out.setdefault(plan, []).append(point)
     return out
 
 

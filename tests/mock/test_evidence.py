@@ -25,7 +25,16 @@ from metrale.realize.evidence import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from stale_evidence import MODELS, PARTLY, POLICIES, awaiting_device, unmeasured  # noqa: E402
+from stale_evidence import (  # noqa: E402
+    MODELS,
+    PARTLY,
+    POLICIES,
+    QUANTS,
+    STEPS,
+    awaiting_device,
+    stale_kernels,
+    unmeasured,
+)
 
 H = hash_source("__global__ void rmsnorm() {}")
 
@@ -327,10 +336,11 @@ def test_the_shipped_evidence_measures_the_partly_benchmarked_models_steps(model
 def test_a_source_awaiting_a_device_run_is_one_whose_records_are_stale(source):
     """The sources listed as awaiting a device run are exactly ones whose records are stale:
     with every other listed source excused, this one still leaves kernels of the benchmarked
-    plans unmeasured (once a device run records it again, its entry must leave the list). A
-    source the dense qwen3 launches shows there; one only the MoE model's plans launch, there."""
+    plans unmeasured (once a device run records it again, its entry must leave the list). The
+    walk stops at the first such kernel, planning the fewest steps first: gpt-oss's decode, then
+    the MoE qwen3's plans, then the dense one's."""
     others = set(awaiting_device("sm_90")) - {source}
-    assert (unmeasured("sm_90", ["qwen3-0.6b"], awaiting=others)
-            or unmeasured("sm_90", ["qwen3-30b-a3b"], awaiting=others)
-            or any(unmeasured("sm_90", [m], q, awaiting=others, steps=st)
-                   for m, q, st in PARTLY)), source
+    walks = [([m], q, st) for m, q, st in PARTLY] + [(["qwen3-30b-a3b"], QUANTS, STEPS),
+                                                    (["qwen3-0.6b"], QUANTS, STEPS)]
+    assert any(next(stale_kernels("sm_90", ms, q, awaiting=others, steps=st), None)
+               for ms, q, st in walks), source
