@@ -95,11 +95,13 @@ def decode_engine(model: str, quant: str, batch: int, *, seed: int = 0,
 def metrale_step(model: str, quant: str, batch: int, kernels: bool = False,
                  records: list | None = None,
                  dependent: bool = True, policy: str = "exact",
-                 presentation: Any = None, kernels_dir: str | None = None) -> dict:
+                 presentation: Any = None, kernels_dir: str | None = None,
+                 resident: bool = False) -> dict:
     """The decode step timed on the sm_90 plan. With ``kernels``, each distinct kernel is also
     timed alone (``runtime.bench.kernel_times``: inputs rotated past L2, graph replay) and
-    listed under ``"kernels"``; with ``records`` too, its evidence record (bandwidth against
-    the class's floor) is added there."""
+    listed under ``"kernels"``; with ``resident`` too, timed again with its inputs resident in
+    L2 (``"resident_s"``); with ``records``, its evidence record (bandwidth against the class's
+    floor) is added there."""
     from metrale.runtime.bench import kernel_times, time_decode
 
     eng, backend = decode_engine(model, quant, batch, dependent=dependent, policy=policy,
@@ -119,6 +121,10 @@ def metrale_step(model: str, quant: str, batch: int, kernels: bool = False,
         out["kernels"] = [{"kernel": k.label, "point": k.point, "count": k.count,
                            "seconds": k.seconds, "bytes": k.bytes_moved,
                            "bytes_per_s": k.bytes_per_s} for k in timings]
+        if resident:
+            warm = {k.label: k.seconds for k in kernel_times(eng, batch, resident=True)}
+            for row in out["kernels"]:
+                row["resident_s"] = warm[row["kernel"]]
         if records is not None:
             from metrale.realize.compute import NvidiaTarget
             from metrale.realize.hardware import load_hardware
@@ -214,9 +220,13 @@ def peer_line(r: dict) -> str:
 
 
 def print_kernels(kernels: list[dict], step_s: float) -> None:
-    """Each family's share of the summed kernel medians, then the eight costliest launches."""
+    """Each family's share of the summed kernel medians, then the eight costliest launches (and,
+    where timed, each one's time with its inputs resident in L2)."""
     total = sum(k["seconds"] * k["count"] for k in kernels)
     print(f"  sum of kernel medians {total * 1e3:.3f} ms (step {step_s * 1e3:.3f} ms)")
+    if all("resident_s" in k for k in kernels):
+        warm = sum(k["resident_s"] * k["count"] for k in kernels)
+        print(f"  sum with each kernel's inputs resident in L2 {warm * 1e3:.3f} ms")
     share: dict[str, float] = {}
     for k in kernels:
         family = k["point"].split("[")[0]
@@ -224,8 +234,10 @@ def print_kernels(kernels: list[dict], step_s: float) -> None:
     for family, sec in sorted(share.items(), key=lambda kv: -kv[1]):
         print(f"    {family:<22} {sec * 1e3:8.3f} ms")
     for k in sorted(kernels, key=lambda k: -k["seconds"] * k["count"])[:8]:
+        resident = (f" (L2-resident {k['resident_s'] * 1e6:.1f} us)" if "resident_s" in k
+                    else "")
         print(f"    {k['point'][:70]:<70} x{k['count']:<3} {k['seconds'] * 1e6:8.1f} us "
-              f"{k['bytes_per_s'] / 1e9:7.0f} GB/s")
+              f"{k['bytes_per_s'] / 1e9:7.0f} GB/s{resident}")
 
 
 def print_quant_ratios(rows: list[dict]) -> None:
@@ -385,6 +397,9 @@ def main() -> None:
     ap.add_argument("--hf-timeout", type=float, default=150)
     ap.add_argument("--kernels", action="store_true",
                     help="also time each distinct kernel alone and print the profile")
+    ap.add_argument("--l2-resident", action="store_true",
+                    help="with --kernels: also time each kernel with its inputs resident in L2 "
+                         "(one copy every run): what prefetching its bytes into L2 could reach")
     ap.add_argument("--record", action="store_true",
                     help="record evidence (each kernel's bandwidth at batch 1) for sm_90 in the "
                          "evidence store; the time records that price plans come from met tune")
@@ -444,14 +459,14 @@ def main() -> None:
                 for policy in args.policies.split(","):
                     m = metrale_step(model, quant, batch, args.kernels,
                                      records if args.record and batch == 1 else None,
-                                     policy=policy)
+                                     policy=policy, resident=args.l2_resident)
                     if args.plain_too and quant == "bf16":
                         m["plain_step_s"] = metrale_step(model, quant, batch,
                                                          dependent=False,
                                                          policy=policy)["step_s"]
                     for name, folder in variants.items():
                         v = metrale_step(model, quant, batch, args.kernels, policy=policy,
-                                         kernels_dir=folder)
+                                         kernels_dir=folder, resident=args.l2_resident)
                         m.setdefault("variants", {})[name] = v
                         print(f"{model:<14} {quant:<6} {policy:<7} b={batch}: {name}: "
                               f"{v['step_s'] * 1e3:7.3f} ms ({v['launches']} launches; "

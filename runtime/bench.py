@@ -139,13 +139,16 @@ def time_prefill(engine: Any, rows: int, *, steps: int = 10, warmup: int = 2,
 
 
 def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int = 20,
-                 logits: str = "all", skip: Callable[[Any], bool] | None = None
-                 ) -> tuple[KernelTiming, ...]:
+                 logits: str = "all", skip: Callable[[Any], bool] | None = None,
+                 resident: bool = False) -> tuple[KernelTiming, ...]:
     """Each distinct launch of the decode step (``mode="prefill"``: of the prefill of a
     ``rows``-token prompt, with ``logits`` as prefill_program takes it) timed alone, its inputs
     rotated across copies; the expert kernels' copies route to other experts instead
     (``expert_ids_arg``). ``skip(kernel)``, given a planned kernel, leaves out those it is true
-    of (``met tune``: the kernels an earlier alternative's timing already holds)."""
+    of (``met tune``: the kernels an earlier alternative's timing already holds). ``resident``:
+    one set of inputs every run instead (the expert kernels' routed once), so that whatever fits
+    in the last-level cache is read from it: the time a prefetch of the kernel's bytes into L2
+    ahead of it could reach, against the figure from memory."""
     prog = (decode_program(engine, rows) if mode == "decode"
             else prefill_program(engine, rows, logits=logits))
     plan = engine.plan(mode, rows, logits=logits)
@@ -180,7 +183,8 @@ def kernel_times(engine: Any, rows: int, *, mode: str = "decode", repeats: int =
             fixed = weight_args(ln.arg_names, weights) | {ids}
             rotate = [j for j in rotate if j not in fixed]
         in_bytes = sum(getattr(args[j], "nbytes", 0) for j in rotate)
-        copies = 8 if ids is not None else max(1, min(8, 4 * CACHE_BYTES // max(in_bytes, 1) + 1))
+        copies = (1 if resident else 8 if ids is not None
+                  else max(1, min(8, 4 * CACHE_BYTES // max(in_bytes, 1) + 1)))
         rng = np.random.default_rng(0)
         sets, owned = [] if ids is not None else [tuple(args)], []
         for _ in range(copies - len(sets)):

@@ -125,6 +125,45 @@ def test_kernel_times_route_the_expert_kernels_to_other_experts(monkeypatch, mod
         assert shared[family] >= (2 if "gate_up" in family else 1), family
 
 
+def test_resident_kernel_times_run_one_set_of_inputs_every_time(monkeypatch):
+    """kernel_times(resident=True) times each kernel on one set of inputs, every argument the
+    same buffer run after run (so what fits in L2 stays there); the expert kernels' set is
+    routed once, to valid distinct experts, never the step's own unwritten ids. Without it a
+    dense kernel's inputs rotate over several copies."""
+    import numpy as np
+
+    from metrale.runtime import bench as rb
+    from metrale.runtime.engine import Engine
+
+    sets_of: dict[str, dict[bool, list]] = {}
+    with Engine.load("tiny-gpt-oss", max_ctx=64, slots=2) as eng:
+        P = eng.plan("decode", 2).hw_target.presentation
+        resident = [False]
+
+        def record(be, lns, chains, repeats):
+            k = lns[0].kernel
+            sets = [chain[0] for chain in chains]
+            at = rb.expert_ids_arg(P.family(k.family), k.inputs, lns[0].arg_names)
+            ids = [be.copy_d2h(s[at]).view(np.int32) for s in sets] if at is not None else None
+            sets_of.setdefault(k.family, {})[resident[0]] = (sets, ids)
+            return 1e-6
+
+        monkeypatch.setattr(rb, "_time_launches", record)
+        rb.kernel_times(eng, 2, repeats=2)
+        resident[0] = True
+        timed = rb.kernel_times(eng, 2, repeats=2, resident=True)
+        top_k, experts = eng.config.num_experts_per_tok, eng.config.num_experts
+    assert {t.family for t in timed} == set(sets_of)
+    for family, modes in sets_of.items():
+        sets, ids = modes[True]
+        assert len(sets) == 1, family
+        if ids is not None:
+            rows = ids[0].reshape(2, top_k)
+            assert rows.min() >= 0 and rows.max() < experts
+            assert all(len(set(row)) == top_k for row in rows.tolist())
+    assert len(sets_of["rmsnorm"][False][0]) > 1  # rotated where not resident
+
+
 def test_a_device_fault_while_timing_names_the_kernel(monkeypatch):
     """A graph replay that faults knows no kernel; kernel_times names the one it was timing."""
     from metrale.lkb.errors import DeviceFault
