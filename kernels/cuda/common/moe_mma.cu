@@ -11,10 +11,7 @@
 // weight), not for their products. grid (ceil(outputs / 16), rows * top_k), block 32 WARPS.
 //
 // The expert id comes from the router's launch, so a block waits for it (grid_dependency_sync)
-// before its first weight load; an id outside [0, e) traps. Once it has the id the block asks
-// L2 for its whole slice of the expert (rows_prefetch: one bulk prefetch of its rows, one of
-// their scales), so its warps' rounds of register loads, one or two in flight, meet their bytes
-// in L2 rather than each waiting on DRAM. Row-invariant: a (row, slot)'s
+// before its first weight load; an id outside [0, e) traps. Row-invariant: a (row, slot)'s
 // outputs are made of its own activation row and expert by the same instructions whatever the
 // other rows hold. Defines: ACT_BF16, WEIGHT_*, K_BLOCK.
 //
@@ -32,9 +29,6 @@
 #if defined(WEIGHT_MXFP4) && !defined(GEMV_MMA_GATE_UP_BLOCKS)
 #define GEMV_MMA_GATE_UP_BLOCKS 6
 #endif
-#ifndef MOE_PREFETCH
-#define MOE_PREFETCH 1
-#endif
 #include "gemv_mma.cuh"
 #include "moe_clamp.cuh"
 
@@ -44,61 +38,6 @@ __device__ __forceinline__ long moe_expert(const int* ids, int rs, int e) {
     const int ex = ids[rs];
     if (ex < 0 || ex >= e) __trap();  // an expert id out of range: a loud fault
     return ex;
-}
-
-// Bytes of one weight row of k columns, and of its scales (0 where the format has none).
-__host__ __device__ constexpr long row_bytes(int k) {
-#if defined(WEIGHT_BF16)
-    return 2L * k;
-#elif defined(WEIGHT_FP8)
-    return k;
-#else
-    return k / 2;
-#endif
-}
-__host__ __device__ constexpr long row_scale_bytes(int k) {
-#if defined(WEIGHT_FP8)
-    return 4;
-#elif defined(WEIGHT_MXFP4)
-    return k / 32;
-#elif defined(WEIGHT_NVFP4)
-    return k / 16;
-#else
-    return 0;
-#endif
-}
-
-// Ask L2 for bytes [begin, end) of a tensor of `size` bytes at `base` (a hint: nothing is
-// written, and a byte that arrives late is loaded as ever). MOE_PREFETCH 1: one bulk prefetch
-// by the block's first thread (the Tensor Memory Accelerator's, sm_90 and later), the span
-// widened to 16-byte bounds inside the tensor; 2, or 1 below sm_90: a line prefetch a thread
-// and 128 bytes.
-__device__ __forceinline__ void prefetch_span(const void* base, long begin, long end, long size) {
-    const char* b = (const char*)base;
-#if MOE_PREFETCH == 1 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    begin &= ~15L;
-    end = min((end + 15) & ~15L, size & ~15L);
-    if (threadIdx.x == 0 && end > begin)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b + begin),
-                     "r"((unsigned)(end - begin))
-                     : "memory");
-#else
-    for (long at = (begin & ~127L) + 128L * threadIdx.x; at < end; at += 128L * blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(b + at));
-#endif
-}
-
-// Weight rows [r0, r1) of a tensor of `rows` rows of k columns, and their scales, asked of L2
-// as soon as the block knows its expert: its warps' register loads then meet most of their
-// bytes in L2, where each round waited for DRAM (Nsight Compute on an H100: gpt-oss-20b's
-// experts stalled 37 % of their samples on the first use of a round's loads).
-__device__ __forceinline__ void rows_prefetch(WeightRef w, long r0, long r1, long rows, int k) {
-#if MOE_PREFETCH
-    prefetch_span(w.data, r0 * row_bytes(k), r1 * row_bytes(k), rows * row_bytes(k));
-    if (row_scale_bytes(k))
-        prefetch_span(w.scale, r0 * row_scale_bytes(k), r1 * row_scale_bytes(k),
-                      rows * row_scale_bytes(k));
-#endif
 }
 
 // The thread that finishes output column m of the block's 16 (activation row 0), or -1.
@@ -125,8 +64,6 @@ metrale_moe_gate_up_swiglu_gemv_mma(const act_t* __restrict__ x, const int* __re
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * n;
     const WeightRef g = weight_ref(wg, wg_scale, wg_global), u = weight_ref(wu, wu_scale, wu_global);
-    rows_prefetch(g, base + n0, base + min(n0 + GROUP, n), (long)e * n, k);
-    rows_prefetch(u, base + n0, base + min(n0 + GROUP, n), (long)e * n, k);
     gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(j ? u : g, base + min(n0 + m, n - 1), k); },
@@ -147,7 +84,6 @@ __device__ __forceinline__ void moe_down_mma(const act_t* h, const int* ids, Wei
     const int rs = blockIdx.y, c0 = blockIdx.x * GROUP;
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * k;
-    rows_prefetch(w, base + c0, base + min(c0 + GROUP, k), (long)e * k, n);
     gemv_mma_partials<1, GEMV_MMA_AHEAD>(
         h + (long)rs * n, 1, n,
         [&](int, int m) { return weight_rows(w, base + min(c0 + m, k - 1), n); }, gemv_mma_part);
@@ -192,7 +128,6 @@ metrale_moe_gate_up_clamp_gemv_mma(const act_t* __restrict__ x, const int* __res
     if (rs >= rows * top_k) return;
     const long base = moe_expert(ids, rs, e) * 2 * n;
     const WeightRef w = weight_ref(wgu, wgu_scale, wgu_global);
-    rows_prefetch(w, base + 2 * n0, base + 2 * min(n0 + GROUP, n), (long)e * 2 * n, k);
     gemv_mma_partials<2, GEMV_MMA_GATE_UP_AHEAD>(
         x + (long)(rs / top_k) * k, 1, k,
         [&](int j, int m) { return weight_rows(w, base + 2 * min(n0 + m, n - 1) + j, k); },
