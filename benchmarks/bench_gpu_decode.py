@@ -426,6 +426,8 @@ def main() -> None:
                     help="seconds into the peers (which run after every Metrale step) after "
                          "which torch.compile peers are skipped (device time)")
     args = ap.parse_args()
+    if args.l2_resident and not args.kernels:
+        ap.error("--l2-resident times each kernel a second time: give --kernels too")
     withouts = [(names, without_relations(names)) for names in args.without]
     variants = {folder: folder for folder in filter(None, args.kernels_dirs.split(","))}
     if args.priority_too:

@@ -163,3 +163,23 @@ def test_rounds_time_the_shipped_step_and_each_variant_in_turn_and_keep_medians(
     out = capsys.readouterr().out
     assert "5.000 ms (median of 3: 4.000-6.000 ms)" in out
     assert "without qkv_concat 9.000 ms (median of 3: 8.000-10.000 ms) (9 launches, same" in out
+
+
+def test_l2_resident_times_are_printed_beside_the_from_memory_ones_and_need_kernels(
+        monkeypatch, capsys):
+    """--l2-resident without --kernels is a usage error (exit 2, the flag named), not a run that
+    silently times nothing; the profile prints each kernel's L2-resident time beside its time
+    from memory, and their sum beside the summed medians."""
+    monkeypatch.setattr(sys, "argv", ["bench_gpu_decode.py", "qwen3-0.6b", "--l2-resident"])
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert e.value.code == 2 and "--l2-resident" in capsys.readouterr().err
+    kernels = [{"point": "qkv[act=bf16]", "count": 2, "seconds": 10e-6, "resident_s": 6e-6,
+                "bytes_per_s": 2e12},
+               {"point": "rmsnorm[act=bf16]", "count": 1, "seconds": 2e-6, "resident_s": 2e-6,
+                "bytes_per_s": 1e10}]
+    bench.print_kernels(kernels, 23e-6)
+    out = capsys.readouterr().out
+    assert "sum of kernel medians 0.022 ms" in out
+    assert "sum with each kernel's inputs resident in L2 0.014 ms" in out
+    assert "10.0 us" in out and "(L2-resident 6.0 us)" in out
