@@ -430,3 +430,29 @@ def test_the_transform_examples_hold():
 
     result = doctest.testmod(simt, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_build_is_keyed_by_its_own_headers_only(tmp_path):
+    """Editing a header changes the key (so the library is rebuilt) of the sources that include
+    it, directly or through another header, and of no other source."""
+    common = tmp_path / "cuda" / "common"
+    common.mkdir(parents=True)
+    (common / "a.cuh").write_text("#pragma once\nconstexpr int A = 1;\n")
+    (common / "b.cuh").write_text('#pragma once\n#include "a.cuh"\n')
+    (common / "c.cuh").write_text("#pragma once\nconstexpr int C = 3;\n")
+    (common / "uses_b.cu").write_text('#include "b.cuh"\n')
+    (common / "uses_c.cu").write_text('#include "c.cuh"\n')
+
+    def keys():
+        return {s: simt._inputs(f"cuda/common/{s}", ("X=1",), {"e": ("ptr",)}, tmp_path)[1]
+                for s in ("uses_b.cu", "uses_c.cu")}
+
+    before = keys()
+    files, _ = simt._inputs("cuda/common/uses_b.cu", (), {}, tmp_path)
+    assert set(files) == {"uses_b.cu", "a.cuh", "b.cuh"}  # the closure, not the folder
+    (common / "a.cuh").write_text("#pragma once\nconstexpr int A = 2;\n")
+    after = keys()
+    assert after["uses_b.cu"] != before["uses_b.cu"]  # through b.cuh
+    assert after["uses_c.cu"] == before["uses_c.cu"]
+    assert simt._inputs("cuda/common/uses_c.cu", ("X=2",), {"e": ("ptr",)}, tmp_path)[1] \
+        != after["uses_c.cu"]  # the defines are part of the key

@@ -322,23 +322,29 @@ def _runtime(build_dir: Path, defines: tuple[str, ...]) -> Path:
     return out
 
 
+def _inputs(source: str, defines: tuple[str, ...], entries: Mapping[str, tuple[str, ...]],
+            kernels: Path = KERNELS) -> tuple[dict[str, str], str]:
+    """The texts a build of ``source`` compiles (the source and the headers it includes, by
+    spelling, found as the production build finds them) and its key: their content, the
+    emulator's, this module's, the defines and the entries."""
+    from metrale.realize.kernel import source_identity
+
+    text, _, headers, digest = source_identity(kernels, source, ("cuda/common",))
+    own = b"".join(p.read_bytes() for p in (HERE / "simt.hpp", HERE / "simt.cpp", Path(__file__)))
+    key = hashlib.sha256(digest.encode() + own
+                         + repr((source, defines, sorted(entries.items()))).encode())
+    return {Path(source).name: text, **headers}, key.hexdigest()[:20]
+
+
 def build(build_dir: Path, source: str, defines: tuple[str, ...],
           entries: Mapping[str, tuple[str, ...]]) -> Library:
-    """``kernels/<source>`` (and every header of its folder, then of the common NVIDIA layer,
-    which a class's own sources include) transformed, with the trampolines of ``entries``
-    (entry -> argument types), compiled for the host with ``defines``: once per content (the
-    sources, the emulator, this module, the defines and entries) in ``build_dir``, which the
-    run's workers, and later runs, share."""
-    files: dict[str, Path] = {}
-    for folder in (KERNELS / Path(source).parent, KERNELS / "cuda" / "common"):
-        for p in sorted(folder.iterdir()):
-            if p.suffix in (".cu", ".cuh"):
-                files.setdefault(p.name, p)
-    runtime = [HERE / "simt.hpp", HERE / "simt.cpp"]
-    key = hashlib.sha256(b"".join(p.read_bytes()
-                                  for p in (*files.values(), *runtime, Path(__file__)))
-                         + repr((source, defines, sorted(entries.items()))).encode()
-                         ).hexdigest()[:20]
+    """``kernels/<source>`` and the headers it includes (looked up in its folder, then in the
+    common NVIDIA layer, as the build looks them up) transformed, with the trampolines of
+    ``entries`` (entry -> argument types), compiled for the host with ``defines``: once per
+    content (the source and its headers, the emulator, this module, the defines and entries) in
+    ``build_dir``, which the run's workers, and later runs, share; an edit to a header rebuilds
+    only the sources that include it."""
+    files, key = _inputs(source, defines, entries)
     out = build_dir / f"{Path(source).stem}_{key}.so"
     if out.is_file():
         return Library(out, entries)
@@ -347,8 +353,8 @@ def build(build_dir: Path, source: str, defines: tuple[str, ...],
         if not out.is_file():
             work = build_dir / f"src_{key}"
             work.mkdir(exist_ok=True)
-            for name, p in files.items():
-                (work / name).write_text(transform(p.read_text()))
+            for name, body in files.items():
+                (work / name).write_text(transform(body))
             main = work / "simt_main.cpp"
             main.write_text(f'#include "simt.hpp"\n#include "{Path(source).name}"\n'
                             + _trampolines(entries) + "\n")
