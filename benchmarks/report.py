@@ -152,7 +152,7 @@ def decode_summary(doc: dict[str, Any] | None) -> str:
     context = d.doc.get("context")
     return (f"Decode step of the sm_90 plans{device}, ms, Metrale's exact / bounded policy; "
             + (f"{context} cached positions, " if context else "") + "random weights, CUDA "
-            "graph replay. " + _source("gpu_decode", d.command) + "\n\n"
+            "graph replay. " + _source("gpu_decode", d.command, d.doc.get("gpu")) + "\n\n"
             + _table(header, rows))
 
 
@@ -177,7 +177,7 @@ def decode_detail(doc: dict[str, Any] | None) -> str:
                              _ms(floor, 3),
                              DASH if best is None or not floor else f"{best / floor:.2f}×",
                              DASH if launches is None else f"{launches:.0f}"])
-    return _source("gpu_decode", d.command) + _copy_rate(d) + "\n\n" + _table(header, rows)
+    return _source("gpu_decode", d.command, d.doc.get("gpu")) + _copy_rate(d) + "\n\n" + _table(header, rows)
 
 
 def decode_peers(doc: dict[str, Any] | None) -> str:
@@ -198,7 +198,7 @@ def decode_peers(doc: dict[str, Any] | None) -> str:
     if not rows:
         return ("The committed decode run measured no peer (it ran with `--no-hf`); "
                 f"`{d.command.replace(' --no-hf', '')}` measures them in the same process.")
-    return (_source("gpu_decode", d.command) + " In brackets: the peer's time over "
+    return (_source("gpu_decode", d.command, d.doc.get("gpu")) + " In brackets: the peer's time over "
             "Metrale's.\n\n" + _table(["model", "batch", "Metrale exact bf16 ms",
                                        *(n for _, n in fields)], rows))
 
