@@ -9,13 +9,10 @@ A kernel's cost is, in order of preference:
    for the device the plan is costed for, ``|log2|`` of the bandwidths' ratio for another the
    class knows, 1 for one it does not; the newest of equals). An engine's plans are costed for
    its device, others for the class's representative one. So an H200 plan of 8 rows takes an
-   H100's record at 8 rows (distance 0.5) before an H200's at 2,048 (8). A record counts only
-   where the kernel launches the entries it timed (a GEMV's multi-row entry, from 2 rows, is
-   not its one-row entry). At another shape the measured time is carried there by the
-   analytic model in its two parts (:func:`rescale`: the launches' and the work's, each
-   scaled as the model's); at the shape, from another device the class knows (its
-   ``[device]`` or ``[[peers]]``), it takes the model's difference between the two devices,
-   what the model does not explain (issue, latency) being the same on both;
+   H100's record at 8 rows (distance 0.5) before an H200's at 2,048 (8). At another shape, or
+   from another device the class knows (its ``[device]`` or ``[[peers]]``), the measured time
+   is carried there by the analytic model in its two parts (:func:`rescale`: the launches'
+   and the work's, each scaled as the model's);
 2. **model**: ``max(bytes / bandwidth, FLOPs / rate) + launches × launch latency``, from the
    class's ``HARDWARE.toml`` (the costed device's bandwidth, ``[device]`` or a ``[[peers]]``
    entry, else the representative's; ``[cost]`` rates and latency; a class
@@ -324,8 +321,7 @@ class CostModel:
         here = self.parts(box, fam, kernel, env)
         model_us, model_src = here.us, here.source
         if kernel is not None:
-            found = self._nearest(fam.name, str(kernel.point), kernel.source_hash, shape,
-                                  self._entries(box, fam, kernel))
+            found = self._nearest(fam.name, str(kernel.point), kernel.source_hash, shape)
             if found is not None:
                 rec, at = found
                 # another device's record: scaled by the model at the two devices' figures
@@ -336,10 +332,7 @@ class CostModel:
                     return Cost(rec.value, said)
                 there = self.parts(box, fam, kernel, {**sizes, **at},
                                    device=rec.device if other else None)
-                # the same shape on a peer device: what the model does not explain (issue,
-                # latency) is the same on both, so only the modelled difference carries over
-                scaled = (max(rec.value + here.us - there.us, here.launch_us) if at == shape
-                          else rescale(rec.value, there, here))
+                scaled = rescale(rec.value, there, here)
                 to = " on ".join(filter(None, ("" if at == shape else _shape_text(shape),
                                                 self.device if other else "")))
                 return Cost(scaled, f"{said}, scaled by the model to {to}")
@@ -404,49 +397,26 @@ class CostModel:
         return us, (f"; links: {_num(link.latency_us)} µs + {_si(sent)}B / "
                     f"{_num(link.bandwidth_gbs)} GB/s{nominal}")
 
-    def _entries(self, box: Box, fam: Family, kernel: Any
-                 ) -> Callable[[Mapping[str, int | float]], tuple[str, ...]]:
-        """The entries ``kernel`` launches at a shape of ``box`` (the circuit's sizes, the
-        family's dims at the shape): a record counts for the code it timed, so one made where
-        other entries run (a multi-row GEMV's ``_rows8`` against the one-row entry) prices
-        nothing here."""
-        from metrale.realize.kernel import box_numbers
-
-        base = {**box_numbers(box, fam, dict(self.sizes)), **dict(self.sizes)}
-
-        def entries(shape: Mapping[str, int | float]) -> tuple[str, ...]:
-            if kernel.launch is None:
-                return ()
-            try:
-                return tuple(e for e, _, _ in kernel.launches_for({**base, **shape}))
-            except Exception:  # noqa: BLE001 - no launch there: nothing it could price
-                return ("",)
-        return entries
-
     def _nearest(self, family: str, point: str, source_hash: str,
-                 shape: Mapping[str, int | float],
-                 entries: Callable[[Mapping[str, int | float]], tuple[str, ...]] | None = None
-                 ) -> tuple[Any, dict] | None:
+                 shape: Mapping[str, int | float]) -> tuple[Any, dict] | None:
+        best = None
         key = ("time", family, point, source_hash)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = _time_records(self.evidence, self.hw.name, family, point,
                                                     source_hash)
-        ranked = []
-        for i, (r, at) in enumerate(found):
+        for r, at in found:
             if not set(at) <= set(shape):
                 continue
             # a record made before one of the shape's numbers counted (an attribute) matches
             # whatever its value, a unit further than a record that names it
             d = sum(abs(math.log2(max(at[k], 1e-9) / max(shape[k], 1e-9))) if shape[k] > 0
                     or at[k] > 0 else 0.0 for k in at) + len(set(shape) - set(at))
-            ranked.append(((d + self._device_distance(r.device), r.device != self.device,
-                            _neg_date(r.date), i), r, at))
-        mine = entries(shape) if entries is not None and ranked else None
-        for _, r, at in sorted(ranked, key=lambda c: c[0]):  # the nearest that timed our code
-            if mine is None or entries({**shape, **at}) == mine:
-                return r, at
-        return None
+            rank = (d + self._device_distance(r.device), r.device != self.device,
+                    _neg_date(r.date))
+            if best is None or rank < best[0]:
+                best = (rank, r, at)
+        return None if best is None else (best[1], best[2])
 
     def _device_distance(self, device: str) -> float:
         """How far a record made on ``device`` is from the costed device, in the shape
