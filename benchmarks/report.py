@@ -177,7 +177,8 @@ def decode_detail(doc: dict[str, Any] | None) -> str:
                              _ms(floor, 3),
                              DASH if best is None or not floor else f"{best / floor:.2f}×",
                              DASH if launches is None else f"{launches:.0f}"])
-    return _source("gpu_decode", d.command, d.doc.get("gpu")) + _copy_rate(d) + "\n\n" + _table(header, rows)
+    return (_source("gpu_decode", d.command, d.doc.get("gpu")) + _copy_rate(d) + "\n\n"
+            + _table(header, rows))
 
 
 def decode_peers(doc: dict[str, Any] | None) -> str:
@@ -198,9 +199,9 @@ def decode_peers(doc: dict[str, Any] | None) -> str:
     if not rows:
         return ("The committed decode run measured no peer (it ran with `--no-hf`); "
                 f"`{d.command.replace(' --no-hf', '')}` measures them in the same process.")
-    return (_source("gpu_decode", d.command, d.doc.get("gpu")) + " In brackets: the peer's time over "
-            "Metrale's.\n\n" + _table(["model", "batch", "Metrale exact bf16 ms",
-                                       *(n for _, n in fields)], rows))
+    return (_source("gpu_decode", d.command, d.doc.get("gpu"))
+            + " In brackets: the peer's time over Metrale's.\n\n"
+            + _table(["model", "batch", "Metrale exact bf16 ms", *(n for _, n in fields)], rows))
 
 
 def decode_run(doc: dict[str, Any] | None, name: str) -> str:
