@@ -38,6 +38,7 @@ import argparse
 import datetime
 import functools
 import hashlib
+import itertools
 import statistics
 import sys
 import tempfile
@@ -85,6 +86,7 @@ SHAPES = [
     ("llama-3.1-8b", "down", "linear", {"k": 14336, "n": 4096}),
     ("qwen3-0.6b", "lm_head", "lm_head", {"k": 1024, "n": 151936}),
     ("llama-3.1-8b", "lm_head", "lm_head", {"k": 4096, "n": 128256}),
+    ("qwen3-0.6b", "down_add", "linear_add", {"k": 3072, "n": 1024}),
     ("llama-3.1-8b", "down_add", "linear_add", {"k": 14336, "n": 4096}),
 ]
 """Each layer's matmuls as the prefill plans launch them (o_proj and down_proj plain: the
@@ -130,13 +132,15 @@ def runs_in(family: str, fmt: str) -> bool:
 
 
 @cache
-def realized(family: str, weight: str, shape: str = "gemm", hw: str = "sm_90") -> Any:
-    """The ``hw`` kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``."""
+def realized(family: str, weight: str, shape: str = "gemm", hw: str = "sm_90",
+             k_block: int = 256) -> Any:
+    """The ``hw`` kernel of ``family``'s ``shape`` point with bf16 activations and ``weight``
+    (k in blocks of ``k_block``: 16 is the one chain of the bounded ``chain_*`` relations)."""
     from metrale.lkb.presentation import Presentation
     from metrale.realize.functor import realization
 
     P = Presentation.load()
-    point = P.family(family).point(act="bf16", weight=weight, shape=shape, k_block=256,
+    point = P.family(family).point(act="bf16", weight=weight, shape=shape, k_block=k_block,
                                    across="sequential",
                                    **({"out": "f32"} if family == "lm_head" else {}))
     return realization(hw, presentation=P).realize(point)
@@ -395,9 +399,9 @@ class Launch:
     bf16 torch tensor (the weights concatenated)."""
 
     def __init__(self, cp: Any, torch: Any, tmp: Path, family: str, dims: dict[str, int],
-                 fmt: str) -> None:
+                 fmt: str, k_block: int = 256) -> None:
         self.family, self.dims, self.fmt = family, dims, fmt
-        self.gemm = Built(cp, tmp, realized(family, fmt, "gemm"))
+        self.gemm = Built(cp, tmp, realized(family, fmt, "gemm", k_block=k_block))
         self._built = (cp, tmp)
         rng = np.random.default_rng(dims["k"])
         self.widths = widths(family, dims)
@@ -472,6 +476,7 @@ def bench_case(cp: Any, torch: Any, lc: Launch, model: str, name: str, rows: int
     nbytes = sum(w["bytes"] for w in lc.ws) + 2 * rows * k + (4 if f32_out else 2) * rows * n_total
     floor = max(flops / TENSOR_PEAK, nbytes / rate)
     out = {"model": model, "launch": name, "family": family, "weight": lc.fmt, "rows": rows,
+           "k_block": dict(gemm.kernel.point.params)["k_block"],
            "point": str(gemm.kernel.point), "source_hash": gemm.kernel.source_hash,
            "seconds": t, "peer_seconds": t_peer, "tflops": flops / t / 1e12,
            "peer_tflops": flops / t_peer / 1e12, "vs_peer": t_peer / t, "floor_s": floor,
@@ -721,6 +726,9 @@ def main() -> None:
                     help="rows each launch is timed at (empty: no launches, steps only)")
     ap.add_argument("--weights", default="bf16,fp8,mxfp4,f32")
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
+    ap.add_argument("--k-blocks", default="256,16",
+                    help="the gemm points' k_block values to time: 256, and 16 (bf16 weights "
+                         "from 128 rows: the bounded chain_* relations' points)")
     ap.add_argument("--gemv-rows", type=int, default=64,
                     help="also time the GEMV (decode) kernel at rows up to this many")
     ap.add_argument("--steps", default="512,2048",
@@ -772,19 +780,23 @@ def main() -> None:
         for model, name, family, dims in SHAPES:
             if model not in args.models.split(","):
                 continue
-            for fmt in args.weights.split(","):
-                if not runs_in(family, fmt):
+            for fmt, k_block in itertools.product(args.weights.split(","),
+                                                  map(int, args.k_blocks.split(","))):
+                if not runs_in(family, fmt) or k_block != 256 and fmt != "bf16":
                     continue
-                lc = Launch(cp, torch, Path(tmp), family, dims, fmt)
+                lc = Launch(cp, torch, Path(tmp), family, dims, fmt, k_block)
                 for rows in rows_list:
-                    c = bench_case(cp, torch, lc, model, name, rows, rate, args.gemv_rows)
+                    if k_block != 256 and rows < 128:
+                        continue  # gemm_chain.cu's limits: a row tile at least
+                    c = bench_case(cp, torch, lc, model, name, rows, rate,
+                                   args.gemv_rows if k_block == 256 else 0)
                     cases.append(c)
                     gemv = (f"; GEMV {c['gemv_seconds'] * 1e6:.1f} us (x{c['gemv_vs_gemm']:.2f})"
                             if "gemv_seconds" in c else "")
                     gemv += (f"; shadowed {c['shadowed_entry']} "
                              f"{c['shadowed_seconds'] * 1e6:.1f} us (x{c['shadowed_vs_gemm']:.2f})"
                              if "shadowed_seconds" in c else "")
-                    print(f"{model:<13} {name:<8} {fmt:<6} rows {rows:>5}: "
+                    print(f"{model:<13} {name:<8} {fmt:<6} k_block {k_block:>3} rows {rows:>5}: "
                           f"{c['seconds'] * 1e6:9.1f} us {c['tflops']:6.0f} TFLOP/s "
                           f"(cuBLAS bf16 {c['peer_seconds'] * 1e6:9.1f} us, x{c['vs_peer']:.2f}; "
                           f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}"

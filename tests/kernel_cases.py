@@ -16,6 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from metrale.lkb.errors import LaunchError
 from metrale.lkb.family import Family, Point
 from metrale.lkb.quant import QuantFormat
 from metrale.lkb.semantics import SEMANTICS
@@ -140,6 +141,46 @@ def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
             and any(port.dims[:1] == ("rows",) for port in f.outputs)]
 
 
+def fewest_rows(fam: Family, kernel: Any) -> int:
+    """1, or 128 where the kernel's limits refuse a launch of fewer rows (gemm_chain.cu: a row
+    tile): the checks launch a kernel at its family's example sizes past this."""
+    try:
+        kernel.launches_for({**sizes_for(fam, 1), **dict(fam.attr_examples)})
+    except LaunchError:
+        return 128
+    return 1
+
+
+def check_rows(fam: Family, kernel: Any) -> int:
+    """The rows a check launches ``kernel`` at: 3, or two past its fewest (:func:`fewest_rows`)."""
+    least = fewest_rows(fam, kernel)
+    return 3 if least == 1 else least + 2
+
+
+def row_window(fam: Family, kernel: Any) -> tuple[int, slice]:
+    """(rows, part) for :func:`check_row_invariance`: row 5 of 8, or for a kernel of a row
+    floor, that many rows from row 2 of a launch that has two floors and four rows more."""
+    least = fewest_rows(fam, kernel)
+    return (8, slice(5, 6)) if least == 1 else (2 * least + 4, slice(2, 2 + least))
+
+
+def check_either_width(fam: Family, point: Point, kernel: Any, runner: Runner,
+                       sizes: dict[str, int]) -> None:
+    """gemm_chain.cu's plain entries give the same bytes in 256-wide tiles and in 128-wide ones
+    (m64n256k16 and m64n128k16 wgmmas: the same chain of 16-wide steps an output), which the
+    launch picks by whether the wide tiles fill the multiprocessors (``sms`` bound here to one,
+    then to more than any launch has tiles), so a row's bytes do not depend on the rows."""
+    _, device = inputs(fam, point, sizes, seed=13)
+    numbers = {**sizes, **dict(fam.attr_examples)}
+    outs = []
+    for sms in (1, 1 << 20):
+        assert kernel.sizes({**numbers, "sms": sms})["wide"] == (sms == 1), sms
+        outs.append(runner(fam, point, sizes, device, {"sms": sms}))
+    for port, wide, narrow in zip(fam.outputs, *outs, strict=True):
+        assert np.isfinite(wide.astype(np.float32)).all(), f"{point} {port.name}"
+        assert wide.tobytes() == narrow.tobytes(), f"{point} {port.name}"
+
+
 def check_row_invariance(fam: Family, point: Point, runner: Runner, rows: int = 8,
                          part: slice = slice(5, 6), dims: dict[str, int] | None = None) -> None:
     """Rows ``part`` of a ``rows``-row launch (row 5 of 8 unless told) have the bytes of the
@@ -173,9 +214,11 @@ def relation_cases(F: Any) -> list:
             if v.status == "bit_identical"]
 
 
-def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner) -> None:
+def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner,
+                   rows: int | None = None) -> None:
     """Both sides of ``rel`` at ``rhs``, run call by call through ``runner`` on the same inputs
-    (the rhs call's ports generated as it wants them), give equal bytes."""
+    (the rhs call's ports generated as it wants them), give equal bytes; ``rows`` in place of
+    the relation's example rows (for kernels with a row floor, :func:`check_rows`)."""
     from metrale.lkb.check import _sizes as relation_sizes
 
     sizes, u = relation_sizes(rel, P)
@@ -186,7 +229,7 @@ def check_relation(rel: Any, rhs: Point, P: Any, runner: Runner) -> None:
         for port in (*fam.inputs, *fam.outputs):
             for d in port.dims:
                 if isinstance(d, str):
-                    out[d] = sizes[u.find((which, idx, d))]
+                    out[d] = rows if d == "rows" and rows else sizes[u.find((which, idx, d))]
         return out
 
     rhs_call = rel.rhs.calls[0]
@@ -509,6 +552,13 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
     host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
     compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)),
             runner(fam, point, sizes, device))
+
+
+def chain_point(fam: Family) -> Point:
+    """``fam``'s bf16 gemm point whose k is one chain of 16-wide steps (sm_90's gemm_chain.cu);
+    lm_head's gives f32 logits."""
+    return fam.point(**{**GEMM, "k_block": 16}, weight="bf16",
+                     **({"out": "f32"} if fam.name == "lm_head" else {}))
 
 
 def use_shape(eng: Any, mode: str, rows: int, shape: str) -> None:

@@ -29,7 +29,9 @@ from tests.kernel_cases import (  # noqa: E402
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
+    chain_point,
     check_combine_norm_hard_values,
+    check_either_width,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
@@ -39,6 +41,7 @@ from tests.kernel_cases import (  # noqa: E402
     check_prefill_attention,
     check_relation,
     check_row_invariance,
+    check_rows,
     check_rows_alone,
     compare,
     inputs,
@@ -48,6 +51,7 @@ from tests.kernel_cases import (  # noqa: E402
     mxfp4_scaled_inputs,
     relation_cases,
     row_invariant_points,
+    row_window,
     seed_of,
     sizes_for,
     skip_unless_k_fits,
@@ -178,7 +182,7 @@ def _run_gpu(gpu, fam: Family, point: Point, sizes: dict[str, int], device: dict
 @pytest.mark.parametrize("fam,point", _points(), ids=lambda x: str(x) if isinstance(x, Point)
                          else "")
 def test_kernel_matches_reference(gpu, fam, point):
-    sizes = sizes_for(fam, 3)
+    sizes = sizes_for(fam, check_rows(fam, F.realize(point)))
     host, device = inputs(fam, point, sizes, seed=seed_of(point))
     ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
     got = _run_gpu(gpu, fam, point, sizes, device)
@@ -316,14 +320,32 @@ def _row_invariant_points():
 @pytest.mark.parametrize("fam,point", _row_invariant_points(),
                          ids=lambda x: str(x) if isinstance(x, Point) else "")
 def test_row_invariance_on_device(gpu, fam, point):
-    check_row_invariance(fam, point, lambda *a: _run_gpu(gpu, *a))
+    check_row_invariance(fam, point, lambda *a: _run_gpu(gpu, *a),
+                         *row_window(fam, F.realize(point)))
 
 
 @pytest.mark.parametrize("rel,rhs", relation_cases(F),
                          ids=lambda x: str(x) if isinstance(x, Point) else x.name)
 def test_bit_identical_relations_hold_on_device(gpu, rel, rhs):
     """Both sides of a relation sm_90 declares bit-identical give equal bytes on the device."""
-    check_relation(rel, rhs, P, lambda *a: _run_gpu(gpu, *a))
+    check_relation(rel, rhs, P, lambda *a: _run_gpu(gpu, *a),
+                   rows=check_rows(P.family(rhs.family), F.realize(rhs)))
+
+
+@pytest.mark.parametrize("family,dims", [
+    ("linear", {"rows": 130, "k": 1096, "n": 300}),
+    ("lm_head", {"rows": 300, "k": 4096, "n": 520}),
+    ("linear_add", {"rows": 257, "k": 136, "n": 264}),
+    ("qkv", {"rows": 130, "k": 288, "nq": 264, "nk": 24, "nv": 40}),
+], ids=case_id)
+def test_chain_gemm_gives_the_same_bytes_in_either_tile_width(gpu, family, dims):
+    """gemm_chain.cu's m64n256k16 and m64n128k16 wgmmas give each output the same bytes on the
+    device: its tile width follows the rows, so the row invariance it declares rests on this."""
+    fam = P.family(family)
+    point = chain_point(fam)
+    check_either_width(fam, point, F.realize(point),
+                       lambda *a: _run_gpu(gpu, *a[:4], attrs=a[4]),
+                       {**sizes_for(fam, dims["rows"]), **dims})
 
 
 def _scratch_points():

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from metrale.lkb.errors import LaunchError
 from metrale.lkb.family import Family, Point
 from metrale.lkb.presentation import Presentation
 from metrale.lkb.semantics import SEMANTICS
@@ -33,7 +34,9 @@ from tests.kernel_cases import (
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
     case_id,
+    chain_point,
     check_combine_norm_hard_values,
+    check_either_width,
     check_gemm,
     check_gemm_exact,
     check_gemv_mma_mxfp4_scales,
@@ -43,6 +46,7 @@ from tests.kernel_cases import (
     check_prefill_attention,
     check_relation,
     check_row_invariance,
+    check_rows,
     check_rows_alone,
     compare,
     inputs,
@@ -52,6 +56,7 @@ from tests.kernel_cases import (
     prefill_point,
     relation_cases,
     row_invariant_points,
+    row_window,
     seed_of,
     sizes_for,
     skip_where_the_prefill_kernel_refuses,
@@ -171,7 +176,7 @@ def _cases() -> list[tuple[Family, Point]]:
 @pytest.mark.parametrize("fam,point", _cases(),
                          ids=lambda x: str(x) if isinstance(x, Point) else "")
 def test_kernel_matches_reference_on_the_emulation(build_dir, fam, point):
-    sizes = sizes_for(fam, 3)
+    sizes = sizes_for(fam, check_rows(fam, F.realize(point)))
     host, device = inputs(fam, point, sizes, seed=seed_of(point))
     ref = SEMANTICS[fam.semantics](*[h.copy() for h in host], **kwargs(fam, point))
     compare(point, fam, ref, run(build_dir, fam, point, sizes, device))
@@ -383,6 +388,75 @@ def test_tma_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
             assert w.tobytes() == g.tobytes(), (family, blocks)
 
 
+# (family, sizes) for gemm_chain.cu: rows past one tile of 128, ragged; columns past one tile of
+# 256 (gate_up_swiglu: 128), ragged, and odd (rows of an odd length: unaligned column pairs); k
+# with a short last stage (200 = 3 x 64 + 8), one stage, or many (1096: 18, so the four stages'
+# barriers turn their phases over several times)
+CHAIN_CASES = [
+    ("linear", {"rows": 130, "k": 200, "n": 300}),
+    ("linear", {"rows": 129, "k": 64, "n": 301}),
+    ("linear", {"rows": 200, "k": 1096, "n": 40}),
+    ("lm_head", {"rows": 128, "k": 288, "n": 520}),
+    ("linear_add", {"rows": 257, "k": 136, "n": 264}),
+    ("qkv", {"rows": 130, "k": 288, "nq": 264, "nk": 24, "nv": 40}),
+    ("gate_up_swiglu", {"rows": 140, "k": 544, "n": 136}),
+]
+
+
+@pytest.mark.parametrize("family,dims", CHAIN_CASES, ids=case_id)
+def test_chain_gemm_matches_reference(build_dir, family, dims):
+    """gemm_chain.cu against the reference of its point (k in blocks of 16 combined
+    sequentially) over ragged tiles in rows, columns and k, every output written."""
+    fam = P.family(family)
+    point = chain_point(fam)
+    kernel = F.realize(point)
+    assert kernel.source.endswith("gemm_chain.cu"), kernel.source
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
+    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)),
+            run(build_dir, fam, point, sizes, device))
+
+
+@pytest.mark.parametrize("family,dims", [CHAIN_CASES[2], CHAIN_CASES[5], CHAIN_CASES[6]],
+                         ids=case_id)
+def test_chain_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
+    """A block takes the launch's tiles in turn, its producer running into the next tile, so one
+    block or three give the bytes of the table's grid (row invariance: the generic test, at
+    row_window's rows)."""
+    fam = P.family(family)
+    point = chain_point(fam)
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    ((_, _, (grid, block, shared)),) = F.realize(point).launches_for(sizes)
+    assert grid[0] >= 2, grid
+    _, device = inputs(fam, point, sizes, seed=5)
+    want = run(build_dir, fam, point, sizes, device)
+    for blocks in (1, 3):
+        got = run(build_dir, fam, point, sizes, device,
+                  launch_shape=((blocks, 1, 1), block, shared))
+        for w, g in zip(want, got, strict=True):
+            assert np.isfinite(g.astype(np.float32)).all()
+            assert w.tobytes() == g.tobytes(), (family, blocks)
+
+
+@pytest.mark.parametrize("family,dims", [CHAIN_CASES[1], CHAIN_CASES[3], CHAIN_CASES[4],
+                                         CHAIN_CASES[5]], ids=case_id)
+def test_chain_gemm_gives_the_same_bytes_in_either_tile_width(build_dir, family, dims):
+    fam = P.family(family)
+    point = chain_point(fam)
+    check_either_width(fam, point, F.realize(point), _runner(build_dir),
+                       {**sizes_for(fam, dims["rows"]), **dims})
+
+
+def test_chain_gemm_is_refused_below_a_row_tile():
+    """Fewer rows than a tile are refused before anything runs (the blocked kernels split k
+    there), so the bounded relations leave those matmuls to them."""
+    fam = P.family("linear")
+    kernel = F.realize(chain_point(fam))
+    with pytest.raises(LaunchError, match="rows >= 128"):
+        kernel.launches_for({**sizes_for(fam, 127), "k": 256, "n": 256})
+    assert kernel.launches_for({**sizes_for(fam, 128), "k": 256, "n": 256})
+
+
 @pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("family,dims", [("linear", {"k": 544, "n": 136}),
                                          ("linear_add", {"k": 288, "n": 40}),
@@ -587,7 +661,7 @@ def test_shared_memory_past_the_launch_size_faults(build_dir):
 @pytest.mark.parametrize("fam,point", row_invariant_points(_cases(), F),
                          ids=lambda x: str(x) if isinstance(x, Point) else "")
 def test_row_invariance_on_the_emulation(build_dir, fam, point):
-    check_row_invariance(fam, point, _runner(build_dir))
+    check_row_invariance(fam, point, _runner(build_dir), *row_window(fam, F.realize(point)))
 
 
 @pytest.mark.parametrize("rel,rhs", [(r, p) for r, p in relation_cases(F)
@@ -597,7 +671,8 @@ def test_bit_identical_relations_hold_on_the_emulation(build_dir, rel, rhs):
     """Both sides of a relation sm_90 declares bit-identical give equal bytes on the emulation
     too (the device tests are the authority: the host compiler contracts no products into fused
     multiply-adds, nvcc may)."""
-    check_relation(rel, rhs, P, _runner(build_dir))
+    check_relation(rel, rhs, P, _runner(build_dir),
+                   rows=check_rows(P.family(rhs.family), F.realize(rhs)))
 
 @pytest.mark.parametrize("act", ["bf16", "f32"])
 @pytest.mark.parametrize("h,top_k", [(2880, 4), (100, 3)])

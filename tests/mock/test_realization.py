@@ -117,7 +117,7 @@ def test_every_nvidia_class_resolves_every_point_it_can(tree: Path) -> None:
             assert (SHIPPED / k.source).is_file()
             assert (k.provenance != "cuda") == (k.source in (
                 "sm_90/common/gemm_wgmma.cu", "sm_90/common/gemm_tma.cu",
-                "sm_90/common/attention_wgmma.cu")), k
+                "sm_90/common/gemm_chain.cu", "sm_90/common/attention_wgmma.cu")), k
 
 
 # --------------------------------------------------------------------------------- host
