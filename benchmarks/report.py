@@ -294,6 +294,9 @@ def prefill_command(doc: dict[str, Any] | None) -> str:
                                                QUANT_ORDER)),
                   "--rows", ",".join(str(n) for n in sorted({int(c["rows"]) for c in cases
                                                              if "rows" in c}))]
+        k_blocks = sorted({int(c.get("k_block", 256)) for c in cases}, reverse=True)
+        if k_blocks != [256]:
+            words += ["--k-blocks", ",".join(map(str, k_blocks))]
     else:
         words += ["--rows", '""']
     if steps:
@@ -352,8 +355,9 @@ def prefill_gemm(doc: dict[str, Any] | None) -> str:
     cases = [c for c in (doc or {}).get("cases", []) if isinstance(c, dict) and c.get("finite")]
     groups: dict[tuple, dict[int, list]] = {}
     for c in cases:
-        groups.setdefault((c.get("model"), c.get("weight")), {}).setdefault(
-            c.get("rows"), []).append(c)
+        # the bounded chain_* relations' points (k one chain of 16-wide steps) a row of their own
+        weight = c.get("weight") if c.get("k_block", 256) == 256 else f"{c.get('weight')}, k chain"
+        groups.setdefault((c.get("model"), weight), {}).setdefault(c.get("rows"), []).append(c)
     if not groups:
         return "The committed prefill run timed no GEMM (`benchmarks/results/gpu_prefill.json`)."
     peak = (doc or {}).get("tensor_peak")
@@ -380,7 +384,9 @@ def prefill_gemm(doc: dict[str, Any] | None) -> str:
     return (_source("gpu_prefill", prefill_command(doc), doc.get("gpu")) + " Each model's "
             "GEMM-shaped matmuls alone (one launch of each layer's, the head's and the last "
             "layer's down projection with its residual add); the peer is cuBLAS (torch.matmul in "
-            "bf16) on the same shapes.\n\n"
+            "bf16) on the same shapes" + ("; a \"k chain\" row times the points of the bounded "
+            "`chain_*` relations (k one chain of 16-wide steps, `gemm_chain.cu`)"
+            if any(c.get("k_block", 256) != 256 for c in cases) else "") + ".\n\n"
             + _table([*head, "best of the tensor peak"], rows))
 
 
