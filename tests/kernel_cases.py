@@ -539,15 +539,16 @@ def skip_unless_k_fits(weight: str, k: int) -> None:
 
 
 def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
-               runner: Runner, shape: str = "gemm") -> None:
-    """``family``'s tensor-core point (``shape`` gemm, or gemv_mma) in ``weight`` at ``dims``
-    (rows and the family's own sizes) against the reference on the dequantized weights, in the
-    bf16 tolerance; a format whose block does not divide k is skipped (fp8 takes any k)."""
+               runner: Runner, shape: str = "gemm", k_block: int = 256) -> None:
+    """``family``'s tensor-core point (``shape`` gemm, or gemv_mma; k in blocks of ``k_block``,
+    16 the chain_* relations' one chain) in ``weight`` at ``dims`` (rows and the family's own
+    sizes) against the reference on the dequantized weights, in the bf16 tolerance; a format
+    whose block does not divide k is skipped (fp8 takes any k)."""
     fam = P.family(family)
-    point = matmul_point(fam, shape, weight)
+    point = matmul_point(fam, shape, weight) if k_block == 256 else chain_point(fam)
     skip_unless_k_fits(weight, dims[reduced_dim(fam)])
-    assert any(e.endswith(("_mma", "_wgmma", "_tma")) for e in F.realize(point).entries), \
-        F.realize(point)
+    assert any(e.endswith(("_mma", "_wgmma", "_tma", "_chain"))
+               for e in F.realize(point).entries), F.realize(point)
     sizes = {**sizes_for(fam, dims["rows"]), **dims}
     host, device = inputs(fam, point, sizes, seed=dims["rows"] * 7 + dims["k"])
     compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)),

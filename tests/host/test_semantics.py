@@ -4,6 +4,8 @@ attention read and write exactly what they say."""
 
 from __future__ import annotations
 
+import unittest.mock
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -390,6 +392,19 @@ def test_blocked_matvec_follows_its_declared_blocks(rows, k, n, k_block, across,
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = k * U32 * (np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)) * 1.01
     assert (np.abs(got - exact) <= bound + 1e-30).all()
+
+
+@given(rows=st.integers(1, 4), k=st.integers(1, 300), n=st.integers(1, 30),
+       k_block=st.integers(1, 40), limit=st.integers(1, 400), seed=seeds)
+def test_a_sequential_blocked_matvec_in_groups_gives_the_same_bytes(rows, k, n, k_block, limit,
+                                                                     seed):
+    """A sequential sum takes its block partials a group at a time (at most ``_PARTIALS``
+    floats held), which adds them in the same order: the bytes do not depend on the groups."""
+    rng = np.random.default_rng(seed)
+    x, w = rand(rng, (rows, k)), rand(rng, (n, k))
+    whole = blocked_matvec(x, w, k_block)
+    with unittest.mock.patch.object(S, "_PARTIALS", limit):
+        assert same(blocked_matvec(x, w, k_block), whole)
 
 
 @given(h=st.integers(1, 400), block=st.integers(1, 150), seed=seeds)

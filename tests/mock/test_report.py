@@ -132,6 +132,22 @@ def test_prefill_steps_show_the_last_row_s_step_where_it_was_timed(tmp_path):
     assert "| qwen3-0.6b | bf16 | bounded | 10.70 (HF 27.70) | 9.10 |" in block
 
 
+def test_the_chain_points_get_a_gemm_row_of_their_own(tmp_path):
+    # bench_gpu_prefill.py --k-blocks 256,16: the chain_* relations' points beside the blocked
+    cases = [{"model": "llama-3.1-8b", "launch": "qkv", "weight": "bf16", "rows": 2048,
+              "k_block": kb, "finite": True, "tflops": t, "vs_peer": v}
+             for kb, t, v in ((256, 500.0, 0.69), (16, 700.0, 0.91))]
+    (tmp_path / "gpu_prefill.json").write_text(json.dumps({"steps": [], "cases": cases}))
+    block = report.blocks(tmp_path)["prefill-gemm"]
+    assert '--rows 2048 --k-blocks 256,16 --steps ""' in block and 'a "k chain" row' in block
+    assert "| llama-3.1-8b | bf16 | 500–500 | 0.69× |" in block
+    assert "| llama-3.1-8b | bf16, k chain | 700–700 | 0.91× |" in block
+    only_blocked = [c for c in cases if c["k_block"] == 256]
+    (tmp_path / "gpu_prefill.json").write_text(json.dumps({"steps": [], "cases": only_blocked}))
+    block = report.blocks(tmp_path)["prefill-gemm"]
+    assert "--k-blocks" not in block and "k chain" not in block
+
+
 def test_a_marker_naming_no_block_is_an_error():
     with pytest.raises(KeyError, match="no-such"):
         report.render("<!-- report:no-such -->\n<!-- /report:no-such -->\n", {}, "x.md")
