@@ -142,13 +142,24 @@ def row_invariant_points(points: list[tuple[Family, Point]], F: Any) -> list:
 
 
 def fewest_rows(fam: Family, kernel: Any) -> int:
-    """1, or 128 where the kernel's limits refuse a launch of fewer rows (gemm_chain.cu: a row
-    tile): the checks launch a kernel at its family's example sizes past this."""
-    try:
-        kernel.launches_for({**sizes_for(fam, 1), **dict(fam.attr_examples)})
-    except LaunchError:
-        return 128
-    return 1
+    """The fewest rows ``kernel`` launches its family's example sizes at: 1, but where its limits
+    refuse fewer (gemm_chain.cu: a row tile, 128), found by bisection (a limit on the rows is a
+    lower bound); the checks launch a kernel past this."""
+    def launches(rows: int) -> bool:
+        try:
+            kernel.launches_for({**sizes_for(fam, rows), **dict(fam.attr_examples)})
+        except LaunchError:
+            return False
+        return True
+
+    if launches(1):
+        return 1
+    lo, hi = 1, 4096  # not launches(lo), launches(hi)
+    assert launches(hi), kernel
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if launches(mid) else (mid, hi)
+    return hi
 
 
 def check_rows(fam: Family, kernel: Any) -> int:
