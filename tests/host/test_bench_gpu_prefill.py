@@ -56,6 +56,27 @@ def test_every_launch_finds_its_buffers_and_a_grid(weight, shape):
         assert len(bench.widths(family, dims)) == len(bench.WEIGHT_PORTS[family])
 
 
+@pytest.mark.parametrize("rows", [128, 512, 2048])
+def test_the_chain_points_find_their_buffers_and_a_grid(rows):
+    """--k-blocks 16: gemm_chain.cu's one launch takes its arguments from the script's buffers
+    (tensor maps of x and the weights; `wide` from the table's values), at most a block an SM."""
+    for _model, _name, family, dims in bench.SHAPES:
+        if not bench.runs_in(family, "bf16"):
+            continue
+        kernel = bench.realized(family, "bf16", "gemm", k_block=16)
+        assert kernel.source == "sm_90/common/gemm_chain.cu", kernel
+        buffers = {"x", "r", *bench.OUT_PORTS[family], *bench.WEIGHT_PORTS[family]}
+        sizes = {"rows": rows, **dims}
+        env = kernel.sizes(sizes)
+        ((entry, args, (grid, block, _), own),) = bench.launch_chain(
+            kernel, sizes, lambda k=kernel, s=sizes: k.launch_for(s))
+        assert own and block == (384, 1, 1) and 1 <= grid[0] <= kernel.multiprocessors, grid
+        for arg in args:
+            name, _, ty = arg.partition(":")
+            ported = ty == "ptr" or ty.startswith("tmap(")
+            assert name in buffers if ported else name in env, (entry, arg)
+
+
 def test_prefill_flops_count_the_matmuls_attention_and_logits():
     from metrale.plan.config import ModelConfig
 
