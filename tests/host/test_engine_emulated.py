@@ -1,8 +1,8 @@
 """Whole models with the sm_90 plans on the CUDA emulation (tests/host/simt) against the host
 backend's reference plans: prefill (8 tokens: GEMV points; 40 tokens: the tensor-core GEMM and
-attention; 100 tokens of bf16: the GEMM fed by the Tensor Memory Accelerator; 260 of mxfp4: its
-weights made bf16 first) and decode steps replayed from the captured graph, logits within the
-bf16 tolerance. The device runs the same comparison in tests/cuda/test_engine_gpu.py."""
+attention; 100 tokens of bf16: the GEMM fed by the Tensor Memory Accelerator; 130 under the
+bounded policy: the chain GEMM; 260 of mxfp4: its weights made bf16 first) and decode steps
+replayed from the captured graph, logits within the bf16 tolerance. The device runs the same comparison in tests/cuda/test_engine_gpu.py."""
 
 from __future__ import annotations
 
@@ -87,6 +87,24 @@ def test_a_long_bf16_prompt_reaches_the_tensor_memory_accelerator_gemm(build_dir
         launched = {e for k in emu.plan("prefill", len(prompt)).launches for e in k.launched}
         assert {"metrale_qkv_tma", "metrale_gate_up_swiglu_tma"} <= launched, launched
         _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama bf16 100-token prefill")
+
+
+def test_a_bounded_prompt_of_a_row_tile_runs_the_chain_gemm(build_dir):
+    """Under the bounded policy, from 128 rows, the chain_* relations give the bf16 GEMMs to
+    gemm_chain.cu: a 130-token prompt's prefill runs it through the whole runtime (its weights'
+    tensor maps in 128-row boxes, the `wide` its table's values give) and matches the host's
+    exact plan within the tolerance (the relations' bounds are far inside it)."""
+    prompt = [(37 * i + 11) % 251 for i in range(130)]
+    with Engine.load("tiny-llama", hardware="sm_90", quant="bf16", max_ctx=160,
+                     policy="bounded", backend=HostBackend(),
+                     loader=simt.plan_loader(build_dir)) as emu, \
+            Engine.load("tiny-llama", hardware="host", quant="bf16", max_ctx=160) as host:
+        use_shape(emu, "prefill", len(prompt), "gemm")
+        plan = emu.plan("prefill", len(prompt))
+        launched = {e for k in plan.launches for e in k.launched}
+        assert {"metrale_qkv_chain", "metrale_gate_up_swiglu_chain"} <= launched, launched
+        assert any(a.relation == "chain_qkv" for a in plan.applied), plan.applied
+        _close(emu.prefill(prompt), host.prefill(prompt), "tiny-llama bf16 bounded 130-token")
 
 
 def test_a_long_mxfp4_prompt_makes_its_weights_bf16_first(build_dir):
