@@ -96,13 +96,16 @@ def timed(cp: Any, launch: Any) -> float:
 
 def warpgroup_launch(shape: tuple, sizes: dict[str, int], wgs: int) -> tuple | None:
     """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``wgs``
-    warpgroups, a q head each (grid x: the kv heads times ceil(G / wgs) head groups); None where
-    that is the table's own or more than the group's heads or the kernel's two."""
-    (_, gy, gz), (bx, _, _), shared = shape
-    g = sizes["hq"] // sizes["hkv"]
-    if wgs > min(2, g) or 128 * wgs == bx:
+    warpgroups that compute, a q head each (grid x: the kv heads times ceil(G / wgs) head
+    groups), and the table's warpgroups that only copy (the online kernel's producer: the
+    block's warpgroups past those the grid implies); None where that is the table's own or more
+    than the group's heads or the kernel's two."""
+    (gx, gy, gz), (bx, _, _), shared = shape
+    hkv, g = sizes["hkv"], sizes["hq"] // sizes["hkv"]
+    own = next(w for w in (2, 1) if hkv * -(-g // w) == gx)
+    if wgs > min(2, g) or wgs == own:
         return None
-    return (sizes["hkv"] * -(-g // wgs), gy, gz), (128 * wgs, 1, 1), shared
+    return (hkv * -(-g // wgs), gy, gz), (bx - 128 * (own - wgs), 1, 1), shared
 
 
 def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> tuple:

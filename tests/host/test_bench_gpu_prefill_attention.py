@@ -52,27 +52,29 @@ def test_every_argument_comes_from_the_script(model):
         assert value == expected and type(value) is type(expected), (arg, value)
 
 
+@pytest.mark.parametrize("family", [bench.FAMILY, bench.ONLINE])
 @pytest.mark.parametrize("model,rows", [("qwen3-0.6b", 2048), ("llama-3.1-8b", 2048),
                                         ("qwen3-0.6b", 40)])
-def test_warpgroup_variants_are_the_launches_of_other_block_sizes(model, rows):
-    """Each variant takes the group's heads wgs at a time, a warpgroup each, over the same rows
-    and slices; the table's own choice (two warpgroups), and more than the group's heads or two,
-    are left out."""
-    kernel = bench.realized(None)
+def test_warpgroup_variants_are_the_launches_of_other_block_sizes(model, rows, family):
+    """Each variant takes the group's heads wgs at a time, a computing warpgroup each, over the
+    same rows and slices, beside the table's warpgroup that only copies (the producer); the
+    table's own choice (two), and more than the group's heads or two, are left out."""
+    copiers = 1
+    kernel = bench.realized(None, family)
     sizes = sizes_of(model, rows)
     g = sizes["hq"] // sizes["hkv"]
     own = kernel.launch_for(sizes)
-    assert own[1][0] == 256 and own[0][0] == sizes["hkv"] * -(-g // 2)
+    assert own[1][0] == 128 * (2 + copiers) and own[0][0] == sizes["hkv"] * -(-g // 2)
     assert bench.warpgroup_launch(own, sizes, 2) is None
     assert bench.warpgroup_launch(own, sizes, 3) is None
     (gx, gy, gz), (threads, _, _), shared = bench.warpgroup_launch(own, sizes, 1)
     assert (gy, gz, shared) == (own[0][1], own[0][2], own[2]) == (-(-rows // 64), 1, own[2])
-    assert threads == 128 and gx == sizes["hkv"] * g
+    assert threads == 128 * (1 + copiers) and gx == sizes["hkv"] * g
 
 
 def test_a_baseline_folder_brings_its_own_launch_rule(tmp_path):
-    """A kernels folder with another launch rule for the point (here, one warpgroup a block)
-    realizes with that rule, beside this tree's."""
+    """A kernels folder with another launch rule for the point (here, one computing warpgroup a
+    block, beside the producer) realizes with that rule, beside this tree's."""
     base = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), base)
     table = base / "sm_90" / "common" / "KERNELS.toml"
@@ -83,5 +85,5 @@ def test_a_baseline_folder_brings_its_own_launch_rule(tmp_path):
     sizes = sizes_of("qwen3-0.6b", 2048)
     theirs, ours = bench.realized(base), bench.realized(None)
     assert theirs.entry == ours.entry
-    assert theirs.launch_for(sizes)[:2] == ((16, 32, 1), (128, 1, 1))
-    assert ours.launch_for(sizes)[:2] == ((8, 32, 1), (256, 1, 1))
+    assert theirs.launch_for(sizes)[:2] == ((16, 32, 1), (256, 1, 1))
+    assert ours.launch_for(sizes)[:2] == ((8, 32, 1), (384, 1, 1))

@@ -758,7 +758,9 @@ def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_d
         (gx, _, gz), (own, _, _), shared = kernel.launch_for(
             {**sizes, **dict(fam.attr_examples), **attrs})
         outs = {}
-        shapes = ({128 * w: ((hkv * -(-g // w), -(-rows // 64), gz), (128 * w, 1, 1), shared)
+        copiers = own - 128 * next(w for w in (2, 1) if hkv * -(-g // w) == gx)  # producer
+        shapes = ({128 * w + copiers: ((hkv * -(-g // w), -(-rows // 64), gz),
+                                       (128 * w + copiers, 1, 1), shared)
                    for w in (1, 2)} if wgmma else
                   {32 * g * rt: ((gx, -(-rows // (16 * rt)), gz), (32 * g * rt, 1, 1), shared)
                    for rt in (1, 2, 4) if 32 * g * rt <= 256})

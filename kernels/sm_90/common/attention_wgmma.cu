@@ -7,13 +7,15 @@
 //
 // A block takes one kv head, 64 rows of the launch (from its end, as attention_prefill.cuh's
 // blocks do), WGS = min(2, G) of the head's G q heads, a warpgroup each (grid x: kv head times
-// ceil(G / WGS) head groups; a warpgroup past the group's last head only loads), and, in the
-// two-pass order, 128 of the head's output columns (grid z). Keys and values come through shared
-// memory in tiles of 64 positions, two buffers, by cp.async, as 128-byte-swizzled rows of 64
-// head-dim columns (chunks: a head of 128 has two), which the wgmmas read: the scores s = q · kᵀ
-// take q's 64 rows (copied once, the A operand) and the keys K-major, the weighted values
-// acc += p · v the values N-major (imm-trans-b) and the weights p from the registers the scores
-// left them in (mma.sync's A fragment is the accumulator fragment of two n8 tiles side by side).
+// ceil(G / WGS) head groups; a warpgroup past the group's last head only keeps count), and, in
+// the two-pass order, 128 of the head's output columns (grid z); one more warpgroup, the
+// producer, only copies (the ring, below). Keys and values come through shared memory in tiles
+// of 64 positions, a ring of buffers filled by the producer's cp.async, as 128-byte-swizzled
+// rows of 64 head-dim columns (chunks: a head of 128 has two), which the wgmmas read: the scores
+// s = q · kᵀ take q's 64 rows (copied once, the A operand) and the keys K-major, the weighted
+// values acc += p · v the values N-major (imm-trans-b) and the weights p from the registers the
+// scores left them in (mma.sync's A fragment is the accumulator fragment of two n8 tiles side by
+// side).
 // A tile whose positions all come from one array in order (a prompt's own k, v, or the cache's)
 // is copied from a base and a stride; others through a table of rows. Rows of the block in
 // different slots are served slot after slot; the positions a launch row appends are read from
@@ -22,22 +24,27 @@
 //
 // Orders (declared in KERNELS.toml; the families' semantics, lkb/semantics_attention.py), the
 // sums inside one wgmma the hardware's:
-// - two-pass (wg_attend_exact): attention_prefill.cu's. A row's positions cut at absolute
+// - two-pass (exact_consume): attention_prefill.cu's. A row's positions cut at absolute
 //   multiples of KV_BLOCK; for each block, pass 1: s_j = (q · k_j) * scale, m_b = max s_j;
 //   pass 2: the same s_j again, e_j = exp(s_j - m_b), l_b = sum e_j (lane partials, then the
 //   four lanes of the row), acc_b = sum e_j v_j, e_j entering the wgmmas as three bf16 parts
 //   whose sum is e_j exactly; the blocks merge left to right by the log-sum-exp rule, o = acc / l.
-// - online (wg_attend_online): attention_online.cu's, online_block's (attention_prefill.cuh):
+// - online (online_consume): attention_online.cu's, online_block's (attention_prefill.cuh):
 //   KV blocks of 64 (= the tile), each once; 2^x the multi-function unit's, flushed to zero
 //   below 2^-126.
-// Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones).
+// Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones); ONLINE_OVERLAP
+// (online_consume_overlapped).
+#include <type_traits>
+
 #include "attention_prefill.cuh"
+#include "tma.cuh"  // the barriers
 #include "wgmma.cuh"
 
 #ifndef KV_BLOCK
 #error "define KV_BLOCK"
 #endif
 static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-position tile");
+constexpr bool EXACT_ORDER = KV_BLOCK > TILE_POS;  // the two-pass entries (else the online one)
 
 #define WG_ROWS 64  // rows of a block: one m64 tile of every warpgroup
 #ifndef WG_MAX
@@ -48,29 +55,31 @@ static_assert(KV_BLOCK % TILE_POS == 0, "KV_BLOCK must be a multiple of the 64-p
 
 // The block's shared memory, 1024-byte aligned, for a head of kch = 1, 2 or 4 chunks (d up to
 // 64, 128, 256: the scores' k steps, constants, run over them), vch = min(2, kch) value chunks a
-// block and its wgs warpgroups: q's rows (wgs x kch chunks), two
-// buffers of a key tile (kch chunks) and a value tile (vch), the two-pass order's running
-// outputs (`exact`: 64 rows x 128 f32 a warpgroup, each thread's 64 a column of 128-float rows,
-// read and written once a KV block), then, per buffer and position, the global rows its key and
-// value come from (null: zeros) and the launch row appending it (-1: none). KERNELS.toml's
-// launch.shared is bytes(d, wgs, exact): 1024 + 8192 (wgs kch + 2 (kch + vch)) + exact wgs 32768
-// + 2 1280.
+// block, wgs warpgroups that compute and `stages` buffers: q's rows (wgs x kch chunks), each
+// buffer's key tile (kch chunks) and value tile (vch), the two-pass order's running outputs
+// (`exact`: 64 rows x 128 f32 a warpgroup, each thread's 64 a column of 128-float rows, read and
+// written once a KV block), then, per buffer and position, the global rows its key and value
+// come from (null: zeros) and the launch row appending it (-1: none), then the online entry's
+// barriers (`barriers`: a full and an empty one a buffer). KERNELS.toml's launch.shared is
+// bytes(d, wgs, exact, stages, barriers): 1024 + 8192 (wgs kch + stages (kch + vch)) + exact wgs
+// 32768 + stages 1280 + 8 barriers.
 struct WgSmem {
     unsigned char* base;
     uint32_t at;  // base's shared address
-    int kch, vch, wgs;
+    int kch, vch, wgs, stages;
     static __device__ __forceinline__ int chunks(int d) { return d <= 64 ? 1 : d <= 128 ? 2 : 4; }
-    __device__ __forceinline__ explicit WgSmem(int d)
-        : kch(chunks(d)), vch(min(2, kch)), wgs(blockDim.x / 128) {
+    __device__ __forceinline__ WgSmem(int d, int wgs_, int stages_)
+        : kch(chunks(d)), vch(min(2, kch)), wgs(wgs_), stages(stages_) {
         extern __shared__ __align__(16) unsigned char smem_raw[];
         const uint32_t raw = smem_addr(smem_raw);
         at = (raw + 1023) & ~1023u;
         base = smem_raw + (at - raw);
     }
-    static __device__ __forceinline__ int bytes(int d, int wgs, bool exact) {
+    static __device__ __forceinline__ int bytes(int d, int wgs, bool exact, int stages,
+                                                int barriers) {
         const int kc = chunks(d);
-        return 1024 + CHUNK_BYTES * (wgs * kc + 2 * (kc + min(2, kc))) + exact * wgs * 32768 +
-               2 * 1280;
+        return 1024 + CHUNK_BYTES * (wgs * kc + stages * (kc + min(2, kc))) +
+               exact * wgs * 32768 + stages * 1280 + 8 * barriers;
     }
     __device__ __forceinline__ int q(int wg) const { return wg * kch * CHUNK_BYTES; }
     __device__ __forceinline__ int k(int b) const {
@@ -79,12 +88,17 @@ struct WgSmem {
     __device__ __forceinline__ int v(int b) const { return k(b) + kch * CHUNK_BYTES; }
     // warpgroup wg's running outputs (the two-pass entries' alone)
     __device__ __forceinline__ float* outputs(int wg) const {
-        return (float*)(base + (wgs * kch + 2 * (kch + vch)) * CHUNK_BYTES + wg * 32768);
+        return (float*)(base + (wgs * kch + stages * (kch + vch)) * CHUNK_BYTES + wg * 32768);
     }
-    __device__ __forceinline__ const act_t** rows(int b, bool exact) const {
-        return (const act_t**)(base + (wgs * kch + 2 * (kch + vch)) * CHUNK_BYTES +
-                               exact * wgs * 32768 + b * 1280);
+    __device__ __forceinline__ const act_t** rows(int b) const {
+        return (const act_t**)(base + (wgs * kch + stages * (kch + vch)) * CHUNK_BYTES +
+                               EXACT_ORDER * wgs * 32768 + b * 1280);
     }
+    // the barriers: full(b) then empty(b) of each buffer, past the tables
+    __device__ __forceinline__ uint64_t* full(int b) const {
+        return (uint64_t*)rows(stages) + 2 * b;
+    }
+    __device__ __forceinline__ uint64_t* empty(int b) const { return full(b) + 1; }
 };
 
 // Where the 16-byte piece p of a head row r lies in its tile: chunk p / 8, then the 128-byte
@@ -133,25 +147,44 @@ __device__ __forceinline__ void wgmma_values(float (&d)[32], const uint32_t (&a)
 
 // ------------------------------------------------------------------ the tiles
 
-// KP 16-byte pieces of each of the 64 rows kb + j stride into the tile at dst, those at or past
-// d - col0 columns as zeros (of the keys: the scores' k steps run over whole chunks; of the
-// values: their columns past d make outputs never stored): piece thread % KP of every
-// (nt / KP)-th row, the source pointer stepped.
+// The threads that copy a tile together and the tile's positions they take: thread t of nt,
+// positions [j0, j0 + nj), met by sync(): the whole block (the two-pass entries: __syncthreads)
+// or one warp of the online entry's producer, a quarter of the tile (__syncwarp).
+struct TileCrew {
+    int t, nt, j0, nj;
+    bool warp;
+    static __device__ __forceinline__ TileCrew block() {
+        return {(int)threadIdx.x, (int)blockDim.x, 0, TILE_POS, false};
+    }
+    static __device__ __forceinline__ TileCrew quarter(int w, int lane) {
+        return {lane, 32, w * (TILE_POS / 4), TILE_POS / 4, true};
+    }
+    __device__ __forceinline__ void sync() const {
+        if (warp) __syncwarp();
+        else __syncthreads();
+    }
+};
+
+// KP 16-byte pieces of each of the crew's rows kb + j stride into the tile at dst, those at or
+// past d - col0 columns as zeros (of the keys: the scores' k steps run over whole chunks; of the
+// values: their columns past d make outputs never stored): piece t % KP of every (nt / KP)-th
+// row, the source pointer stepped.
 template <int KP>
 __device__ __forceinline__ void copy_strided(unsigned char* dst, const act_t* kb, long stride,
-                                             int n16) {
-    const int nt = blockDim.x, p = threadIdx.x % KP, j0 = threadIdx.x / KP, step = nt / KP;
+                                             int n16, const TileCrew& c) {
+    const int p = c.t % KP, step = c.nt / KP, j0 = c.j0 + c.t / KP;
     const int bytes = p < n16 ? 16 : 0;
     const act_t* src = kb + j0 * stride + 8 * min(p, max(n16 - 1, 0));
-    for (int j = j0; j < TILE_POS; j += step, src += step * stride)
+    for (int j = j0; j < c.j0 + c.nj; j += step, src += step * stride)
         cp_async16(dst + wg_piece(j, p), src, bytes);
 }
 
 // The global rows of positions [start, start + 64) of `slot` (issue_kv_tile's rule: from k_new
 // / v_new where a launch row appends the position, else the cache; null outside [lo, hi]), then
 // their keys (KCH chunks) and, with `with_v`, their values at columns col0 + [0, 64 VCH) into
-// buffer b, one cp.async group, every thread of the block together. A tile whose positions all
-// lie in [lo, hi] and come from one array in order needs no table: position start + j is row j.
+// buffer b, the crew's positions of them, one cp.async group of each of its threads. A tile
+// whose positions all lie in [lo, hi] and come from one array in order needs no table: position
+// start + j is row j.
 template <int KCH, int VCH>
 __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_t* k_cache,
                                               const act_t* v_cache, const act_t* k_new,
@@ -159,9 +192,8 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
                                               const int* slots, int rows, int slot,
                                               AppendRun run, int start, int lo, int hi, int kvh,
                                               int hkv, int d, int max_ctx, bool with_v,
-                                              int col0) {
+                                              int col0, const TileCrew& c) {
     constexpr int KP = 8 * KCH, VP = 8 * VCH;  // 16-byte pieces of a key row, a value row
-    const int nt = blockDim.x;
     const long stride = (long)hkv * d;
     const act_t *kb = nullptr, *vb = nullptr;
     if (start >= lo && start + TILE_POS - 1 <= hi) {
@@ -176,29 +208,30 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
         }
     }
     if (kb) {
-        copy_strided<KP>(s.base + s.k(b), kb, stride, d / 8);
-        if (with_v) copy_strided<VP>(s.base + s.v(b), vb + col0, stride, (d - col0) / 8);
+        copy_strided<KP>(s.base + s.k(b), kb, stride, d / 8, c);
+        if (with_v) copy_strided<VP>(s.base + s.v(b), vb + col0, stride, (d - col0) / 8, c);
         cp_async_commit();
         return;
     }
-    const act_t** krow = s.rows(b, KV_BLOCK > TILE_POS);
+    const act_t** krow = s.rows(b);
     const act_t** vrow = krow + TILE_POS;
     int* src = (int*)(vrow + TILE_POS);
-    if (k_new && !run.direct) {  // which rows append the tile's positions: every row scanned
-        for (int j = threadIdx.x; j < TILE_POS; j += nt) src[j] = -1;
-        __syncthreads();
-        for (int r = threadIdx.x; r < rows; r += nt)
-            if (slots[r] == slot && positions[r] >= start && positions[r] < start + TILE_POS)
+    const int j1 = c.j0 + c.nj;
+    if (k_new && !run.direct) {  // which rows append the crew's positions: every row scanned
+        for (int j = c.j0 + c.t; j < j1; j += c.nt) src[j] = -1;
+        c.sync();
+        for (int r = c.t; r < rows; r += c.nt)
+            if (slots[r] == slot && positions[r] >= start + c.j0 && positions[r] < start + j1)
                 src[positions[r] - start] = r;
-        __syncthreads();
+        c.sync();
     }
-    for (int j = threadIdx.x; j < TILE_POS; j += nt) {
+    for (int j = c.j0 + c.t; j < j1; j += c.nt) {
         const int pos = start + j;
         int r = -1;
         if (k_new && run.direct) {
-            const int c = pos - run.base;
-            r = c >= 0 && c < rows && (run.alone || (slots[c] == slot && positions[c] == pos))
-                    ? c : -1;
+            const int cr = pos - run.base;
+            r = cr >= 0 && cr < rows && (run.alone || (slots[cr] == slot && positions[cr] == pos))
+                    ? cr : -1;
         } else if (k_new) {
             r = src[j];
         }
@@ -208,12 +241,12 @@ __device__ __forceinline__ void wg_issue_tile(const WgSmem& s, int b, const act_
         krow[j] = live ? (r >= 0 ? k_new : k_cache) + off : nullptr;
         vrow[j] = live ? (r >= 0 ? v_new : v_cache) + off + col0 : nullptr;
     }
-    __syncthreads();  // the rows are found, for every thread
+    c.sync();  // the rows are found, for every thread of the crew
     const int n16 = d / 8, v16 = (d - col0) / 8;
-    for (int i = threadIdx.x; i < TILE_POS * (KP + (with_v ? VP : 0)); i += nt) {
-        const bool kv = i >= TILE_POS * KP;
-        const int at = kv ? i - TILE_POS * KP : i;
-        const int j = kv ? at / VP : at / KP, p = kv ? at % VP : at % KP;
+    for (int i = c.t; i < c.nj * (KP + (with_v ? VP : 0)); i += c.nt) {
+        const bool kv = i >= c.nj * KP;
+        const int at = kv ? i - c.nj * KP : i;
+        const int j = c.j0 + (kv ? at / VP : at / KP), p = kv ? at % VP : at % KP;
         const act_t* row = (kv ? vrow : krow)[j];
         const bool in = row && p < (kv ? v16 : n16);
         cp_async16(s.base + (kv ? s.v(b) : s.k(b)) + wg_piece(j, p), in ? row + 8 * p : k_cache,
@@ -237,38 +270,24 @@ __device__ __forceinline__ void wg_issue_q(const WgSmem& s, const act_t* q, int 
     }
 }
 
-// body(b, st) for the tiles of positions [t0, t1) in steps of 64, every thread of the block
-// together, once each tile has landed in buffer b (over_tiles' pipeline: the next tile's copies
-// issued before this one's body runs, the block met before a buffer is refilled).
-template <class Issue, class Body>
-__device__ __forceinline__ void wg_over_tiles(int t0, int t1, Issue issue, Body body) {
-    issue(0, t0);
-    for (int st = t0, it = 0; st < t1; st += TILE_POS, ++it) {
-        const int b = it & 1;
-        if (st + TILE_POS < t1) {
-            issue(b ^ 1, st + TILE_POS);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        fence_async_shared();  // this thread's copies seen by the wgmmas
-        __syncthreads();      // every thread's, and q's
-        body(b, st);
-        __syncthreads();      // every warpgroup is done with the buffer before it is refilled
-    }
-}
-
 // The scores of the warpgroup's 64 rows and buffer b's 64 positions over KCH chunks of the head,
-// into sc (register 4 ni + e: n8 tile ni, element e), their wgmmas waited for.
+// into sc (register 4 ni + e: n8 tile ni, element e): their wgmmas issued, one group (wg_scores:
+// and waited for).
 template <int KCH>
-__device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
+__device__ __forceinline__ void wg_scores_issue(const WgSmem& s, int wg, int b,
+                                                float (&sc)[32]) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4 * KCH; ++kk) {
         const int off = (kk >> 2) * CHUNK_BYTES + 32 * (kk & 3);
-        wgmma_scores(sc, operand_desc(s.at + s.q(wg) + off), operand_desc(s.at + s.k(b) + off), kk > 0);
+        wgmma_scores(sc, operand_desc(s.at + s.q(wg) + off), operand_desc(s.at + s.k(b) + off),
+                     kk > 0);
     }
     wgmma_commit();
+}
+template <int KCH>
+__device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
+    wg_scores_issue<KCH>(s, wg, b, sc);
     wgmma_wait<0>();
 }
 
@@ -310,66 +329,202 @@ struct WgPlace {
 };
 
 // A launch these entries cannot serve: a head past max_d or not whole k steps, a block that is
-// not 1 to min(WG_MAX, G) warpgroups (the two-pass entries: one past a head of 128), a grid
-// short of the heads, rows or slices, or less dynamic shared memory than the tiles take. WGS is
-// the table's; one warpgroup a block, or two, gives the same bytes.
+// not 1 to min(WG_MAX, G) warpgroups that compute (the two-pass entries: one past a head of 128)
+// and `producers` that copy, a grid short of the heads, rows or slices, or less dynamic shared
+// memory than `stages` buffers take. WGS is the table's; one warpgroup a block, or two, gives
+// the same bytes.
 __device__ __forceinline__ bool wg_launch_ok(int rows, int hq, int hkv, int d, int max_d,
-                                             int slices, bool exact) {
+                                             int slices, bool exact, int producers, int stages) {
     if (d % 16 || d > max_d || hq % hkv || blockDim.x % 128) return false;
-    const int G = hq / hkv, wgs = blockDim.x / 128;
+    const int G = hq / hkv, wgs = blockDim.x / 128 - producers;
     return wgs >= 1 && wgs <= min(WG_MAX, G) && (!exact || wgs == 1 || d <= 128) &&
            (int)gridDim.x == hkv * ((G + wgs - 1) / wgs) && (long)gridDim.y * WG_ROWS >= rows &&
-           (int)gridDim.z == slices && dynamic_smem_bytes() >= (unsigned)WgSmem::bytes(d, wgs,
-                                                                                      exact);
+           (int)gridDim.z == slices &&
+           dynamic_smem_bytes() >= (unsigned)WgSmem::bytes(d, wgs, exact, stages,
+                                                           2 * stages * producers);
+}
+
+// ------------------------------------------------------------------ the ring
+
+// Both orders' blocks: WGS warpgroups that compute (a q head each) and one more, the producer,
+// that only copies. The producer finds and copies every tile into a ring of `stages` buffers
+// (its four warps a quarter of each, TileCrew::quarter), and q's rows of every computing
+// warpgroup with the first; each buffer has a full barrier (the producer's 128 threads arrive
+// once their copies have landed) and an empty one (the computing threads arrive once their
+// wgmmas have read it). The computing warpgroups take the tiles in the order the producer
+// copies them (slot_tiles) and wait for a tile, never for each other: no block-wide barrier
+// between two tiles, where two buffers copied by every thread met the whole block twice a tile
+// and held the warpgroups in step.
+#define RING_LAG 2  // tiles a producer thread keeps in flight before it says one landed
+#define ONLINE_STAGES 4  // the online entry's buffers (32 KiB each at a head of 128)
+#define EXACT_STAGES 3   // the two-pass entries' (their running outputs take 32 KiB a warpgroup)
+// the producer's registers given to the warpgroups that compute: 128 x 88 + 256 x 208
+constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 208;
+
+// Whether the phase of `parity` has completed, without waiting for it.
+__device__ __forceinline__ bool bar_done(uint64_t* bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n\t.reg .pred p;\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return done;
+}
+
+// visit(st, with_v) for the tiles of positions [lo, hi] in the order the warpgroups take them:
+// the online order's each once with its values; the two-pass order's by KV block, each block's
+// tiles twice, the keys alone (pass 1), then with the values (pass 2).
+template <class Visit>
+__device__ __forceinline__ void slot_tiles(int lo, int hi, Visit visit) {
+    const int t0 = lo / TILE_POS * TILE_POS;
+    if constexpr (!EXACT_ORDER) {
+        for (int st = t0; st <= hi; st += TILE_POS) visit(st, true);
+    } else {
+        for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
+            const int t1 = min(b0 + KV_BLOCK, hi + 1);
+            for (int pass = 0; pass < 2; ++pass)
+                for (int st = max(b0, t0); st < t1; st += TILE_POS) visit(st, pass == 1);
+        }
+    }
+}
+
+// The producer: tile `it` goes into buffer it % stages once the tile before it there has been
+// released (empty, parity of that use); a thread waits for its copies RING_LAG tiles later and
+// arrives on the buffer's full barrier. Before it waits for a buffer, and at the end of a slot,
+// it arrives for every tile it holds, so the computing warpgroups, which wait for a tile before
+// they release an earlier one, never wait for a tile the producer holds back (and the block
+// meets at the next slot's run_of).
+template <int KCH, int VCH>
+__device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, const act_t* v,
+                                             const act_t* q, const act_t* k_cache,
+                                             const act_t* v_cache, const int* positions,
+                                             const int* slots, int rows, int hq, int hkv, int d,
+                                             int max_ctx, int window, const WgPlace& at,
+                                             int col0) {
+    const TileCrew crew = TileCrew::quarter((threadIdx.x >> 5) & 3, threadIdx.x & 31);
+    const int G = hq / hkv;
+    int it = 0, landed = 0;  // tiles issued; tiles whose full barrier this thread arrived on
+    auto arrive = [&](int upto) {  // this thread's copies of tiles [landed, upto) have landed
+        fence_async_shared();
+        for (; landed < upto; ++landed) bar_arrive(s.full(landed % s.stages));
+    };
+    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+                     [&](int slot, int lo, int hi, AppendRun run) {
+        slot_tiles(lo, hi, [&](int st, bool with_v) {
+            const int b = it % s.stages, use = it / s.stages - 1;
+            if (it >= s.stages && !bar_done(s.empty(b), use & 1)) {
+                cp_async_wait<0>();  // never wait for a buffer holding tiles not yet announced
+                arrive(it);
+                bar_wait(s.empty(b), use & 1);
+            }
+            if (it == 0)
+                for (int wg = 0; wg < s.wgs; ++wg)
+                    wg_issue_q<KCH>(s, q, at.row0, rows,
+                                    at.kvh * G + min(at.hg * s.wgs + wg, G - 1), hq, d, wg);
+            wg_issue_tile<KCH, VCH>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot,
+                                    run, st, lo, hi, at.kvh, hkv, d, max_ctx, with_v, col0, crew);
+            if (++it - landed > RING_LAG) {
+                cp_async_wait<RING_LAG>();
+                arrive(it - RING_LAG);
+            }
+        });
+        cp_async_wait<0>();
+        arrive(it);
+    });
+}
+
+// A computing warpgroup's place in the ring: take() waits for the next tile (take(1), the one
+// after) and gives its buffer, give() releases the next once the warpgroup's wgmmas that read it
+// are done.
+struct Ring {
+    const WgSmem& s;
+    int it = 0;
+    __device__ __forceinline__ explicit Ring(const WgSmem& s_) : s(s_) {}
+    __device__ __forceinline__ int take(int ahead = 0) const {
+        const int j = it + ahead;
+        bar_wait(s.full(j % s.stages), (j / s.stages) & 1);
+        return j % s.stages;
+    }
+    __device__ __forceinline__ void give() { bar_arrive(s.empty(it++ % s.stages)); }
+};
+
+// One block of either order: its barriers set up, kv_append of its rows where k is given (by
+// the blocks of the first head group and slice), then the producer's copies and `compute` in
+// the other warpgroups, each with the producer's registers.
+template <int KCH, int VCH, class Compute>
+__device__ __forceinline__ void wg_ring_block(const act_t* k, const act_t* v, const act_t* q,
+                                              act_t* k_cache, act_t* v_cache,
+                                              const int* positions, const int* slots, int rows,
+                                              int hq, int hkv, int d, int max_ctx, int window,
+                                              int stages, int col0, Compute compute) {
+    const int wgs = blockDim.x / 128 - 1;
+    const WgPlace at(hq / hkv, wgs, positions, slots, rows, window);
+    const WgSmem s(d, wgs, stages);
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < stages; ++b) {
+            bar_init(s.full(b), 128);
+            bar_init(s.empty(b), 128 * wgs);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (k && at.hg == 0 && blockIdx.z == 0)
+        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
+                       max_ctx);
+    __syncthreads();  // the barriers are set up for every thread
+    if (at.wg == wgs) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        ring_produce<KCH, VCH>(s, k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
+                               max_ctx, window, at, col0);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    compute(s, at);
 }
 
 // ------------------------------------------------------------------ online
 
-// The online softmax of the block's rows, the head in CH chunks (a constant, so that every
-// wgmma's registers are known where it is issued).
+// The online softmax of the warpgroup's 64 rows, the head in CH chunks (a constant, so that
+// every wgmma's registers are known where it is issued), each tile as the ring gives it. A
+// warpgroup past its group's last head only keeps the count.
 template <int CH>
-__device__ __forceinline__ void wg_attend_online(const act_t* k, const act_t* v, const act_t* q,
-                                                 const act_t* k_cache, const act_t* v_cache,
-                                                 const int* positions, const int* slots,
-                                                 act_t* o, int rows, int hq, int hkv, int d,
-                                                 int max_ctx, float scale, int window,
-                                                 const WgPlace& at) {
-    const WgSmem s(d);
+__device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
+                                               const int* positions, const int* slots, act_t* o,
+                                               int rows, int hq, int d, int max_ctx, float scale,
+                                               int window, const WgPlace& at) {
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
 #pragma unroll
     for (int ch = 0; ch < CH; ++ch)
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
-    wg_issue_q<CH>(s, q, at.row0, rows, at.head, hq, d, at.wg);
+    Ring ring(s);
     for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
-                     [&](int slot, int lo, int hi, AppendRun run) {
+                     [&](int slot, int lo, int hi, AppendRun) {
         const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
-        auto issue = [&](int b, int st) {
-            wg_issue_tile<CH, CH>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot, run,
-                                  st, lo, hi, at.kvh, hkv, d, max_ctx, true, 0);
-        };
-        wg_over_tiles(lo / TILE_POS * TILE_POS, hi + 1, issue, [&](int b, int st) {
-            if (!at.active) return;
-            float sc[32], a[2];
-            uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
-            wg_scores<CH>(s, at.wg, b, sc);
-            online_block(sc, sp, st, c, m, l, a, pa);
-            if (!online_keeps(a)) {
+        slot_tiles(lo, hi, [&](int st, bool) {
+            const int b = ring.take();
+            if (at.active) {
+                float sc[32], a[2];
+                uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
+                wg_scores<CH>(s, at.wg, b, sc);
+                online_block(sc, sp, st, c, m, l, a, pa);
+                if (!online_keeps(a)) {
 #pragma unroll
-                for (int ch = 0; ch < CH; ++ch)
+                    for (int ch = 0; ch < CH; ++ch)
 #pragma unroll
-                    for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int ch = 0; ch < CH; ++ch)
+                        wgmma_values(acc[ch], pa[kk],
+                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
+                wgmma_commit();
+                wgmma_wait<0>();
             }
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int ch = 0; ch < CH; ++ch)
-                    wgmma_values(acc[ch], pa[kk],
-                                 n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
-            wgmma_commit();
-            wgmma_wait<0>();
+            ring.give();
         });
     });
     // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
@@ -378,40 +533,120 @@ __device__ __forceinline__ void wg_attend_online(const act_t* k, const act_t* v,
                      at.head, d);
 }
 
-// grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 WGS (WGS = min(2, G), G = hq / hkv, or
-// 1): kv_append, then attention. A launch it cannot serve traps (loud).
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
+#ifndef ONLINE_OVERLAP
+#define ONLINE_OVERLAP 0
+#endif
+// online_consume with each tile's softmax beside the tensor pipe's work: tile j + 1's scores are
+// issued before tile j's softmax and tile j's p · v after it, left running into tile j + 1's
+// softmax; the running outputs are rescaled once tile j - 1's p · v is done (groups complete in
+// order: wgmma_wait<1> leaves the newest). A buffer is released once its p · v is done.
+template <int CH>
+__device__ __forceinline__ void online_consume_overlapped(const WgSmem& s, const act_t* k,
+                                                          const int* positions, const int* slots,
+                                                          act_t* o, int rows, int hq, int d,
+                                                          int max_ctx, float scale, int window,
+                                                          const WgPlace& at) {
+    const float c = scale * 1.4426950408889634f;  // scores in log2 units
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
+#pragma unroll
+    for (int ch = 0; ch < CH; ++ch)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
+    Ring ring(s);
+    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+                     [&](int slot, int lo, int hi, AppendRun) {
+        const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
+        float sc[32], next[32];
+        const int b0 = ring.take();
+        if (at.active) {
+            wg_scores_issue<CH>(s, at.wg, b0, sc);
+            wgmma_wait<0>();
+        }
+        int held = 0;  // the tile before, its p · v perhaps still running
+        for (int st = lo / TILE_POS * TILE_POS; st <= hi; st += TILE_POS) {
+            const int b = ring.take(held);
+            const bool more = st + TILE_POS <= hi;
+            const int bn = more ? ring.take(held + 1) : b;
+            if (at.active && more) wg_scores_issue<CH>(s, at.wg, bn, next);
+            float a[2];
+            uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
+            if (at.active) {
+                online_block(sc, sp, st, c, m, l, a, pa);
+                if (more) wgmma_wait<1>();  // the last tile's p · v (these scores may run on)
+                else wgmma_wait<0>();
+            }
+            if (held) ring.give();
+            held = 1;
+            if (at.active) {
+                if (!online_keeps(a)) {
+#pragma unroll
+                    for (int ch = 0; ch < CH; ++ch)
+#pragma unroll
+                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int ch = 0; ch < CH; ++ch)
+                        wgmma_values(acc[ch], pa[kk],
+                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
+                wgmma_commit();
+                if (more) wgmma_wait<1>();  // the next tile's scores (this p · v may run on)
+                else wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; ++i) sc[i] = next[i];
+            }
+        }
+        ring.give();  // the last tile's p · v was waited for
+    });
+    if (at.active)
+        online_store(reinterpret_cast<const float(&)[8 * CH][4]>(acc), l, at.rw, o, at.wrow0, hq,
+                     at.head, d);
+}
+
+// grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 (WGS + 1) (WGS = min(2, G), G = hq /
+// hkv: the warpgroups that compute, then the producer): kv_append, then attention. A launch it
+// cannot serve traps (loud).
+extern "C" __global__ void __launch_bounds__(128 * (WG_MAX + 1), 1)
 metrale_kv_append_attention_wgmma_online_prefill(
     const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
     act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
     const int* __restrict__ slots, act_t* __restrict__ o, int rows, int hq, int hkv, int d,
     int max_ctx, float scale, int window) {
     grid_dependency_sync();
-    if (KV_BLOCK != TILE_POS || !wg_launch_ok(rows, hq, hkv, d, 2 * 64, 1, false)) __trap();
-    const WgPlace at(hq / hkv, blockDim.x / 128, positions, slots, rows, window);
-    if (at.hg == 0)
-        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
-                       max_ctx);
-    if (d > 64)
-        wg_attend_online<2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
-                            max_ctx, scale, window, at);
-    else
-        wg_attend_online<1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
-                            max_ctx, scale, window, at);
+    if (KV_BLOCK != TILE_POS ||
+        !wg_launch_ok(rows, hq, hkv, d, 2 * 64, 1, false, 1, ONLINE_STAGES))
+        __trap();
+    auto run = [&](auto ch) {
+        constexpr int CH = decltype(ch)::value;
+        wg_ring_block<CH, CH>(k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
+                              max_ctx, window, ONLINE_STAGES, 0,
+                              [&](const WgSmem& s, const WgPlace& at) {
+#if ONLINE_OVERLAP
+            online_consume_overlapped<CH>(s, k, positions, slots, o, rows, hq, d, max_ctx, scale,
+                                          window, at);
+#else
+            online_consume<CH>(s, k, positions, slots, o, rows, hq, d, max_ctx, scale, window,
+                               at);
+#endif
+        });
+    };
+    if (d > 64) run(std::integral_constant<int, 2>());
+    else run(std::integral_constant<int, 1>());
 }
 
 // ------------------------------------------------------------------ two-pass
 
-// The two-pass attention of the block's rows at output columns col0 + [0, 64 VCH), the head's
-// scores over KCH chunks (constants, as wg_attend_online's).
+// The two-pass attention of the warpgroup's 64 rows at output columns col0 + [0, 64 VCH), the
+// head's scores over KCH chunks (constants, as online_consume's), each tile as the ring gives
+// it: a KV block's tiles for its max (pass 1), then again for its exponentials and the values
+// they weigh (pass 2).
 template <int KCH, int VCH>
-__device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, const act_t* q,
-                                                const act_t* k_cache, const act_t* v_cache,
-                                                const int* positions, const int* slots, act_t* o,
-                                                int rows, int hq, int hkv, int d, int max_ctx,
-                                                float scale, int window, const WgPlace& at,
-                                                int col0) {
-    const WgSmem s(d);
+__device__ __forceinline__ void exact_consume(const WgSmem& s, const act_t* k,
+                                              const int* positions, const int* slots, act_t* o,
+                                              int rows, int hq, int d, float scale, int window,
+                                              const WgPlace& at, int col0) {
     const int t = threadIdx.x & 3;
     float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
     // the running outputs in shared memory, register 32 ch + i of the fragment at acc[128 (32 ch
@@ -419,33 +654,29 @@ __device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, 
     float* acc = s.outputs(at.wg) + (threadIdx.x & 127);
 #pragma unroll
     for (int i = 0; i < 32 * VCH; ++i) acc[128 * i] = 0.0f;
-    wg_issue_q<KCH>(s, q, at.row0, rows, at.head, hq, d, at.wg);
+    Ring ring(s);
     for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
-                     [&](int slot, int lo, int hi, AppendRun run) {
-        auto issue = [&](bool with_v) {
-            return [&, with_v](int b, int st) {
-                wg_issue_tile<KCH, VCH>(s, b, k_cache, v_cache, k, v, positions, slots, rows,
-                                        slot, run, st, lo, hi, at.kvh, hkv, d, max_ctx, with_v,
-                                        col0);
-            };
-        };
+                     [&](int slot, int lo, int hi, AppendRun) {
         for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
             const Span sp[2] = {Span(at.rw[0], slot, b0, KV_BLOCK),
                                 Span(at.rw[1], slot, b0, KV_BLOCK)};
             // pass 1: the block's max score of each row
             float mb[2] = {-INFINITY, -INFINITY};
-            wg_over_tiles(t0, t1, issue(false), [&](int b, int st) {
-                if (!at.active) return;
-                float sc[32];
-                wg_scores<KCH>(s, at.wg, b, sc);
-                const bool whole = whole_tile(sp, st);
+            for (int st = t0; st < t1; st += TILE_POS) {
+                const int b = ring.take();
+                if (at.active) {
+                    float sc[32];
+                    wg_scores<KCH>(s, at.wg, b, sc);
+                    const bool whole = whole_tile(sp, st);
 #pragma unroll
-                for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
-                    const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
-                    if (whole || sp[h].has(pos)) mb[h] = fmaxf(mb[h], sc[i] * scale);
+                    for (int i = 0; i < 32; ++i) {  // register 4 ni + e: n8 tile ni, element e
+                        const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+                        if (whole || sp[h].has(pos)) mb[h] = fmaxf(mb[h], sc[i] * scale);
+                    }
                 }
-            });
+                ring.give();
+            }
             mb[0] = quad_max(mb[0]);
             mb[1] = quad_max(mb[1]);
             // pass 2: exponentials, their sum and the values they weigh
@@ -454,40 +685,44 @@ __device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, 
             for (int ch = 0; ch < VCH; ++ch)
 #pragma unroll
                 for (int i = 0; i < 32; ++i) ab[ch][i] = 0.0f;
-            wg_over_tiles(t0, t1, issue(true), [&](int b, int st) {
-                if (!at.active) return;
-                float sc[32];
-                wg_scores<KCH>(s, at.wg, b, sc);
-                const bool whole = whole_tile(sp, st);
+            for (int st = t0; st < t1; st += TILE_POS) {
+                const int b = ring.take();
+                if (at.active) {
+                    float sc[32];
+                    wg_scores<KCH>(s, at.wg, b, sc);
+                    const bool whole = whole_tile(sp, st);
 #pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                    const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
-                    // exp of every score, then the mask (a masked score's exp is dropped)
-                    const float ex = expf(sc[i] * scale - mb[h]);
-                    sc[i] = whole || sp[h].has(pos) ? ex : 0.0f;
-                    lb[h] += sc[i];
+                    for (int i = 0; i < 32; ++i) {
+                        const int h = (i & 3) >> 1, pos = st + 8 * (i >> 2) + 2 * t + (i & 1);
+                        // exp of every score, then the mask (a masked score's exp is dropped)
+                        const float ex = expf(sc[i] * scale - mb[h]);
+                        sc[i] = whole || sp[h].has(pos) ? ex : 0.0f;
+                        lb[h] += sc[i];
+                    }
+                    // positions 16 kk .. 16 kk + 15 at a time: their parts (12 registers, not
+                    // 48) live until their wgmmas are done
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk) {
+                        uint32_t a[3][4];  // e's parts as A fragments
+#pragma unroll
+                        for (int r = 0; r < 4; ++r)  // word r: n8 tile 2 kk + r / 2, row half r % 2
+                            split3(sc[8 * kk + 4 * (r / 2) + 2 * (r % 2)],
+                                   sc[8 * kk + 4 * (r / 2) + 2 * (r % 2) + 1], a[0][r], a[1][r],
+                                   a[2][r]);
+                        wgmma_fence();
+#pragma unroll
+                        for (int ch = 0; ch < VCH; ++ch)
+#pragma unroll
+                            for (int part = 0; part < 3; ++part)
+                                wgmma_values(ab[ch], a[part],
+                                             n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 2048));
+                        wgmma_commit();
+                        wgmma_wait<0>();
+                    }
                 }
-                // positions 16 kk .. 16 kk + 15 at a time: their parts (12 registers, not 48)
-                // live until their wgmmas are done
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    uint32_t a[3][4];  // e's parts as A fragments
-#pragma unroll
-                    for (int r = 0; r < 4; ++r)  // word r: n8 tile 2 kk + r / 2, row half r % 2
-                        split3(sc[8 * kk + 4 * (r / 2) + 2 * (r % 2)],
-                               sc[8 * kk + 4 * (r / 2) + 2 * (r % 2) + 1], a[0][r], a[1][r],
-                               a[2][r]);
-                    wgmma_fence();
-#pragma unroll
-                    for (int ch = 0; ch < VCH; ++ch)
-#pragma unroll
-                        for (int part = 0; part < 3; ++part)
-                            wgmma_values(ab[ch], a[part],
-                                         n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 2048));
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                }
-            });
+                ring.give();
+            }
+            if (!at.active) continue;
             // the block merges into the running state, left to right, for the rows it has
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -512,34 +747,33 @@ __device__ __forceinline__ void wg_attend_exact(const act_t* k, const act_t* v, 
     store_rows(out, l, at.rw, o, at.wrow0, hq, at.head, d, col0);
 }
 
-// The two-pass attention's launch, kv_append first where k_new is given (by the blocks of the
-// first head group and slice).
+// The two-pass attention's launch, kv_append first where k is given.
 __device__ __forceinline__ void wg_two_pass(const act_t* k, const act_t* v, const act_t* q,
                                             act_t* k_cache, act_t* v_cache, const int* positions,
                                             const int* slots, act_t* o, int rows, int hq, int hkv,
                                             int d, int max_ctx, float scale, int window) {
     if (KV_BLOCK == TILE_POS ||
-        !wg_launch_ok(rows, hq, hkv, d, 4 * 64, (d + WG_SLICE - 1) / WG_SLICE, true))
+        !wg_launch_ok(rows, hq, hkv, d, 4 * 64, (d + WG_SLICE - 1) / WG_SLICE, true, 1,
+                      EXACT_STAGES))
         __trap();
-    const WgPlace at(hq / hkv, blockDim.x / 128, positions, slots, rows, window);
-    if (k && at.hg == 0 && blockIdx.z == 0)
-        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
-                       max_ctx);
     const int col0 = blockIdx.z * WG_SLICE;
-    if (d <= 64)
-        wg_attend_exact<1, 1>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
-                              max_ctx, scale, window, at, col0);
-    else if (d <= 128)
-        wg_attend_exact<2, 2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
-                              max_ctx, scale, window, at, col0);
-    else
-        wg_attend_exact<4, 2>(k, v, q, k_cache, v_cache, positions, slots, o, rows, hq, hkv, d,
-                              max_ctx, scale, window, at, col0);
+    auto run = [&](auto kch, auto vch) {
+        constexpr int KCH = decltype(kch)::value, VCH = decltype(vch)::value;
+        wg_ring_block<KCH, VCH>(k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
+                                max_ctx, window, EXACT_STAGES, col0,
+                                [&](const WgSmem& s, const WgPlace& at) {
+            exact_consume<KCH, VCH>(s, k, positions, slots, o, rows, hq, d, scale, window, at,
+                                    col0);
+        });
+    };
+    if (d <= 64) run(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());
+    else if (d <= 128) run(std::integral_constant<int, 2>(), std::integral_constant<int, 2>());
+    else run(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
 }
 
-// grid (hkv ceil(G / WGS), ceil(rows / 64), ceil(d / 128)), block 128 WGS (as the online
+// grid (hkv ceil(G / WGS), ceil(rows / 64), ceil(d / 128)), block 128 (WGS + 1) (as the online
 // entry's). attention at its prefill point: the cache holds every position.
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
+extern "C" __global__ void __launch_bounds__(128 * (WG_MAX + 1), 1)
 metrale_wgmma_attention_prefill(const act_t* __restrict__ q, const act_t* __restrict__ k_cache,
                                 const act_t* __restrict__ v_cache,
                                 const int* __restrict__ positions, const int* __restrict__ slots,
@@ -552,7 +786,7 @@ metrale_wgmma_attention_prefill(const act_t* __restrict__ q, const act_t* __rest
 
 // kv_append then attention (the same grid): every block reads the positions the launch appends
 // from k, v.
-extern "C" __global__ void __launch_bounds__(128 * WG_MAX, 1)
+extern "C" __global__ void __launch_bounds__(128 * (WG_MAX + 1), 1)
 metrale_kv_append_wgmma_attention_prefill(
     const act_t* __restrict__ k, const act_t* __restrict__ v, const act_t* __restrict__ q,
     act_t* k_cache, act_t* v_cache, const int* __restrict__ positions,
