@@ -674,7 +674,7 @@ def test_the_prefill_attention_refuses_shapes_it_cannot_serve_before_launching()
     into a typed error when the launch is bound, naming the point and the limit."""
     P = Presentation.load()
     for hw, threads, limits in (
-            ("sm_90", 256, ()),
+            ("sm_90", 384, ()),  # two computing warpgroups and the producer
             ("sm_80", 128, (({"hq": 64, "hkv": 4}, "hq // hkv <= 8"),))):
         F = realization(hw)
         for family in ("attention", "kv_append_attention"):

@@ -7,11 +7,10 @@
 // kept apart. gemm_tma.cu keeps a 256-wide k-block's partial beside the sum, three sets of 64
 // registers for a warpgroup's 64 x 128 slice; with the one set, a warpgroup holds a 64 x 256
 // slice in 128 registers (m64n256k16 wgmmas) and a block of two consumer warpgroups a 128 x 256
-// tile: each activation byte a stage brings feeds twice the MMAs of gemm_tma.cu's 128 x 128
-// tile, each stage byte 4/3 as many. Where those wide tiles are fewer than the multiprocessors
-// (`wide` 0: Qwen3-0.6B's o_proj at 2048 rows, 64 tiles), the plain entries take 128 x 128 tiles
-// instead (m64n128k16), twice as many blocks; every output is the same chain of 16-wide steps
-// either way.
+// tile: each byte a stage brings feeds twice the MMAs of gemm_tma.cu's 128 x 128 tile. Where
+// those wide tiles are fewer than the multiprocessors (`wide` 0: Qwen3-0.6B's o_proj at 2048
+// rows, 64 tiles), the plain entries take 128 x 128 tiles instead (m64n128k16), twice as many
+// blocks; every output is the same chain of 16-wide steps either way.
 //
 // A block of three warpgroups: warpgroups 0 and 1 consume (rows 64 wg + [0, 64) of the tile,
 // all its columns), warpgroup 2 produces: one of its threads copies each stage's activation box
