@@ -600,6 +600,30 @@ def test_a_pipeline_one_wait_short_reads_poison(build_dir):
     assert not np.isfinite(short.astype(np.float32)).any()
 
 
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
+def test_the_attention_ring_says_a_tile_landed_only_once_it_has(build_dir, family):
+    """sm_90's prefill attention: the producer arrives on a buffer's full barrier only after the
+    wait that completes its copies, and the computing warpgroups read a buffer only once that
+    barrier's phase completes. Built with one cp.async group more left in flight at every wait
+    (METRALE_SIMT_WAIT_SLACK=1), the producer says tiles landed that have not, the wgmmas read
+    the poison shared memory starts with, and rows come out non-finite; as built, none does. A
+    prompt of 300 rows from position 0: five tiles a row at most, past the ring's buffers."""
+    fam = P.family(family)
+    point = prefill_point(fam)
+    assert F.realize(point).source == "sm_90/common/attention_wgmma.cu"
+    rows, d = 300, 64
+    sizes = {**sizes_for(fam, rows), "hq": 4, "hkv": 2, "d": d, "slots": 1, "max_ctx": rows}
+    _, device = inputs(fam, point, sizes, seed=11)
+    device["positions"], device["slots"] = (np.arange(rows, dtype=np.int32),), \
+        (np.zeros(rows, np.int32),)
+    attrs = {"window": 0, "scale": d ** -0.5}
+    (good,) = run(build_dir, fam, point, sizes, device, attrs)[:1]
+    (short,) = run(build_dir, fam, point, sizes, device, attrs,
+                   extra=("METRALE_SIMT_WAIT_SLACK=1",))[:1]
+    assert np.isfinite(good.astype(np.float32)).all()
+    assert not np.isfinite(short.astype(np.float32)).all()
+
+
 @pytest.mark.parametrize("rows,entry", [(16, "metrale_linear_wgmma"), (130, "metrale_linear_tma")])
 def test_wgmma_reads_its_operands_through_the_swizzle(build_dir, rows, entry):
     """The emulated wgmma decodes the 128-byte swizzle of its descriptors: built to read without
