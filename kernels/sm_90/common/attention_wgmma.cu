@@ -483,20 +483,53 @@ __device__ __forceinline__ void wg_ring_block(const act_t* k, const act_t* v, co
 
 // ------------------------------------------------------------------ online
 
-// The online softmax of the warpgroup's 64 rows, the head in CH chunks (a constant, so that
-// every wgmma's registers are known where it is issued), each tile as the ring gives it. A
-// warpgroup past its group's last head only keeps the count.
+// A warpgroup's online softmax state for its 64 rows, the head in CH chunks (a constant, so
+// that every wgmma's registers are known where it is issued): the lane's two rows' running max
+// and sum, and its part of their outputs.
+template <int CH>
+struct OnlineRows {
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
+    __device__ __forceinline__ OnlineRows() {
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
+    }
+    // The outputs rescaled by a (online_block's factor), then p · v of buffer b's values issued
+    // (one wgmma group, not waited for).
+    __device__ __forceinline__ void add(const float (&a)[2], const uint32_t (&pa)[4][4],
+                                        const WgSmem& s, int b) {
+        if (!online_keeps(a)) {
+#pragma unroll
+            for (int ch = 0; ch < CH; ++ch)
+#pragma unroll
+                for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int ch = 0; ch < CH; ++ch)
+                wgmma_values(acc[ch], pa[kk],
+                             n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
+        wgmma_commit();
+    }
+    // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
+    __device__ __forceinline__ void store(const WgPlace& at, act_t* o, int hq, int d) const {
+        online_store(reinterpret_cast<const float(&)[8 * CH][4]>(acc), l, at.rw, o, at.wrow0, hq,
+                     at.head, d);
+    }
+};
+
+// The online softmax of the warpgroup's 64 rows, each tile as the ring gives it. A warpgroup
+// past its group's last head only keeps the count.
 template <int CH>
 __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
                                                const int* positions, const int* slots, act_t* o,
                                                int rows, int hq, int d, int max_ctx, float scale,
                                                int window, const WgPlace& at) {
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
-#pragma unroll
-    for (int ch = 0; ch < CH; ++ch)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
+    OnlineRows<CH> rs;
     Ring ring(s);
     for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
@@ -507,30 +540,14 @@ __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
                 float sc[32], a[2];
                 uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
                 wg_scores<CH>(s, at.wg, b, sc);
-                online_block(sc, sp, st, c, m, l, a, pa);
-                if (!online_keeps(a)) {
-#pragma unroll
-                    for (int ch = 0; ch < CH; ++ch)
-#pragma unroll
-                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
-                }
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int ch = 0; ch < CH; ++ch)
-                        wgmma_values(acc[ch], pa[kk],
-                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
-                wgmma_commit();
+                online_block(sc, sp, st, c, rs.m, rs.l, a, pa);
+                rs.add(a, pa, s, b);
                 wgmma_wait<0>();
             }
             ring.give();
         });
     });
-    // chunk ch's register 4 j + e is n8 tile 8 ch + j's element e: the head's n8 tiles in order
-    if (at.active)
-        online_store(reinterpret_cast<const float(&)[8 * CH][4]>(acc), l, at.rw, o, at.wrow0, hq,
-                     at.head, d);
+    if (at.active) rs.store(at, o, hq, d);
 }
 
 #ifndef ONLINE_OVERLAP
@@ -547,11 +564,7 @@ __device__ __forceinline__ void online_consume_overlapped(const WgSmem& s, const
                                                           int max_ctx, float scale, int window,
                                                           const WgPlace& at) {
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[CH][32];
-#pragma unroll
-    for (int ch = 0; ch < CH; ++ch)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[ch][i] = 0.0f;
+    OnlineRows<CH> rs;
     Ring ring(s);
     for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
@@ -571,27 +584,14 @@ __device__ __forceinline__ void online_consume_overlapped(const WgSmem& s, const
             float a[2];
             uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
             if (at.active) {
-                online_block(sc, sp, st, c, m, l, a, pa);
+                online_block(sc, sp, st, c, rs.m, rs.l, a, pa);
                 if (more) wgmma_wait<1>();  // the last tile's p · v (these scores may run on)
                 else wgmma_wait<0>();
             }
             if (held) ring.give();
             held = 1;
             if (at.active) {
-                if (!online_keeps(a)) {
-#pragma unroll
-                    for (int ch = 0; ch < CH; ++ch)
-#pragma unroll
-                        for (int i = 0; i < 32; ++i) acc[ch][i] *= a[(i & 3) >> 1];
-                }
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                    for (int ch = 0; ch < CH; ++ch)
-                        wgmma_values(acc[ch], pa[kk],
-                                     n_major(s.at + s.v(b) + ch * CHUNK_BYTES + kk * 16 * 128));
-                wgmma_commit();
+                rs.add(a, pa, s, b);
                 if (more) wgmma_wait<1>();  // the next tile's scores (this p · v may run on)
                 else wgmma_wait<0>();
 #pragma unroll
@@ -600,9 +600,7 @@ __device__ __forceinline__ void online_consume_overlapped(const WgSmem& s, const
         }
         ring.give();  // the last tile's p · v was waited for
     });
-    if (at.active)
-        online_store(reinterpret_cast<const float(&)[8 * CH][4]>(acc), l, at.rw, o, at.wrow0, hq,
-                     at.head, d);
+    if (at.active) rs.store(at, o, hq, d);
 }
 
 // grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 (WGS + 1) (WGS = min(2, G), G = hq /
