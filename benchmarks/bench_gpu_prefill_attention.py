@@ -97,9 +97,9 @@ def timed(cp: Any, launch: Any) -> float:
 def warpgroup_launch(shape: tuple, sizes: dict[str, int], wgs: int) -> tuple | None:
     """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``wgs``
     warpgroups that compute, a q head each (grid x: the kv heads times ceil(G / wgs) head
-    groups), and the table's warpgroups that only copy (the online kernel's producer: the
-    block's warpgroups past those the grid implies); None where that is the table's own or more
-    than the group's heads or the kernel's two."""
+    groups), and the table's warpgroups that only copy (the producer: the block's warpgroups
+    past those the grid implies); None where that is the table's own or more than the group's
+    heads or the kernel's two."""
     (gx, gy, gz), (bx, _, _), shared = shape
     hkv, g = sizes["hkv"], sizes["hq"] // sizes["hkv"]
     own = next(w for w in (2, 1) if hkv * -(-g // w) == gx)
