@@ -32,8 +32,7 @@
 // - online (online_consume): attention_online.cu's, online_block's (attention_prefill.cuh):
 //   KV blocks of 64 (= the tile), each once; 2^x the multi-function unit's, flushed to zero
 //   below 2^-126.
-// Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones); ONLINE_OVERLAP
-// (online_consume_overlapped).
+// Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones).
 #include <type_traits>
 
 #include "attention_prefill.cuh"
@@ -59,8 +58,8 @@ constexpr bool EXACT_ORDER = KV_BLOCK > TILE_POS;  // the two-pass entries (else
 // buffer's key tile (kch chunks) and value tile (vch), the two-pass order's running outputs
 // (`exact`: 64 rows x 128 f32 a warpgroup, each thread's 64 a column of 128-float rows, read and
 // written once a KV block), then, per buffer and position, the global rows its key and value
-// come from (null: zeros) and the launch row appending it (-1: none), then the online entry's
-// barriers (`barriers`: a full and an empty one a buffer). KERNELS.toml's launch.shared is
+// come from (null: zeros) and the launch row appending it (-1: none), then the ring's barriers
+// (`barriers`: a full and an empty one a buffer). KERNELS.toml's launch.shared is
 // bytes(d, wgs, exact, stages, barriers): 1024 + 8192 (wgs kch + stages (kch + vch)) + exact wgs
 // 32768 + stages 1280 + 8 barriers.
 struct WgSmem {
@@ -147,22 +146,14 @@ __device__ __forceinline__ void wgmma_values(float (&d)[32], const uint32_t (&a)
 
 // ------------------------------------------------------------------ the tiles
 
-// The threads that copy a tile together and the tile's positions they take: thread t of nt,
-// positions [j0, j0 + nj), met by sync(): the whole block (the two-pass entries: __syncthreads)
-// or one warp of the online entry's producer, a quarter of the tile (__syncwarp).
+// The threads that copy a tile together and the tile's positions they take: lane t of one
+// producer warp, positions [j0, j0 + nj), a quarter of the tile, met by sync() (__syncwarp).
 struct TileCrew {
     int t, nt, j0, nj;
-    bool warp;
-    static __device__ __forceinline__ TileCrew block() {
-        return {(int)threadIdx.x, (int)blockDim.x, 0, TILE_POS, false};
-    }
     static __device__ __forceinline__ TileCrew quarter(int w, int lane) {
-        return {lane, 32, w * (TILE_POS / 4), TILE_POS / 4, true};
+        return {lane, 32, w * (TILE_POS / 4), TILE_POS / 4};
     }
-    __device__ __forceinline__ void sync() const {
-        if (warp) __syncwarp();
-        else __syncthreads();
-    }
+    __device__ __forceinline__ void sync() const { __syncwarp(); }
 };
 
 // KP 16-byte pieces of each of the crew's rows kb + j stride into the tile at dst, those at or
@@ -550,59 +541,6 @@ __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
     if (at.active) rs.store(at, o, hq, d);
 }
 
-#ifndef ONLINE_OVERLAP
-#define ONLINE_OVERLAP 0
-#endif
-// online_consume with each tile's softmax beside the tensor pipe's work: tile j + 1's scores are
-// issued before tile j's softmax and tile j's p · v after it, left running into tile j + 1's
-// softmax; the running outputs are rescaled once tile j - 1's p · v is done (groups complete in
-// order: wgmma_wait<1> leaves the newest). A buffer is released once its p · v is done.
-template <int CH>
-__device__ __forceinline__ void online_consume_overlapped(const WgSmem& s, const act_t* k,
-                                                          const int* positions, const int* slots,
-                                                          act_t* o, int rows, int hq, int d,
-                                                          int max_ctx, float scale, int window,
-                                                          const WgPlace& at) {
-    const float c = scale * 1.4426950408889634f;  // scores in log2 units
-    OnlineRows<CH> rs;
-    Ring ring(s);
-    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
-                     [&](int slot, int lo, int hi, AppendRun) {
-        const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
-        float sc[32], next[32];
-        const int b0 = ring.take();
-        if (at.active) {
-            wg_scores_issue<CH>(s, at.wg, b0, sc);
-            wgmma_wait<0>();
-        }
-        int held = 0;  // the tile before, its p · v perhaps still running
-        for (int st = lo / TILE_POS * TILE_POS; st <= hi; st += TILE_POS) {
-            const int b = ring.take(held);
-            const bool more = st + TILE_POS <= hi;
-            const int bn = more ? ring.take(held + 1) : b;
-            if (at.active && more) wg_scores_issue<CH>(s, at.wg, bn, next);
-            float a[2];
-            uint32_t pa[4][4];  // the weights as A fragments: positions 16 kk .. 16 kk + 15
-            if (at.active) {
-                online_block(sc, sp, st, c, rs.m, rs.l, a, pa);
-                if (more) wgmma_wait<1>();  // the last tile's p · v (these scores may run on)
-                else wgmma_wait<0>();
-            }
-            if (held) ring.give();
-            held = 1;
-            if (at.active) {
-                rs.add(a, pa, s, b);
-                if (more) wgmma_wait<1>();  // the next tile's scores (this p · v may run on)
-                else wgmma_wait<0>();
-#pragma unroll
-                for (int i = 0; i < 32; ++i) sc[i] = next[i];
-            }
-        }
-        ring.give();  // the last tile's p · v was waited for
-    });
-    if (at.active) rs.store(at, o, hq, d);
-}
-
 // grid (hkv ceil(G / WGS), ceil(rows / 64), 1), block 128 (WGS + 1) (WGS = min(2, G), G = hq /
 // hkv: the warpgroups that compute, then the producer): kv_append, then attention. A launch it
 // cannot serve traps (loud).
@@ -621,13 +559,8 @@ metrale_kv_append_attention_wgmma_online_prefill(
         wg_ring_block<CH, CH>(k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
                               max_ctx, window, ONLINE_STAGES, 0,
                               [&](const WgSmem& s, const WgPlace& at) {
-#if ONLINE_OVERLAP
-            online_consume_overlapped<CH>(s, k, positions, slots, o, rows, hq, d, max_ctx, scale,
-                                          window, at);
-#else
             online_consume<CH>(s, k, positions, slots, o, rows, hq, d, max_ctx, scale, window,
                                at);
-#endif
         });
     };
     if (d > 64) run(std::integral_constant<int, 2>());
