@@ -72,8 +72,9 @@ class Decode:
     """The decode rows of a ``gpu_decode.json``, indexed by (model, batch, quant, policy); a key
     measured more than once takes the median. Rows without a policy are the exact plans."""
 
-    def __init__(self, doc: dict[str, Any] | None) -> None:
+    def __init__(self, doc: dict[str, Any] | None, file: str | None = None) -> None:
         self.doc = doc or {}
+        self.file = file  # the results file's stem, where it is not the run's own name
         self.rows: dict[tuple, list[dict]] = {}
         for r in self.doc.get("rows", []):
             if isinstance(r, dict) and {"model", "batch", "quant"} <= r.keys():
@@ -105,7 +106,7 @@ class Decode:
     @property
     def name(self) -> str:
         """The run's results file stem (``bench_gpu_decode.py --name``)."""
-        return self.doc.get("benchmark") or "gpu_decode"
+        return self.file or self.doc.get("benchmark") or "gpu_decode"
 
     def get(self, model: str, batch: int, quant: str, policy: str, field: str) -> float | None:
         rows = [r for r in self.rows.get((model, batch, quant, policy), ())
@@ -204,15 +205,18 @@ def decode_peers(doc: dict[str, Any] | None) -> str:
             + _table(["model", "batch", "Metrale exact bf16 ms", *(n for _, n in fields)], rows))
 
 
-def decode_run(doc: dict[str, Any] | None, name: str) -> str:
+def decode_run(doc: dict[str, Any] | None, name: str, *, batched: bool = False) -> str:
     """A decode run of a results file of its own (a model measured beside the committed run):
-    each step with its floor, its share of the floor and the peers of the same run."""
-    d = Decode(doc)
-    if not d.rows:
+    each step with its floor, its share of the floor and the peers of the same run; ``batched``:
+    its steps of more than one row only."""
+    d = Decode(doc, name)
+    keys = [k for k in d.rows if not batched or k[1] > 1]
+    if not keys:
         return f"No result is committed (`benchmarks/results/{name}.json`)."
-    fields = (("eager_s", "HF eager"), ("compiled_s", "HF + torch.compile"))
+    fields = [(f, n) for f, n in (("eager_s", "HF eager"), ("compiled_s", "HF + torch.compile"))
+              if any(d.get(*k, f) is not None for k in keys)]  # the peers the run measured
     rows = []
-    for model, batch, quant, policy in d.rows:
+    for model, batch, quant, policy in keys:
         step, floor = (d.get(model, batch, quant, policy, f) for f in ("step_s", "floor_s"))
         peers = [d.get(model, batch, quant, policy, f) for f, _ in fields]
         rows.append([model, str(batch), quant, policy, _ms(step, 3), _ms(floor, 3),
@@ -221,9 +225,13 @@ def decode_run(doc: dict[str, Any] | None, name: str) -> str:
                        for c in peers),
                      DASH if (n := d.get(model, batch, quant, policy, "launches")) is None
                      else f"{n:.0f}"])
-    return (_source(name, d.command, d.doc.get("gpu")) + _copy_rate(d) + " Steps in ms; the "
-            "peers run transformers' model in bf16 (in brackets: the peer's time over "
-            "Metrale's).\n\n"
+    return (_source(name, d.command, d.doc.get("gpu")) + _copy_rate(d)
+            + (" Its steps of more than one row (the file holds its one-row steps too)."
+               if batched else "")
+            + " Steps in ms"
+            + ("; the peers run transformers' model in bf16 (in brackets: the peer's time over "
+               "Metrale's)." if fields else ", no peer in this run.")
+            + "\n\n"
             + _table(["model", "batch", "weights", "policy", "step ms", "HBM floor ms",
                       "of the floor", *(n for _, n in fields), "launches"], rows))
 
@@ -564,6 +572,8 @@ def blocks(results: Path = RESULTS) -> dict[str, str]:
             "cold-start": cold_start(load("cold_start", results)),
             "decode-gpt-oss": decode_run(load("gpu_decode_gpt_oss", results),
                                          "gpu_decode_gpt_oss"),
+            "decode-batched": decode_run(load("gpu_decode_batched", results),
+                                         "gpu_decode_batched", batched=True),
             "host": host(results)}
 
 

@@ -92,6 +92,23 @@ def test_a_decode_run_of_its_own_renders_with_its_name_card_and_peers(tmp_path):
     assert "No result is committed" in report.blocks(tmp_path / "none")["decode-gpt-oss"]
 
 
+def test_a_batched_run_shows_its_steps_past_one_row_under_its_file_name(tmp_path):
+    """A run of several batches kept in a file of its own: the block lists its steps of more
+    than one row, its command writes that file (--name, though the run named itself
+    gpu_decode), and a run without peers has no peer columns."""
+    rows = [_row("llama-3.1-8b", b, "bf16", p, s, floor_s=0.005, launches=300)
+            for b, p, s in ((1, "exact", 0.0056), (8, "exact", 0.0084), (8, "bounded", 0.007))]
+    (tmp_path / "gpu_decode_batched.json").write_text(json.dumps(
+        {"benchmark": "gpu_decode", "gpu": "NVIDIA H100 80GB HBM3", "rows": rows}))
+    block = report.blocks(tmp_path)["decode-batched"]
+    command = block.split("reproduce with `")[1].split("`")[0]
+    assert command == ("python benchmarks/bench_gpu_decode.py llama-3.1-8b --batches 1,8 "
+                       "--quants bf16 --policies exact,bounded --no-hf --name gpu_decode_batched")
+    assert "| llama-3.1-8b | 8 | bf16 | exact | 8.400 | 5.000 | 60% | 300 |" in block
+    assert "| llama-3.1-8b | 8 | bf16 | bounded | 7.000 | 5.000 | 71% | 300 |" in block
+    assert "| 1 |" not in block and "HF eager" not in block and "no peer" in block
+
+
 def test_missing_results_say_so(tmp_path):
     blocks = report.blocks(tmp_path)
     assert "No decode result is committed" in blocks["decode-summary"]
