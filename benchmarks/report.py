@@ -226,7 +226,8 @@ def decode_run(doc: dict[str, Any] | None, name: str, *, batched: bool = False) 
                      DASH if (n := d.get(model, batch, quant, policy, "launches")) is None
                      else f"{n:.0f}"])
     return (_source(name, d.command, d.doc.get("gpu")) + _copy_rate(d)
-            + (" Its steps of more than one row (the file holds its one-row steps too)."
+            + (" Its steps of more than one row"
+               + (" (the file holds its one-row steps too)." if len(keys) < len(d.rows) else ".")
                if batched else "")
             + " Steps in ms"
             + ("; the peers run transformers' model in bf16 (in brackets: the peer's time over "

@@ -107,6 +107,7 @@ def test_a_batched_run_shows_its_steps_past_one_row_under_its_file_name(tmp_path
     assert "| llama-3.1-8b | 8 | bf16 | exact | 8.400 | 5.000 | 60% | 300 |" in block
     assert "| llama-3.1-8b | 8 | bf16 | bounded | 7.000 | 5.000 | 71% | 300 |" in block
     assert "| 1 |" not in block and "HF eager" not in block and "no peer" in block
+    assert "the file holds its one-row steps too" in block
 
 
 def test_missing_results_say_so(tmp_path):
