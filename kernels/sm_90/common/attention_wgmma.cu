@@ -33,6 +33,7 @@
 //   KV blocks of 64 (= the tile), each once; 2^x the multi-function unit's, flushed to zero
 //   below 2^-126.
 // Defines: ACT_BF16, KV_BLOCK (64: the online entry; 256: the two-pass ones).
+#include <climits>
 #include <type_traits>
 
 #include "attention_prefill.cuh"
@@ -282,13 +283,13 @@ __device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float 
     wgmma_wait<0>();
 }
 
-// kv_append of the block's rows (its kv head), 16 bytes a copy, every thread of the block.
+// kv_append of the block's rows (its kv head), 16 bytes a copy, by the producer's 128 threads.
 __device__ __forceinline__ void wg_append_rows(const act_t* k, const act_t* v, act_t* k_cache,
                                                act_t* v_cache, const int* positions,
                                                const int* slots, int row0, int rows, int kvh,
                                                int hkv, int d, int max_ctx) {
     const int n8 = d / 8, nrows = min(WG_ROWS, rows - row0);
-    for (int i = threadIdx.x; i < nrows * n8; i += blockDim.x) {
+    for (int i = threadIdx.x & 127; i < nrows * n8; i += 128) {
         const int row = row0 + i / n8, c = i % n8;
         const long src = ((long)row * hkv + kvh) * d + 8 * c;
         const long dst = (((long)slots[row] * max_ctx + positions[row]) * hkv + kvh) * d + 8 * c;
@@ -333,6 +334,42 @@ __device__ __forceinline__ bool wg_launch_ok(int rows, int hq, int hkv, int d, i
            (int)gridDim.z == slices &&
            dynamic_smem_bytes() >= (unsigned)WgSmem::bytes(d, wgs, exact, stages,
                                                            2 * stages * producers);
+}
+
+// ------------------------------------------------------------------ the block's slots
+
+// for_each_slot_of (attention_prefill.cuh) for the block's 64 rows: the same slots in the same
+// order, each with the same [lo, hi] and AppendRun (run_of, every thread of the block, where k_new
+// is given), each warp finding them on its own: lane l holds rows row0 + l and row0 + 32 + l, a
+// slot's rows are one ballot and its span one warp-wide min and max, where for_each_slot_of has
+// every thread walk the 64 rows once for each slot (64 row_info loads, a seventh of the online
+// block's issue slots at Qwen3-0.6B's 2048 tokens).
+template <class Body>
+__device__ __forceinline__ void wg_for_each_slot(int row0, const int* positions,
+                                                 const int* slots, int rows, int window,
+                                                 const act_t* k_new, Body body) {
+    const int lane = threadIdx.x & 31;
+    unsigned done0 = 0, done1 = 0;  // rows row0 + l, row0 + 32 + l given to a slot: bit l
+    while (~done0 | ~done1) {
+        // loaded again for each slot (L1 hits), so that nothing but done lives through body
+        const RowInfo r0 = row_info(row0 + lane, rows, positions, slots, window),
+                      r1 = row_info(row0 + 32 + lane, rows, positions, slots, window);
+        const bool high = !~done0;  // the first row not done: row0 + 32 high + i
+        const int i = __ffs(high ? ~done1 : ~done0) - 1;
+        const int slot = __shfl_sync(0xffffffffu, high ? r1.slot : r0.slot, i);
+        if (!__shfl_sync(0xffffffffu, high ? r1.live : r0.live, i)) break;
+        const bool in0 = r0.live && r0.slot == slot && !(done0 >> lane & 1),
+                   in1 = r1.live && r1.slot == slot && !(done1 >> lane & 1);
+        done0 |= __ballot_sync(0xffffffffu, in0);
+        done1 |= __ballot_sync(0xffffffffu, in1);
+        const int lo = __reduce_min_sync(0xffffffffu, min(in0 ? r0.lo : INT_MAX,
+                                                          in1 ? r1.lo : INT_MAX));
+        const int hi = __reduce_max_sync(0xffffffffu, max(in0 ? r0.p : INT_MIN,
+                                                          in1 ? r1.p : INT_MIN));
+        const AppendRun run = k_new ? run_of(positions, slots, rows, slot, row0 + 32 * high + i)
+                                    : AppendRun{false, false, 0};
+        body(slot, lo, hi, run);
+    }
 }
 
 // ------------------------------------------------------------------ the ring
@@ -384,11 +421,13 @@ __device__ __forceinline__ void slot_tiles(int lo, int hi, Visit visit) {
 // arrives on the buffer's full barrier. Before it waits for a buffer, and at the end of a slot,
 // it arrives for every tile it holds, so the computing warpgroups, which wait for a tile before
 // they release an earlier one, never wait for a tile the producer holds back (and the block
-// meets at the next slot's run_of).
+// meets at the next slot's run_of). Then kv_append of
+// the block's rows (where k is given, by the blocks of the first head group and slice), while
+// the computing warpgroups take the tiles still in the ring.
 template <int KCH, int VCH>
 __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, const act_t* v,
-                                             const act_t* q, const act_t* k_cache,
-                                             const act_t* v_cache, const int* positions,
+                                             const act_t* q, act_t* k_cache, act_t* v_cache,
+                                             const int* positions,
                                              const int* slots, int rows, int hq, int hkv, int d,
                                              int max_ctx, int window, const WgPlace& at,
                                              int col0) {
@@ -399,7 +438,7 @@ __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, co
         fence_async_shared();
         for (; landed < upto; ++landed) bar_arrive(s.full(landed % s.stages));
     };
-    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun run) {
         slot_tiles(lo, hi, [&](int st, bool with_v) {
             const int b = it % s.stages, use = it / s.stages - 1;
@@ -422,6 +461,9 @@ __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, co
         cp_async_wait<0>();
         arrive(it);
     });
+    if (k && at.hg == 0 && blockIdx.z == 0)
+        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
+                       max_ctx);
 }
 
 // A computing warpgroup's place in the ring: take() waits for the next tile (take(1), the one
@@ -439,9 +481,8 @@ struct Ring {
     __device__ __forceinline__ void give() { bar_arrive(s.empty(it++ % s.stages)); }
 };
 
-// One block of either order: its barriers set up, kv_append of its rows where k is given (by
-// the blocks of the first head group and slice), then the producer's copies and `compute` in
-// the other warpgroups, each with the producer's registers.
+// One block of either order: its barriers set up, then the producer's copies (and kv_append)
+// and `compute` in the other warpgroups, each with the producer's registers.
 template <int KCH, int VCH, class Compute>
 __device__ __forceinline__ void wg_ring_block(const act_t* k, const act_t* v, const act_t* q,
                                               act_t* k_cache, act_t* v_cache,
@@ -458,9 +499,6 @@ __device__ __forceinline__ void wg_ring_block(const act_t* k, const act_t* v, co
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if (k && at.hg == 0 && blockIdx.z == 0)
-        wg_append_rows(k, v, k_cache, v_cache, positions, slots, at.row0, rows, at.kvh, hkv, d,
-                       max_ctx);
     __syncthreads();  // the barriers are set up for every thread
     if (at.wg == wgs) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
@@ -522,7 +560,7 @@ __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
     OnlineRows<CH> rs;
     Ring ring(s);
-    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
         const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
         slot_tiles(lo, hi, [&](int st, bool) {
@@ -586,7 +624,7 @@ __device__ __forceinline__ void exact_consume(const WgSmem& s, const act_t* k,
 #pragma unroll
     for (int i = 0; i < 32 * VCH; ++i) acc[128 * i] = 0.0f;
     Ring ring(s);
-    for_each_slot_of(at.row0, WG_ROWS, positions, slots, rows, window, k,
+    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
         for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);

@@ -7,10 +7,11 @@
 // kept apart. gemm_tma.cu keeps a 256-wide k-block's partial beside the sum, three sets of 64
 // registers for a warpgroup's 64 x 128 slice; with the one set, a warpgroup holds a 64 x 256
 // slice in 128 registers (m64n256k16 wgmmas) and a block of two consumer warpgroups a 128 x 256
-// tile: each byte a stage brings feeds twice the MMAs of gemm_tma.cu's 128 x 128 tile. Where
-// those wide tiles are fewer than the multiprocessors (`wide` 0: Qwen3-0.6B's o_proj at 2048
-// rows, 64 tiles), the plain entries take 128 x 128 tiles instead (m64n128k16), twice as many
-// blocks; every output is the same chain of 16-wide steps either way.
+// tile: each activation byte a stage brings feeds twice the MMAs of gemm_tma.cu's 128 x 128
+// tile, each stage byte 4/3 as many. Where those wide tiles are fewer than the multiprocessors
+// (`wide` 0: Qwen3-0.6B's o_proj at 2048 rows, 64 tiles), the plain entries take 128 x 128
+// tiles instead (m64n128k16), twice as many blocks; every output is the same chain of 16-wide
+// steps either way.
 //
 // A block of three warpgroups: warpgroups 0 and 1 consume (rows 64 wg + [0, 64) of the tile,
 // all its columns), warpgroup 2 produces: one of its threads copies each stage's activation box
@@ -359,8 +360,9 @@ metrale_qkv_chain(const __grid_constant__ TensorMap x, const __grid_constant__ T
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for 128 columns a tile: weight tile rows [0, 128)
 // are the gate rows of columns n0 + [0, 128), rows [128, 256) the up rows of the same columns,
-// so a thread's registers i and i + 64 hold the two dots of one output. Always wide: its tiles
-// are as many as a plain launch's of 2n columns.
+// so a thread's registers i and i + 64 hold the two dots of one output, stored two adjacent
+// outputs at once (store_pair). Always wide: its tiles are as many as a plain launch's of 2n
+// columns.
 // block 384; grid (min(tiles, sms), 1, 1), tiles = ceil(rows / 128) ceil(n / 128).
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
@@ -381,11 +383,15 @@ metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
                          const ChainPlace pl;
                          const int n0 = tl.col(t) * HALF;
 #pragma unroll
-                         for (int i = 0; i < ACC / 2; ++i) {
+                         for (int i = 0; i < ACC / 2; i += 2) {
                              const int row = m0 + pl.row(i), col = n0 + pl.col(i);
-                             if (row < rows && col < n)
-                                 h[(long)row * n + col] = act_store(
-                                     silu_mul(act_round(acc[i]), act_round(acc[i + ACC / 2])));
+                             if (row < rows)
+                                 store_pair(h, (long)row * n + col, col, n,
+                                            silu_mul(act_round(acc[i]),
+                                                     act_round(acc[i + ACC / 2])),
+                                            silu_mul(act_round(acc[i + 1]),
+                                                     act_round(acc[i + 1 + ACC / 2])),
+                                            [](float v) { return act_store(v); });
                          }
                      });
 }

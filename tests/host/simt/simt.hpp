@@ -39,6 +39,7 @@
 #include <cuda_fp8.h>
 #include <math.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -324,6 +325,32 @@ inline int __all_sync(unsigned, int pred) {
     simt::meet(w.meet);
     return all;
 }
+inline unsigned __ballot_sync(unsigned, int pred) {
+    simt::Warp& w = simt::warp();
+    w.slot[simt::lane()] = pred != 0;
+    simt::meet(w.meet);
+    unsigned bits = 0;
+    for (int i = 0; i < 32; ++i) bits |= (unsigned)w.slot[i] << i;
+    simt::meet(w.meet);
+    return bits;
+}
+namespace simt {
+// redux.sync's min and max of a warp's signed values
+inline int reduce(int v, bool max) {
+    simt::Warp& w = simt::warp();
+    w.slot[simt::lane()] = (uint32_t)v;
+    simt::meet(w.meet);
+    int r = v;
+    for (int i = 0; i < 32; ++i) {
+        const int x = (int)(uint32_t)w.slot[i];
+        r = max ? std::max(r, x) : std::min(r, x);
+    }
+    simt::meet(w.meet);
+    return r;
+}
+}  // namespace simt
+inline int __reduce_min_sync(unsigned, int v) { return simt::reduce(v, false); }
+inline int __reduce_max_sync(unsigned, int v) { return simt::reduce(v, true); }
 
 template <class T>
 inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
@@ -339,6 +366,7 @@ inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); r
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline int __popc(uint32_t v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
 // byte n of the result is byte s[4n + 2 .. 4n] of the eight bytes y:x (x the low four)
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     const uint64_t bytes = (uint64_t)y << 32 | x;
