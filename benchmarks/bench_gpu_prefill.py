@@ -633,6 +633,15 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
     return kernels
 
 
+def unmeasured_points(plan: Any, hw: str = "sm_90") -> list[str]:
+    """The points of ``plan``'s kernels with no record of their current source on ``hw``: the
+    planner priced them by its model alone, so after a source edit it may choose other points
+    than it will once they are recorded (a record run's steps are planned after its cases are
+    recorded, and say which points were still unmeasured)."""
+    return sorted({str(k.point) for k in plan.kernels
+                   if k.kernel is not None and k.evidence != f"measured on {hw}"})
+
+
 def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
                    graphs: bool = True, kernels_dir: str | None = None) -> Any:
     """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
@@ -688,6 +697,12 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s,
                        "last_logits_finite": bool(np.isfinite(logits).all()),
                        "last_logits_sha256": array_sha256(logits)}
+                unmeasured = unmeasured_points(eng.plan("prefill", rows))
+                if unmeasured:
+                    row["unmeasured"] = unmeasured
+                    print(f"prefill {model} {quant} {policy} {rows}: planned with "
+                          f"{len(unmeasured)} kernels unmeasured on sm_90 (their choice may "
+                          f"change once recorded): {', '.join(unmeasured)}", flush=True)
                 if folder is not None:
                     row["kernels_dir"] = folder
                 if hf and quant == "bf16":
@@ -802,6 +817,8 @@ def main() -> None:
                           f"{c['of_floor']:.0%} of floor) rel err {c['max_rel_err_vs_peer']:.1e}"
                           + gemv, flush=True)
     records: list | None = [] if args.record else None
+    if args.record and cases:  # before the steps are planned, so that they price these records
+        record(cases, max(rows_list), [])
     steps = prefill_steps(torch, args.models.split(","),
                           [int(r) for r in args.steps.split(",") if r],
                           args.step_quants.split(","), not args.no_hf, args.kernels,
@@ -812,8 +829,8 @@ def main() -> None:
                                     "launches": LAUNCHES, "repeats": REPEATS,
                                     "cases": cases, "steps": steps})
     print(f"wrote {path}")
-    if args.record:
-        record(cases, max(rows_list, default=0), records or [])  # --rows "": the steps' alone
+    if args.record and records:  # the steps' kernels timed alone
+        record([], 0, records)
 
 
 def agrees(case: dict) -> bool:

@@ -269,3 +269,27 @@ def test_a_results_name_stays_a_file_in_the_results_folder(name, ok):
     else:
         with pytest.raises(argparse.ArgumentTypeError, match="results name"):
             result_name(name)
+
+
+def test_a_step_planned_over_an_edited_source_names_its_unmeasured_points(tmp_path):
+    """After a kernel source changes, its records no longer count and the planner prices its
+    points by the model alone, which chose other GEMMs for Llama-3.1-8B's bounded prefill than
+    the recorded chain: the benchmark's steps say which points were unmeasured."""
+    import shutil
+
+    from metrale.plan.plan import plan_for
+    from metrale.realize.hardware import default_kernels_dir
+
+    def points(kernels_dir):
+        plan = plan_for("qwen3-0.6b", "bf16", "sm_90", mode="prefill", rows=512,
+                        policy="bounded", kernels_dir=kernels_dir)
+        return bench.unmeasured_points(plan)
+
+    assert points(None) == []
+    edited = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), edited)
+    chain = edited / "sm_90" / "common" / "gemm_chain.cu"
+    chain.write_text(chain.read_text() + "// edited\n")
+    left = points(edited)
+    assert left and all("k_block=16" in p for p in left if "gemm" in p), left
+    assert not any("attention" in p for p in left), left
