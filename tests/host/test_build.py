@@ -3,8 +3,6 @@ while the others build, and every binary exporting its entry (skipped without nv
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
@@ -127,22 +125,6 @@ def test_every_source_of_every_nvidia_class_compiles_and_exports_its_entries(
         assert set(k.entries) <= set(exported), (k.point, k.entries)
 
 
-def test_met_build_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from metrale.cli import main
-
-    argv = ["build", "qwen3-0.6b", "--quant", "bf16", "--hardware", "sm_90", "--cache",
-            str(tmp_path / "cache"), "--registry", str(tmp_path / "reg"), "--format", "json"]
-    assert main(argv) == 0
-    cold = json.loads(capsys.readouterr().out)
-    assert cold["counts"]["built"] > 0 and cold["counts"]["failed"] == 0
-    assert cold["registry"] == str(tmp_path / "reg" / "sm_90" / "qwen3-0.6b" / "bf16")
-    assert main(argv) == 0
-    warm = json.loads(capsys.readouterr().out)
-    assert warm["counts"]["built"] == 0 and warm["counts"]["cached"] == cold["counts"]["built"]
-    assert Registry(tmp_path / "reg").summands() == (TARGET,)
-    assert {i["point"] for i in warm["items"]} == {i["point"] for i in cold["items"]}
-
-
 class _Recorder:
     """A backend that only records the modules it is given (the loader's side of binding)."""
 
@@ -158,42 +140,57 @@ class _Recorder:
         return module, entry
 
 
-def test_the_engine_compiles_up_front_the_units_met_build_compiles(tmp_path: Path) -> None:
-    """Issue 48's cold start: the kernels an Engine on a GPU launches are compiled before its
-    first step (``CudaPlanLoader.prepare``, the build's parallel compile, to the machine code
-    the loader loads, so the driver compiles nothing as the first steps load their modules),
-    after which binding every launch only reads the cache; and they are the very units
-    `met build` compiles, to the same format (one cache key), so a build warms `met run`."""
+def test_met_build_compiles_cold_then_warm_the_units_the_engine_compiles_up_front(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 48's cold start, from one cold compile of tiny-qwen3's sm_90 units (qwen3-0.6b's
+    are the same sources and defines): `met build` compiles them to machine code, into the cache
+    and the registry, and finds them all when run again. An Engine on a GPU compiles the kernels
+    it launches before its first step (``CudaPlanLoader.prepare``, the build's parallel compile,
+    to the format the loader loads, so the driver compiles nothing as the first steps load their
+    modules): they are the very units `met build` compiles (one cache key), so a build warms
+    `met run`; one missing, prepare compiles it, once, and binding every launch after that only
+    reads the cache."""
+    from metrale.cli import main
     from metrale.plan.plan import plan_for
     from metrale.plan.points import prepared_steps
     from metrale.realize.build import unit_key
     from metrale.runtime.cuda_loader import CudaPlanLoader
 
+    root, reg = tmp_path / "cache", tmp_path / "reg"
+    argv = ["build", "tiny-qwen3", "--quant", "bf16", "--hardware", "sm_90", "--cache",
+            str(root), "--registry", str(reg), "--format", "json"]
+    assert main(argv) == 0
+    cold = json.loads(capsys.readouterr().out)
+    assert cold["counts"]["built"] > 3 and cold["counts"]["cached"] == 0
+    assert cold["counts"]["failed"] == 0
+    assert cold["registry"] == str(reg / "sm_90" / "tiny-qwen3" / "bf16")
+    assert main(argv) == 0
+    warm = json.loads(capsys.readouterr().out)
+    assert warm["counts"]["built"] == 0 and warm["counts"]["cached"] == cold["counts"]["built"]
+    assert Registry(reg).summands() == (KernelTarget("sm_90", "tiny-qwen3", "bf16"),)
+    assert {i["point"] for i in warm["items"]} == {i["point"] for i in cold["items"]}
+
     plans = [plan_for("tiny-qwen3", "bf16", "sm_90", mode=mode, rows=rows, logits=logits,
                       sample=sample) for mode, rows, logits, sample in prepared_steps(1, 1024)]
     units = {unit_key(k.kernel) for p in plans for k in p.launches}
     assert [p.mode for p in plans][:2] == ["prefill", "prefill"]  # the first token's first
-    cache = BuildCache(tmp_path / "cache")
+    # the build's units are the engine's and what only the full-logits prefill launches (here
+    # nothing), so that every cache entry is a unit of the engine's
+    full = plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=64, logits="all")
+    assert not {unit_key(k.kernel) for k in full.launches} - units
+    assert cold["counts"]["built"] == len(units)
+    part = tmp_path / "part"  # the build's cache less one entry (its smallest binary)
+    shutil.copytree(root, part)
+    BuildCache(part).discard(min(part.rglob("*.bin"), key=lambda f: f.stat().st_size).stem)
+    cache = BuildCache(part)
     loader = CudaPlanLoader("sm_90a", cache=cache)
     loader.prepare(plans, progress=False)
-    assert cache.misses == len(units) > 3 and cache.hits == 0  # each unit compiled once
+    assert cache.misses == 1 and cache.hits == len(units) - 1  # the missing unit compiled once
     backend = _Recorder()
     for p in plans:
         for k in p.launches:
             handle, _ = loader.bind(backend, k, (1, 1, 1), (1, 1, 1), 0)
             assert handle[1] == k.kernel.entry
-    assert cache.misses == len(units)  # binding compiled nothing
+    assert cache.misses == 1  # binding compiled nothing
     assert len(backend.modules) == len(units)  # one module per unit, loaded once
     assert all(data[:4] == b"\x7fELF" for _, data in backend.modules)  # machine code (cubin)
-    # and `met build` with its defaults compiles to that format: it finds every unit cached
-    from metrale.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["build", "tiny-qwen3", "--quant", "bf16", "--hardware", "sm_90", "--cache",
-                     str(tmp_path / "cache"), "--format", "json"]) == 0
-    counts = json.loads(out.getvalue())["counts"]
-    # ... and builds, beside them, what only the full-logits prefill launches (nothing here)
-    full = plan_for("tiny-qwen3", "bf16", "sm_90", mode="prefill", rows=64, logits="all")
-    extra = {unit_key(k.kernel) for k in full.launches} - units
-    assert counts["cached"] == len(units) and counts["built"] == len(extra), counts
