@@ -61,6 +61,7 @@ from bench_gpu_variants import (  # noqa: E402
     parse_defines,
     time_graph,
 )
+from stale_evidence import unmeasured_kernels  # noqa: E402
 
 from metrale.realize.kernel import tensor_map_box, workspace_bytes  # noqa: E402
 from metrale.runtime.cuda_driver import DriverLauncher, encode_tensor_map  # noqa: E402
@@ -633,15 +634,6 @@ def step_kernels(eng: Any, config: Any, rows: int, step_s: float, records: list 
     return kernels
 
 
-def unmeasured_points(plan: Any, hw: str = "sm_90") -> list[str]:
-    """The points of ``plan``'s kernels with no record of their current source on ``hw``: the
-    planner priced them by its model alone, so after a source edit it may choose other points
-    than it will once they are recorded (a record run's steps are planned after its cases are
-    recorded, and say which points were still unmeasured)."""
-    return sorted({str(k.point) for k in plan.kernels
-                   if k.kernel is not None and k.evidence != f"measured on {hw}"})
-
-
 def prefill_engine(model: str, quant: str, max_ctx: int, policy: str = "exact",
                    graphs: bool = True, kernels_dir: str | None = None) -> Any:
     """An sm_90 engine with one cache slot of ``max_ctx`` positions and random weights, planned
@@ -697,7 +689,9 @@ def prefill_steps(torch: Any, models: list[str], lengths: list[int], quants: lis
                        "of_tensor_floor": flops / TENSOR_PEAK / t.step_s,
                        "last_logits_finite": bool(np.isfinite(logits).all()),
                        "last_logits_sha256": array_sha256(logits)}
-                unmeasured = unmeasured_points(eng.plan("prefill", rows))
+                # a record run's steps are planned after its cases are recorded: what is left
+                unmeasured = sorted(str(k.point)
+                                    for k in unmeasured_kernels(eng.plan("prefill", rows)))
                 if unmeasured:
                     row["unmeasured"] = unmeasured
                     print(f"prefill {model} {quant} {policy} {rows}: planned with "

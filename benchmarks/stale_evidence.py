@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 MODELS = ("qwen3-0.6b", "llama-3.1-8b", "qwen3-30b-a3b")
 QUANTS = ("bf16", "fp8", "mxfp4", "nvfp4")
@@ -51,6 +52,20 @@ def awaiting_device(hw: str = "sm_90") -> dict[str, str]:
         return {s["path"]: s["reason"] for s in tomllib.load(f).get("source", [])}
 
 
+def unmeasured_kernels(plan: Any, hw: str = "sm_90") -> list:
+    """The kernels of ``plan`` (each point once, in plan order) with no record of their current
+    source on ``hw``: the planner priced them by its model alone, so after a source edit it may
+    choose other points than it will once they are recorded."""
+    seen: set[str] = set()
+    out = []
+    for k in plan.kernels:
+        if k.kernel is None or k.evidence == f"measured on {hw}" or str(k.point) in seen:
+            continue
+        seen.add(str(k.point))
+        out.append(k)
+    return out
+
+
 def stale_kernels(hw: str = "sm_90", models: Iterable[str] = MODELS,
                   quants: Iterable[str] = QUANTS, policies: Iterable[str] = POLICIES,
                   awaiting: Iterable[str] = (), steps: Iterable[tuple[str, int, str]] = STEPS
@@ -71,10 +86,9 @@ def stale_kernels(hw: str = "sm_90", models: Iterable[str] = MODELS,
                 for mode, rows, logits in steps:
                     plan = plan_for(model, quant, hw, mode=mode, rows=rows, policy=policy,
                                     logits=logits)
-                    for k in plan.kernels:
+                    for k in unmeasured_kernels(plan, hw):
                         point = str(k.point)
-                        if (k.kernel is None or point in seen or k.evidence == f"measured on {hw}"
-                                or k.kernel.source in awaiting):
+                        if point in seen or k.kernel.source in awaiting:
                             continue
                         seen.add(point)
                         yield f"{model} {policy} {quant} {mode} {rows} {logits}", point

@@ -277,13 +277,15 @@ def test_a_step_planned_over_an_edited_source_names_its_unmeasured_points(tmp_pa
     the recorded chain: the benchmark's steps say which points were unmeasured."""
     import shutil
 
+    from stale_evidence import unmeasured_kernels
+
     from metrale.plan.plan import plan_for
     from metrale.realize.hardware import default_kernels_dir
 
     def points(kernels_dir):
         plan = plan_for("qwen3-0.6b", "bf16", "sm_90", mode="prefill", rows=512,
                         policy="bounded", kernels_dir=kernels_dir)
-        return bench.unmeasured_points(plan)
+        return sorted(str(k.point) for k in unmeasured_kernels(plan))
 
     assert points(None) == []
     edited = tmp_path / "kernels"
