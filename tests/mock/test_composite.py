@@ -23,6 +23,7 @@ from metrale.plan.plan import plan_for
 from metrale.realize.functor import realization
 from metrale.realize.hardware import load_hardware
 from metrale.realize.target import presentation_at, target
+from tests.tiers import sampled
 
 QUANTS = ("bf16", "fp8", "mxfp4", "nvfp4")
 
@@ -53,7 +54,13 @@ def test_F_still_refuses_what_is_not_a_generator():
         realization("sm_90").functor(Box("nope", X, X))
 
 
-@pytest.mark.parametrize("model", builtin_names())
+# one model of each architecture at its published shapes in the default tier; their siblings and
+# the tiny ones in the full tier
+SHAPED = ("gpt-oss-20b", "llama-3.1-8b", "qwen3-0.6b", "qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize("model", sampled(builtin_names(),
+                                          keep=[builtin_names().index(m) for m in SHAPED]))
 def test_plan_kernels_are_the_image_of_the_composite(model):
     """For every built-in model (two decoder layers: the rest repeat them), quant and class,
     the plan's kernels, in order, are the boxes of (L_H >> F_H)(circuit) as a user composes
