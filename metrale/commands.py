@@ -197,14 +197,23 @@ def _check_args(p: argparse.ArgumentParser) -> None:
                    help="the class whose realization is checked (only host runs here)")
     p.add_argument("--seeds", type=int_at_least(1, 1000), default=3,
                    help="random input sets per relation point")
+    p.add_argument("--only", type=_names, metavar="NAMES",
+                   help="the relations and families to check, comma-separated (default: all)")
     p.add_argument("--verbose", action="store_true", help="list passing checks too")
     _no_progress_arg(p)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("--only names relations or families, found none")
+    return names
 
 
 @command("check", "run both sides of every relation and every row-invariance claim")(_check_args)
 def check(args: argparse.Namespace) -> int:
     from metrale.lkb.check import check_presentation
-    from metrale.lkb.errors import ConfigError
+    from metrale.lkb.errors import ConfigError, nearest
     from metrale.lkb.presentation import Presentation
 
     if args.hardware != "host":
@@ -215,16 +224,23 @@ def check(args: argparse.Namespace) -> int:
                           "checked by tests/cuda on a device", key="--hardware",
                           expected="host", found=args.hardware)
     P = Presentation.load(args.kernels)
-    with _progress(args, f"checking {len(P.relations)} relations and {len(P.generators)} "
-                         f"families, {args.seeds} seeds"):
-        findings = check_presentation(P, seeds=tuple(range(args.seeds)))
+    known = [r.name for r in P.relations] + [f.name for f in P.generators]
+    for name in args.only or ():
+        if name not in known:
+            raise ConfigError("no relation or family of this name", key="--only",
+                              found=repr(name), suggestion=nearest(name, known))
+    rels = [r for r in P.relations if not args.only or r.name in args.only]
+    fams = [f for f in P.generators if not args.only or f.name in args.only]
+    with _progress(args, f"checking {len(rels)} relations and {len(fams)} families, "
+                         f"{args.seeds} seeds"):
+        findings = check_presentation(P, seeds=tuple(range(args.seeds)), only=args.only)
     bad = [f for f in findings if not f.ok]
     console = _console()
     for f in findings:
         if not f.ok or args.verbose:
             console.print(str(f), markup=False)
     console.print(f"{len(findings) - len(bad)} passed, {len(bad)} failed "
-                  f"({len(P.relations)} relations, {len(P.generators)} families, "
+                  f"({len(rels)} relations, {len(fams)} families, "
                   f"{args.seeds} seeds, hardware {args.hardware})", markup=False)
     return 1 if bad else 0
 

@@ -40,9 +40,10 @@ def test_met_check_catches_a_relation_that_lies_about_its_reduction_order(tmp_pa
                 'lhs = "y = linear[across=sequential](x, w)"\n'
                 'rhs = "y = linear[across=pairwise](x, w)"\n'
                 'numerics = "bit_identical"\n')
-    assert main(["check", "--kernels", str(tmp_path), "--seeds", "2"]) == 1
+    assert main(["check", "--kernels", str(tmp_path), "--seeds", "2", "--only", "lying_splitk"]) == 1
     out = capsys.readouterr().out
     assert "FAIL lying_splitk" in out and "claimed bit-identical" in out
+    assert " failed (1 relations, 0 families, 2 seeds" in out, out
 
 
 def test_a_bound_too_tight_is_caught(tmp_path, capsys):
@@ -53,5 +54,18 @@ def test_a_bound_too_tight_is_caught(tmp_path, capsys):
         'bound = { rel = "0", abs = "0" }')
     assert 'rel = "0", abs = "0"' in text
     (tmp_path / FUSIONS_FILE).write_text(text)
-    assert main(["check", "--kernels", str(tmp_path), "--seeds", "2"]) == 1
-    assert "outside its bound" in capsys.readouterr().out
+    tightened = ["splitk_pairwise", "chain_linear", "chain_qkv"]  # the relations of that bound
+    assert main(["check", "--kernels", str(tmp_path), "--seeds", "2",
+                 "--only", ",".join(tightened)]) == 1
+    out = capsys.readouterr().out
+    assert "outside its bound" in out and "(3 relations, 0 families" in out, out
+
+
+def test_met_check_only_checks_what_it_names_and_refuses_a_name_it_lacks(capsys):
+    assert main(["check", "--seeds", "1", "--only", "splitk_pairwise,linear", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "(1 relations, 1 families, 1 seeds" in out, out
+    assert {line.split()[1] for line in out.splitlines()[:-1]} == {"splitk_pairwise", "linear"}
+    assert main(["check", "--only", "splitk_pairwize"]) == 3
+    err = capsys.readouterr().err
+    assert "--only" in err and "splitk_pairwise" in err, err
