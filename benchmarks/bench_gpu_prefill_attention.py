@@ -94,18 +94,22 @@ def timed(cp: Any, launch: Any) -> float:
     return statistics.median(times)
 
 
-def warpgroup_launch(shape: tuple, sizes: dict[str, int], wgs: int) -> tuple | None:
+def warpgroup_launch(shape: tuple, sizes: dict[str, int], wgs: int, persistent: bool = False,
+                     sms: int = 0) -> tuple | None:
     """The table's launch ``shape`` (grid, block, shared) redone with blocks of ``wgs``
     warpgroups that compute, a q head each (grid x: the kv heads times ceil(G / wgs) head
-    groups), and the table's warpgroups that only copy (the producer: the block's warpgroups
-    past those the grid implies); None where that is the table's own or more than the group's
-    heads or the kernel's two."""
+    groups), and the table's one warpgroup that only copies (the producer); ``persistent`` (the
+    online entry's blocks, which take the kv heads' groups times the row blocks as items in
+    turns): grid x that many items, at most ``sms``. None where that is the table's own or more
+    than the group's heads or the kernel's two."""
     (gx, gy, gz), (bx, _, _), shared = shape
     hkv, g = sizes["hkv"], sizes["hq"] // sizes["hkv"]
-    own = next(w for w in (2, 1) if hkv * -(-g // w) == gx)
+    own = bx // 128 - 1
     if wgs > min(2, g) or wgs == own:
         return None
-    return (hkv * -(-g // wgs), gy, gz), (bx - 128 * (own - wgs), 1, 1), shared
+    x = hkv * -(-g // wgs)
+    grid = (min(sms, x * -(-sizes["rows"] // 64)), 1, gz) if persistent else (x, gy, gz)
+    return grid, (bx - 128 * (own - wgs), 1, 1), shared
 
 
 def kernel_args(kernel: Any, ptrs: dict[str, Any], numbers: dict[str, Any]) -> tuple:
@@ -150,7 +154,8 @@ def case(cp: Any, torch: Any, model: str, rows: int, variants: dict[str, tuple],
             continue
         fn, kernel = variants[own]
         for wgs in warpgroups:
-            shape = warpgroup_launch(kernel.launch_for(sizes), sizes, wgs)
+            shape = warpgroup_launch(kernel.launch_for(sizes), sizes, wgs,
+                                     "online" in kernel.entry, kernel.multiprocessors)
             if shape is not None:
                 runs.append((f"{own}_wg{wgs}", fn, kernel, shape))
     for name, fn, kernel, (grid, block, shared) in runs:

@@ -64,12 +64,20 @@ def test_warpgroup_variants_are_the_launches_of_other_block_sizes(model, rows, f
     sizes = sizes_of(model, rows)
     g = sizes["hq"] // sizes["hkv"]
     own = kernel.launch_for(sizes)
-    assert own[1][0] == 128 * (2 + copiers) and own[0][0] == sizes["hkv"] * -(-g // 2)
-    assert bench.warpgroup_launch(own, sizes, 2) is None
-    assert bench.warpgroup_launch(own, sizes, 3) is None
-    (gx, gy, gz), (threads, _, _), shared = bench.warpgroup_launch(own, sizes, 1)
-    assert (gy, gz, shared) == (own[0][1], own[0][2], own[2]) == (-(-rows // 64), 1, own[2])
-    assert threads == 128 * (1 + copiers) and gx == sizes["hkv"] * g
+    persistent = "online" in kernel.entry  # its blocks take (head group, row block) items
+    items = sizes["hkv"] * -(-g // 2) * -(-rows // 64)
+    assert own[1][0] == 128 * (2 + copiers)
+    assert own[0][:2] == ((min(kernel.multiprocessors, items), 1) if persistent
+                          else (sizes["hkv"] * -(-g // 2), -(-rows // 64)))
+    sms = kernel.multiprocessors
+    assert bench.warpgroup_launch(own, sizes, 2, persistent, sms) is None
+    assert bench.warpgroup_launch(own, sizes, 3, persistent, sms) is None
+    (gx, gy, gz), (threads, _, _), shared = bench.warpgroup_launch(own, sizes, 1, persistent,
+                                                                   sms)
+    assert (gz, shared) == (own[0][2], own[2]) == (1, own[2])
+    assert threads == 128 * (1 + copiers)
+    assert (gx, gy) == ((min(sms, sizes["hkv"] * g * -(-rows // 64)), 1) if persistent
+                        else (sizes["hkv"] * g, -(-rows // 64)))
 
 
 def test_a_baseline_folder_brings_its_own_launch_rule(tmp_path):

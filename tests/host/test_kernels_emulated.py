@@ -395,11 +395,14 @@ def check_any_grid(build_dir, fam: Family, point: Point, sizes: dict[str, int]) 
 
 
 # (family, sizes) for gemm_chain.cu: rows past one tile of 128, ragged; columns past one tile of
-# 256 (gate_up_swiglu: 128), ragged, and odd (rows of an odd length: unaligned column pairs); k
-# with a short last stage (200 = 3 x 64 + 8), one stage, or many (1096: 18, so the four stages'
-# barriers turn their phases over several times)
+# 256 (gate_up_swiglu: 128), ragged, and odd (rows of an odd length: unaligned column pairs), or
+# whole 16-byte runs (n % 8 == 0: the quads' transposed stores); k with a short last stage (200
+# = 3 x 64 + 8), one stage, or many (1096: 18, so the four stages' barriers turn their phases
+# over several times)
 CHAIN_CASES = [
     ("linear", {"rows": 130, "k": 200, "n": 300}),
+    ("linear", {"rows": 130, "k": 200, "n": 296}),
+    ("gate_up_swiglu", {"rows": 140, "k": 136, "n": 296}),
     ("linear", {"rows": 129, "k": 64, "n": 301}),
     ("linear", {"rows": 200, "k": 1096, "n": 300}),
     ("lm_head", {"rows": 128, "k": 288, "n": 520}),
@@ -416,7 +419,8 @@ def test_chain_gemm_matches_reference(build_dir, family, dims):
     check_gemm(family, dims, "bf16", P, F, _runner(build_dir), k_block=16)
 
 
-@pytest.mark.parametrize("family,dims", [CHAIN_CASES[2], CHAIN_CASES[5], CHAIN_CASES[6]],
+@pytest.mark.parametrize("family,dims", [CHAIN_CASES[4], CHAIN_CASES[7], CHAIN_CASES[8],
+                                         CHAIN_CASES[2]],
                          ids=case_id)
 def test_chain_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
     """A block takes the launch's tiles in turn, its producer running into the next tile (row
@@ -425,8 +429,8 @@ def test_chain_gemm_gives_the_same_bytes_on_any_grid(build_dir, family, dims):
     check_any_grid(build_dir, fam, chain_point(fam), {**sizes_for(fam, dims["rows"]), **dims})
 
 
-@pytest.mark.parametrize("family,dims", [CHAIN_CASES[1], CHAIN_CASES[3], CHAIN_CASES[4],
-                                         CHAIN_CASES[5]], ids=case_id)
+@pytest.mark.parametrize("family,dims", [CHAIN_CASES[3], CHAIN_CASES[5], CHAIN_CASES[6],
+                                         CHAIN_CASES[7], CHAIN_CASES[1]], ids=case_id)
 def test_chain_gemm_gives_the_same_bytes_in_either_tile_width(build_dir, family, dims):
     fam = P.family(family)
     point = chain_point(fam)
@@ -779,22 +783,32 @@ def test_prefill_attention_bytes_do_not_depend_on_the_rows_a_block_takes(build_d
         device["positions"], device["slots"] = (positions.astype(np.int32),), \
             (slots.astype(np.int32),)
         attrs = {"window": 0, "scale": d ** -0.5}
-        (gx, _, gz), (own, _, _), shared = kernel.launch_for(
+        (gx, gy, gz), (own, _, _), shared = kernel.launch_for(
             {**sizes, **dict(fam.attr_examples), **attrs})
         outs = {}
-        copiers = own - 128 * next(w for w in (2, 1) if hkv * -(-g // w) == gx)  # producer
-        shapes = ({128 * w + copiers: ((hkv * -(-g // w), -(-rows // 64), gz),
-                                       (128 * w + copiers, 1, 1), shared)
-                   for w in (1, 2)} if wgmma else
-                  {32 * g * rt: ((gx, -(-rows // (16 * rt)), gz), (32 * g * rt, 1, 1), shared)
-                   for rt in (1, 2, 4) if 32 * g * rt <= 256})
-        for threads, shape in shapes.items():
-            outs[threads] = run(build_dir, fam, point, sizes, device, attrs,
-                                launch_shape=shape)[0]
-        assert own in outs and len(outs) > 1, (own, sorted(outs))
-        assert np.isfinite(outs[own].astype(np.float32)).all(), case
-        for threads, out in outs.items():
-            assert out.tobytes() == outs[own].tobytes(), (case, threads, own)
+        if wgmma:  # a producer warpgroup and w that compute; the online entry's blocks take
+            # the X Y items in turns (grid y 1): as many blocks, or fewer, give the same bytes
+            shapes = {}
+            for w in (1, 2):
+                x, y = hkv * -(-g // w), -(-rows // 64)
+                grids = [(x * y, 1, gz), (3, 1, gz), (1, 1, gz)] if gy == 1 else [(x, y, gz)]
+                for grid in grids:
+                    shapes[128 * w + 128, grid] = (grid, (128 * w + 128, 1, 1), shared)
+            mine = (own, (gx, gy, gz))
+        else:
+            shapes = {(32 * g * rt, None): ((gx, -(-rows // (16 * rt)), gz), (32 * g * rt, 1, 1),
+                                            shared)
+                      for rt in (1, 2, 4) if 32 * g * rt <= 256}
+            mine = (own, None)
+        for key, shape in shapes.items():
+            outs[key] = run(build_dir, fam, point, sizes, device, attrs, launch_shape=shape)[0]
+        if mine not in outs:  # the table's own grid (the online entry's: min(sms, items))
+            outs[mine] = run(build_dir, fam, point, sizes, device, attrs,
+                             launch_shape=((gx, gy, gz), (own, 1, 1), shared))[0]
+        assert len(outs) > 1, sorted(outs)
+        assert np.isfinite(outs[mine].astype(np.float32)).all(), case
+        for key, out in outs.items():
+            assert out.tobytes() == outs[mine].tobytes(), (case, key, mine)
 
 
 # (hq, hkv, d): groups of more than four q heads, which decode attention splits over blocks of

@@ -99,6 +99,8 @@ struct WgSmem {
         return (uint64_t*)rows(stages) + 2 * b;
     }
     __device__ __forceinline__ uint64_t* empty(int b) const { return full(b) + 1; }
+    // the online entry's, past them: every computing thread is done with q's rows
+    __device__ __forceinline__ uint64_t* qfree() const { return full(stages); }
 };
 
 // Where the 16-byte piece p of a head row r lies in its tile: chunk p / 8, then the 128-byte
@@ -263,11 +265,10 @@ __device__ __forceinline__ void wg_issue_q(const WgSmem& s, const act_t* q, int 
 }
 
 // The scores of the warpgroup's 64 rows and buffer b's 64 positions over KCH chunks of the head,
-// into sc (register 4 ni + e: n8 tile ni, element e): their wgmmas issued, one group (wg_scores:
-// and waited for).
+// into sc (register 4 ni + e: n8 tile ni, element e): their wgmmas issued as one group and waited
+// for.
 template <int KCH>
-__device__ __forceinline__ void wg_scores_issue(const WgSmem& s, int wg, int b,
-                                                float (&sc)[32]) {
+__device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4 * KCH; ++kk) {
@@ -276,10 +277,6 @@ __device__ __forceinline__ void wg_scores_issue(const WgSmem& s, int wg, int b,
                      kk > 0);
     }
     wgmma_commit();
-}
-template <int KCH>
-__device__ __forceinline__ void wg_scores(const WgSmem& s, int wg, int b, float (&sc)[32]) {
-    wg_scores_issue<KCH>(s, wg, b, sc);
     wgmma_wait<0>();
 }
 
@@ -298,18 +295,21 @@ __device__ __forceinline__ void wg_append_rows(const act_t* k, const act_t* v, a
     }
 }
 
-// The block's place: its kv head, head group, first row; the warpgroup's q head and whether it
-// has one (warpgroup-uniform), the warp's first row and the lane's two rows.
+// A work item's place (item y X + x: x the kv head times the head groups, y the row block
+// counted from the launch's last): its kv head, head group, first row; the warpgroup's q head
+// and whether it has one (warpgroup-uniform), the warp's first row and the lane's two rows.
 struct WgPlace {
     int kvh, hg, row0, wg, head, wrow0;
     bool active;
+    bool one_slot = false, direct = false;  // the launch's rows (launch_rows), where k is given
     RowInfo rw[2];
-    __device__ __forceinline__ WgPlace(int G, int wgs, const int* positions, const int* slots,
-                                       int rows, int window) {
-        const int groups = (G + wgs - 1) / wgs, lane = threadIdx.x & 31;
-        kvh = blockIdx.x / groups;
-        hg = blockIdx.x % groups;
-        row0 = (int)(gridDim.y - 1 - blockIdx.y) * WG_ROWS;
+    __device__ __forceinline__ WgPlace(int item, int X, int Y, int G, int wgs,
+                                       const int* positions, const int* slots, int rows,
+                                       int window) {
+        const int groups = (G + wgs - 1) / wgs, lane = threadIdx.x & 31, x = item % X;
+        kvh = x / groups;
+        hg = x % groups;
+        row0 = (Y - 1 - item / X) * WG_ROWS;
         wg = threadIdx.x >> 7;
         const int in_group = hg * wgs + wg;
         active = in_group < G;
@@ -329,26 +329,44 @@ __device__ __forceinline__ bool wg_launch_ok(int rows, int hq, int hkv, int d, i
                                              int slices, bool exact, int producers, int stages) {
     if (d % 16 || d > max_d || hq % hkv || blockDim.x % 128) return false;
     const int G = hq / hkv, wgs = blockDim.x / 128 - producers;
-    return wgs >= 1 && wgs <= min(WG_MAX, G) && (!exact || wgs == 1 || d <= 128) &&
-           (int)gridDim.x == hkv * ((G + wgs - 1) / wgs) && (long)gridDim.y * WG_ROWS >= rows &&
+    const bool grid = exact ? (int)gridDim.x == hkv * ((G + wgs - 1) / wgs) &&
+                                  (long)gridDim.y * WG_ROWS >= rows
+                            : gridDim.y == 1;  // the online entry's blocks take items in turn
+    return wgs >= 1 && wgs <= min(WG_MAX, G) && (!exact || wgs == 1 || d <= 128) && grid &&
            (int)gridDim.z == slices &&
            dynamic_smem_bytes() >= (unsigned)WgSmem::bytes(d, wgs, exact, stages,
-                                                           2 * stages * producers);
+                                                           2 * stages * producers + !exact);
 }
 
 // ------------------------------------------------------------------ the block's slots
+
+// Whether the launch's rows all belong to one slot, and whether each appends base + r (base =
+// positions[0]): every thread of the block, once. Of one slot, run_of's AppendRun of any first
+// row is {direct, alone = true, positions[first] - first} (its scan finds another slot nowhere,
+// and an irregular row exactly where the launch has one), so no slot meets the whole block.
+__device__ __forceinline__ void launch_rows(const int* positions, const int* slots, int rows,
+                                            bool& one_slot, bool& direct) {
+    const int s0 = slots[0], b0 = positions[0];
+    bool other = false, irregular = false;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        other |= slots[r] != s0;
+        irregular |= positions[r] - r != b0;
+    }
+    one_slot = !__syncthreads_or(other);
+    direct = !__syncthreads_or(irregular);
+}
 
 // for_each_slot_of (attention_prefill.cuh) for the block's 64 rows: the same slots in the same
 // order, each with the same [lo, hi] and AppendRun (run_of, every thread of the block, where k_new
 // is given), each warp finding them on its own: lane l holds rows row0 + l and row0 + 32 + l, a
 // slot's rows are one ballot and its span one warp-wide min and max, where for_each_slot_of has
-// every thread walk the 64 rows once for each slot (64 row_info loads, a seventh of the online
-// block's issue slots at Qwen3-0.6B's 2048 tokens).
+// every thread walk the 64 rows once for each slot (64 row_info loads: about a tenth of the
+// online block's stall samples at Qwen3-0.6B's 2048 tokens).
 template <class Body>
-__device__ __forceinline__ void wg_for_each_slot(int row0, const int* positions,
+__device__ __forceinline__ void wg_for_each_slot(const WgPlace& at, const int* positions,
                                                  const int* slots, int rows, int window,
                                                  const act_t* k_new, Body body) {
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, row0 = at.row0;
     unsigned done0 = 0, done1 = 0;  // rows row0 + l, row0 + 32 + l given to a slot: bit l
     while (~done0 | ~done1) {
         // loaded again for each slot (L1 hits), so that nothing but done lives through body
@@ -366,13 +384,36 @@ __device__ __forceinline__ void wg_for_each_slot(int row0, const int* positions,
                                                           in1 ? r1.lo : INT_MAX));
         const int hi = __reduce_max_sync(0xffffffffu, max(in0 ? r0.p : INT_MIN,
                                                           in1 ? r1.p : INT_MIN));
-        const AppendRun run = k_new ? run_of(positions, slots, rows, slot, row0 + 32 * high + i)
-                                    : AppendRun{false, false, 0};
+        const int first = row0 + 32 * high + i;
+        AppendRun run{false, false, 0};
+        if (k_new && !EXACT_ORDER && at.one_slot)  // the two-pass consumers spill with it (ptxas)
+            run = AppendRun{at.direct, true, positions[first] - first};
+        else if (k_new)
+            run = run_of(positions, slots, rows, slot, first);
         body(slot, lo, hi, run);
     }
 }
 
 // ------------------------------------------------------------------ the ring
+
+// each(item, n) for the block's work items, n counting them: the two-pass entries' one (grid x
+// the X places of a row block, grid y the Y row blocks); the online entry's blocks take the X Y
+// items in turns of gridDim.x, block b the b-th of an even turn and the b-th from the end of an
+// odd one: the items ascend from the launch's last rows, which see the most positions, so that
+// the turns even out the blocks' work (persistent blocks, whose producer copies an item's tiles
+// while the computing warpgroups store the one before).
+template <class Each>
+__device__ __forceinline__ void for_each_item(int X, int Y, Each each) {
+    if constexpr (EXACT_ORDER) {
+        each((int)blockIdx.y * X + (int)blockIdx.x, 0);
+    } else {
+        const int n = X * Y, g = gridDim.x, b = blockIdx.x;
+        for (int turn = 0, i = 0; turn * g < n; ++turn) {
+            const int item = turn * g + (turn & 1 ? g - 1 - b : b);
+            if (item < n) each(item, i++);
+        }
+    }
+}
 
 // Both orders' blocks: WGS warpgroups that compute (a q head each) and one more, the producer,
 // that only copies. The producer finds and copies every tile into a ring of `stages` buffers
@@ -387,7 +428,8 @@ __device__ __forceinline__ void wg_for_each_slot(int row0, const int* positions,
 #define ONLINE_STAGES 4  // the online entry's buffers (32 KiB each at a head of 128)
 #define EXACT_STAGES 3   // the two-pass entries' (their running outputs take 32 KiB a warpgroup)
 // the producer's registers given to the warpgroups that compute: 128 x 88 + 256 x 208
-constexpr int PRODUCER_REGS = 88, CONSUMER_REGS = 208;
+// (the online entry's persistent producer: 128 x 104 + 256 x 200)
+constexpr int PRODUCER_REGS = EXACT_ORDER ? 88 : 104, CONSUMER_REGS = EXACT_ORDER ? 208 : 200;
 
 // Whether the phase of `parity` has completed, without waiting for it.
 __device__ __forceinline__ bool bar_done(uint64_t* bar, unsigned parity) {
@@ -421,24 +463,26 @@ __device__ __forceinline__ void slot_tiles(int lo, int hi, Visit visit) {
 // arrives on the buffer's full barrier. Before it waits for a buffer, and at the end of a slot,
 // it arrives for every tile it holds, so the computing warpgroups, which wait for a tile before
 // they release an earlier one, never wait for a tile the producer holds back (and the block
-// meets at the next slot's run_of). Then kv_append of
-// the block's rows (where k is given, by the blocks of the first head group and slice), while
-// the computing warpgroups take the tiles still in the ring.
+// meets at the next slot's run_of). Then kv_append of the block's rows (where k is given, by the
+// blocks of the first head group and slice), while the computing warpgroups take the tiles still
+// in the ring. An item after the block's first
+// (n > 0) copies q's rows once the computing warpgroups are done with the last item's.
 template <int KCH, int VCH>
 __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, const act_t* v,
                                              const act_t* q, act_t* k_cache, act_t* v_cache,
-                                             const int* positions,
-                                             const int* slots, int rows, int hq, int hkv, int d,
-                                             int max_ctx, int window, const WgPlace& at,
-                                             int col0) {
+                                             const int* positions, const int* slots, int rows,
+                                             int hq, int hkv, int d, int max_ctx, int window,
+                                             const WgPlace& at, int col0, int n, int& it,
+                                             int& landed) {
+    // it, landed: the block's tiles issued; those whose full barrier this thread arrived on
     const TileCrew crew = TileCrew::quarter((threadIdx.x >> 5) & 3, threadIdx.x & 31);
     const int G = hq / hkv;
-    int it = 0, landed = 0;  // tiles issued; tiles whose full barrier this thread arrived on
+    bool with_q = true;
     auto arrive = [&](int upto) {  // this thread's copies of tiles [landed, upto) have landed
         fence_async_shared();
         for (; landed < upto; ++landed) bar_arrive(s.full(landed % s.stages));
     };
-    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
+    wg_for_each_slot(at, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun run) {
         slot_tiles(lo, hi, [&](int st, bool with_v) {
             const int b = it % s.stages, use = it / s.stages - 1;
@@ -447,10 +491,12 @@ __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, co
                 arrive(it);
                 bar_wait(s.empty(b), use & 1);
             }
-            if (it == 0)
+            if (with_q && n > 0) bar_wait(s.qfree(), (n - 1) & 1);
+            if (with_q)
                 for (int wg = 0; wg < s.wgs; ++wg)
                     wg_issue_q<KCH>(s, q, at.row0, rows,
                                     at.kvh * G + min(at.hg * s.wgs + wg, G - 1), hq, d, wg);
+            with_q = false;
             wg_issue_tile<KCH, VCH>(s, b, k_cache, v_cache, k, v, positions, slots, rows, slot,
                                     run, st, lo, hi, at.kvh, hkv, d, max_ctx, with_v, col0, crew);
             if (++it - landed > RING_LAG) {
@@ -466,17 +512,15 @@ __device__ __forceinline__ void ring_produce(const WgSmem& s, const act_t* k, co
                        max_ctx);
 }
 
-// A computing warpgroup's place in the ring: take() waits for the next tile (take(1), the one
-// after) and gives its buffer, give() releases the next once the warpgroup's wgmmas that read it
-// are done.
+// A computing warpgroup's place in the ring: take() waits for the next tile and gives its buffer,
+// give() releases it once the warpgroup's wgmmas that read it are done.
 struct Ring {
     const WgSmem& s;
     int it = 0;
     __device__ __forceinline__ explicit Ring(const WgSmem& s_) : s(s_) {}
-    __device__ __forceinline__ int take(int ahead = 0) const {
-        const int j = it + ahead;
-        bar_wait(s.full(j % s.stages), (j / s.stages) & 1);
-        return j % s.stages;
+    __device__ __forceinline__ int take() const {
+        bar_wait(s.full(it % s.stages), (it / s.stages) & 1);
+        return it % s.stages;
     }
     __device__ __forceinline__ void give() { bar_arrive(s.empty(it++ % s.stages)); }
 };
@@ -489,25 +533,38 @@ __device__ __forceinline__ void wg_ring_block(const act_t* k, const act_t* v, co
                                               const int* positions, const int* slots, int rows,
                                               int hq, int hkv, int d, int max_ctx, int window,
                                               int stages, int col0, Compute compute) {
-    const int wgs = blockDim.x / 128 - 1;
-    const WgPlace at(hq / hkv, wgs, positions, slots, rows, window);
+    const int wgs = blockDim.x / 128 - 1, G = hq / hkv, X = hkv * ((G + wgs - 1) / wgs);
+    const int Y = EXACT_ORDER ? (int)gridDim.y : (rows + WG_ROWS - 1) / WG_ROWS;
+    bool one_slot = false, direct = false;
+    if (k && !EXACT_ORDER) launch_rows(positions, slots, rows, one_slot, direct);
+    auto place = [&](int item) {
+        WgPlace at(item, X, Y, G, wgs, positions, slots, rows, window);
+        at.one_slot = one_slot;
+        at.direct = direct;
+        return at;
+    };
     const WgSmem s(d, wgs, stages);
     if (threadIdx.x == 0) {
         for (int b = 0; b < stages; ++b) {
             bar_init(s.full(b), 128);
             bar_init(s.empty(b), 128 * wgs);
         }
+        if (!EXACT_ORDER) bar_init(s.qfree(), 128 * wgs);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();  // the barriers are set up for every thread
-    if (at.wg == wgs) {
+    if ((int)(threadIdx.x >> 7) == wgs) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-        ring_produce<KCH, VCH>(s, k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
-                               max_ctx, window, at, col0);
+        int it = 0, landed = 0;
+        for_each_item(X, Y, [&](int item, int n) {
+            ring_produce<KCH, VCH>(s, k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv,
+                                   d, max_ctx, window, place(item), col0, n, it, landed);
+        });
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-    compute(s, at);
+    Ring ring(s);
+    for_each_item(X, Y, [&](int item, int) { compute(s, place(item), ring); });
 }
 
 // ------------------------------------------------------------------ online
@@ -556,11 +613,10 @@ template <int CH>
 __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
                                                const int* positions, const int* slots, act_t* o,
                                                int rows, int hq, int d, int max_ctx, float scale,
-                                               int window, const WgPlace& at) {
+                                               int window, const WgPlace& at, Ring& ring) {
     const float c = scale * 1.4426950408889634f;  // scores in log2 units
     OnlineRows<CH> rs;
-    Ring ring(s);
-    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
+    wg_for_each_slot(at, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
         const Span sp[2] = {Span(at.rw[0], slot, 0, max_ctx), Span(at.rw[1], slot, 0, max_ctx)};
         slot_tiles(lo, hi, [&](int st, bool) {
@@ -576,6 +632,7 @@ __device__ __forceinline__ void online_consume(const WgSmem& s, const act_t* k,
             ring.give();
         });
     });
+    bar_arrive(s.qfree());  // every wgmma that read q's rows is done: the next item's may come
     if (at.active) rs.store(at, o, hq, d);
 }
 
@@ -596,9 +653,9 @@ metrale_kv_append_attention_wgmma_online_prefill(
         constexpr int CH = decltype(ch)::value;
         wg_ring_block<CH, CH>(k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
                               max_ctx, window, ONLINE_STAGES, 0,
-                              [&](const WgSmem& s, const WgPlace& at) {
+                              [&](const WgSmem& s, const WgPlace& at, Ring& ring) {
             online_consume<CH>(s, k, positions, slots, o, rows, hq, d, max_ctx, scale, window,
-                               at);
+                               at, ring);
         });
     };
     if (d > 64) run(std::integral_constant<int, 2>());
@@ -615,7 +672,7 @@ template <int KCH, int VCH>
 __device__ __forceinline__ void exact_consume(const WgSmem& s, const act_t* k,
                                               const int* positions, const int* slots, act_t* o,
                                               int rows, int hq, int d, float scale, int window,
-                                              const WgPlace& at, int col0) {
+                                              const WgPlace& at, int col0, Ring& ring) {
     const int t = threadIdx.x & 3;
     float m[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
     // the running outputs in shared memory, register 32 ch + i of the fragment at acc[128 (32 ch
@@ -623,8 +680,7 @@ __device__ __forceinline__ void exact_consume(const WgSmem& s, const act_t* k,
     float* acc = s.outputs(at.wg) + (threadIdx.x & 127);
 #pragma unroll
     for (int i = 0; i < 32 * VCH; ++i) acc[128 * i] = 0.0f;
-    Ring ring(s);
-    wg_for_each_slot(at.row0, positions, slots, rows, window, k,
+    wg_for_each_slot(at, positions, slots, rows, window, k,
                      [&](int slot, int lo, int hi, AppendRun) {
         for (int b0 = lo / KV_BLOCK * KV_BLOCK; b0 <= hi; b0 += KV_BLOCK) {
             const int t0 = max(b0, lo / TILE_POS * TILE_POS), t1 = min(b0 + KV_BLOCK, hi + 1);
@@ -730,9 +786,9 @@ __device__ __forceinline__ void wg_two_pass(const act_t* k, const act_t* v, cons
         constexpr int KCH = decltype(kch)::value, VCH = decltype(vch)::value;
         wg_ring_block<KCH, VCH>(k, v, q, k_cache, v_cache, positions, slots, rows, hq, hkv, d,
                                 max_ctx, window, EXACT_STAGES, col0,
-                                [&](const WgSmem& s, const WgPlace& at) {
+                                [&](const WgSmem& s, const WgPlace& at, Ring& ring) {
             exact_consume<KCH, VCH>(s, k, positions, slots, o, rows, hq, d, scale, window, at,
-                                    col0);
+                                    col0, ring);
         });
     };
     if (d <= 64) run(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());

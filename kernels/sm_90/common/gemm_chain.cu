@@ -229,12 +229,85 @@ __device__ __forceinline__ void chain_tiles(const TensorMap& xm, const ChainTile
     }
 }
 
+// ------------------------------------------------------------------ 16-byte stores
+// A quad (lanes 4 g + t, t = 0..3) holds each 16-byte run of a row's outputs as four words, one
+// a lane (accumulator registers 4 j + 2 h and 4 j + 2 h + 1: row half h, columns 8 j + 2 t and
+// + 1). For two n8 tiles (j = 2 p, 2 p + 1) and both row halves, four runs: a 4 x 4 transpose
+// of the quad's words (two rounds of exchanges) gives lane t run t whole, stored at once where
+// the plain entries store a word a lane. Its words in column order, so the bytes are the same.
+
+// w[s] (run s's word of this lane) becomes lane s's word of run t, for s = 0..3: after the round
+// of bit b each lane holds, in the slots whose bit b differs from its own, its partner's.
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int b = 1; b <= 2; b <<= 1) {
+        const bool hi = t & b;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int lo = b == 1 ? 2 * k : k, up = lo | b;  // a slot pair, bit b clear and set
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? w[lo] : w[up], b);
+            if (hi) w[lo] = got;
+            else w[up] = got;
+        }
+    }
+}
+
+// Two values as one word of bf16 outputs (the first in the low half).
+__device__ __forceinline__ uint32_t bf16_word(float a, float b) {
+    const act_t pa = act_store(a), pb = act_store(b);
+    return (uint32_t)*(const uint16_t*)&pa | (uint32_t)*(const uint16_t*)&pb << 16;
+}
+
+// A tile slice's NJ n8 tiles of bf16 outputs (NJ even) as 16-byte runs: word(i) the word of
+// registers i and i + 1, put(row, col, run) for each run in the launch's rows (m0 + row; col
+// its first column in the tile, a multiple of 8).
+template <int NJ, class Word, class Put>
+__device__ __forceinline__ void store_runs(const ChainPlace& pl, int m0, int rows, Word word,
+                                           Put put) {
+    const int t = pl.t;
+#pragma unroll
+    for (int p = 0; p < NJ / 2; ++p) {
+        uint32_t w[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) w[s] = word(4 * (2 * p + (s >> 1)) + 2 * (s & 1));
+        quad_transpose(w);
+        const int i = 4 * (2 * p + (t >> 1)) + 2 * (t & 1), row = m0 + pl.row(i);
+        if (row < rows) put(row, 8 * (2 * p + (t >> 1)), make_uint4(w[0], w[1], w[2], w[3]));
+    }
+}
+
+// The same for f32 outputs: a run is four columns, two lanes' pairs; lane t takes row half t % 2
+// of columns 8 j + 4 (t / 2) + [0, 4), its pair and its partner's (lane t ^ 1).
+template <int NJ, class Put>
+__device__ __forceinline__ void store_runs_f32(const ChainPlace& pl, int m0, int rows,
+                                               const float* acc, Put put) {
+    const int t = pl.t;
+    const bool odd = t & 1;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        // give the partner the row half it takes: registers 4 j + 2 (1 - t % 2), + 1
+        const float g0 = odd ? acc[4 * j] : acc[4 * j + 2],
+                    g1 = odd ? acc[4 * j + 1] : acc[4 * j + 3];
+        const float r0 = __shfl_xor_sync(0xffffffffu, g0, 1),
+                    r1 = __shfl_xor_sync(0xffffffffu, g1, 1);
+        const float k0 = odd ? acc[4 * j + 2] : acc[4 * j],
+                    k1 = odd ? acc[4 * j + 3] : acc[4 * j + 1];
+        const int row = m0 + pl.row(4 * j + 2 * (t & 1));
+        if (row < rows)
+            put(row, 8 * j + 4 * (t >> 1),
+                odd ? make_float4(r0, r1, k0, k1) : make_float4(k0, k1, r0, r1));
+    }
+}
+
 // The plain tiles' outputs (linear, lm_head, linear_add, qkv), BN columns wide: tile t's column
-// tile c gives its weight map and first column by pick(c, n0, map); out(c, row, col, s0, s1) for
-// each pair of its sums in the launch's rows (columns col and col + 1, col even).
-template <int BN, class Pick, class Out>
+// tile c gives its weight map and first column by pick(c, n0, map); where `runs` (every output's
+// columns a multiple of 8), put(c, row, col, run) for each 16-byte run of outputs in the launch's
+// rows (store_runs: bf16 words, or F32's float4), else out(c, row, col, s0, s1) for each pair of
+// sums (columns col and col + 1, col even).
+template <int BN, bool F32, class Pick, class Out, class Put>
 __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k, int col_tiles,
-                                            Pick pick, Out out) {
+                                            bool runs, Pick pick, Out out, Put put) {
     const ChainTiles tl(rows, col_tiles);
     chain_tiles<BN>(xm, tl, k,
                     [&](int t, int& m0) {
@@ -245,10 +318,24 @@ __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k
                         return ChainBoxes{{map, map}, {n0, n0 + 128}, BN / 128};
                     },
                     [&](int t, int m0, const float (&acc)[ChainTile<BN>::acc]) {
+                        constexpr int NJ = ChainTile<BN>::acc / 4;  // the slice's n8 tiles
                         const ChainPlace pl;
                         int n0;
                         const TensorMap* map;
                         pick(tl.col(t), n0, map);
+                        const int c = tl.col(t);
+                        if (runs) {
+                            auto at = [&](int row, int col, auto run) {
+                                put(c, row, n0 + col, run);
+                            };
+                            if constexpr (F32)
+                                store_runs_f32<NJ>(pl, m0, rows, acc, at);
+                            else
+                                store_runs<NJ>(pl, m0, rows,
+                                               [&](int i) { return bf16_word(acc[i], acc[i + 1]); },
+                                               at);
+                            return;
+                        }
 #pragma unroll
                         for (int i = 0; i < ChainTile<BN>::acc; i += 2) {
                             const int row = m0 + pl.row(i);
@@ -300,12 +387,16 @@ metrale_linear_chain(const __grid_constant__ TensorMap x, const __grid_constant_
                      out_t* __restrict__ y, int rows, int k, int n, int wide) {
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
-        chain_plain<BN>(x, rows, k, (n + BN - 1) / BN,
-                        [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
-                        [&](int, int row, int col, float a, float b) {
-                            store_pair(y, (long)row * n + col, col, n, a, b,
-                                       [](float v) { return out_store(v); });
-                        });
+        chain_plain<BN, sizeof(out_t) == 4>(
+            x, rows, k, (n + BN - 1) / BN, n % 8 == 0,
+            [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
+            [&](int, int row, int col, float a, float b) {
+                store_pair(y, (long)row * n + col, col, n, a, b,
+                           [](float v) { return out_store(v); });
+            },
+            [&](int, int row, int col, auto run) {
+                if (col < n) *(decltype(run)*)(y + (long)row * n + col) = run;
+            });
     });
 }
 
@@ -316,15 +407,29 @@ metrale_linear_add_chain(const __grid_constant__ TensorMap x,
                          act_t* __restrict__ y, int rows, int k, int n, int wide) {
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
-        chain_plain<BN>(x, rows, k, (n + BN - 1) / BN,
-                        [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
-                        [&](int, int row, int col, float a, float b) {
-                            const long i = (long)row * n + col;
-                            const float ra = act_load(r[i]),
-                                        rb = col + 1 < n ? act_load(r[i + 1]) : 0.0f;
-                            store_pair(y, i, col, n, act_round(a) + ra, act_round(b) + rb,
-                                       [](float v) { return act_store(v); });
-                        });
+        chain_plain<BN, false>(
+            x, rows, k, (n + BN - 1) / BN, n % 8 == 0,
+            [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
+            [&](int, int row, int col, float a, float b) {
+                const long i = (long)row * n + col;
+                const float ra = act_load(r[i]), rb = col + 1 < n ? act_load(r[i + 1]) : 0.0f;
+                store_pair(y, i, col, n, act_round(a) + ra, act_round(b) + rb,
+                           [](float v) { return act_store(v); });
+            },
+            [&](int, int row, int col, uint4 run) {  // run: the rounded sums, r's run beside
+                if (col >= n) return;
+                const long i = (long)row * n + col;
+                const uint4 rr = *(const uint4*)(r + i);
+                const uint32_t sw[4] = {run.x, run.y, run.z, run.w},
+                               rw[4] = {rr.x, rr.y, rr.z, rr.w};
+                uint32_t yw[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // a word's low bf16 and its high one, exactly as f32
+                    yw[e] = bf16_word(__uint_as_float(sw[e] << 16) + __uint_as_float(rw[e] << 16),
+                                      __uint_as_float(sw[e] & 0xffff0000u) +
+                                          __uint_as_float(rw[e] & 0xffff0000u));
+                *(uint4*)(y + i) = make_uint4(yw[0], yw[1], yw[2], yw[3]);
+            });
     });
 }
 
@@ -343,18 +448,30 @@ metrale_qkv_chain(const __grid_constant__ TensorMap x, const __grid_constant__ T
             n0 = (c - (p == 0 ? 0 : p == 1 ? tq : tq + tk)) * BN;
             return p;
         };
-        chain_plain<BN>(x, rows, k, tq + tk + tv,
-                        [&](int c, int& n0, const TensorMap*& map) {
-                            const int p = part(c, n0);
-                            map = p == 0 ? &wq : p == 1 ? &wk : &wv;
-                        },
-                        [&](int c, int row, int col, float a, float b) {
-                            int n0;
-                            const int p = part(c, n0), n = p == 0 ? nq : p == 1 ? nk : nv;
-                            act_t* out = p == 0 ? q : p == 1 ? k_ : v;
-                            store_pair(out, (long)row * n + col, col, n, a, b,
-                                       [](float v) { return act_store(v); });
-                        });
+        // column tile c's output and its columns
+        auto output = [&](int c, int& n) {
+            int n0;
+            const int p = part(c, n0);
+            n = p == 0 ? nq : p == 1 ? nk : nv;
+            return p == 0 ? q : p == 1 ? k_ : v;
+        };
+        chain_plain<BN, false>(
+            x, rows, k, tq + tk + tv, nq % 8 == 0 && nk % 8 == 0 && nv % 8 == 0,
+            [&](int c, int& n0, const TensorMap*& map) {
+                const int p = part(c, n0);
+                map = p == 0 ? &wq : p == 1 ? &wk : &wv;
+            },
+            [&](int c, int row, int col, float a, float b) {
+                int n;
+                act_t* out = output(c, n);
+                store_pair(out, (long)row * n + col, col, n, a, b,
+                           [](float v) { return act_store(v); });
+            },
+            [&](int c, int row, int col, uint4 run) {
+                int n;
+                act_t* out = output(c, n);
+                if (col < n) *(uint4*)(out + (long)row * n + col) = run;
+            });
     });
 }
 
@@ -382,6 +499,21 @@ metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
                      [&](int t, int m0, const float (&acc)[ACC]) {
                          const ChainPlace pl;
                          const int n0 = tl.col(t) * HALF;
+                         if (n % 8 == 0) {  // 16-byte runs (store_runs)
+                             store_runs<HALF / 8>(
+                                 pl, m0, rows,
+                                 [&](int i) {
+                                     return bf16_word(
+                                         silu_mul(act_round(acc[i]), act_round(acc[i + ACC / 2])),
+                                         silu_mul(act_round(acc[i + 1]),
+                                                  act_round(acc[i + 1 + ACC / 2])));
+                                 },
+                                 [&](int row, int col, uint4 run) {
+                                     if (n0 + col < n)
+                                         *(uint4*)(h + (long)row * n + n0 + col) = run;
+                                 });
+                             return;
+                         }
 #pragma unroll
                          for (int i = 0; i < ACC / 2; i += 2) {
                              const int row = m0 + pl.row(i), col = n0 + pl.col(i);

@@ -138,6 +138,7 @@ struct Block {
     unsigned char* smem = nullptr;  // the dynamic shared memory
     uint3 idx{};                    // blockIdx
     std::vector<Static> statics;
+    int vote = 0, voted = 0;  // __syncthreads_or: this round's votes, the last round's result
     explicit Block(int threads) : sync{threads}, dependency{threads} {}
 };
 
@@ -294,6 +295,16 @@ inline T exchange(T v, int src) {
 #define gridDim (simt::grid_dim)
 
 inline void __syncthreads() { simt::meet(simt::block->sync); }
+// the block's barrier, returning whether any thread's pred was nonzero: the last thread to arrive
+// publishes the round's votes and clears them before any thread goes on
+inline int __syncthreads_or(int pred) {
+    if (pred) simt::block->vote = 1;
+    simt::meet(simt::block->sync, [] {
+        simt::block->voted = simt::block->vote;
+        simt::block->vote = 0;
+    });
+    return simt::block->voted;
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { simt::meet(simt::warp().meet); }
 [[noreturn]] inline void __trap() { throw simt::Trap{}; }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
