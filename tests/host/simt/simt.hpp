@@ -283,6 +283,19 @@ inline T exchange(T v, int src) {
     return r;
 }
 
+// The warp's fold: every lane posts v, and each folds f(acc, lane i's value, i) over the 32
+// lanes in order from init (the votes and redux.sync's reductions).
+template <class R, class F>
+inline R warp_fold(uint64_t v, R init, F f) {
+    Warp& w = warp();
+    w.slot[lane()] = v;
+    meet(w.meet);
+    R r = init;
+    for (int i = 0; i < 32; ++i) r = f(r, w.slot[i], i);
+    meet(w.meet);
+    return r;
+}
+
 }  // namespace simt
 
 #undef threadIdx
@@ -319,49 +332,23 @@ inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
     return simt::exchange(v, simt::lane() / width * width + src % width);
 }
 inline int __any_sync(unsigned, int pred) {
-    simt::Warp& w = simt::warp();
-    w.slot[simt::lane()] = pred != 0;
-    simt::meet(w.meet);
-    int any = 0;
-    for (int i = 0; i < 32; ++i) any |= (int)w.slot[i];
-    simt::meet(w.meet);
-    return any;
+    return simt::warp_fold(pred != 0, 0, [](int r, uint64_t x, int) { return r | (int)x; });
 }
 inline int __all_sync(unsigned, int pred) {
-    simt::Warp& w = simt::warp();
-    w.slot[simt::lane()] = pred != 0;
-    simt::meet(w.meet);
-    int all = 1;
-    for (int i = 0; i < 32; ++i) all &= (int)w.slot[i];
-    simt::meet(w.meet);
-    return all;
+    return simt::warp_fold(pred != 0, 1, [](int r, uint64_t x, int) { return r & (int)x; });
 }
 inline unsigned __ballot_sync(unsigned, int pred) {
-    simt::Warp& w = simt::warp();
-    w.slot[simt::lane()] = pred != 0;
-    simt::meet(w.meet);
-    unsigned bits = 0;
-    for (int i = 0; i < 32; ++i) bits |= (unsigned)w.slot[i] << i;
-    simt::meet(w.meet);
-    return bits;
+    return simt::warp_fold(pred != 0, 0u,
+                           [](unsigned r, uint64_t x, int i) { return r | (unsigned)x << i; });
 }
-namespace simt {
-// redux.sync's min and max of a warp's signed values
-inline int reduce(int v, bool max) {
-    simt::Warp& w = simt::warp();
-    w.slot[simt::lane()] = (uint32_t)v;
-    simt::meet(w.meet);
-    int r = v;
-    for (int i = 0; i < 32; ++i) {
-        const int x = (int)(uint32_t)w.slot[i];
-        r = max ? std::max(r, x) : std::min(r, x);
-    }
-    simt::meet(w.meet);
-    return r;
+inline int __reduce_min_sync(unsigned, int v) {
+    return simt::warp_fold((uint32_t)v, v,
+                           [](int r, uint64_t x, int) { return std::min(r, (int)(uint32_t)x); });
 }
-}  // namespace simt
-inline int __reduce_min_sync(unsigned, int v) { return simt::reduce(v, false); }
-inline int __reduce_max_sync(unsigned, int v) { return simt::reduce(v, true); }
+inline int __reduce_max_sync(unsigned, int v) {
+    return simt::warp_fold((uint32_t)v, v,
+                           [](int r, uint64_t x, int) { return std::max(r, (int)(uint32_t)x); });
+}
 
 template <class T>
 inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
