@@ -737,7 +737,7 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-0.6b,llama-3.1-8b")
     ap.add_argument("--k-blocks", default="256,16",
                     help="the gemm points' k_block values to time: 256, and 16 (bf16 weights "
-                         "from 128 rows: the bounded chain_* relations' points)")
+                         "from 128 rows, mxfp4 from 256: the bounded chain_* relations' points)")
     ap.add_argument("--gemv-rows", type=int, default=64,
                     help="also time the GEMV (decode) kernel at rows up to this many")
     ap.add_argument("--steps", default="512,2048",
@@ -791,12 +791,12 @@ def main() -> None:
                 continue
             for fmt, k_block in itertools.product(args.weights.split(","),
                                                   map(int, args.k_blocks.split(","))):
-                if not runs_in(family, fmt) or k_block != 256 and fmt != "bf16":
+                if not runs_in(family, fmt) or k_block != 256 and fmt not in CHAIN_LEAST:
                     continue
                 lc = Launch(cp, torch, Path(tmp), family, dims, fmt, k_block)
                 for rows in rows_list:
-                    if k_block != 256 and rows < 128:
-                        continue  # gemm_chain.cu's limits: a row tile at least
+                    if k_block != 256 and rows < CHAIN_LEAST[fmt]:
+                        continue  # the chain tables' limits
                     c = bench_case(cp, torch, lc, model, name, rows, rate,
                                    args.gemv_rows if k_block == 256 else 0)
                     cases.append(c)
@@ -831,6 +831,10 @@ def agrees(case: dict) -> bool:
     """Whether a case's outputs are finite and within ``AGREES`` of cuBLAS's (relative to the
     largest output): only such a case records evidence."""
     return case["finite"] and case["max_rel_err_vs_peer"] < AGREES
+
+
+CHAIN_LEAST = {"bf16": 128, "mxfp4": 256}
+"""The formats sm_90's k chain (k_block 16) takes, and the rows its tables take at least."""
 
 
 def time_records(cases: list[dict], device: str, date: str, toolchain: str) -> list:

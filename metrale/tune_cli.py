@@ -161,7 +161,7 @@ def kernel_changes(before: Any, after: Any) -> tuple[tuple[str, ...], tuple[str,
     layers launch it) that ``before`` launches and ``after`` does not, and the reverse.
 
     >>> from metrale.plan.plan import plan_for
-    >>> exact, bounded = (plan_for("tiny-llama", "bf16", "sm_90", policy=p)
+    >>> exact, bounded = (plan_for("llama-3.1-8b", "bf16", "sm_90", policy=p)
     ...                   for p in ("exact", "bounded"))
     >>> kernel_changes(exact, bounded)
     (('qkv (metrale_qkv)',), ('qkv (metrale_qkv_gemv_mma)',))

@@ -5,7 +5,8 @@ Three kinds, each entry with its reason and its evidence status:
 - **shadow**: a point realized from ``kernels/<hw>/common/`` while an ancestor also has a
   kernel for it (one entry per point; the reason is the table's ``reason``);
 - **class-only source**: a source file in ``kernels/<hw>/common/`` that no table of a
-  presentation family claims (or whose table claims no compiled point);
+  presentation family claims (or whose table claims no compiled point) and no claimed source
+  includes;
 - **per-point copy**: a point realized from a leaf target folder
   ``kernels/<hw>/<model>/<quant>/``, and any source file there no table claims.
 
@@ -14,7 +15,7 @@ each descendant's. The count is the measure of convergence, tracked over time.
 
 >>> r = residual("sm_90")
 >>> r.count, {e.kind for e in r.entries}, sorted({e.file for e in r.entries})[0]
-(29, {'shadow'}, 'sm_90/common/attention_wgmma.cu')
+(34, {'shadow'}, 'sm_90/common/attention_wgmma.cu')
 >>> residual("sm_80").count
 0
 """
@@ -165,6 +166,9 @@ def _unclaimed(F: Realization, rel: str, kind: str, ext: str, why: str) -> list[
     if folder is None or not path.is_dir():
         return []
     claimed = {t.source_path for t in folder.tables}
+    # a source that a claimed one includes is compiled in its units (weights_bf16.cu's entries
+    # in gemm_tma.cu's and gemm_chain.cu's)
+    claimed |= {h for k in F.kernels() if k.source in claimed for h in k.headers}
     orphan_reasons: dict[str, list[str]] = {}
     for o in folder.orphans:
         orphan_reasons.setdefault(o.source, []).append(o.reason)

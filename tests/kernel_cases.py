@@ -566,10 +566,10 @@ def check_gemm(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
             runner(fam, point, sizes, device))
 
 
-def chain_point(fam: Family) -> Point:
-    """``fam``'s bf16 gemm point whose k is one chain of 16-wide steps (sm_90's gemm_chain.cu);
-    lm_head's gives f32 logits."""
-    return fam.point(**{**GEMM, "k_block": 16}, weight="bf16",
+def chain_point(fam: Family, weight: str = "bf16") -> Point:
+    """``fam``'s gemm point in ``weight`` whose k is one chain of 16-wide steps (sm_90's
+    gemm_chain.cu); lm_head's gives f32 logits."""
+    return fam.point(**{**GEMM, "k_block": 16}, weight=weight,
                      **({"out": "f32"} if fam.name == "lm_head" else {}))
 
 

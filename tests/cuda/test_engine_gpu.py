@@ -64,15 +64,17 @@ def test_a_long_bf16_prompt_on_the_tensor_memory_accelerator_gemm_matches_host()
 @pytest.mark.parametrize("quant,tokens", [("mxfp4", 260), ("fp8", 390)])
 def test_a_long_quantized_prompt_with_its_weights_made_bf16_first_matches_host(quant, tokens):
     """Past its threshold a quantized GEMM makes its weights bf16 in the workspace and runs
-    gemm_tma.cu on them (fp8's own GEMM under the bounded policy; the exact one keeps its f32
-    weights): the prompt's prefill on its gemm points (a tiny model's cheapest plan runs the
-    GEMVs) and the decode after it within the tolerance of the host."""
+    on them: gemm_chain.cu for mxfp4 (the bounded chain_* relations reach its points), gemm_tma.cu
+    for fp8 (its own GEMM under the bounded policy; the exact one keeps its f32 weights): the
+    prompt's prefill on its gemm points (a tiny model's cheapest plan runs the GEMVs) and the
+    decode after it within the tolerance of the host."""
     with Engine.load("tiny-llama", hardware="sm_90", quant=quant, max_ctx=tokens + 8,
                      policy="bounded") as gpu, \
             Engine.load("tiny-llama", hardware="host", quant=quant, max_ctx=tokens + 8) as host:
         use_shape(gpu, "prefill", tokens, "gemm")
         launched = {e for k in gpu.plan("prefill", tokens).launches for e in k.launched}
-        assert {"metrale_weights3_bf16", "metrale_qkv_tma"} <= launched, launched
+        qkv = "metrale_qkv_chain" if quant == "mxfp4" else "metrale_qkv_tma"
+        assert {"metrale_weights3_bf16", qkv} <= launched, launched
         _prefill_and_decode(gpu, host, [(37 * i + 11) % 251 for i in range(tokens)],
                             f"tiny-llama {quant} {tokens} tokens")
 

@@ -109,8 +109,8 @@ def test_the_matmul_launches_are_the_prefill_plans_own(logits, policy):
     """The bench times the gemm kernels the sm_90 prefill plans launch (o_proj and down_proj
     plain, their residual going to add_rmsnorm, except the last layer's down_proj where only the
     last row's logits are kept; the head in bf16; linear on f32 weights, after dequant, in the
-    exact policy's fp8 and nvfp4 prefill; in bf16 under the bounded policy, the points of the
-    chain_* relations), so its evidence lands on the plans' points."""
+    exact policy's fp8 and nvfp4 prefill; in bf16 and mxfp4 under the bounded policy, the points
+    of the chain_* relations), so its evidence lands on the plans' points."""
     from metrale.plan.plan import plan_for
 
     for model in ("qwen3-0.6b", "llama-3.1-8b"):
@@ -121,7 +121,7 @@ def test_the_matmul_launches_are_the_prefill_plans_own(logits, policy):
             timed = {str(bench.realized(family, w, "gemm", k_block=kb).point)
                      for _m, _n, family, _d in bench.SHAPES
                      for w in (quant, "bf16", "f32") if bench.runs_in(family, w)
-                     for kb in ((256, 16) if w == "bf16" else (256,))}
+                     for kb in ((256, 16) if w in bench.CHAIN_LEAST else (256,))}
             assert launched <= timed, (model, quant, launched - timed)
 
 

@@ -438,14 +438,48 @@ def test_chain_gemm_gives_the_same_bytes_in_either_tile_width(build_dir, family,
                        {**sizes_for(fam, dims["rows"]), **dims})
 
 
-def test_chain_gemm_is_refused_below_a_row_tile():
-    """Fewer rows than a tile are refused before anything runs (the blocked kernels split k
-    there), so the bounded relations leave those matmuls to them."""
+@pytest.mark.parametrize("weight,least", [("bf16", 128), ("mxfp4", 256)])
+def test_chain_gemm_is_refused_below_a_row_tile(weight, least):
+    """Fewer rows than a tile (mxfp4: than the rows its one pass over the weights pays at) are
+    refused before anything runs (the blocked kernels split k there), so the bounded relations
+    leave those matmuls to them."""
     fam = P.family("linear")
-    kernel = F.realize(chain_point(fam))
-    with pytest.raises(LaunchError, match="rows >= 128"):
-        kernel.launches_for({**sizes_for(fam, 127), "k": 256, "n": 256})
-    assert kernel.launches_for({**sizes_for(fam, 128), "k": 256, "n": 256})
+    kernel = F.realize(chain_point(fam, weight))
+    with pytest.raises(LaunchError, match=f"rows >= {least}"):
+        kernel.launches_for({**sizes_for(fam, least - 1), "k": 256, "n": 256})
+    assert kernel.launches_for({**sizes_for(fam, least), "k": 256, "n": 256})
+
+
+@pytest.mark.parametrize("family,dims", [
+    ("linear", {"rows": 257, "k": 160, "n": 300}),
+    ("lm_head", {"rows": 256, "k": 96, "n": 264}),
+    ("linear_add", {"rows": 260, "k": 96, "n": 264}),
+    ("qkv", {"rows": 258, "k": 288, "nq": 264, "nk": 24, "nv": 40}),
+    ("gate_up_swiglu", {"rows": 257, "k": 160, "n": 136})], ids=case_id)
+def test_chain_gemm_of_mxfp4_weights_gives_the_bytes_of_their_bf16_values(build_dir, family,
+                                                                          dims):
+    """mxfp4 weights at the chain's points are made bf16 first (each value exactly) and the
+    chain runs on that copy: the bytes of the bf16 point given the same values, every output
+    written and within the dtype's tolerance of the reference."""
+    fam = P.family(family)
+    point = chain_point(fam, "mxfp4")
+    kernel = F.realize(point)
+    assert kernel.entries[0].startswith("metrale_weight"), kernel.entries
+    assert kernel.entries[1].endswith("_chain"), kernel.entries
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    host, device = inputs(fam, point, sizes, seed=dims["rows"] + dims["k"])
+    got = run(build_dir, fam, point, sizes, device)
+    values = dict(zip((p.name for p in fam.inputs), host, strict=True))
+    as_bf16 = dict(device)
+    for name in fam.weights:
+        b = values[name].astype(ml_dtypes.bfloat16)
+        assert (b.astype(np.float32) == values[name]).all(), name  # mxfp4 values are bf16's
+        as_bf16[name] = (b,)
+    want = run(build_dir, fam, chain_point(fam), sizes, as_bf16)
+    for w, g in zip(want, got, strict=True):
+        assert np.isfinite(g.astype(np.float32)).all()
+        assert w.tobytes() == g.tobytes(), family
+    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), got)
 
 
 @pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])

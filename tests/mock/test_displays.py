@@ -273,21 +273,22 @@ def test_hardware_class_display():
     html = load_hardware().get("sm_90")._repr_html_()
     assert "chain: sm_90 → sm_80 → cuda" in html and "NVIDIA H200" in html
     assert "; peer NVIDIA H100 80GB HBM3, 3030 GB/s<br>" in html
-    assert "314 of 318 compiled points realized on sm_90" in html
+    assert "319 of 323 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
                      r"<td>285</td>", html)
-    # sm_90's own folder: 24 tables, four sources (the wgmma GEMM, the TMA-fed one, the one
-    # chain's, the prefill attention), the 26 gemm points and the three prefill attention points
-    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>24</td><td>4</td><td>29</td>" in html
+    # sm_90's own folder: 29 tables, five sources (the wgmma GEMM, the TMA-fed one, the one
+    # chain's, the quantized weights made bf16 for the last two, the prefill attention), the 31
+    # gemm points and the three prefill attention points
+    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>29</td><td>5</td><td>34</td>" in html
     assert hardware_html(load_hardware().get("host")).count("<tr>") >= 3
 
 
 def test_realization_display_counts_and_reasons():
     html = realization_html(realization("sm_90"))
-    assert ("314 of 318 compiled points realized (285 from cuda, 29 from sm_90); 0 not realized; "
-            "29 residual") in html
+    assert ("319 of 323 compiled points realized (285 from cuda, 34 from sm_90); 0 not realized; "
+            "34 residual") in html
     assert "a view: no kernel, no launch" in html
-    assert realization("host")._repr_html_().count("reference semantics") == 314
+    assert realization("host")._repr_html_().count("reference semantics") == 319
 
 
 def test_residual_display():

@@ -384,9 +384,11 @@ def test_launch_refusal_names_the_limit_or_the_shared_memory():
 def test_a_step_is_held_to_the_floor_of_the_device_it_ran_on():
     """A plan costed for a peer device (an engine on an H100 under sm_90) holds its steps to
     that device's bandwidth; a device the class does not know falls back to the class's own."""
-    h100 = plan_for("tiny-llama", "bf16", "sm_90", device="NVIDIA H100 80GB HBM3")
-    own = plan_for("tiny-llama", "bf16", "sm_90")
-    other = plan_for("tiny-llama", "bf16", "sm_90", device="a device sm_90 does not list")
+    # a model whose kernels the two devices' prices choose alike (tiny-llama's 1-row matmuls go
+    # to the GEMM on an H100's records and to the GEMV on the H200's: other bytes)
+    h100 = plan_for("qwen3-0.6b", "bf16", "sm_90", device="NVIDIA H100 80GB HBM3")
+    own = plan_for("qwen3-0.6b", "bf16", "sm_90")
+    other = plan_for("qwen3-0.6b", "bf16", "sm_90", device="a device sm_90 does not list")
     assert h100.bytes_moved == own.bytes_moved == other.bytes_moved > 0
     assert h100.cost_floor_s == pytest.approx(h100.bytes_moved / 3030e9)
     assert own.cost_floor_s == own.floor_s == pytest.approx(own.bytes_moved / 4300e9)

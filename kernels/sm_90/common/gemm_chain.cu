@@ -23,14 +23,19 @@
 // ..., and its producer copies the next tile's stages while the consumers store the last one's
 // outputs. Rows past the launch's come as zeros and are not stored; a row's sums are the same
 // wgmmas whatever the rows (row-invariant).
-// Defines: ACT_BF16, WEIGHT_BF16, K_BLOCK (16), OUT_F32 (lm_head).
+// mxfp4 weights (each a bf16 value exactly: a 4-bit float times a power of two) are made bf16,
+// whole, by the launch before (weights_bf16.cu, into the tables' `scratch`), and the entries
+// copy that copy as they copy bf16 weights: the same operands, so the k_block = 16 point's bytes
+// are those of the same weights given in bf16.
+// Defines: ACT_BF16, WEIGHT_BF16 or WEIGHT_MXFP4, K_BLOCK (16), OUT_F32 (lm_head).
 #include "mma_weights.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
-#if !defined(ACT_BF16) || !defined(WEIGHT_BF16)
-#error "gemm_chain.cu takes bf16 activations and bf16 weights (KERNELS.toml's `when`)"
+#if !defined(ACT_BF16) || !(defined(WEIGHT_BF16) || defined(WEIGHT_MXFP4))
+#error "gemm_chain.cu takes bf16 activations and bf16 or mxfp4 weights (KERNELS.toml's `when`)"
 #endif
+#include "weights_bf16.cu"  // mxfp4 weights made bf16 first (exactly), the launch before
 static_assert(K_BLOCK == 16, "gemm_chain.cu's order is k in blocks of 16, one a wgmma step");
 
 constexpr int CHAIN_BM = 128, CHAIN_BK = 64;  // a tile's rows, and a stage's k
@@ -277,35 +282,12 @@ __device__ __forceinline__ void store_runs(const ChainPlace& pl, int m0, int row
     }
 }
 
-// The same for f32 outputs: a run is four columns, two lanes' pairs; lane t takes row half t % 2
-// of columns 8 j + 4 (t / 2) + [0, 4), its pair and its partner's (lane t ^ 1).
-template <int NJ, class Put>
-__device__ __forceinline__ void store_runs_f32(const ChainPlace& pl, int m0, int rows,
-                                               const float* acc, Put put) {
-    const int t = pl.t;
-    const bool odd = t & 1;
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        // give the partner the row half it takes: registers 4 j + 2 (1 - t % 2), + 1
-        const float g0 = odd ? acc[4 * j] : acc[4 * j + 2],
-                    g1 = odd ? acc[4 * j + 1] : acc[4 * j + 3];
-        const float r0 = __shfl_xor_sync(0xffffffffu, g0, 1),
-                    r1 = __shfl_xor_sync(0xffffffffu, g1, 1);
-        const float k0 = odd ? acc[4 * j + 2] : acc[4 * j],
-                    k1 = odd ? acc[4 * j + 3] : acc[4 * j + 1];
-        const int row = m0 + pl.row(4 * j + 2 * (t & 1));
-        if (row < rows)
-            put(row, 8 * j + 4 * (t >> 1),
-                odd ? make_float4(r0, r1, k0, k1) : make_float4(k0, k1, r0, r1));
-    }
-}
-
 // The plain tiles' outputs (linear, lm_head, linear_add, qkv), BN columns wide: tile t's column
 // tile c gives its weight map and first column by pick(c, n0, map); where `runs` (every output's
-// columns a multiple of 8), put(c, row, col, run) for each 16-byte run of outputs in the launch's
-// rows (store_runs: bf16 words, or F32's float4), else out(c, row, col, s0, s1) for each pair of
-// sums (columns col and col + 1, col even).
-template <int BN, bool F32, class Pick, class Out, class Put>
+// columns a multiple of 8), put(c, row, col, run) for each 16-byte run of bf16 outputs in the
+// launch's rows (store_runs), else out(c, row, col, s0, s1) for each pair of sums (columns col and
+// col + 1, col even).
+template <int BN, class Pick, class Out, class Put>
 __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k, int col_tiles,
                                             bool runs, Pick pick, Out out, Put put) {
     const ChainTiles tl(rows, col_tiles);
@@ -328,12 +310,9 @@ __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k
                             auto at = [&](int row, int col, auto run) {
                                 put(c, row, n0 + col, run);
                             };
-                            if constexpr (F32)
-                                store_runs_f32<NJ>(pl, m0, rows, acc, at);
-                            else
-                                store_runs<NJ>(pl, m0, rows,
-                                               [&](int i) { return bf16_word(acc[i], acc[i + 1]); },
-                                               at);
+                            store_runs<NJ>(pl, m0, rows,
+                                           [&](int i) { return bf16_word(acc[i], acc[i + 1]); },
+                                           at);
                             return;
                         }
 #pragma unroll
@@ -387,8 +366,10 @@ metrale_linear_chain(const __grid_constant__ TensorMap x, const __grid_constant_
                      out_t* __restrict__ y, int rows, int k, int n, int wide) {
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
-        chain_plain<BN, sizeof(out_t) == 4>(
-            x, rows, k, (n + BN - 1) / BN, n % 8 == 0,
+        // lm_head's f32 logits in pairs: their 16-byte runs (a float4 of two lanes' pairs) ran
+        // Llama-3.1-8B's 2048 rows 5 % slower than pairs on an H100
+        chain_plain<BN>(
+            x, rows, k, (n + BN - 1) / BN, sizeof(out_t) == 2 && n % 8 == 0,
             [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
             [&](int, int row, int col, float a, float b) {
                 store_pair(y, (long)row * n + col, col, n, a, b,
@@ -407,7 +388,7 @@ metrale_linear_add_chain(const __grid_constant__ TensorMap x,
                          act_t* __restrict__ y, int rows, int k, int n, int wide) {
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
-        chain_plain<BN, false>(
+        chain_plain<BN>(
             x, rows, k, (n + BN - 1) / BN, n % 8 == 0,
             [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
             [&](int, int row, int col, float a, float b) {
@@ -455,7 +436,7 @@ metrale_qkv_chain(const __grid_constant__ TensorMap x, const __grid_constant__ T
             n = p == 0 ? nq : p == 1 ? nk : nv;
             return p == 0 ? q : p == 1 ? k_ : v;
         };
-        chain_plain<BN, false>(
+        chain_plain<BN>(
             x, rows, k, tq + tk + tv, nq % 8 == 0 && nk % 8 == 0 && nv % 8 == 0,
             [&](int c, int& n0, const TensorMap*& map) {
                 const int p = part(c, n0);
