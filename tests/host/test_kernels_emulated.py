@@ -53,6 +53,7 @@ from tests.kernel_cases import (
     kwargs,
     matmul_point,
     multi_row_entry,
+    mxfp4_scaled_inputs,
     prefill_point,
     relation_cases,
     row_invariant_points,
@@ -480,6 +481,37 @@ def test_chain_gemm_of_mxfp4_weights_gives_the_bytes_of_their_bf16_values(build_
         assert np.isfinite(g.astype(np.float32)).all()
         assert w.tobytes() == g.tobytes(), family
     compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), got)
+
+
+def test_chain_gemm_of_mxfp4_weights_at_the_scales_ends_gives_the_bytes_of_their_bf16_values(
+        build_dir):
+    """The same at e8m0's ends: 0 (2^-127: subnormal weights, kept), 250 (2^123, six of which
+    f32 still holds) over a whole row, 255 (NaN) in one block; activations near 2^-118 keep the
+    large products finite. The copy is the bf16 values (NaN where the scale is), and the
+    outputs the bf16 point's bytes, NaN in the NaN block's column alone."""
+    fam = P.family("linear")
+    point = chain_point(fam, "mxfp4")
+    rows, k, n = 257, 160, 136
+
+    def mark(scale: np.ndarray, rng: np.random.Generator) -> None:
+        scale[5, 2] = 0
+        scale[17, :] = 250
+        scale[30, 1] = 255
+
+    x, (w,), device = mxfp4_scaled_inputs(fam, rows, k, n, 81, mark)
+    tiny = np.abs(w[5, 64:96])
+    assert ((tiny > 0) & (tiny < 2.0 ** -126)).any()  # subnormal values among them
+    b = w.astype(ml_dtypes.bfloat16)
+    same = (b.astype(np.float32) == w) | (np.isnan(b.astype(np.float32)) & np.isnan(w))
+    assert same.all() and np.isnan(w[30]).any()
+    sizes = {**sizes_for(fam, rows), "k": k, "n": n}
+    (got,) = run(build_dir, fam, point, sizes, device)
+    (want,) = run(build_dir, fam, chain_point(fam), sizes, {"x": (x,), "w": (b,)})
+    nan = np.isnan(got.astype(np.float32))
+    assert (nan == np.isnan(want.astype(np.float32))).all() and nan[:, 30].all()
+    assert nan.sum() == rows, "NaN in the NaN block's column alone"
+    assert got[~nan].tobytes() == want[~nan].tobytes()
+    assert (np.abs(got[:, 17].astype(np.float32)) > 1.0).all()  # the large scales count
 
 
 @pytest.mark.parametrize("weight", ["fp8", "mxfp4", "nvfp4"])
