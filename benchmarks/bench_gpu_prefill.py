@@ -147,6 +147,26 @@ def realized(family: str, weight: str, shape: str = "gemm", hw: str = "sm_90",
     return realization(hw, presentation=P).realize(point)
 
 
+@functools.cache
+def chain_kernel(family: str, weight: str) -> Any:
+    """sm_90's k chain (``gemm_chain.cu``) at ``family``'s k_block 16 point in ``weight``, or
+    None where its tables do not take that format (the point is then not compiled)."""
+    kernel = realized(family, weight, k_block=16)
+    return kernel if kernel is not None and kernel.source.endswith("gemm_chain.cu") else None
+
+
+def takes(kernel: Any, sizes: dict[str, int]) -> bool:
+    """Whether ``kernel``'s tables' limits take a launch at ``sizes`` (the k chain: a row tile of
+    128 at least, mxfp4's 256)."""
+    from metrale.lkb.errors import LaunchError
+
+    try:
+        kernel.launches_for(sizes)
+    except LaunchError:
+        return False
+    return True
+
+
 def shadowed(family: str, weight: str) -> Any:
     """The kernel sm_90's own gemm kernel of ``family`` in ``weight`` shadows (sm_80's, which
     sm_90 would run without it), or None where sm_90 runs the inherited one."""
@@ -791,12 +811,12 @@ def main() -> None:
                 continue
             for fmt, k_block in itertools.product(args.weights.split(","),
                                                   map(int, args.k_blocks.split(","))):
-                if not runs_in(family, fmt) or k_block != 256 and fmt not in CHAIN_LEAST:
+                if not runs_in(family, fmt) or k_block != 256 and not chain_kernel(family, fmt):
                     continue
                 lc = Launch(cp, torch, Path(tmp), family, dims, fmt, k_block)
                 for rows in rows_list:
-                    if k_block != 256 and rows < CHAIN_LEAST[fmt]:
-                        continue  # the chain tables' limits
+                    if k_block != 256 and not takes(lc.gemm.kernel, {"rows": rows, **dims}):
+                        continue
                     c = bench_case(cp, torch, lc, model, name, rows, rate,
                                    args.gemv_rows if k_block == 256 else 0)
                     cases.append(c)
@@ -831,10 +851,6 @@ def agrees(case: dict) -> bool:
     """Whether a case's outputs are finite and within ``AGREES`` of cuBLAS's (relative to the
     largest output): only such a case records evidence."""
     return case["finite"] and case["max_rel_err_vs_peer"] < AGREES
-
-
-CHAIN_LEAST = {"bf16": 128, "mxfp4": 256}
-"""The formats sm_90's k chain (k_block 16) takes, and the rows its tables take at least."""
 
 
 def time_records(cases: list[dict], device: str, date: str, toolchain: str) -> list:

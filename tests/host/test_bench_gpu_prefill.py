@@ -121,7 +121,7 @@ def test_the_matmul_launches_are_the_prefill_plans_own(logits, policy):
             timed = {str(bench.realized(family, w, "gemm", k_block=kb).point)
                      for _m, _n, family, _d in bench.SHAPES
                      for w in (quant, "bf16", "f32") if bench.runs_in(family, w)
-                     for kb in ((256, 16) if w in bench.CHAIN_LEAST else (256,))}
+                     for kb in ((256, 16) if bench.chain_kernel(family, w) else (256,))}
             assert launched <= timed, (model, quant, launched - timed)
 
 
@@ -295,3 +295,14 @@ def test_a_step_planned_over_an_edited_source_names_its_unmeasured_points(tmp_pa
     left = points(edited)
     assert left and all("k_block=16" in p for p in left if "gemm" in p), left
     assert not any("attention" in p for p in left), left
+
+
+def test_the_chain_cases_are_the_chain_tables_own():
+    """The bench times the k chain in the formats its tables take, from the rows their limits
+    take (read from KERNELS.toml, not kept beside it)."""
+    assert bench.chain_kernel("linear", "fp8") is None
+    for fmt, least in (("bf16", 128), ("mxfp4", 256)):
+        kernel = bench.chain_kernel("qkv", fmt)
+        sizes = {"k": 1024, "nq": 2048, "nk": 1024, "nv": 1024}
+        assert not bench.takes(kernel, {"rows": least - 1, **sizes})
+        assert bench.takes(kernel, {"rows": least, **sizes})
