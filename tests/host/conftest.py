@@ -61,13 +61,50 @@ MEASURED_CLASS = "sm_90"
 compile unit."""
 
 
+class Unit:
+    """One compile of the run's NVIDIA build: a source at one define set, cut to every entry the
+    class's points launch from it there (the union of those kernels' entries). The build and the
+    runtime loader compile each kernel's own cut (:func:`metrale.realize.build.unit_source`);
+    this is their union, so every entry a point of the class can launch compiles, and no entry
+    that none can: compiling each source whole took twice as long (sm_90: 245 s of a 2-core
+    run's 700). Quacks as the kernel :func:`metrale.realize.build.compile_kernels` takes."""
+
+    def __init__(self, kernels: list) -> None:
+        first = kernels[0]
+        self.point, self.source, self.defines = first.point, first.source, first.defines
+        self.headers, self.define_map = first.headers, first.define_map
+        self.entries = tuple(sorted({e for k in kernels for e in k.entries}))
+
+
+class ClassBuild:
+    """What the run's build of one class gave: ``(source, defines) → (PTX text or the
+    CompileError, status)``, status ``built`` or ``cached`` (or ``failed``), and the units'
+    entries."""
+
+    def __init__(self, arch: str, done: dict, units: dict) -> None:
+        self.arch = arch
+        self.results = {key: (got, status) for key, (got, status, _) in done.items()}
+        self.units = units
+
+    @property
+    def errors(self) -> list:
+        return [got for got, status in self.results.values() if status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def count(self, status: str) -> int:
+        return sum(s == status for _, s in self.results.values())
+
+
 class NvidiaBuilds:
-    """NVIDIA classes' realized points built to PTX once for the whole run, through the
-    production build (``realize.build``), with the machine's nvcc: the build tests check each
-    class's report, the source tests read the PTX of each (source, define set). Sharing it keeps
-    each (source, defines, arch) to one compile per run (and, through :func:`run_build_cache`,
-    to one compile until its inputs change): nvcc takes 1–2.5 s a unit here, and a class has
-    about 100.
+    """NVIDIA classes' realized points built to PTX once for the whole run, with the machine's
+    nvcc, the production compile (``realize.build.compile_kernels``) of its units (:class:`Unit`):
+    the build tests check each class's result, the source tests read the PTX of each (source,
+    define set). Sharing it keeps each unit to one compile per run (and, through
+    :func:`run_build_cache`, to one compile until its inputs change): nvcc takes 0.4–1.5 s a
+    unit here, and a class has about 100.
 
     Which units (:meth:`kernels`): every one of :data:`MEASURED_CLASS`, and of every class in the
     full tier (``--full``: some 700 compiles); in the default tier every other class compiles
@@ -78,13 +115,11 @@ class NvidiaBuilds:
 
     def __init__(self, root: Path, full: bool) -> None:
         from metrale.realize.cache import BuildCache
-        from metrale.realize.registry import Registry
 
         self.cache_root = run_build_cache(root / "cache")
         self.cache = BuildCache(self.cache_root)
-        self.registry = Registry(root / "registry")
         self.full = full
-        self._reports: dict = {}
+        self._builds: dict = {}
         self._ptx: dict = {}
 
     def kernels(self, hw: str) -> list:
@@ -106,31 +141,41 @@ class NvidiaBuilds:
             by_source.setdefault(source, []).append(k)
         return [ks[turn % len(ks)] for _, ks in sorted(by_source.items())]
 
-    def report(self, hw: str):
-        """The build report of class ``hw``'s units (:meth:`kernels`)."""
-        if hw not in self._reports:
-            self._reports[hw] = self._build(hw, [k.point for k in self.kernels(hw)])
-        return self._reports[hw]
+    def report(self, hw: str) -> ClassBuild:
+        """The build of class ``hw``'s units (:meth:`kernels`)."""
+        if hw not in self._builds:
+            self._builds[hw] = self._build(hw, [self.key(k.source, k.defines)
+                                                for k in self.kernels(hw)])
+        return self._builds[hw]
 
-    def _build(self, hw: str, points: list):
-        """Build ``points`` of class ``hw``, one worker at a time per class: the ``xdist_group``
-        of :func:`nvidia_group` keeps a class's tests on one worker, and where it does not (a
-        pytest that xdist's grouping misses), the second worker waits for the first and finds
-        its compiles in the shared cache instead of compiling them again."""
+    def _build(self, hw: str, keys: list) -> ClassBuild:
+        """Build the units of ``keys`` of class ``hw``, one worker at a time per class: the
+        ``xdist_group`` of :func:`nvidia_group` keeps a class's tests on one worker, and where it
+        does not (a pytest that xdist's grouping misses), the second worker waits for the first
+        and finds its compiles in the shared cache instead of compiling them again."""
         from metrale.lkb.files import exclusive
-        from metrale.lkb.target import KernelTarget
-        from metrale.realize.build import build
+        from metrale.realize.build import compile_kernels
         from metrale.realize.compute import NvidiaTarget
+        from metrale.realize.functor import realization
 
+        F = realization(hw)
+        grouped: dict = {}
+        for k in F.kernels():
+            if self.key(k.source, k.defines) in keys:
+                grouped.setdefault(self.key(k.source, k.defines), []).append(k)
+        units = {key: Unit(ks) for key, ks in grouped.items()}
+        assert set(units) == set(keys), sorted(set(keys) - set(units))
         self.cache_root.mkdir(parents=True, exist_ok=True)
         with exclusive(self.cache_root / f".nvidia-{hw}.lock"):
-            return build(points, hw, target=KernelTarget(hw, "all", "all"), cache=self.cache,
-                         registry=self.registry, progress=False, compute=NvidiaTarget("ptx"),
-                         jobs=compile_jobs(), cut=False)
+            done = compile_kernels(units.values(), F.hw.arch, kernels_dir=F.kernels_dir,
+                                   cache=self.cache, compute=NvidiaTarget("ptx"),
+                                   progress=False, jobs=compile_jobs())
+        by_key = {self.key(u.source, u.defines): u for u in units.values()}
+        return ClassBuild(F.hw.arch, {self.key(s, d): got for (s, d, _), got in done.items()},
+                          by_key)
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
-        """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built (read
-        from the registry once)."""
+        """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built."""
         if hw not in self._ptx:
             self._ptx[hw] = self._load(self.report(hw))
         return self._ptx[hw]
@@ -138,25 +183,15 @@ class NvidiaBuilds:
     def ptx_of(self, hw: str, source: str, defines) -> str:
         """The PTX of one unit of class ``hw`` (``source`` and ``defines`` as :meth:`key`
         takes them), built now if the class's units (:meth:`kernels`) left it out."""
-        from metrale.realize.functor import realization
-
         built, key = self.ptx(hw), self.key(source, defines)
         if key not in built:
-            points = [k.point for k in realization(hw).kernels()
-                      if self.key(k.source, k.defines) == key]
-            assert points, f"class {hw} realizes no point with {key}"
-            built.update(self._load(self._build(hw, points)))
+            built.update(self._load(self._build(hw, [key])))
         return built[key]
 
-    def _load(self, report) -> dict[tuple[str, tuple[str, ...]], str]:
-        assert report.ok, report.summary() + "".join(f"\n{e}" for e in report.errors)
-        summand = self.registry.inject(report.target)
-        out: dict[tuple[str, tuple[str, ...]], str] = {}
-        for item in report.items:
-            key = self.key(item.kernel.source, item.kernel.defines)
-            if key not in out:
-                out[key] = summand.load(str(item.point)).data.decode()
-        return out
+    @staticmethod
+    def _load(build: ClassBuild) -> dict[tuple[str, tuple[str, ...]], str]:
+        assert build.ok, "\n".join(str(e) for e in build.errors)
+        return {key: got.data.decode() for key, (got, _) in build.results.items()}
 
     @staticmethod
     def key(source: str, defines) -> tuple[str, tuple[str, ...]]:

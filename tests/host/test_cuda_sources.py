@@ -345,7 +345,10 @@ WEIGHTS = ("BF16", "F32", "FP8", "MXFP4", "NVFP4")
 TENSOR_CORE_BUILDS = [
     *(("gemm.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=256"),
        {"metrale_linear_mma", "metrale_linear_add_mma", "metrale_qkv_mma",
-        "metrale_gate_up_swiglu_mma"}, "sm_80", MMA_SYNC) for w in WEIGHTS),
+        "metrale_gate_up_swiglu_mma"}, "sm_80", MMA_SYNC) for w in WEIGHTS if w != "F32"),
+    # f32 weights: linear's alone (no other family takes them)
+    ("gemm.cu", ("ACT_BF16", "WEIGHT_F32", "K_BLOCK=256"), {"metrale_linear_mma"}, "sm_80",
+     MMA_SYNC),
     # f32 weights: gemm_wgmma.cu alone
     ("sm_90/common/gemm_wgmma.cu", ("ACT_BF16", "WEIGHT_F32", "K_BLOCK=256"),
      {"metrale_linear_wgmma"}, "sm_90", WGMMA),
