@@ -573,6 +573,74 @@ def chain_point(fam: Family, weight: str = "bf16") -> Point:
                      **({"out": "f32"} if fam.name == "lm_head" else {}))
 
 
+# (family, sizes, weight) of the k chain's points whose weights keep an f32 factor: past the
+# 256 rows its tables take, ragged in rows and columns
+SCALED_CHAIN_CASES = [
+    ("linear", {"rows": 257, "k": 160, "n": 300}, "fp8"),
+    ("lm_head", {"rows": 256, "k": 96, "n": 264}, "fp8"),
+    ("linear_add", {"rows": 260, "k": 96, "n": 264}, "fp8"),
+    ("qkv", {"rows": 258, "k": 288, "nq": 264, "nk": 24, "nv": 40}, "fp8"),
+    ("gate_up_swiglu", {"rows": 257, "k": 160, "n": 136}, "fp8"),
+    ("linear", {"rows": 257, "k": 160, "n": 300}, "nvfp4"),
+    ("gate_up_swiglu", {"rows": 257, "k": 160, "n": 136}, "nvfp4")]
+
+def factored_inputs(fam: Family, point: Point, sizes: dict[str, int], seed: int,
+                    factor: Callable[[np.ndarray], np.ndarray]):
+    """:func:`inputs` of a point with fp8 or nvfp4 weights, each weight's f32 factor (fp8's row
+    scales, nvfp4's global scale) replaced by ``factor(old)``: (host arrays, device parts)."""
+    from metrale.lkb.quant import QuantTensor
+
+    host, device = inputs(fam, point, sizes, seed=seed)
+    params = point.as_dict()
+    for i, port in enumerate(fam.inputs):
+        if port.name not in fam.weights:
+            continue
+        fmt = QuantFormat.parse(port.type(params).fmt)
+        data, scale, glob = device[port.name]
+        if fmt.name.startswith("fp8"):
+            scale = factor(scale)
+        else:
+            glob = factor(glob)
+        qt = QuantTensor(fmt, host[i].shape, data, scale, glob)
+        host[i] = np.asarray(qt.dequantize(), np.float32)
+        device[port.name] = (qt.data, qt.scale, qt.global_scale)
+    return host, device
+
+
+def check_chain_scaled_bytes(family: str, dims: dict[str, int], weight: str, P: Any, F: Any,
+                             runner: Runner) -> None:
+    """fp8 and nvfp4 weights at the k chain's points are made bf16 first (each value exactly,
+    the f32 factor left out) and their factor multiplies each finished sum: with factors that
+    are powers of two (fp8's row scales 2^-3 to 2^3, nvfp4's global 2^-5), which commute with
+    every rounding, the outputs are the bytes of the bf16 point given the weights' values, every
+    one written, and within the dtype's tolerance of the reference."""
+    fam = P.family(family)
+    point = chain_point(fam, weight)
+    kernel = F.realize(point)
+    assert kernel.entries[0].startswith("metrale_weight"), kernel.entries
+    assert kernel.entries[1].endswith("_chain"), kernel.entries
+    sizes = {**sizes_for(fam, dims["rows"]), **dims}
+    rng = np.random.default_rng(dims["rows"])
+
+    def factor(old: np.ndarray) -> np.ndarray:
+        if weight == "fp8":
+            return np.ldexp(np.float32(1), rng.integers(-3, 4, old.shape)).astype(np.float32)
+        return np.full_like(old, 2.0 ** -5)
+
+    host, device = factored_inputs(fam, point, sizes, dims["rows"] + dims["k"], factor)
+    got = runner(fam, point, sizes, device)
+    values = dict(zip((p.name for p in fam.inputs), host, strict=True))
+    as_bf16 = dict(device)
+    for name in fam.weights:
+        b = values[name].astype(ml_dtypes.bfloat16)
+        assert (b.astype(np.float32) == values[name]).all(), name  # bf16 values, factor and all
+        as_bf16[name] = (b,)
+    want = runner(fam, chain_point(fam), sizes, as_bf16)
+    for w, g in zip(want, got, strict=True):
+        assert np.isfinite(g.astype(np.float32)).all()
+        assert w.tobytes() == g.tobytes(), (family, weight)
+    compare(point, fam, SEMANTICS[fam.semantics](*host, **kwargs(fam, point)), got)
+
 def use_shape(eng: Any, mode: str, rows: int, shape: str) -> None:
     """Make ``eng``'s ``rows``-row step of ``mode`` the plan whose matmuls take their ``shape``
     points, every relation applied in the presentation's priority order (as ``met tune`` imposes
