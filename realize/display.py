@@ -11,7 +11,7 @@ the presentation, with what is residual and why a point is not realized.
 >>> "sm_90 → sm_80 → cuda" in html and "wgmma" in html and "supplies" in html
 True
 >>> from metrale.realize.residual import residual
->>> "Residual(sm_90): 44" in residual_html(residual("sm_90"))
+>>> "Residual(sm_90): 34" in residual_html(residual("sm_90"))
 True
 """
 

@@ -10,7 +10,7 @@ unreadable" where a damaged record may concern it. Host kernels are the referenc
 >>> r.counts()["shared, unmeasured"] == len(r.rows) > 0
 True
 >>> print(str(r).splitlines()[0])
-evidence on sm_80: 329 kernels; shared, unmeasured 329
+evidence on sm_80: 319 kernels; shared, unmeasured 319
 >>> r = evidence_report("sm_90")  # the H200's records count on sm_90 only
 >>> r.counts()["measured on sm_90"] > 0
 True

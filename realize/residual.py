@@ -15,7 +15,7 @@ each descendant's. The count is the measure of convergence, tracked over time.
 
 >>> r = residual("sm_90")
 >>> r.count, {e.kind for e in r.entries}, sorted({e.file for e in r.entries})[0]
-(44, {'shadow'}, 'sm_90/common/attention_wgmma.cu')
+(34, {'shadow'}, 'sm_90/common/attention_wgmma.cu')
 >>> residual("sm_80").count
 0
 """

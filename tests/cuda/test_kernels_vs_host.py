@@ -28,10 +28,8 @@ from tests.kernel_cases import (  # noqa: E402
     MULTI_ROW_FAMILIES,
     PREFILL_FAMILIES,
     PREFILL_SHAPES,
-    SCALED_CHAIN_CASES,
     case_id,
     chain_point,
-    check_chain_scaled_bytes,
     check_combine_norm_hard_values,
     check_either_width,
     check_gemm,
@@ -349,14 +347,6 @@ def test_chain_gemm_gives_the_same_bytes_in_either_tile_width(gpu, family, dims)
                        lambda *a: _run_gpu(gpu, *a[:4], attrs=a[4]),
                        {**sizes_for(fam, dims["rows"]), **dims})
 
-
-
-@pytest.mark.parametrize("family,dims,weight", SCALED_CHAIN_CASES, ids=case_id)
-def test_chain_gemm_of_scaled_weights_gives_the_bytes_of_their_bf16_values_on_device(
-        gpu, family, dims, weight):
-    """fp8's row scales and nvfp4's global scale on the chain's finished sums (powers of two):
-    the bf16 point's bytes on the weights' values, on the device."""
-    check_chain_scaled_bytes(family, dims, weight, P, F, lambda *a: _run_gpu(gpu, *a))
 
 def _scratch_points():
     return [(f, p) for f, p in _points()

@@ -371,12 +371,11 @@ TENSOR_CORE_BUILDS = [
     ("sm_90/common/attention_wgmma.cu", ("ACT_BF16", "KV_BLOCK=64"),
      {"metrale_kv_append_attention_wgmma_online_prefill"}, "sm_90",
      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"),
-    # the bounded prefills' GEMMs, k one chain of 16-wide steps: 128 x 256 tiles (bf16, and the
-    # two formats whose factor each sum takes in the epilogue)
-    *(("sm_90/common/gemm_chain.cu", ("ACT_BF16", f"WEIGHT_{w}", "K_BLOCK=16"),
-       {"metrale_linear_chain", "metrale_linear_add_chain", "metrale_qkv_chain",
-        "metrale_gate_up_swiglu_chain"}, "sm_90",
-       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") for w in ("BF16", "FP8", "NVFP4")),
+    # the bounded prefills' GEMMs, k one chain of 16-wide steps: 128 x 256 tiles
+    ("sm_90/common/gemm_chain.cu", ("ACT_BF16", "WEIGHT_BF16", "K_BLOCK=16"),
+     {"metrale_linear_chain", "metrale_linear_add_chain", "metrale_qkv_chain",
+      "metrale_gate_up_swiglu_chain"}, "sm_90",
+     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"),
 ]
 
 

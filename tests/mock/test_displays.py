@@ -273,22 +273,22 @@ def test_hardware_class_display():
     html = load_hardware().get("sm_90")._repr_html_()
     assert "chain: sm_90 → sm_80 → cuda" in html and "NVIDIA H200" in html
     assert "; peer NVIDIA H100 80GB HBM3, 3030 GB/s<br>" in html
-    assert "329 of 333 compiled points realized on sm_90" in html
+    assert "319 of 323 compiled points realized on sm_90" in html
     assert re.search(r"<td>cuda</td><td><code>cuda/common</code></td><td>\d+</td><td>\d+</td>"
                      r"<td>285</td>", html)
-    # sm_90's own folder: 34 tables, five sources (the wgmma GEMM, the TMA-fed one, the one
-    # chain's, the quantized weights made bf16 for the last two, the prefill attention), the 41
+    # sm_90's own folder: 29 tables, five sources (the wgmma GEMM, the TMA-fed one, the one
+    # chain's, the quantized weights made bf16 for the last two, the prefill attention), the 31
     # gemm points and the three prefill attention points
-    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>34</td><td>5</td><td>44</td>" in html
+    assert "<td>sm_90</td><td><code>sm_90/common</code></td><td>29</td><td>5</td><td>34</td>" in html
     assert hardware_html(load_hardware().get("host")).count("<tr>") >= 3
 
 
 def test_realization_display_counts_and_reasons():
     html = realization_html(realization("sm_90"))
-    assert ("329 of 333 compiled points realized (285 from cuda, 44 from sm_90); 0 not realized; "
-            "44 residual") in html
+    assert ("319 of 323 compiled points realized (285 from cuda, 34 from sm_90); 0 not realized; "
+            "34 residual") in html
     assert "a view: no kernel, no launch" in html
-    assert realization("host")._repr_html_().count("reference semantics") == 329
+    assert realization("host")._repr_html_().count("reference semantics") == 319
 
 
 def test_residual_display():

@@ -1,7 +1,6 @@
 // Metrale CUDA, sm_90a: the GEMM-shaped points whose k runs as one chain of 16-wide steps
 // (k_block = 16, the bounded relations `chain_*` of FUSIONS.toml): linear, lm_head, linear_add,
-// qkv and gate_up_swiglu with bf16 activations and bf16 weights from 128 rows, quantized ones
-// (fp8, mxfp4, nvfp4) from 256.
+// qkv and gate_up_swiglu with bf16 activations and bf16 weights, from 128 rows.
 //
 // Order (declared in KERNELS.toml, "wgmma"): each wgmma adds its 16 products to the running f32
 // accumulator, from k's first step to its last: blocks of 16 combined sequentially, no partial
@@ -24,21 +23,19 @@
 // ..., and its producer copies the next tile's stages while the consumers store the last one's
 // outputs. Rows past the launch's come as zeros and are not stored; a row's sums are the same
 // wgmmas whatever the rows (row-invariant).
-// Quantized weights are made bf16, whole, by the launch before (weights_bf16.cu, into the
-// tables' `scratch`), each value exactly (e4m3; e2m1 times its e8m0 or e4m3 block scale), and
-// the entries copy that copy as they copy bf16 weights: the same operands. The f32 factor left,
-// fp8's row scale or nvfp4's global scale, multiplies each finished sum before anything rounds
-// it (row_factor, scaled); bf16 and mxfp4 have none, so an mxfp4 point's bytes are those of the
-// same weights given in bf16.
-// Defines: ACT_BF16, WEIGHT_* (not f32), K_BLOCK (16), OUT_F32 (lm_head).
+// mxfp4 weights (each a bf16 value exactly: a 4-bit float times a power of two) are made bf16,
+// whole, by the launch before (weights_bf16.cu, into the tables' `scratch`), and the entries
+// copy that copy as they copy bf16 weights: the same operands, so the k_block = 16 point's bytes
+// are those of the same weights given in bf16.
+// Defines: ACT_BF16, WEIGHT_BF16 or WEIGHT_MXFP4, K_BLOCK (16), OUT_F32 (lm_head).
 #include "mma_weights.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
-#if !defined(ACT_BF16) || defined(WEIGHT_F32)
-#error "gemm_chain.cu takes bf16 activations and bf16, fp8 or fp4 weights (KERNELS.toml's `when`)"
+#if !defined(ACT_BF16) || !(defined(WEIGHT_BF16) || defined(WEIGHT_MXFP4))
+#error "gemm_chain.cu takes bf16 activations and bf16 or mxfp4 weights (KERNELS.toml's `when`)"
 #endif
-#include "weights_bf16.cu"  // quantized weights made bf16 first (exactly), the launch before
+#include "weights_bf16.cu"  // mxfp4 weights made bf16 first (exactly), the launch before
 static_assert(K_BLOCK == 16, "gemm_chain.cu's order is k in blocks of 16, one a wgmma step");
 
 constexpr int CHAIN_BM = 128, CHAIN_BK = 64;  // a tile's rows, and a stage's k
@@ -146,44 +143,6 @@ struct ChainBoxes {
     const TensorMap* map[2];
     int row[2];
     int boxes;
-};
-
-// A weight's factors without its data, which comes by tensor map: fp8's row scales, nvfp4's
-// global scale (bf16 and mxfp4 have none to read).
-__device__ __forceinline__ WeightRef chain_factors(const void* scale, const float* global) {
-    return weight_ref(nullptr, scale, global);
-}
-
-// A tile's finished sums times their weight rows' factors (row_factor, scaled): fp8's row scale,
-// a column's own (none past the n columns); nvfp4's global scale, read once a tile (read at each
-// sum, it spilled linear_add's entry); none for bf16 and mxfp4.
-struct ChainScale {
-    WeightRef f;
-    int n;
-    float all;  // the one factor of every row (not fp8)
-    __device__ ChainScale(WeightRef f, int n) : f(f), n(n) {
-#if defined(WEIGHT_FP8)
-        all = 1.0f;
-#else
-        all = row_factor(f);
-#endif
-    }
-    // column col's sum s, scaled
-    __device__ float operator()(float s, int col) const {
-#if defined(WEIGHT_FP8)
-        return col < n ? scaled(s, row_factor(weight_rows(f, col, 0))) : s;
-#else
-        return scaled(s, all);
-#endif
-    }
-};
-
-// A column tile of a plain launch: its weight's tensor map and factors, its first column in its
-// output, and that output's columns.
-struct ChainCols {
-    const TensorMap* map;
-    WeightRef factors;
-    int n0, n;
 };
 
 // The tiles of a launch: 128 activation rows by a column tile, rows fastest (the blocks side by
@@ -323,11 +282,11 @@ __device__ __forceinline__ void store_runs(const ChainPlace& pl, int m0, int row
     }
 }
 
-// The plain tiles' outputs (linear, lm_head, linear_add, qkv), BN columns wide: pick(c) gives
-// column tile c's ChainCols, and each sum is scaled by its weight row's factor (ChainScale);
-// where `runs` (every output's columns a multiple of 8), put(c, row, col, run) for each 16-byte
-// run of bf16 outputs in the launch's rows (store_runs), else out(c, row, col, s0, s1) for each
-// pair of sums (columns col and col + 1, col even).
+// The plain tiles' outputs (linear, lm_head, linear_add, qkv), BN columns wide: tile t's column
+// tile c gives its weight map and first column by pick(c, n0, map); where `runs` (every output's
+// columns a multiple of 8), put(c, row, col, run) for each 16-byte run of bf16 outputs in the
+// launch's rows (store_runs), else out(c, row, col, s0, s1) for each pair of sums (columns col and
+// col + 1, col even).
 template <int BN, class Pick, class Out, class Put>
 __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k, int col_tiles,
                                             bool runs, Pick pick, Out out, Put put) {
@@ -335,48 +294,53 @@ __device__ __forceinline__ void chain_plain(const TensorMap& xm, int rows, int k
     chain_tiles<BN>(xm, tl, k,
                     [&](int t, int& m0) {
                         m0 = tl.m0(t);
-                        const ChainCols cc = pick(tl.col(t));
-                        return ChainBoxes{{cc.map, cc.map}, {cc.n0, cc.n0 + 128}, BN / 128};
+                        int n0;
+                        const TensorMap* map;
+                        pick(tl.col(t), n0, map);
+                        return ChainBoxes{{map, map}, {n0, n0 + 128}, BN / 128};
                     },
                     [&](int t, int m0, const float (&acc)[ChainTile<BN>::acc]) {
                         constexpr int NJ = ChainTile<BN>::acc / 4;  // the slice's n8 tiles
                         const ChainPlace pl;
+                        int n0;
+                        const TensorMap* map;
+                        pick(tl.col(t), n0, map);
                         const int c = tl.col(t);
-                        const ChainCols cc = pick(c);
-                        const ChainScale scale(cc.factors, cc.n);
-                        auto sum = [&](int i) { return scale(acc[i], cc.n0 + pl.col(i)); };
                         if (runs) {
+                            auto at = [&](int row, int col, auto run) {
+                                put(c, row, n0 + col, run);
+                            };
                             store_runs<NJ>(pl, m0, rows,
-                                           [&](int i) { return bf16_word(sum(i), sum(i + 1)); },
-                                           [&](int row, int col, uint4 run) {
-                                               put(c, row, cc.n0 + col, run);
-                                           });
+                                           [&](int i) { return bf16_word(acc[i], acc[i + 1]); },
+                                           at);
                             return;
                         }
 #pragma unroll
                         for (int i = 0; i < ChainTile<BN>::acc; i += 2) {
                             const int row = m0 + pl.row(i);
-                            if (row < rows) out(c, row, cc.n0 + pl.col(i), sum(i), sum(i + 1));
+                            if (row < rows)
+                                out(tl.col(t), row, n0 + pl.col(i), acc[i], acc[i + 1]);
                         }
                     });
 }
 
 // Outputs i and i + 1 of a row-major array of n columns (the columns col and col + 1 of a row,
-// col even), bf16 or f32: one store of the pair where both lie in the row and the pair is
-// aligned (n even), else each on its own.
-template <class T>
-__device__ __forceinline__ void store_pair(T* out, long i, int col, int n, float a, float b) {
-    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "bf16 or f32 outputs");
-    auto one = [](float v) {
-        if constexpr (sizeof(T) == 2) return act_store(v);
-        else return v;
-    };
+// col even): one store of the pair where both lie in the row and the pair is aligned (n even),
+// else each on its own.
+template <class T, class Conv>
+__device__ __forceinline__ void store_pair(T* out, long i, int col, int n, float a, float b,
+                                           Conv conv) {
     if (col + 1 < n && !(i & 1)) {
-        if constexpr (sizeof(T) == 2) *(uint32_t*)(out + i) = bf16_word(a, b);
-        else *(float2*)(out + i) = make_float2(a, b);
+        if constexpr (sizeof(T) == 2) {
+            const T pa = conv(a), pb = conv(b);
+            *(uint32_t*)(out + i) =
+                (uint32_t)*(const uint16_t*)&pa | (uint32_t)*(const uint16_t*)&pb << 16;
+        } else {
+            *(float2*)(out + i) = make_float2(conv(a), conv(b));
+        }
     } else {
-        if (col < n) out[i] = one(a);
-        if (col + 1 < n) out[i + 1] = one(b);
+        if (col < n) out[i] = conv(a);
+        if (col + 1 < n) out[i + 1] = conv(b);
     }
 }
 
@@ -399,21 +363,20 @@ __device__ __forceinline__ void by_width(int k, int wide, Body body) {
 // where `wide`, else 128. y = x · wᵀ (lm_head: f32 logits).
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_linear_chain(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap w,
-                     const void* __restrict__ w_scale, const float* __restrict__ w_global,
                      out_t* __restrict__ y, int rows, int k, int n, int wide) {
-    const WeightRef wf = chain_factors(w_scale, w_global);
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
         // lm_head's f32 logits in pairs: their 16-byte runs (a float4 of two lanes' pairs) ran
         // Llama-3.1-8B's 2048 rows 5 % slower than pairs on an H100
         chain_plain<BN>(
             x, rows, k, (n + BN - 1) / BN, sizeof(out_t) == 2 && n % 8 == 0,
-            [&](int c) { return ChainCols{&w, wf, c * BN, n}; },
+            [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
             [&](int, int row, int col, float a, float b) {
-                store_pair(y, (long)row * n + col, col, n, a, b);
+                store_pair(y, (long)row * n + col, col, n, a, b,
+                           [](float v) { return out_store(v); });
             },
-            [&](int, int row, int col, uint4 run) {
-                if (col < n) *(uint4*)(y + (long)row * n + col) = run;
+            [&](int, int row, int col, auto run) {
+                if (col < n) *(decltype(run)*)(y + (long)row * n + col) = run;
             });
     });
 }
@@ -421,19 +384,18 @@ metrale_linear_chain(const __grid_constant__ TensorMap x, const __grid_constant_
 // y = round(round(x · wᵀ) + r), as linear then add.
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_linear_add_chain(const __grid_constant__ TensorMap x,
-                         const __grid_constant__ TensorMap w, const void* __restrict__ w_scale,
-                         const float* __restrict__ w_global, const act_t* __restrict__ r,
+                         const __grid_constant__ TensorMap w, const act_t* __restrict__ r,
                          act_t* __restrict__ y, int rows, int k, int n, int wide) {
-    const WeightRef wf = chain_factors(w_scale, w_global);
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
         chain_plain<BN>(
             x, rows, k, (n + BN - 1) / BN, n % 8 == 0,
-            [&](int c) { return ChainCols{&w, wf, c * BN, n}; },
+            [&](int c, int& n0, const TensorMap*& map) { n0 = c * BN, map = &w; },
             [&](int, int row, int col, float a, float b) {
                 const long i = (long)row * n + col;
                 const float ra = act_load(r[i]), rb = col + 1 < n ? act_load(r[i + 1]) : 0.0f;
-                store_pair(y, i, col, n, act_round(a) + ra, act_round(b) + rb);
+                store_pair(y, i, col, n, act_round(a) + ra, act_round(b) + rb,
+                           [](float v) { return act_store(v); });
             },
             [&](int, int row, int col, uint4 run) {  // run: the rounded sums, r's run beside
                 if (col >= n) return;
@@ -456,58 +418,56 @@ metrale_linear_add_chain(const __grid_constant__ TensorMap x,
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_qkv_chain(const __grid_constant__ TensorMap x, const __grid_constant__ TensorMap wq,
                   const __grid_constant__ TensorMap wk, const __grid_constant__ TensorMap wv,
-                  const void* __restrict__ wq_scale, const float* __restrict__ wq_global,
-                  const void* __restrict__ wk_scale, const float* __restrict__ wk_global,
-                  const void* __restrict__ wv_scale, const float* __restrict__ wv_global,
                   act_t* __restrict__ q, act_t* __restrict__ k_, act_t* __restrict__ v, int rows,
                   int k, int nq, int nk, int nv, int wide) {
-    const WeightRef fq = chain_factors(wq_scale, wq_global),
-                    fk = chain_factors(wk_scale, wk_global),
-                    fv = chain_factors(wv_scale, wv_global);
     by_width(k, wide, [&](auto width) {
         constexpr int BN = decltype(width)::bn;
         const int tq = (nq + BN - 1) / BN, tk = (nk + BN - 1) / BN, tv = (nv + BN - 1) / BN;
-        // column tile c's part: 0 q, 1 k_, 2 v
-        auto part = [&](int c) { return c < tq ? 0 : c < tq + tk ? 1 : 2; };
-        auto pick = [&](int c) {
-            const int p = part(c);
-            return p == 0   ? ChainCols{&wq, fq, c * BN, nq}
-                   : p == 1 ? ChainCols{&wk, fk, (c - tq) * BN, nk}
-                            : ChainCols{&wv, fv, (c - tq - tk) * BN, nv};
+        // column tile c's output part (0 q, 1 k_, 2 v) and its first column in that output
+        auto part = [&](int c, int& n0) {
+            const int p = c < tq ? 0 : c < tq + tk ? 1 : 2;
+            n0 = (c - (p == 0 ? 0 : p == 1 ? tq : tq + tk)) * BN;
+            return p;
         };
-        auto output = [&](int c) {
-            const int p = part(c);
+        // column tile c's output and its columns
+        auto output = [&](int c, int& n) {
+            int n0;
+            const int p = part(c, n0);
+            n = p == 0 ? nq : p == 1 ? nk : nv;
             return p == 0 ? q : p == 1 ? k_ : v;
         };
         chain_plain<BN>(
-            x, rows, k, tq + tk + tv, nq % 8 == 0 && nk % 8 == 0 && nv % 8 == 0, pick,
+            x, rows, k, tq + tk + tv, nq % 8 == 0 && nk % 8 == 0 && nv % 8 == 0,
+            [&](int c, int& n0, const TensorMap*& map) {
+                const int p = part(c, n0);
+                map = p == 0 ? &wq : p == 1 ? &wk : &wv;
+            },
             [&](int c, int row, int col, float a, float b) {
-                const int n = pick(c).n;
-                store_pair(output(c), (long)row * n + col, col, n, a, b);
+                int n;
+                act_t* out = output(c, n);
+                store_pair(out, (long)row * n + col, col, n, a, b,
+                           [](float v) { return act_store(v); });
             },
             [&](int c, int row, int col, uint4 run) {
-                const int n = pick(c).n;
-                if (col < n) *(uint4*)(output(c) + (long)row * n + col) = run;
+                int n;
+                act_t* out = output(c, n);
+                if (col < n) *(uint4*)(out + (long)row * n + col) = run;
             });
     });
 }
 
 // h = silu(round(x · wgᵀ)) * round(x · wuᵀ) for 128 columns a tile: weight tile rows [0, 128)
 // are the gate rows of columns n0 + [0, 128), rows [128, 256) the up rows of the same columns,
-// so a thread's registers i and i + 64 hold the two dots of one output, each scaled by its
-// weight row's factor, stored two adjacent outputs at once (store_pair). Always wide: its tiles
-// are as many as a plain launch's of 2n columns.
+// so a thread's registers i and i + 64 hold the two dots of one output, stored two adjacent
+// outputs at once (store_pair). Always wide: its tiles are as many as a plain launch's of 2n
+// columns.
 // block 384; grid (min(tiles, sms), 1, 1), tiles = ceil(rows / 128) ceil(n / 128).
 extern "C" __global__ void __launch_bounds__(384, 1)
 metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
                              const __grid_constant__ TensorMap wg,
-                             const __grid_constant__ TensorMap wu,
-                             const void* __restrict__ wg_scale, const float* __restrict__ wg_global,
-                             const void* __restrict__ wu_scale, const float* __restrict__ wu_global,
-                             act_t* __restrict__ h, int rows, int k, int n) {
+                             const __grid_constant__ TensorMap wu, act_t* __restrict__ h,
+                             int rows, int k, int n) {
     constexpr int HALF = 128, ACC = ChainTile<256>::acc;
-    const WeightRef gf = chain_factors(wg_scale, wg_global),
-                    uf = chain_factors(wu_scale, wu_global);
     grid_dependency_sync();
     check_chain_launch(k);
     const ChainTiles tl(rows, (n + HALF - 1) / HALF);
@@ -520,17 +480,15 @@ metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
                      [&](int t, int m0, const float (&acc)[ACC]) {
                          const ChainPlace pl;
                          const int n0 = tl.col(t) * HALF;
-                         const ChainScale gs(gf, n), us(uf, n);
-                         // register i's output (i < ACC / 2): its gate and up sums, scaled
-                         auto swiglu = [&](int i) {
-                             const int col = n0 + pl.col(i);
-                             return silu_mul(act_round(gs(acc[i], col)),
-                                             act_round(us(acc[i + ACC / 2], col)));
-                         };
                          if (n % 8 == 0) {  // 16-byte runs (store_runs)
                              store_runs<HALF / 8>(
                                  pl, m0, rows,
-                                 [&](int i) { return bf16_word(swiglu(i), swiglu(i + 1)); },
+                                 [&](int i) {
+                                     return bf16_word(
+                                         silu_mul(act_round(acc[i]), act_round(acc[i + ACC / 2])),
+                                         silu_mul(act_round(acc[i + 1]),
+                                                  act_round(acc[i + 1 + ACC / 2])));
+                                 },
                                  [&](int row, int col, uint4 run) {
                                      if (n0 + col < n)
                                          *(uint4*)(h + (long)row * n + n0 + col) = run;
@@ -541,8 +499,12 @@ metrale_gate_up_swiglu_chain(const __grid_constant__ TensorMap x,
                          for (int i = 0; i < ACC / 2; i += 2) {
                              const int row = m0 + pl.row(i), col = n0 + pl.col(i);
                              if (row < rows)
-                                 store_pair(h, (long)row * n + col, col, n, swiglu(i),
-                                            swiglu(i + 1));
+                                 store_pair(h, (long)row * n + col, col, n,
+                                            silu_mul(act_round(acc[i]),
+                                                     act_round(acc[i + ACC / 2])),
+                                            silu_mul(act_round(acc[i + 1]),
+                                                     act_round(acc[i + 1 + ACC / 2])),
+                                            [](float v) { return act_store(v); });
                          }
                      });
 }
