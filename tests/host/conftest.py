@@ -158,21 +158,20 @@ class NvidiaBuilds:
         from metrale.realize.compute import NvidiaTarget
         from metrale.realize.functor import realization
 
-        F = realization(hw)
+        F, wanted = realization(hw), set(keys)
         grouped: dict = {}
         for k in F.kernels():
-            if self.key(k.source, k.defines) in keys:
-                grouped.setdefault(self.key(k.source, k.defines), []).append(k)
+            if (key := self.key(k.source, k.defines)) in wanted:
+                grouped.setdefault(key, []).append(k)
         units = {key: Unit(ks) for key, ks in grouped.items()}
-        assert set(units) == set(keys), sorted(set(keys) - set(units))
+        assert set(units) == wanted, (hw, "realizes no point at", sorted(wanted - set(units)))
         self.cache_root.mkdir(parents=True, exist_ok=True)
         with exclusive(self.cache_root / f".nvidia-{hw}.lock"):
             done = compile_kernels(units.values(), F.hw.arch, kernels_dir=F.kernels_dir,
                                    cache=self.cache, compute=NvidiaTarget("ptx"),
                                    progress=False, jobs=compile_jobs())
-        by_key = {self.key(u.source, u.defines): u for u in units.values()}
         return ClassBuild(F.hw.arch, {self.key(s, d): got for (s, d, _), got in done.items()},
-                          by_key)
+                          units)
 
     def ptx(self, hw: str) -> dict[tuple[str, tuple[str, ...]], str]:
         """(source file name, sorted defines without ``-D``) → the PTX class ``hw`` built."""
